@@ -1,0 +1,219 @@
+"""The one I/O seam: every durability-relevant system call goes through here.
+
+``OsFS`` performs writes, fsyncs, truncations, renames, unlinks, directory
+syncs, locks and free-space queries with plain ``os`` calls on raw file
+descriptors (never buffered file objects: a failed flush of a buffer can leave
+bytes behind that a later flush writes). Tests replace it with a simulated,
+crashable file system that implements the same :class:`FS` protocol.
+
+Rules this module keeps:
+
+* writes loop on short writes and raise on any error; nothing here retries a
+  failed write or fsync;
+* ``fsync_dir`` is explicit: callers decide when a namespace change must be
+  durable;
+* nothing here knows the channel's format or policy.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+from typing import Protocol
+
+
+class FS(Protocol):
+    """The file-system operations filechannel performs."""
+
+    def makedirs(self, path: str) -> None:
+        """Create ``path`` and its parents if missing (not durable by itself)."""
+
+    def listdir(self, path: str) -> list[str]:
+        """Return the entry names of a directory."""
+
+    def exists(self, path: str) -> bool:
+        """Return whether ``path`` exists."""
+
+    def isdir(self, path: str) -> bool:
+        """Return whether ``path`` is a directory."""
+
+    def create(self, path: str) -> int:
+        """Create a new file for reading and writing; fail if it exists."""
+
+    def open_read(self, path: str) -> int:
+        """Open an existing file read-only."""
+
+    def open_rw(self, path: str) -> int:
+        """Open an existing file for reading and writing."""
+
+    def pwrite_all(self, fd: int, data: bytes, offset: int) -> None:
+        """Write all of ``data`` at ``offset``, or raise ``OSError``."""
+
+    def pread(self, fd: int, n: int, offset: int) -> bytes:
+        """Read up to ``n`` bytes at ``offset`` (fewer only at end of file)."""
+
+    def size(self, fd: int) -> int:
+        """Return the current size of an open file."""
+
+    def fdatasync(self, fd: int) -> None:
+        """Make a file's data durable."""
+
+    def fsync(self, fd: int) -> None:
+        """Make a file's data and metadata durable."""
+
+    def truncate(self, fd: int, size: int) -> None:
+        """Cut an open file to ``size`` bytes."""
+
+    def close(self, fd: int) -> None:
+        """Close a descriptor."""
+
+    def fsync_dir(self, path: str) -> None:
+        """Make the entries of a directory (creates, renames, unlinks) durable."""
+
+    def replace(self, src: str, dst: str) -> None:
+        """Atomically rename ``src`` over ``dst``."""
+
+    def unlink(self, path: str) -> None:
+        """Remove a file."""
+
+    def lock(self, path: str) -> int:
+        """Take an exclusive, non-blocking lock on ``path``; raise ``BlockingIOError`` if held."""
+
+    def unlock(self, handle: int) -> None:
+        """Release a lock taken by :meth:`lock`."""
+
+    def free_space(self, path: str) -> int:
+        """Return the bytes available to unprivileged users on ``path``'s file system."""
+
+
+class OsFS:
+    """The real file system, through ``os`` on raw descriptors."""
+
+    def makedirs(self, path: str) -> None:
+        """Create ``path`` and its parents if missing."""
+        os.makedirs(path, exist_ok=True)
+
+    def listdir(self, path: str) -> list[str]:
+        """Return the entry names of a directory."""
+        return os.listdir(path)
+
+    def exists(self, path: str) -> bool:
+        """Return whether ``path`` exists."""
+        return os.path.exists(path)
+
+    def isdir(self, path: str) -> bool:
+        """Return whether ``path`` is a directory."""
+        return os.path.isdir(path)
+
+    def create(self, path: str) -> int:
+        """Create a new file for reading and writing; fail if it exists."""
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+
+    def open_read(self, path: str) -> int:
+        """Open an existing file read-only."""
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+
+    def open_rw(self, path: str) -> int:
+        """Open an existing file for reading and writing."""
+        return os.open(path, os.O_RDWR | os.O_CLOEXEC)
+
+    def pwrite_all(self, fd: int, data: bytes, offset: int) -> None:
+        """Write all of ``data`` at ``offset``, looping on short writes."""
+        view = memoryview(data)
+        while view:
+            n = os.pwrite(fd, view, offset)
+            if n <= 0:  # pragma: no cover - the kernel raises instead
+                raise OSError(errno.EIO, "pwrite wrote nothing")
+            view = view[n:]
+            offset += n
+
+    def pread(self, fd: int, n: int, offset: int) -> bytes:
+        """Read up to ``n`` bytes at ``offset``, looping on short reads."""
+        first = os.pread(fd, n, offset)
+        if len(first) == n or not first:
+            return first
+        parts = [first]
+        got = len(first)
+        while got < n:
+            more = os.pread(fd, n - got, offset + got)
+            if not more:
+                break
+            parts.append(more)
+            got += len(more)
+        return b"".join(parts)
+
+    def size(self, fd: int) -> int:
+        """Return the current size of an open file."""
+        return os.fstat(fd).st_size
+
+    def fdatasync(self, fd: int) -> None:
+        """Make a file's data durable."""
+        os.fdatasync(fd)
+
+    def fsync(self, fd: int) -> None:
+        """Make a file's data and metadata durable."""
+        os.fsync(fd)
+
+    def truncate(self, fd: int, size: int) -> None:
+        """Cut an open file to ``size`` bytes."""
+        os.ftruncate(fd, size)
+
+    def close(self, fd: int) -> None:
+        """Close a descriptor (close can report deferred write errors)."""
+        os.close(fd)
+
+    def fsync_dir(self, path: str) -> None:
+        """Make the entries of a directory durable."""
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def replace(self, src: str, dst: str) -> None:
+        """Atomically rename ``src`` over ``dst``."""
+        os.replace(src, dst)
+
+    def unlink(self, path: str) -> None:
+        """Remove a file."""
+        os.unlink(path)
+
+    def lock(self, path: str) -> int:
+        """Take an exclusive ``flock`` on ``path`` (created if needed).
+
+        ``flock`` locks belong to the open file description, so a second
+        open of the same directory, even in this process, is refused, and a
+        crashed process never leaves a stale lock behind.
+        """
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def unlock(self, handle: int) -> None:
+        """Release a lock taken by :meth:`lock`."""
+        try:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+        finally:
+            os.close(handle)
+
+    def free_space(self, path: str) -> int:
+        """Return the bytes available to unprivileged users on ``path``'s file system."""
+        st = os.statvfs(path)
+        return st.f_bavail * st.f_frsize
+
+
+def read_file(fs: FS, path: str) -> bytes:
+    """Read a whole file through ``fs``."""
+    fd = fs.open_read(path)
+    try:
+        return fs.pread(fd, fs.size(fd), 0)
+    finally:
+        fs.close(fd)
+
+
+DEFAULT_FS: OsFS = OsFS()

@@ -1,0 +1,692 @@
+"""FileChannel and Transaction: the transactional queue built on the log.
+
+This module owns the channel's semantics: transactions and their state table,
+capacity and waiting, the in-memory queue rebuilt by replaying the log,
+serving takes (from a cache of recent puts or from disk), per-file reference
+counts and the retirement of data files nothing needs any more. It never
+performs I/O itself: every byte goes through ``Log``.
+
+Lock order: a writer's locks (inside ``Log``) may call back into the channel
+lock; code holding the channel lock never calls into ``Log``'s write path.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType, TracebackType
+from typing import Any, NamedTuple
+
+from . import format as fmt
+from ._fs import FS
+from ._queue import Entry, EventQueue
+from .config import ChannelConfig
+from .errors import (
+    ChannelClosedError,
+    ChannelFullError,
+    CorruptLogError,
+    TransactionCapacityError,
+    TransactionStateError,
+)
+from .log import CommitResult, Log
+
+logger = logging.getLogger(__name__)
+
+_NO_HEADERS: Mapping[str, str] = MappingProxyType({})
+
+
+class Event(NamedTuple):
+    """An immutable event: a body, string headers and, once committed, a position.
+
+    ``position`` is the event's place in the channel (0, 1, 2, ... in commit
+    order), the same after any restart; it is ``None`` on an event built by
+    the caller and set on every event a take returns.
+
+    >>> Event(b"hello", {"source": "web-1"}).body
+    b'hello'
+    """
+
+    body: bytes
+    headers: Mapping[str, str] = _NO_HEADERS
+    position: int | None = None
+
+
+# -- transaction states, as a table ------------------------------------------------
+
+OPEN = "open"
+COMMITTED = "committed"
+ROLLED_BACK = "rolled back"
+FAILED = "failed"
+
+_TRANSITIONS: dict[tuple[str, str], str] = {
+    (OPEN, "put"): OPEN,
+    (OPEN, "take"): OPEN,
+    (OPEN, "commit"): COMMITTED,
+    (OPEN, "rollback"): ROLLED_BACK,
+    (OPEN, "fail"): FAILED,
+    # A failed commit already undid the transaction; rolling it back is a no-op,
+    # so ``except: tx.rollback()`` is always safe.
+    (FAILED, "rollback"): FAILED,
+    (ROLLED_BACK, "rollback"): ROLLED_BACK,
+}
+
+
+def _check_headers(headers: object) -> Mapping[str, str]:
+    if headers is None:
+        return _NO_HEADERS
+    if not isinstance(headers, Mapping):
+        raise TypeError(f"headers must be a mapping of str to str, got {type(headers).__name__}")
+    for k, v in headers.items():
+        if not isinstance(k, str):
+            raise TypeError(f"header key {k!r} is {type(k).__name__}, not str")
+        if not isinstance(v, str):
+            raise TypeError(f"header {k!r} has a {type(v).__name__} value, not str")
+    return dict(headers)
+
+
+class Transaction:
+    """One unit of puts and takes that commits or rolls back as a whole.
+
+    Get one from :meth:`FileChannel.transaction`. Used as a context manager it
+    commits on normal exit and rolls back on any exception. A transaction
+    belongs to one thread at a time.
+    """
+
+    def __init__(self, channel: FileChannel) -> None:
+        self._ch = channel
+        self._log = channel._log
+        self.txn_id = channel._log.new_txn_id()
+        self.state = OPEN
+        self._payloads: list[bytes] = []
+        self._events: list[tuple[bytes, Mapping[str, str]]] = []
+        self._taken: list[Entry] = []
+        self._dir = self._log.writer_for(self.txn_id)
+
+    def _advance(self, op: str) -> None:
+        try:
+            self.state = _TRANSITIONS[(self.state, op)]
+        except KeyError:
+            raise TransactionStateError(f"cannot {op}: the transaction is {self.state}") from None
+
+    # -- puts -----------------------------------------------------------------------
+
+    def put(self, body: bytes | bytearray | memoryview | Event, headers: Mapping[str, str] | None = None) -> None:
+        """Add an event; it becomes visible to takers when this transaction commits.
+
+        Args:
+            body: The event body (bytes-like), or an :class:`Event`.
+            headers: String keys and values (not allowed with an Event).
+
+        Raises:
+            TypeError: The body is not bytes-like, or a header is not str.
+            ValueError: The event is larger than ``max_event_size``.
+            TransactionCapacityError: More than ``transaction_capacity`` puts.
+            ChannelFullError: The channel stayed full for ``keep_alive`` seconds.
+            DiskSpaceError: Free space is under ``minimum_required_space``.
+            TransactionStateError: The transaction is no longer open.
+            ChannelClosedError: The channel is closed or has failed.
+        """
+        if isinstance(body, Event):
+            if headers is not None:
+                raise TypeError("pass headers inside the Event, not beside it")
+            body, headers = body.body, body.headers
+        if type(body) is not bytes:
+            if isinstance(body, (bytearray, memoryview)):
+                body = bytes(body)
+            else:
+                raise TypeError(f"event body must be bytes-like, got {type(body).__name__}")
+        hdrs = _check_headers(headers) if headers else _NO_HEADERS
+        payload = fmt.encode_event(body, hdrs)
+        ch = self._ch
+        cfg = ch.config
+        if len(payload) > cfg.max_event_size:
+            raise ValueError(
+                f"event of {len(payload)} bytes (body and headers) exceeds max_event_size={cfg.max_event_size}"
+            )
+        if self.state is not OPEN:
+            self._advance("put")
+        if len(self._payloads) >= cfg.transaction_capacity:
+            raise TransactionCapacityError(
+                f"more than transaction_capacity={cfg.transaction_capacity} puts in one transaction; "
+                "commit smaller batches or raise transaction_capacity"
+            )
+        ch._check_open()
+        self._log.check_space(self._dir)
+        ch._reserve_put()
+        self._payloads.append(payload)
+        self._events.append((body, hdrs))
+
+    # -- takes ----------------------------------------------------------------------
+
+    def take(self, timeout: float = 0.0) -> Event | None:
+        """Take the event at the head of the queue, or None if there is none.
+
+        Args:
+            timeout: Seconds to wait for an event when the queue is empty.
+
+        Raises:
+            TransactionCapacityError: More than ``transaction_capacity`` takes.
+            TransactionStateError: The transaction is no longer open.
+            ChannelClosedError: The channel is closed.
+            CorruptLogError: The event's record no longer verifies on disk.
+        """
+        evs = self.take_batch(1, timeout)
+        return evs[0] if evs else None
+
+    def take_batch(self, max_events: int, timeout: float = 0.0) -> list[Event]:
+        """Take up to ``max_events`` events from the head, possibly fewer.
+
+        Args:
+            max_events: The most events to take.
+            timeout: Seconds to wait while the queue is empty.
+
+        Raises:
+            ValueError: ``max_events`` is not a positive int.
+            TransactionCapacityError: More than ``transaction_capacity`` takes.
+            TransactionStateError: The transaction is no longer open.
+            ChannelClosedError: The channel is closed.
+            CorruptLogError: An event's record no longer verifies on disk.
+        """
+        if not isinstance(max_events, int) or isinstance(max_events, bool) or max_events <= 0:
+            raise ValueError(f"max_events must be a positive int, got {max_events!r}")
+        if self.state is not OPEN:
+            self._advance("take")
+        cap = self._ch.config.transaction_capacity
+        room = cap - len(self._taken)
+        if room <= 0:
+            raise TransactionCapacityError(
+                f"more than transaction_capacity={cap} takes in one transaction; "
+                "commit smaller batches or raise transaction_capacity"
+            )
+        entries, cached = self._ch._pop(min(max_events, room), timeout)
+        self._taken.extend(entries)
+        try:
+            return self._ch._load(entries, cached)
+        except BaseException:
+            # Keep the entries with the transaction: a rollback returns them.
+            raise
+
+    # -- ending -------------------------------------------------------------------------
+
+    def commit(self) -> None:
+        """Make the puts visible and the takes permanent, durably (per ``fsync``).
+
+        Raises:
+            OSError: Writing or syncing failed; the transaction is undone.
+            DiskSpaceError: Free space is under ``minimum_required_space`` (puts only;
+                the transaction stays open).
+            TransactionStateError: The transaction is no longer open.
+            ChannelClosedError: The channel is closed or has failed.
+        """
+        if self.state is not OPEN:
+            self._advance("commit")
+        ch = self._ch
+        if not self._payloads and not self._taken:
+            self._advance("commit")
+            ch._count("transactions_committed")
+            return
+        if self._payloads:
+            self._log.check_space(self._dir)
+        takes = _ranges(sorted(e[0] for e in self._taken))
+        try:
+            res = self._log.commit(
+                self.txn_id, self._payloads, takes, self._on_written if self._payloads else None
+            )
+        except BaseException:
+            self._advance("fail")
+            ch._undo(len(self._payloads), self._taken)
+            ch._count("commit_failures")
+            raise
+        self._advance("commit")
+        ch._takes_committed(self._taken, res.file_id)
+        ch._count("transactions_committed")
+        self._payloads = []
+        self._events = []
+        self._taken = []
+
+    def _on_written(self, res: CommitResult) -> None:
+        self._ch._publish(res, self._events)
+
+    def rollback(self) -> None:
+        """Undo the transaction: drop its puts, return its takes to the head of the queue.
+
+        Raises:
+            TransactionStateError: The transaction already committed.
+        """
+        was = self.state
+        self._advance("rollback")
+        if was is not OPEN:
+            return
+        n_puts, n_takes = len(self._payloads), len(self._taken)
+        self._ch._undo(n_puts, self._taken)
+        self._ch._count("rollbacks")
+        if n_puts or n_takes:
+            self._log.rollback(self.txn_id, n_puts, n_takes)
+        self._payloads = []
+        self._events = []
+        self._taken = []
+
+    def __enter__(self) -> Transaction:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is None:
+            if self.state is OPEN:
+                self.commit()
+        elif self.state is OPEN:
+            self.rollback()
+
+    def __repr__(self) -> str:
+        return f"<Transaction {self.txn_id} {self.state}: {len(self._payloads)} puts, {len(self._taken)} takes>"
+
+
+def _ranges(positions: list[int]) -> list[tuple[int, int]]:
+    """Compress sorted positions into ``(first, count)`` runs."""
+    out: list[tuple[int, int]] = []
+    for p in positions:
+        if out and out[-1][0] + out[-1][1] == p:
+            out[-1] = (out[-1][0], out[-1][1] + 1)
+        else:
+            out.append((p, 1))
+    return out
+
+
+class FileChannel:
+    """A durable, transactional FIFO of events in a directory.
+
+    Open one with :func:`filechannel.open`. See the README for semantics.
+
+    Args:
+        directory: The channel directory (created if missing).
+        config: The channel's options.
+        fs: The I/O seam (tests pass a simulated file system).
+        background: Retire data files on a background thread (default); when
+            False, retirement runs inline after the take commit that allows it.
+
+    Raises:
+        ChannelLockedError: The directory is already open.
+        CorruptLogError: Acknowledged data is damaged (see ``on_corruption``).
+        NotAChannelError: The directory is not a channel directory.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        config: ChannelConfig | None = None,
+        *,
+        fs: FS | None = None,
+        background: bool = True,
+    ) -> None:
+        self.directory = os.fspath(directory)
+        self.config = config or ChannelConfig()
+        self._background = background
+        self._lock = threading.Lock()
+        self._not_empty = threading.Condition(self._lock)
+        self._not_full = threading.Condition(self._lock)
+        self._gc_wanted = threading.Event()
+        self._gc_lock = threading.Lock()
+        self._gc_start_lock = threading.Lock()
+        self._gc_thread: threading.Thread | None = None
+        self._closed = False
+        self._inflight_puts = 0
+        self._inflight_takes = 0
+        self._refs: dict[int, int] = {}
+        self._take_targets: dict[int, set[int]] = {}
+        self._cache: dict[int, Event] = {}
+        self._cache_bytes = 0
+        self._counters: dict[str, int] = dict.fromkeys(
+            (
+                "puts_attempted",
+                "puts_committed",
+                "takes_attempted",
+                "takes_committed",
+                "transactions_committed",
+                "rollbacks",
+                "commit_failures",
+                "channel_full",
+                "cache_hits",
+                "disk_reads",
+            ),
+            0,
+        )
+        t0 = time.monotonic()
+        self._log = Log(self.directory, self.config, fs=fs)
+        try:
+            self._queue = self._replay()
+        except BaseException:
+            self._log.close()
+            raise
+        self.replay_seconds = time.monotonic() - t0
+        logger.info(
+            "opened %s: %d events queued, replay took %.3f s", self.directory, len(self._queue), self.replay_seconds
+        )
+
+    # -- recovery ---------------------------------------------------------------------
+
+    def _replay(self) -> EventQueue:
+        entries: dict[int, tuple[int, int, int]] = {}
+        puts: dict[int, list[tuple[int, int, int]]] = {}
+        takes: dict[int, tuple[int, list[tuple[int, int]]]] = {}
+        targets = self._take_targets
+        for r in self._log.replay():
+            op = r.op
+            if op == fmt.PUT:
+                ptr = (r.file_id, r.offset, r.size)
+                lst = puts.get(r.txn_id)
+                if lst is None:
+                    puts[r.txn_id] = [ptr]
+                else:
+                    lst.append(ptr)
+            elif op == fmt.TAKE:
+                takes[r.txn_id] = (r.file_id, fmt.decode_take(r.payload))
+            elif op == fmt.COMMIT:
+                first, n, _nt = fmt.decode_commit(r.payload)
+                ptrs = puts.pop(r.txn_id, [])
+                if len(ptrs) != n:
+                    path = self._log.file_path(r.file_id)
+                    raise CorruptLogError(path, r.offset, f"commit of {n} puts, but {len(ptrs)} put records precede it")
+                for i, ptr in enumerate(ptrs):
+                    entries[first + i] = ptr
+                tk = takes.pop(r.txn_id, None)
+                if tk is not None:
+                    tfile, ranges = tk
+                    tset = targets.setdefault(tfile, set())
+                    for start, count in ranges:
+                        for p in range(start, start + count):
+                            ptr = entries.pop(p, None)
+                            if ptr is not None:
+                                tset.add(ptr[0])
+            elif op == fmt.ROLLBACK:
+                puts.pop(r.txn_id, None)
+                takes.pop(r.txn_id, None)
+        q = EventQueue()
+        for p in sorted(entries):
+            f, o, s = entries[p]
+            q.append(p, f, o, s)
+        self._refs = q.file_counts()
+        return q
+
+    # -- public API -----------------------------------------------------------------------
+
+    def transaction(self) -> Transaction:
+        """Begin a transaction.
+
+        Raises:
+            ChannelClosedError: The channel is closed or has failed.
+        """
+        self._check_open()
+        return Transaction(self)
+
+    @property
+    def size(self) -> int:
+        """Committed events waiting in the queue (not counting those taken by open transactions)."""
+        return len(self._queue)
+
+    def stats(self) -> dict[str, Any]:
+        """Return counters: puts, takes, commits, rollbacks, fsyncs, bytes, files, and more."""
+        with self._lock:
+            out: dict[str, Any] = dict(self._counters)
+            out.update(
+                queue_size=len(self._queue),
+                inflight_puts=self._inflight_puts,
+                inflight_takes=self._inflight_takes,
+                capacity=self.config.capacity,
+                next_position=self._log.next_position,
+                head_position=self._queue.first_position(),
+                cache_events=len(self._cache),
+                cache_bytes=self._cache_bytes,
+                queue_memory_bytes=self._queue.memory_bytes(),
+                replay_seconds=round(self.replay_seconds, 6),
+                failed=self._log.failed is not None,
+            )
+        out.update(self._log.stats())
+        out["lost_positions"] = [
+            list(r.lost_positions) for r in self._log.corruption if r.lost_positions and r.lost_positions[1] > r.lost_positions[0]
+        ]
+        out["corruption_report"] = [r.describe() for r in self._log.corruption]
+        return out
+
+    def sync(self) -> None:
+        """Make every commit so far durable now (useful with ``fsync="interval"``).
+
+        Raises:
+            ChannelClosedError: The channel is closed or has failed.
+        """
+        self._check_open()
+        self._log.sync()
+
+    def retire_files(self) -> int:
+        """Delete data files that no queued or in-flight event needs; return how many.
+
+        Runs on its own after take commits; call it to force the work now.
+        """
+        with self._gc_lock:
+            with self._lock:
+                if self._closed or self._log.failed is not None:
+                    return 0
+                keep = self._log.newest_file_ids() | self._log.active_file_ids()
+                live = set(self._log.file_ids())
+                cand = {f for f in live if not self._refs.get(f) and f not in keep}
+                changed = True
+                while changed:
+                    changed = False
+                    for f in list(cand):
+                        for g in self._take_targets.get(f, ()):
+                            if g in live and g not in cand:
+                                cand.discard(f)
+                                changed = True
+                                break
+            if not cand:
+                return 0
+            self._log.retire(sorted(cand))
+            with self._lock:
+                for f in cand:
+                    self._take_targets.pop(f, None)
+                    self._refs.pop(f, None)
+                for tset in self._take_targets.values():
+                    tset -= cand
+            return len(cand)
+
+    def close(self) -> None:
+        """Make everything durable and release the directory. Idempotent.
+
+        Open transactions are abandoned: their puts are dropped, their takes
+        return to the queue on the next open.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._not_empty.notify_all()
+            self._not_full.notify_all()
+        self._gc_wanted.set()
+        if self._gc_thread is not None:
+            self._gc_thread.join()
+        self._log.close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    def __enter__(self) -> FileChannel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<FileChannel {self.directory!r} size={len(self._queue)}>"
+
+    # -- internals used by Transaction -------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ChannelClosedError(f"channel {self.directory} is closed")
+        if self._log.failed is not None:
+            self._log._check_writable()
+
+    def _count(self, name: str, n: int = 1) -> None:
+        self._counters[name] += n
+
+    def _reserve_put(self) -> None:
+        cfg = self.config
+        with self._lock:
+            self._counters["puts_attempted"] += 1
+            if len(self._queue) + self._inflight_puts + self._inflight_takes >= cfg.capacity:
+                deadline = time.monotonic() + cfg.keep_alive
+                while len(self._queue) + self._inflight_puts + self._inflight_takes >= cfg.capacity:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or self._closed:
+                        self._counters["channel_full"] += 1
+                        raise ChannelFullError(
+                            f"channel is full: capacity={cfg.capacity} events are queued or in flight, and no "
+                            f"room appeared within keep_alive={cfg.keep_alive} s; take events or raise capacity"
+                        )
+                    self._not_full.wait(left)
+                self._check_open()
+            self._inflight_puts += 1
+
+    def _pop(self, n: int, timeout: float) -> tuple[list[Entry], list[Event | None]]:
+        with self._lock:
+            self._check_open()
+            self._counters["takes_attempted"] += 1
+            q = self._queue
+            if not len(q) and timeout > 0:
+                deadline = time.monotonic() + timeout
+                while not len(q):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._not_empty.wait(left)
+                    self._check_open()
+            entries = q.pop(n)
+            self._inflight_takes += len(entries)
+            cache = self._cache
+            cached: list[Event | None] = []
+            if cache:
+                for e in entries:
+                    ev = cache.pop(e[0], None)
+                    if ev is not None:
+                        self._cache_bytes -= len(ev.body) + 64
+                    cached.append(ev)
+            return entries, cached
+
+    def _load(self, entries: list[Entry], cached: list[Event | None]) -> list[Event]:
+        out: list[Event] = []
+        read = self._log.read_payload
+        hits = 0
+        for i, e in enumerate(entries):
+            ev = cached[i] if cached else None
+            if ev is None:
+                body, headers = fmt.decode_event(read(e[1], e[2], e[3]))
+                ev = Event(body, headers or _NO_HEADERS, e[0])
+            else:
+                hits += 1
+            out.append(ev)
+        self._counters["cache_hits"] += hits
+        self._counters["disk_reads"] += len(entries) - hits
+        return out
+
+    def _publish(self, res: CommitResult, events: list[tuple[bytes, Mapping[str, str]]]) -> None:
+        """Called by the log's writing thread once a commit's puts are written (and durable)."""
+        n = len(res.put_offsets)
+        first = res.first_position
+        fid = res.file_id
+        offs, sizes = res.put_offsets, res.put_sizes
+        with self._lock:
+            q = self._queue
+            for i in range(n):
+                q.append(first + i, fid, offs[i], sizes[i])
+            self._refs[fid] = self._refs.get(fid, 0) + n
+            self._inflight_puts -= n
+            self._counters["puts_committed"] += n
+            limit = self.config.cache_bytes
+            if limit:
+                cache = self._cache
+                total = self._cache_bytes
+                for i in range(n):
+                    body, headers = events[i]
+                    cache[first + i] = Event(body, headers, first + i)
+                    total += len(body) + 64
+                while total > limit and cache:
+                    old = next(iter(cache))
+                    total -= len(cache.pop(old).body) + 64
+                self._cache_bytes = total
+            self._not_empty.notify(n)
+
+    def _takes_committed(self, taken: list[Entry], take_file: int) -> None:
+        if not taken:
+            return
+        freed = False
+        with self._lock:
+            refs = self._refs
+            tset = self._take_targets.setdefault(take_file, set())
+            for e in taken:
+                f = e[1]
+                c = refs[f] - 1
+                if c:
+                    refs[f] = c
+                else:
+                    del refs[f]
+                    freed = True
+                tset.add(f)
+            self._inflight_takes -= len(taken)
+            self._counters["takes_committed"] += len(taken)
+            self._not_full.notify(len(taken))
+        if freed:
+            self._want_gc()
+
+    def _undo(self, n_puts: int, taken: list[Entry]) -> None:
+        with self._lock:
+            self._inflight_puts -= n_puts
+            if taken:
+                self._queue.push_back(taken)
+                self._inflight_takes -= len(taken)
+                self._not_empty.notify(len(taken))
+            if n_puts:
+                self._not_full.notify(n_puts)
+
+    def _want_gc(self) -> None:
+        if not self._background:
+            try:
+                self.retire_files()
+            except OSError:
+                logger.exception("retiring data files failed")
+            return
+        self._gc_wanted.set()
+        if self._gc_thread is None:
+            with self._gc_start_lock:
+                if self._gc_thread is None:
+                    t = threading.Thread(target=self._gc_loop, name="filechannel-retire", daemon=True)
+                    self._gc_thread = t
+                    t.start()
+
+    def _gc_loop(self) -> None:
+        while True:
+            self._gc_wanted.wait()
+            self._gc_wanted.clear()
+            if self._closed:
+                return
+            try:
+                self.retire_files()
+            except Exception:  # a failed retirement must not kill the thread
+                logger.exception("retiring data files failed")
+
+
+def open_channel(
+    directory: str | os.PathLike[str], *, fs: FS | None = None, background: bool = True, **options: Any
+) -> FileChannel:
+    """Open (creating if needed) the channel in ``directory``; see :func:`filechannel.open`."""
+    return FileChannel(directory, ChannelConfig.from_options(options), fs=fs, background=background)
+
+
+def iter_queue(ch: FileChannel) -> Iterable[Entry]:
+    """Return a snapshot of the queue's entries (for stat and tests)."""
+    with ch._lock:
+        return list(ch._queue)

@@ -1,0 +1,127 @@
+"""Channel options: a frozen dataclass that validates itself.
+
+``filechannel.open(path, **options)`` builds a :class:`ChannelConfig` from its
+keyword arguments, so an unknown option or a bad value raises
+:class:`~filechannel.errors.ConfigError` naming the option and the rule before
+anything touches the disk.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any
+
+from .errors import ConfigError
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+FSYNC_MODES = ("commit", "interval")
+CORRUPTION_POLICIES = ("fail", "skip")
+MIN_FILE_SIZE = 4 * KiB
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+@dataclass(frozen=True)
+class ChannelConfig:
+    """Every option of a channel, with its default.
+
+    Attributes:
+        capacity: Most events the channel holds: queued plus put in open transactions.
+        transaction_capacity: Most puts, and most takes, in one transaction.
+        max_file_size: Size at which a data file is closed and a new one started.
+        max_event_size: Largest event (body plus encoded headers) a put accepts.
+        fsync: ``"commit"`` (durable when commit returns) or ``"interval"``.
+        fsync_interval: Seconds between background fsyncs when ``fsync="interval"``.
+        keep_alive: Seconds a put waits for room in a full channel.
+        minimum_required_space: Bytes that must stay free on each data directory.
+        on_corruption: ``"fail"`` (refuse to open) or ``"skip"`` (drop and report).
+        data_dirs: Data directories (one per disk); default ``<dir>/data``.
+        cache_bytes: Bytes of recently put events kept in memory to serve takes.
+    """
+
+    capacity: int = 1_000_000
+    transaction_capacity: int = 10_000
+    max_file_size: int = 64 * MiB
+    max_event_size: int = 8 * MiB
+    fsync: str = "commit"
+    fsync_interval: float = 5.0
+    keep_alive: float = 3.0
+    minimum_required_space: int = 64 * MiB
+    on_corruption: str = "fail"
+    data_dirs: tuple[str, ...] | None = None
+    cache_bytes: int = 16 * MiB
+
+    def __post_init__(self) -> None:
+        """Check every option; raise ConfigError for the first bad one."""
+        for name in ("capacity", "transaction_capacity", "max_file_size", "max_event_size"):
+            v = getattr(self, name)
+            if not _is_int(v) or v <= 0:
+                raise ConfigError(name, f"must be a positive int, got {v!r}")
+        for name in ("minimum_required_space", "cache_bytes"):
+            v = getattr(self, name)
+            if not _is_int(v) or v < 0:
+                raise ConfigError(name, f"must be an int >= 0, got {v!r}")
+        if self.transaction_capacity > self.capacity:
+            raise ConfigError(
+                "transaction_capacity",
+                f"{self.transaction_capacity} exceeds capacity={self.capacity}",
+            )
+        if self.max_file_size < MIN_FILE_SIZE:
+            raise ConfigError("max_file_size", f"must be at least {MIN_FILE_SIZE}, got {self.max_file_size}")
+        if self.max_file_size > 1 << 40:
+            raise ConfigError("max_file_size", "must be at most 1 TiB")
+        # A record plus a batch trailer must fit in an empty file.
+        if self.max_event_size > self.max_file_size - 1024:
+            raise ConfigError(
+                "max_event_size",
+                f"{self.max_event_size} does not fit in max_file_size={self.max_file_size} "
+                "(leave 1 KiB for framing)",
+            )
+        if self.max_event_size >= 1 << 32:
+            raise ConfigError("max_event_size", "must be below 4 GiB")
+        if self.fsync not in FSYNC_MODES:
+            raise ConfigError("fsync", f"must be one of {FSYNC_MODES}, got {self.fsync!r}")
+        if not _is_number(self.fsync_interval) or self.fsync_interval <= 0:
+            raise ConfigError("fsync_interval", f"must be a number of seconds > 0, got {self.fsync_interval!r}")
+        if not _is_number(self.keep_alive) or self.keep_alive < 0:
+            raise ConfigError("keep_alive", f"must be a number of seconds >= 0, got {self.keep_alive!r}")
+        if self.on_corruption not in CORRUPTION_POLICIES:
+            raise ConfigError(
+                "on_corruption", f"must be one of {CORRUPTION_POLICIES}, got {self.on_corruption!r}"
+            )
+        if self.data_dirs is not None:
+            dirs = self.data_dirs
+            if isinstance(dirs, (str, bytes)) or not isinstance(dirs, (tuple, list)):
+                raise ConfigError("data_dirs", f"must be a list of directory paths, got {dirs!r}")
+            if not dirs:
+                raise ConfigError("data_dirs", "must name at least one directory")
+            norm = []
+            for d in dirs:
+                if not isinstance(d, str) or not d:
+                    raise ConfigError("data_dirs", f"each entry must be a non-empty str path, got {d!r}")
+                norm.append(d)
+            if len(set(norm)) != len(norm):
+                raise ConfigError("data_dirs", "lists the same directory twice")
+            object.__setattr__(self, "data_dirs", tuple(norm))
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> ChannelConfig:
+        """Build a config from keyword options; unknown names raise ConfigError."""
+        known = {f.name for f in fields(cls)}
+        for name in options:
+            if name not in known:
+                raise ConfigError(name, f"unknown option (known: {', '.join(sorted(known))})")
+        opts = dict(options)
+        if isinstance(opts.get("data_dirs"), list):
+            opts["data_dirs"] = tuple(opts["data_dirs"])
+        return cls(**opts)

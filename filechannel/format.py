@@ -1,0 +1,488 @@
+"""The on-disk format, as pure functions: bytes in, values out.
+
+This module owns every byte layout of filechannel's data files: the file
+header, the record frame, and the payload of each record kind. It performs no
+I/O, keeps no state and never logs; it is what ``docs/format.md`` describes and
+what the fuzz targets exercise. It promises one thing to callers: decoding
+arbitrary bytes either returns a value, returns :data:`INCOMPLETE` (more bytes
+are needed) or raises :class:`~filechannel.errors.FormatError`. Nothing else.
+
+Policy (a torn tail versus corruption, skipping damage) lives in ``log.py``.
+
+All integers are little-endian. Records are 8-byte aligned. Every record's
+CRC is seeded with a per-file seed derived from the channel id and file id, so
+a record copied from another file or another channel does not verify.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from .errors import FormatError
+
+try:  # the C implementation; the pure-Python fallback is far too slow to use
+    import google_crc32c as _gcrc
+
+    HAVE_CRC32C: Final = _gcrc.implementation == "c"
+except ImportError:  # pragma: no cover - exercised only without the wheel
+    _gcrc = None
+    HAVE_CRC32C = False
+
+MAGIC: Final = b"\x89FCW\r\n\x1a\n"
+FORMAT_VERSION: Final = 1
+
+# Checksum algorithms, recorded in the low 4 bits of a file header's flags.
+# A file is written with one algorithm; polynomials are never mixed in a file.
+CRC32C: Final = 1
+CRC32_ZLIB: Final = 2
+_CRC_MASK: Final = 0x0F
+_KNOWN_FLAGS: Final = _CRC_MASK  # no other flag bit is defined in version 1
+
+# Record kinds. 0 is never valid: zero-filled or never-written space must not
+# parse as a record (Flume's OP_NOOP == 0 did exactly that).
+PUT: Final = 1
+TAKE: Final = 2
+COMMIT: Final = 3
+ROLLBACK: Final = 4
+BATCH_END: Final = 5
+RETIRE: Final = 6
+OP_NAMES: Final = {
+    PUT: "put",
+    TAKE: "take",
+    COMMIT: "commit",
+    ROLLBACK: "rollback",
+    BATCH_END: "batch_end",
+    RETIRE: "retire",
+}
+
+# File header: fixed part, then ``n_live`` u64 file ids, then a u32 CRC, then
+# zero padding to a multiple of 8 (``header_len`` counts all of it).
+_FILE_HEADER: Final = struct.Struct("<8sHHI16sQQQQQI")
+FILE_HEADER_FIXED: Final = _FILE_HEADER.size  # 76
+MAX_LIVE_FILES: Final = 1 << 16
+MAX_HEADER_LEN: Final = FILE_HEADER_FIXED + 8 * MAX_LIVE_FILES + 8
+
+# Record frame: op u8, flags u8, reserved u16, payload_len u32, woid u64,
+# txn_id u64 | crc u32, reserved u32 | payload | zero pad to 8.
+_REC_HEAD: Final = struct.Struct("<BBHIQQ")
+_REC_CRC: Final = struct.Struct("<II")
+RECORD_HEADER_LEN: Final = 32
+_PAD: Final = (b"", b"\0" * 7, b"\0" * 6, b"\0" * 5, b"\0" * 4, b"\0" * 3, b"\0" * 2, b"\0")
+
+_U32: Final = struct.Struct("<I")
+_U64: Final = struct.Struct("<Q")
+_KV_LEN: Final = struct.Struct("<II")
+_COMMIT: Final = struct.Struct("<QII")
+_RANGE: Final = struct.Struct("<QQ")
+_ROLLBACK: Final = struct.Struct("<II")
+_BATCH_END: Final = struct.Struct("<QIIQQ")
+_EMPTY_HEADERS: Final = b"\0\0\0\0"
+
+
+class _Incomplete:
+    """Type of :data:`INCOMPLETE`."""
+
+    _instance: _Incomplete | None = None
+
+    def __repr__(self) -> str:
+        return "INCOMPLETE"
+
+
+INCOMPLETE: Final = _Incomplete()
+"""Returned by decoders when the buffer ends before the value does."""
+
+
+# --------------------------------------------------------------------------
+# checksums
+
+
+def crc(kind: int, data: bytes | memoryview, seed: int = 0) -> int:
+    """Return the checksum of ``data`` under algorithm ``kind``, extending ``seed``."""
+    if kind == CRC32C:
+        if _gcrc is None:  # pragma: no cover
+            raise FormatError(0, "file uses CRC-32C but google-crc32c is not installed")
+        return int(_gcrc.extend(seed, bytes(data) if isinstance(data, memoryview) else data))
+    if kind == CRC32_ZLIB:
+        return zlib.crc32(data, seed)
+    raise FormatError(0, f"unknown checksum algorithm {kind}")
+
+
+def default_crc_kind() -> int:
+    """Return the checksum algorithm new channels use: CRC-32C when the C version exists."""
+    return CRC32C if HAVE_CRC32C else CRC32_ZLIB
+
+
+def file_seed(kind: int, channel_id: bytes, file_id: int) -> int:
+    """Return the CRC seed of one data file: a checksum of the channel id and file id."""
+    return crc(kind, channel_id + _U64.pack(file_id))
+
+
+def pad_len(n: int) -> int:
+    """Return how many zero bytes follow ``n`` bytes to reach 8-byte alignment."""
+    return -n & 7
+
+
+def record_size(payload_len: int) -> int:
+    """Return the bytes a record with ``payload_len`` bytes of payload occupies."""
+    return RECORD_HEADER_LEN + payload_len + (-payload_len & 7)
+
+
+# --------------------------------------------------------------------------
+# file header
+
+
+@dataclass(frozen=True, slots=True)
+class FileHeader:
+    """The header at the start of every data file."""
+
+    crc_kind: int
+    channel_id: bytes
+    file_id: int
+    base_woid: int
+    next_position: int
+    next_txn_id: int
+    created_ns: int
+    live_files: tuple[int, ...] = ()
+    version: int = FORMAT_VERSION
+
+    @property
+    def header_len(self) -> int:
+        """Bytes the encoded header occupies, padding included."""
+        n = FILE_HEADER_FIXED + 8 * len(self.live_files) + 4
+        return n + pad_len(n)
+
+
+def encode_file_header(h: FileHeader) -> bytes:
+    """Encode a file header; ``live_files`` lists the other live files of its directory."""
+    if len(h.channel_id) != 16:
+        raise FormatError(0, "channel id must be 16 bytes")
+    if len(h.live_files) > MAX_LIVE_FILES:
+        raise FormatError(0, f"more than {MAX_LIVE_FILES} live files")
+    total = h.header_len
+    body = _FILE_HEADER.pack(
+        MAGIC,
+        h.version,
+        total,
+        h.crc_kind & _CRC_MASK,
+        h.channel_id,
+        h.file_id,
+        h.base_woid,
+        h.next_position,
+        h.next_txn_id,
+        h.created_ns,
+        len(h.live_files),
+    ) + b"".join(_U64.pack(f) for f in h.live_files)
+    c = crc(h.crc_kind, body)
+    out = body + _U32.pack(c)
+    return out + b"\0" * (total - len(out))
+
+
+def decode_file_header(buf: bytes | memoryview) -> FileHeader | _Incomplete:
+    """Decode the header at the start of ``buf``.
+
+    Returns :data:`INCOMPLETE` if ``buf`` is shorter than the header says it is.
+
+    Raises:
+        FormatError: the bytes are not a filechannel data file header.
+    """
+    if len(buf) < FILE_HEADER_FIXED:
+        if bytes(buf[: len(MAGIC)]) != MAGIC[: len(buf)]:
+            raise FormatError(0, "bad magic: not a filechannel data file")
+        return INCOMPLETE
+    (
+        magic,
+        version,
+        header_len,
+        flags,
+        channel_id,
+        file_id,
+        base_woid,
+        next_position,
+        next_txn_id,
+        created_ns,
+        n_live,
+    ) = _FILE_HEADER.unpack_from(buf, 0)
+    if magic != MAGIC:
+        raise FormatError(0, "bad magic: not a filechannel data file")
+    if version != FORMAT_VERSION:
+        raise FormatError(8, f"unsupported format version {version} (this is {FORMAT_VERSION})")
+    if flags & ~_KNOWN_FLAGS:
+        raise FormatError(12, f"unknown header flags {flags:#x}")
+    kind = flags & _CRC_MASK
+    if kind not in (CRC32C, CRC32_ZLIB):
+        raise FormatError(12, f"unknown checksum algorithm {kind}")
+    if n_live > MAX_LIVE_FILES:
+        raise FormatError(72, f"live file count {n_live} exceeds {MAX_LIVE_FILES}")
+    expect_len = FILE_HEADER_FIXED + 8 * n_live + 4
+    expect_len += pad_len(expect_len)
+    if header_len != expect_len:
+        raise FormatError(10, f"header length {header_len} does not match {expect_len}")
+    if len(buf) < header_len:
+        return INCOMPLETE
+    crc_at = FILE_HEADER_FIXED + 8 * n_live
+    want = _U32.unpack_from(buf, crc_at)[0]
+    if crc(kind, buf[:crc_at]) != want:
+        raise FormatError(crc_at, "file header checksum mismatch")
+    live = struct.unpack_from(f"<{n_live}Q", buf, FILE_HEADER_FIXED)
+    return FileHeader(
+        crc_kind=kind,
+        channel_id=bytes(channel_id),
+        file_id=file_id,
+        base_woid=base_woid,
+        next_position=next_position,
+        next_txn_id=next_txn_id,
+        created_ns=created_ns,
+        live_files=tuple(live),
+        version=version,
+    )
+
+
+# --------------------------------------------------------------------------
+# records
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One decoded record frame. ``offset`` and ``size`` are relative to the buffer."""
+
+    op: int
+    woid: int
+    txn_id: int
+    offset: int
+    size: int
+    payload: bytes
+
+    @property
+    def end(self) -> int:
+        """Offset just past this record (and its padding)."""
+        return self.offset + self.size
+
+
+def encode_record(op: int, woid: int, txn_id: int, payload: bytes, seed: int, kind: int) -> bytes:
+    """Encode one record frame, padded to 8 bytes."""
+    n = len(payload)
+    head = _REC_HEAD.pack(op, 0, 0, n, woid, txn_id)
+    c = crc(kind, payload, crc(kind, head, seed))
+    return b"".join((head, _REC_CRC.pack(c, 0), payload, _PAD[n & 7]))
+
+
+def record_encoder(seed: int, kind: int) -> _RecordEncoder:
+    """Return a fast encoder bound to one file's seed (the hot path of the writer)."""
+    return _RecordEncoder(seed, kind)
+
+
+class _RecordEncoder:
+    """Appends encoded frames to a list of parts; avoids per-call lookups."""
+
+    __slots__ = ("_extend", "_seed")
+
+    def __init__(self, seed: int, kind: int) -> None:
+        self._seed = seed
+        if kind == CRC32C and _gcrc is not None:
+            self._extend = _gcrc.extend
+        elif kind == CRC32_ZLIB:
+            self._extend = _zlib_extend
+        else:  # pragma: no cover
+            raise FormatError(0, f"unknown checksum algorithm {kind}")
+
+    def add(self, parts: list[bytes], op: int, woid: int, txn_id: int, payload: bytes) -> int:
+        """Append one frame's pieces to ``parts``; return its size in bytes."""
+        n = len(payload)
+        head = _REC_HEAD.pack(op, 0, 0, n, woid, txn_id)
+        ext = self._extend
+        c = ext(ext(self._seed, head), payload)
+        pad = _PAD[n & 7]
+        parts += (head, _REC_CRC.pack(c, 0), payload, pad)
+        return 32 + n + len(pad)
+
+
+def _zlib_extend(crc_value: int, data: bytes) -> int:
+    return zlib.crc32(data, crc_value)
+
+
+def decode_record(
+    buf: bytes | memoryview, offset: int, seed: int, kind: int, max_payload: int
+) -> Record | _Incomplete:
+    """Decode the record frame starting at ``offset`` in ``buf``.
+
+    Returns :data:`INCOMPLETE` if the frame runs past the end of ``buf``.
+    A declared payload length above ``max_payload`` is rejected before
+    anything is read, so a damaged length never causes a large allocation.
+
+    Raises:
+        FormatError: the frame is not a valid record (bad op, length or checksum).
+    """
+    avail = len(buf) - offset
+    if avail < RECORD_HEADER_LEN:
+        if avail > 0 and buf[offset] not in OP_NAMES:
+            raise FormatError(offset, f"invalid record op {buf[offset]}")
+        return INCOMPLETE
+    op, flags, reserved, n, woid, txn_id = _REC_HEAD.unpack_from(buf, offset)
+    if op not in OP_NAMES:
+        raise FormatError(offset, f"invalid record op {op}")
+    if flags or reserved:
+        raise FormatError(offset + 1, "reserved record bits are set")
+    if n > max_payload:
+        raise FormatError(offset + 4, f"record payload length {n} exceeds the limit {max_payload}")
+    size = RECORD_HEADER_LEN + n + (-n & 7)
+    if avail < size:
+        return INCOMPLETE
+    want, reserved2 = _REC_CRC.unpack_from(buf, offset + 24)
+    start = offset + RECORD_HEADER_LEN
+    payload = bytes(buf[start : start + n])
+    got = crc(kind, payload, crc(kind, buf[offset : offset + 24], seed))
+    if got != want or reserved2:
+        raise FormatError(offset, "record checksum mismatch")
+    return Record(op, woid, txn_id, offset, size, payload)
+
+
+# --------------------------------------------------------------------------
+# payloads
+
+
+def encode_event(body: bytes, headers: Mapping[str, str] | None) -> bytes:
+    """Encode an event (headers, then body) as a PUT payload.
+
+    Callers validate types first; this function assumes ``str`` keys and values.
+    """
+    if not headers:
+        return _EMPTY_HEADERS + body
+    parts = [_U32.pack(len(headers))]
+    for k, v in headers.items():
+        kb = k.encode("utf-8", "surrogatepass")
+        vb = v.encode("utf-8", "surrogatepass")
+        parts += (_KV_LEN.pack(len(kb), len(vb)), kb, vb)
+    parts.append(body)
+    return b"".join(parts)
+
+
+def decode_event(payload: bytes) -> tuple[bytes, dict[str, str]]:
+    """Decode a PUT payload into ``(body, headers)``.
+
+    Raises:
+        FormatError: the payload is malformed.
+    """
+    n = len(payload)
+    if n < 4:
+        raise FormatError(0, "event payload shorter than its header count")
+    count = _U32.unpack_from(payload, 0)[0]
+    if count == 0:
+        return payload[4:], {}
+    if count > (n - 4) // 8:
+        raise FormatError(0, f"event header count {count} exceeds the payload")
+    headers: dict[str, str] = {}
+    pos = 4
+    for _ in range(count):
+        if pos + 8 > n:
+            raise FormatError(pos, "event header runs past the payload")
+        kl, vl = _KV_LEN.unpack_from(payload, pos)
+        pos += 8
+        if pos + kl + vl > n:
+            raise FormatError(pos, "event header runs past the payload")
+        try:
+            k = payload[pos : pos + kl].decode("utf-8", "surrogatepass")
+            v = payload[pos + kl : pos + kl + vl].decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError as exc:
+            raise FormatError(pos, "event header is not valid UTF-8") from exc
+        headers[k] = v
+        pos += kl + vl
+    return payload[pos:], headers
+
+
+def encode_commit(first_position: int, n_puts: int, n_takes: int) -> bytes:
+    """Encode a COMMIT payload: the positions its puts receive, and its take count."""
+    return _COMMIT.pack(first_position, n_puts, n_takes)
+
+
+def decode_commit(payload: bytes) -> tuple[int, int, int]:
+    """Decode a COMMIT payload into ``(first_position, n_puts, n_takes)``.
+
+    Raises:
+        FormatError: the payload has the wrong size.
+    """
+    if len(payload) != _COMMIT.size:
+        raise FormatError(0, f"commit payload is {len(payload)} bytes, expected {_COMMIT.size}")
+    return _COMMIT.unpack(payload)  # type: ignore[return-value]
+
+
+def encode_take(ranges: Iterable[tuple[int, int]]) -> bytes:
+    """Encode a TAKE payload: ``(first_position, count)`` ranges of taken positions."""
+    rs = list(ranges)
+    return _U32.pack(len(rs)) + b"".join(_RANGE.pack(a, c) for a, c in rs)
+
+
+def decode_take(payload: bytes) -> list[tuple[int, int]]:
+    """Decode a TAKE payload into its position ranges.
+
+    Raises:
+        FormatError: the payload is malformed.
+    """
+    if len(payload) < 4:
+        raise FormatError(0, "take payload shorter than its range count")
+    n = _U32.unpack_from(payload, 0)[0]
+    if len(payload) != 4 + 16 * n:
+        raise FormatError(0, f"take payload size does not match {n} ranges")
+    return [_RANGE.unpack_from(payload, 4 + 16 * i) for i in range(n)]  # type: ignore[misc]
+
+
+def encode_rollback(n_puts: int, n_takes: int) -> bytes:
+    """Encode a ROLLBACK payload (informational counts)."""
+    return _ROLLBACK.pack(n_puts, n_takes)
+
+
+def decode_rollback(payload: bytes) -> tuple[int, int]:
+    """Decode a ROLLBACK payload into ``(n_puts, n_takes)``.
+
+    Raises:
+        FormatError: the payload has the wrong size.
+    """
+    if len(payload) != _ROLLBACK.size:
+        raise FormatError(0, "rollback payload has the wrong size")
+    return _ROLLBACK.unpack(payload)  # type: ignore[return-value]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchEnd:
+    """The commit frame that closes one write: a checksum over the whole batch."""
+
+    batch_start: int
+    batch_len: int
+    batch_crc: int
+    first_woid: int
+    last_woid: int
+
+
+def encode_batch_end(b: BatchEnd) -> bytes:
+    """Encode a BATCH_END payload."""
+    return _BATCH_END.pack(b.batch_start, b.batch_len, b.batch_crc, b.first_woid, b.last_woid)
+
+
+def decode_batch_end(payload: bytes) -> BatchEnd:
+    """Decode a BATCH_END payload.
+
+    Raises:
+        FormatError: the payload has the wrong size.
+    """
+    if len(payload) != _BATCH_END.size:
+        raise FormatError(0, "batch_end payload has the wrong size")
+    return BatchEnd(*_BATCH_END.unpack(payload))
+
+
+def encode_retire(file_id: int) -> bytes:
+    """Encode a RETIRE payload: a data file that is no longer part of the channel."""
+    return _U64.pack(file_id)
+
+
+def decode_retire(payload: bytes) -> int:
+    """Decode a RETIRE payload into the retired file id.
+
+    Raises:
+        FormatError: the payload has the wrong size.
+    """
+    if len(payload) != 8:
+        raise FormatError(0, "retire payload has the wrong size")
+    return int(_U64.unpack(payload)[0])

@@ -1,0 +1,1307 @@
+"""The write-ahead log: data files, write-order ids, group commit, recovery.
+
+``Log`` owns the channel directory's files and everything about them: the
+``CHANNEL`` identity file, the lock, the data files in each data directory,
+the global write-order id (woid), the position counter that COMMIT records
+carry, group commit and the fsync policy, recovery of torn tails, detection of
+corruption, and retirement of data files. It knows nothing of queues or
+capacity: ``channel.py`` builds those from the records this module replays.
+
+Write path: committers hand a transaction's payloads to the writer of one data
+directory. One of them becomes the leader, takes every pending transaction,
+assigns woids and positions, frames them, ends the write with a BATCH_END
+record (a checksum over the whole write), writes it with one ``pwrite`` and,
+with ``fsync="commit"``, makes it durable with one ``fdatasync`` before any of
+those commits return. A failed fsync or a failed write that cannot be cleanly
+undone moves the log to FAILED: every later write raises, and nothing is
+fsynced again as if it were safe.
+
+Recovery (see docs/format.md): only records covered by a verified BATCH_END
+count. In the newest data file of a directory, damage with no verified
+BATCH_END after it is a torn tail: it is copied aside and truncated. Any other
+damage is corruption of acknowledged data and raises ``CorruptLogError``
+(or, with ``on_corruption="skip"``, is skipped and reported exactly).
+"""
+
+from __future__ import annotations
+
+import errno
+import heapq
+import itertools
+import logging
+import os
+import re
+import struct
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import format as fmt
+from ._fs import DEFAULT_FS, FS, read_file
+from .config import ChannelConfig
+from .errors import (
+    ChannelClosedError,
+    ChannelLockedError,
+    CorruptLogError,
+    DiskSpaceError,
+    FormatError,
+    NotAChannelError,
+)
+
+logger = logging.getLogger(__name__)
+
+CHANNEL_FILE = "CHANNEL"
+LOCK_FILE = "LOCK"
+DEFAULT_DATA_DIR = "data"
+_SEG_RE = re.compile(r"^seg-([0-9a-f]{16})\.wal$")
+_CHANNEL_MAGIC = b"FCCHANNL"
+_CHANNEL_FMT = struct.Struct("<8sHH16sQ")
+_U32 = struct.Struct("<I")
+_BATCH_END_SIZE = fmt.record_size(32)
+_SPACE_REFRESH_S = 1.0
+
+
+def segment_name(file_id: int) -> str:
+    """Return the file name of data file ``file_id``."""
+    return f"seg-{file_id:016x}.wal"
+
+
+# --------------------------------------------------------------------------
+# channel identity file
+
+
+def encode_channel_file(channel_id: bytes, crc_kind: int, created_ns: int) -> bytes:
+    """Encode the ``CHANNEL`` file: magic, version, checksum kind, channel id, creation time."""
+    body = _CHANNEL_FMT.pack(_CHANNEL_MAGIC, fmt.FORMAT_VERSION, crc_kind, channel_id, created_ns)
+    return body + _U32.pack(fmt.crc(fmt.CRC32_ZLIB, body))
+
+
+def decode_channel_file(buf: bytes) -> tuple[bytes, int, int]:
+    """Decode the ``CHANNEL`` file into ``(channel_id, crc_kind, created_ns)``.
+
+    Raises:
+        FormatError: the bytes are not a valid CHANNEL file.
+    """
+    n = _CHANNEL_FMT.size
+    if len(buf) != n + 4:
+        raise FormatError(0, f"CHANNEL file is {len(buf)} bytes, expected {n + 4}")
+    if fmt.crc(fmt.CRC32_ZLIB, buf[:n]) != _U32.unpack_from(buf, n)[0]:
+        raise FormatError(n, "CHANNEL file checksum mismatch")
+    magic, version, kind, cid, created = _CHANNEL_FMT.unpack_from(buf, 0)
+    if magic != _CHANNEL_MAGIC:
+        raise FormatError(0, "bad CHANNEL magic")
+    if version != fmt.FORMAT_VERSION:
+        raise FormatError(8, f"unsupported channel format version {version}")
+    if kind not in (fmt.CRC32C, fmt.CRC32_ZLIB):
+        raise FormatError(10, f"unknown checksum kind {kind}")
+    if kind == fmt.CRC32C and not fmt.HAVE_CRC32C:
+        raise FormatError(10, "channel uses CRC-32C; install google-crc32c")
+    return bytes(cid), kind, created
+
+
+# --------------------------------------------------------------------------
+# results of recovery
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    """A record as replay yields it: where it lives, and its decoded fields.
+
+    ``payload`` is empty for PUT records (read them with :meth:`Log.read_payload`);
+    ``size`` is the whole frame, so ``(file_id, offset, size)`` is a pointer.
+    """
+
+    op: int
+    woid: int
+    txn_id: int
+    file_id: int
+    offset: int
+    size: int
+    payload: bytes
+
+
+@dataclass
+class CorruptionReport:
+    """What ``on_corruption="skip"`` dropped while opening (also in ``stats()``)."""
+
+    path: str
+    offset: int
+    reason: str
+    lost_bytes: int
+    lost_woids: tuple[int, int] | None = None
+    lost_positions: tuple[int, int] | None = None
+
+    def describe(self) -> str:
+        """One line for the log."""
+        s = f"{self.path} at byte {self.offset}: {self.reason}; skipped {self.lost_bytes} bytes"
+        if self.lost_positions and self.lost_positions[1] > self.lost_positions[0]:
+            a, b = self.lost_positions
+            s += f", lost positions {a}..{b - 1} ({b - a} events)"
+        if self.lost_woids:
+            s += f", write-order ids {self.lost_woids[0]}..{self.lost_woids[1]}"
+        return s
+
+
+@dataclass
+class _FileScan:
+    file_id: int
+    path: str
+    header: fmt.FileHeader
+    records: list[LogRecord]
+    end: int  # offset after the last verified batch
+    size: int  # file size on disk
+    last_woid: int
+
+
+@dataclass
+class CommitResult:
+    """What a durable (or, with ``fsync="interval"``, written) commit produced."""
+
+    txn_id: int
+    woid: int = 0
+    first_position: int = 0
+    file_id: int = 0
+    put_offsets: list[int] = field(default_factory=list)
+    put_sizes: list[int] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------
+# scanning one data file
+
+
+def _find_verified_batch_end(
+    buf: bytes, start: int, seed: int, kind: int, max_payload: int
+) -> tuple[int, fmt.BatchEnd] | None:
+    """Return the first BATCH_END at or after ``start`` whose whole batch verifies."""
+    off = start + fmt.pad_len(start)
+    n = len(buf)
+    find = buf.find
+    marker = bytes([fmt.BATCH_END])
+    while off + _BATCH_END_SIZE <= n:
+        hit = find(marker, off)
+        if hit < 0:
+            return None
+        if hit & 7:
+            off = hit + fmt.pad_len(hit)
+            continue
+        off = hit
+        try:
+            rec = fmt.decode_record(buf, off, seed, kind, max_payload)
+            if isinstance(rec, fmt.Record) and rec.op == fmt.BATCH_END:
+                be = fmt.decode_batch_end(rec.payload)
+                if (
+                    be.batch_start + be.batch_len == off
+                    and be.batch_start >= 0
+                    and fmt.crc(kind, buf[be.batch_start : off], seed) == be.batch_crc
+                ):
+                    return off, be
+        except FormatError:
+            pass
+        off += 8
+    return None
+
+
+class _Scanner:
+    """Walks one data file's records and classifies damage (policy lives here)."""
+
+    def __init__(self, log: Log, path: str, file_id: int, buf: bytes, header: fmt.FileHeader) -> None:
+        self.log = log
+        self.path = path
+        self.file_id = file_id
+        self.buf = buf
+        self.header = header
+        self.kind = log.crc_kind
+        self.seed = fmt.file_seed(self.kind, log.channel_id, file_id)
+        self.max_payload = log.max_payload
+
+    def scan(self, newest: bool, prev_woid: int) -> _FileScan:
+        buf, seed, kind = self.buf, self.seed, self.kind
+        records: list[LogRecord] = []
+        pending: list[LogRecord] = []
+        g = self.header.header_len  # end of the last verified batch
+        pos = g
+        last_woid = max(prev_woid, self.header.base_woid - 1)
+        batch_last_woid = last_woid
+        n = len(buf)
+        fid = self.file_id
+        while True:
+            if pos == n and not pending:
+                break
+            bad_reason = None
+            try:
+                rec = fmt.decode_record(buf, pos, seed, kind, self.max_payload)
+            except FormatError as exc:
+                rec = None
+                bad_reason = exc.reason
+            if rec is fmt.INCOMPLETE:
+                bad_reason = "incomplete record at end of file" if pos < n else "batch without BATCH_END"
+                rec = None
+            if rec is not None:
+                assert isinstance(rec, fmt.Record)
+                if rec.woid <= batch_last_woid:
+                    bad_reason = f"write-order id {rec.woid} does not increase (previous {batch_last_woid})"
+                elif rec.op == fmt.BATCH_END:
+                    try:
+                        be = fmt.decode_batch_end(rec.payload)
+                    except FormatError as exc:
+                        be = None
+                        bad_reason = exc.reason
+                    if be is not None:
+                        if be.batch_start != g or be.batch_len != pos - g:
+                            bad_reason = "BATCH_END does not cover the preceding batch"
+                        elif fmt.crc(kind, buf[g:pos], seed) != be.batch_crc:
+                            bad_reason = "batch checksum mismatch"
+                        else:
+                            records.extend(pending)
+                            pending = []
+                            batch_last_woid = rec.woid
+                            last_woid = rec.woid
+                            pos = g = rec.end
+                            continue
+                else:
+                    payload = b"" if rec.op == fmt.PUT else rec.payload
+                    pending.append(LogRecord(rec.op, rec.woid, rec.txn_id, fid, pos, rec.size, payload))
+                    batch_last_woid = rec.woid
+                    pos = rec.end
+                    continue
+            # Damage (or an unterminated batch) at ``pos``; the verified prefix ends at ``g``.
+            assert bad_reason is not None
+            resumed = self._handle_damage(newest, g, pos, bad_reason, records, last_woid)
+            if resumed is None:
+                break
+            g = pos = resumed
+            pending = []
+            batch_last_woid = last_woid
+        return _FileScan(fid, self.path, self.header, records, g, n, last_woid)
+
+    def _handle_damage(
+        self, newest: bool, g: int, x: int, reason: str, records: list[LogRecord], last_woid: int
+    ) -> int | None:
+        """Decide what damage at ``x`` means. Return the offset to resume at, or None to stop."""
+        log = self.log
+        after = _find_verified_batch_end(self.buf, x, self.seed, self.kind, self.max_payload)
+        if after is None or after[1].batch_start < g:
+            if newest:
+                # A torn, unacknowledged tail: nothing verified follows it.
+                log._note_torn_tail(self.path, g, len(self.buf), reason)
+                return None
+            if g == len(self.buf):  # pragma: no cover - loop exits before
+                return None
+            problem = f"{reason} in a sealed data file"
+            if log.config.on_corruption != "skip":
+                raise CorruptLogError(self.path, x, problem)
+            log._report_corruption(self._report(g, len(self.buf), problem, records, None))
+            return None
+        resume, _be = after[1].batch_start, after[1]
+        if newest and log.config.fsync == "interval":
+            # With interval fsync, writeback may persist a later write before an
+            # earlier one; the recovered state must stay a prefix of the commit
+            # order, so everything from the damage on is dropped.
+            logger.error(
+                "%s: %s at byte %d followed by intact writes; fsync='interval' keeps a prefix, "
+                "dropping %d bytes from byte %d",
+                self.path,
+                reason,
+                x,
+                len(self.buf) - g,
+                g,
+            )
+            log._note_torn_tail(self.path, g, len(self.buf), reason)
+            return None
+        problem = f"{reason}, and acknowledged records follow it"
+        if log.config.on_corruption != "skip":
+            raise CorruptLogError(self.path, x, problem)
+        log._report_corruption(self._report(g, resume, problem, records, resume))
+        return resume
+
+    def _report(
+        self, start: int, stop: int, reason: str, records: list[LogRecord], resume: int | None
+    ) -> CorruptionReport:
+        before = self.header.next_position
+        for r in records:
+            if r.op == fmt.COMMIT:
+                fp, np_, _ = fmt.decode_commit(r.payload)
+                before = max(before, fp + np_)
+        after_pos = None
+        first_woid = records[-1].woid + 1 if records else self.header.base_woid
+        last_woid = None
+        if resume is not None:
+            pos = resume
+            while pos < len(self.buf):
+                try:
+                    rec = fmt.decode_record(self.buf, pos, self.seed, self.kind, self.max_payload)
+                except FormatError:
+                    break
+                if not isinstance(rec, fmt.Record):
+                    break
+                if last_woid is None:
+                    last_woid = rec.woid - 1
+                if rec.op == fmt.COMMIT:
+                    after_pos = fmt.decode_commit(rec.payload)[0]
+                    break
+                pos = rec.end
+        lost_pos = (before, after_pos) if after_pos is not None else (before, before)
+        if resume is None:
+            lost_pos = (before, before)  # unknown upper bound: the rest of the file
+        lost_w = (first_woid, last_woid) if last_woid is not None else None
+        return CorruptionReport(self.path, start, reason, stop - start, lost_w, lost_pos)
+
+
+# --------------------------------------------------------------------------
+# writing: one writer per data directory
+
+
+class _Item:
+    """One unit handed to a writer: a transaction, a rollback note or retirements."""
+
+    __slots__ = (
+        "done",
+        "durable",
+        "error",
+        "kind",
+        "nbytes",
+        "on_written",
+        "payloads",
+        "published",
+        "result",
+        "retire",
+        "takes",
+        "txn_id",
+    )
+
+    def __init__(
+        self,
+        kind: int,
+        txn_id: int,
+        payloads: Sequence[bytes] = (),
+        takes: Sequence[tuple[int, int]] = (),
+        durable: bool = True,
+        on_written: Callable[[CommitResult], None] | None = None,
+        retire: Sequence[int] = (),
+    ) -> None:
+        self.kind = kind
+        self.txn_id = txn_id
+        self.payloads = payloads
+        self.takes = takes
+        self.durable = durable
+        self.on_written = on_written
+        self.retire = retire
+        self.result = CommitResult(txn_id)
+        self.done = False
+        self.published = False
+        self.error: BaseException | None = None
+        rs = fmt.record_size
+        if kind == fmt.COMMIT:
+            n = sum(rs(len(p)) for p in payloads) + rs(16)
+            if takes:
+                n += rs(4 + 16 * len(takes))
+        elif kind == fmt.ROLLBACK:
+            n = rs(8)
+        else:
+            n = rs(8) * len(retire)
+        self.nbytes = n
+
+
+class _Writer:
+    """Appends batches to the active data file of one data directory."""
+
+    def __init__(self, log: Log, index: int, path: str, live: list[int]) -> None:
+        self.log = log
+        self.index = index
+        self.path = path
+        self.live = live  # file ids of this directory that are part of the channel
+        self.cond = threading.Condition(threading.Lock())
+        self.pending: list[_Item] = []
+        self.leading = False
+        self.io_lock = threading.Lock()
+        self.fd: int | None = None
+        self.file_id = 0
+        self.offset = 0
+        self.synced = 0
+        self.encoder: Any = None
+        self.seed = 0
+        self.header_len = 0
+        self._unpublished: list[_Item] = []
+
+    # -- called by committers ------------------------------------------------
+
+    def submit(self, item: _Item) -> None:
+        """Queue ``item``; return when it is written (and durable if it asks to be)."""
+        cond = self.cond
+        with cond:
+            self.log._check_writable()
+            self.pending.append(item)
+            if not item.durable and not item.on_written:
+                return  # rides along with the next write
+            while not item.done:
+                if not self.leading:
+                    self.leading = True
+                    break
+                cond.wait()
+            else:
+                if item.error is not None:
+                    raise item.error
+                return
+        # We are the leader until the pending list is empty.
+        try:
+            self._lead()
+        finally:
+            with cond:
+                self.leading = False
+                cond.notify_all()
+        if item.error is not None:
+            raise item.error
+
+    def _lead(self) -> None:
+        cond = self.cond
+        while True:
+            with cond:
+                batch = self.pending
+                if not any(i.durable or i.on_written for i in batch):
+                    return
+                self.pending = []
+            try:
+                with self.io_lock:
+                    self._write_batch_locked(batch)
+            except BaseException as exc:
+                for it in batch:
+                    if it.error is None and not it.published:
+                        it.error = exc
+            with cond:
+                for it in batch:
+                    it.done = True
+                cond.notify_all()
+
+    # -- I/O (leader only) ------------------------------------------------------
+
+    def _write_batch_locked(self, batch: list[_Item]) -> None:
+        """Write ``batch`` (rolling files as needed); the caller holds ``io_lock``."""
+        log = self.log
+        log._check_writable()
+        limit = log.config.max_file_size
+        chunk: list[_Item] = []
+        size = 0
+        for it in batch:
+            if self.fd is None:
+                self._roll()
+            room = limit - self.offset - _BATCH_END_SIZE
+            if chunk and size + it.nbytes > room:
+                self._write_chunk(chunk)
+                chunk, size = [], 0
+                room = limit - self.offset - _BATCH_END_SIZE
+            if not chunk and it.nbytes > room and self.offset > self.header_len:
+                self._roll()
+            chunk.append(it)
+            size += it.nbytes
+        if chunk:
+            self._write_chunk(chunk)
+        if log.config.fsync == "commit":
+            self._sync()
+
+    def _write_chunk(self, chunk: list[_Item]) -> None:
+        log = self.log
+        enc = self.encoder
+        start = self.offset
+        parts: list[bytes] = []
+        off = start
+        file_id = self.file_id
+        with log._seq_lock:
+            first_woid = log._next_woid
+            woid = first_woid
+            for it in chunk:
+                res = it.result
+                res.file_id = file_id
+                if it.kind == fmt.COMMIT:
+                    txn = it.txn_id
+                    offs = res.put_offsets
+                    sizes = res.put_sizes
+                    for p in it.payloads:
+                        n = enc.add(parts, fmt.PUT, woid, txn, p)
+                        offs.append(off)
+                        sizes.append(n)
+                        off += n
+                        woid += 1
+                    if it.takes:
+                        off += enc.add(parts, fmt.TAKE, woid, txn, fmt.encode_take(it.takes))
+                        woid += 1
+                    res.first_position = log._next_position
+                    log._next_position += len(it.payloads)
+                    res.woid = woid
+                    off += enc.add(
+                        parts, fmt.COMMIT, woid, txn, fmt.encode_commit(res.first_position, len(it.payloads), len(it.takes))
+                    )
+                    woid += 1
+                elif it.kind == fmt.ROLLBACK:
+                    assert isinstance(it, _RollbackItem)
+                    off += enc.add(parts, fmt.ROLLBACK, woid, it.txn_id, fmt.encode_rollback(*it.counts))
+                    woid += 1
+                else:
+                    for fid in it.retire:
+                        off += enc.add(parts, fmt.RETIRE, woid, 0, fmt.encode_retire(fid))
+                        woid += 1
+            body = b"".join(parts)
+            be = fmt.BatchEnd(start, len(body), fmt.crc(log.crc_kind, body, self.seed), first_woid, woid - 1)
+            tail: list[bytes] = []
+            enc.add(tail, fmt.BATCH_END, woid, 0, fmt.encode_batch_end(be))
+            log._next_woid = woid + 1
+        data = body + b"".join(tail)
+        assert self.fd is not None
+        try:
+            log.fs.pwrite_all(self.fd, data, start)
+        except OSError as exc:
+            self._undo_write(start, exc)
+            raise
+        self.offset = start + len(data)
+        log._bytes_written += len(data)
+        log._space_used(self.index, len(data))
+        self._unpublished.extend(chunk)
+        if log.config.fsync == "interval":
+            self._publish()
+
+    def _sync(self) -> None:
+        log = self.log
+        if self.fd is None or self.synced == self.offset:
+            self._publish()
+            return
+        try:
+            log.fs.fdatasync(self.fd)
+        except OSError as exc:
+            log._fail(exc, f"fdatasync of {self._path(self.file_id)} failed")
+            self._unpublished.clear()
+            raise
+        log._fsyncs += 1
+        self.synced = self.offset
+        self._publish()
+
+    def _publish(self) -> None:
+        """Hand written (and, in commit mode, durable) commits to their callbacks, in order."""
+        items, self._unpublished = self._unpublished, []
+        for it in items:
+            it.published = True
+            if it.on_written is not None:
+                it.on_written(it.result)
+
+    def _undo_write(self, start: int, exc: OSError) -> None:
+        """A write failed: cut the file back so no partial record stays behind."""
+        log = self.log
+        assert self.fd is not None
+        try:
+            log.fs.truncate(self.fd, start)
+        except OSError as exc2:
+            log._fail(exc2, f"truncate after failed write to {self._path(self.file_id)} failed")
+            return
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            log._fail(exc, f"write to {self._path(self.file_id)} failed")
+
+    def _path(self, file_id: int) -> str:
+        return os.path.join(self.path, segment_name(file_id))
+
+    def _roll(self) -> None:
+        """Start a new data file (the old one is made durable first)."""
+        log = self.log
+        fs = log.fs
+        if self.fd is not None:
+            if self.synced != self.offset:
+                try:
+                    fs.fdatasync(self.fd)
+                except OSError as exc:
+                    log._fail(exc, f"fdatasync of {self._path(self.file_id)} failed")
+                    raise
+                log._fsyncs += 1
+                self.synced = self.offset
+            self._publish()
+            fs.close(self.fd)
+            self.fd = None
+        with log._seq_lock:
+            file_id = log._next_file_id
+            log._next_file_id += 1
+            header = fmt.FileHeader(
+                crc_kind=log.crc_kind,
+                channel_id=log.channel_id,
+                file_id=file_id,
+                base_woid=log._next_woid,
+                next_position=log._next_position,
+                next_txn_id=log._peek_txn_id(),
+                created_ns=time.time_ns(),
+                live_files=tuple(self.live),
+            )
+        data = fmt.encode_file_header(header)
+        path = self._path(file_id)
+        fd = fs.create(path)
+        try:
+            fs.pwrite_all(fd, data, 0)
+            fs.fdatasync(fd)
+            fs.fsync_dir(self.path)
+        except OSError as exc:
+            try:
+                fs.close(fd)
+                fs.unlink(path)
+            except OSError:
+                pass
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                log._fail(exc, f"creating {path} failed")
+            raise
+        log._fsyncs += 2
+        log._register_file(file_id, self.index, path)
+        self.live.append(file_id)
+        self.fd = fd
+        self.file_id = file_id
+        self.offset = self.synced = self.header_len = len(data)
+        self.seed = fmt.file_seed(log.crc_kind, log.channel_id, file_id)
+        self.encoder = fmt.record_encoder(self.seed, log.crc_kind)
+        log._files_created += 1
+        logger.debug("started data file %s", path)
+
+    def sync_now(self) -> None:
+        """Make everything written so far durable (the interval syncer)."""
+        with self.io_lock:
+            if self.log._failed is not None or self.fd is None or self.synced == self.offset:
+                return
+            try:
+                self.log.fs.fdatasync(self.fd)
+            except OSError as exc:
+                self.log._fail(exc, f"background fdatasync of {self._path(self.file_id)} failed")
+                return
+            self.log._fsyncs += 1
+            self.synced = self.offset
+
+    def close(self) -> None:
+        with self.io_lock:
+            if self.fd is not None:
+                fd, self.fd = self.fd, None
+                if self.log._failed is None and self.synced != self.offset:
+                    self.log.fs.fdatasync(fd)
+                    self.log._fsyncs += 1
+                self.log.fs.close(fd)
+
+
+# --------------------------------------------------------------------------
+# the log
+
+
+class Log:
+    """The append-only record log of one channel directory.
+
+    Opening a ``Log`` locks the directory, creates it if needed, and recovers:
+    it validates every data file, truncates a torn tail, and keeps the records
+    for :meth:`replay`. Records carry a write-order id that strictly increases
+    across records, files and restarts.
+
+    Args:
+        directory: The channel directory.
+        config: Channel options (``ChannelConfig()`` when omitted).
+        fs: The I/O seam (tests pass a simulated file system).
+        readonly: Inspect without locking, creating or repairing anything.
+
+    Raises:
+        ChannelLockedError: Another open channel holds the directory.
+        CorruptLogError: Acknowledged data is damaged, missing or foreign.
+        NotAChannelError: ``directory`` exists but is not a channel directory.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        config: ChannelConfig | None = None,
+        *,
+        fs: FS | None = None,
+        readonly: bool = False,
+    ) -> None:
+        self.directory = os.fspath(directory)
+        self.config = config or ChannelConfig()
+        self.fs: FS = fs or DEFAULT_FS
+        self.readonly = readonly
+        self.max_payload = self.config.max_event_size + 64 * 1024 + 16 * self.config.transaction_capacity
+        self._seq_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._failed: BaseException | None = None
+        self._failed_msg = ""
+        self._closed = False
+        self._lock_handle: int | None = None
+        self._files: dict[int, tuple[int, str]] = {}  # file_id -> (dir index, path)
+        self._seeds: dict[int, int] = {}
+        self._read_fds: dict[int, int] = {}
+        self._scans: list[_FileScan] = []
+        self.corruption: list[CorruptionReport] = []
+        self.torn_tails: list[tuple[str, int, int]] = []
+        self._next_woid = 1
+        self._next_position = 0
+        self._next_file_id = 1
+        self._txn_ids = itertools.count(1)
+        self._txn_peek = 1
+        self._fsyncs = 0
+        self._bytes_written = 0
+        self._files_created = 0
+        self._files_retired = 0
+        self._space: dict[int, tuple[float, int]] = {}
+        self._space_written: dict[int, int] = {}
+        self._syncer: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._extra_locks: list[int] = []
+        self._writers: list[_Writer] = []
+        d = self.config.data_dirs
+        self.data_dirs = list(d) if d else [os.path.join(self.directory, DEFAULT_DATA_DIR)]
+        try:
+            self._open()
+        except BaseException:
+            self._release()
+            raise
+
+    # -- opening ----------------------------------------------------------------
+
+    def _open(self) -> None:
+        fs = self.fs
+        top = self.directory
+        if fs.exists(top) and not fs.isdir(top):
+            raise NotAChannelError(top, "it is a file")
+        chan_path = os.path.join(top, CHANNEL_FILE)
+        if not fs.exists(top) or not fs.exists(chan_path):
+            if self.readonly:
+                raise NotAChannelError(top, "no CHANNEL file (create a channel with filechannel.open)")
+            self._create(chan_path)
+        else:
+            if not self.readonly:
+                self._lock(top)
+        try:
+            self.channel_id, self.crc_kind, self.created_ns = decode_channel_file(read_file(fs, chan_path))
+        except FormatError as exc:
+            raise CorruptLogError(chan_path, exc.offset, exc.reason) from exc
+        if not self.readonly:
+            for i, d in enumerate(self.data_dirs):
+                fs.makedirs(d)
+                if i or self.config.data_dirs:
+                    # An external data directory gets its own lock.
+                    self._extra_locks.append(self._lock_path(os.path.join(d, LOCK_FILE)))
+        self._recover()
+        if not self.readonly and self.config.fsync == "interval":
+            self._syncer = threading.Thread(target=self._sync_loop, name="filechannel-fsync", daemon=True)
+            self._syncer.start()
+
+    def _lock_path(self, path: str) -> int:
+        try:
+            return self.fs.lock(path)
+        except BlockingIOError as exc:
+            raise ChannelLockedError(os.path.dirname(path)) from exc
+
+    def _lock(self, top: str) -> None:
+        self._lock_handle = self._lock_path(os.path.join(top, LOCK_FILE))
+
+    def _create(self, chan_path: str) -> None:
+        fs = self.fs
+        top = self.directory
+        existed = fs.exists(top)
+        fs.makedirs(top)
+        self._lock(top)
+        if fs.exists(chan_path):  # created concurrently before we took the lock
+            return
+        others = [n for n in fs.listdir(top) if n != LOCK_FILE]
+        if others:
+            raise NotAChannelError(
+                top, f"it holds {len(others)} other entries but no CHANNEL file; use an empty directory"
+            )
+        for d in self.data_dirs:
+            if fs.exists(d) and any(_SEG_RE.match(n) for n in fs.listdir(d)):
+                raise NotAChannelError(
+                    top, f"no CHANNEL file, but data directory {d} holds data files of some channel"
+                )
+        data = encode_channel_file(uuid.uuid4().bytes, fmt.default_crc_kind(), time.time_ns())
+        tmp = chan_path + ".tmp"
+        if fs.exists(tmp):
+            fs.unlink(tmp)
+        fd = fs.create(tmp)
+        try:
+            fs.pwrite_all(fd, data, 0)
+            fs.fsync(fd)
+        finally:
+            fs.close(fd)
+        fs.replace(tmp, chan_path)
+        fs.fsync_dir(top)
+        if not existed:
+            parent = os.path.dirname(os.path.abspath(top))
+            fs.fsync_dir(parent)
+        logger.info("created channel %s", top)
+
+    def _recover(self) -> None:
+        scans: list[_FileScan] = []
+        live_by_dir: list[list[int]] = []
+        max_next_pos = 0
+        max_txn = 0
+        max_woid = 0
+        max_file_id = 0
+        for index, d in enumerate(self.data_dirs):
+            if not self.fs.exists(d):
+                live_by_dir.append([])
+                continue
+            dscans, max_id = self._recover_dir(index, d)
+            max_file_id = max(max_file_id, max_id)
+            live_by_dir.append([s.file_id for s in dscans])
+            for s in dscans:
+                max_next_pos = max(max_next_pos, s.header.next_position)
+                max_txn = max(max_txn, s.header.next_txn_id - 1)
+                max_woid = max(max_woid, s.header.base_woid - 1, s.last_woid)
+                for r in s.records:
+                    if r.txn_id > max_txn:
+                        max_txn = r.txn_id
+                    if r.op == fmt.COMMIT:
+                        fp, npt, _ = fmt.decode_commit(r.payload)
+                        if fp + npt > max_next_pos:
+                            max_next_pos = fp + npt
+            scans.extend(dscans)
+        self._scans = scans
+        self._next_woid = max_woid + 1
+        self._next_position = max_next_pos
+        self._next_file_id = max_file_id + 1
+        self._txn_ids = itertools.count(max_txn + 1)
+        self._txn_peek = max_txn + 1
+        self._writers = [_Writer(self, i, d, live_by_dir[i]) for i, d in enumerate(self.data_dirs)]
+
+    def _recover_dir(self, index: int, d: str) -> tuple[list[_FileScan], int]:
+        fs = self.fs
+        ids = sorted(int(m.group(1), 16) for n in fs.listdir(d) if (m := _SEG_RE.match(n)))
+        if not ids:
+            return [], 0
+        max_id = ids[-1]
+        headers: dict[int, tuple[fmt.FileHeader, bytes]] = {}
+        # 1. The newest file decides which files belong to the channel.
+        newest = None
+        while ids:
+            fid = ids[-1]
+            path = os.path.join(d, segment_name(fid))
+            buf = read_file(fs, path)
+            h = self._read_header(path, fid, buf, newest=True)
+            if h is None:
+                ids.pop()
+                continue
+            headers[fid] = (h, buf)
+            newest = fid
+            break
+        if newest is None:
+            return [], max_id
+        nh, nbuf = headers[newest]
+        npath = os.path.join(d, segment_name(newest))
+        nscan = _Scanner(self, npath, newest, nbuf, nh).scan(True, 0)
+        retired = {fmt.decode_retire(r.payload) for r in nscan.records if r.op == fmt.RETIRE}
+        expected = set(nh.live_files) - retired
+        present = set(ids) - {newest}
+        for fid in sorted(expected - present):
+            path = os.path.join(d, segment_name(fid))
+            reason = "data file is missing, but the newest data file lists it as live"
+            if self.config.on_corruption != "skip":
+                raise CorruptLogError(path, 0, reason)
+            self._report_corruption(CorruptionReport(path, 0, reason, 0))
+        for fid in sorted(present - expected):
+            path = os.path.join(d, segment_name(fid))
+            buf = read_file(fs, path)
+            h = self._read_header(path, fid, buf, newest=False)
+            if h is not None and fid < newest:
+                # Retired: its RETIRE record (or an older header) says it is gone.
+                if not self.readonly:
+                    logger.info("removing retired data file %s", path)
+                    fs.unlink(path)
+                    fs.fsync_dir(d)
+        # 2. Scan the older live files strictly, oldest first.
+        scans: list[_FileScan] = []
+        prev_woid = 0
+        for fid in sorted(expected & present):
+            path = os.path.join(d, segment_name(fid))
+            buf = read_file(fs, path)
+            h = self._read_header(path, fid, buf, newest=False)
+            if h is None:
+                continue
+            if h.base_woid <= prev_woid:
+                raise CorruptLogError(path, 0, "write-order ids overlap the previous data file")
+            s = _Scanner(self, path, fid, buf, h).scan(False, prev_woid)
+            prev_woid = s.last_woid
+            scans.append(s)
+            self._register_file(fid, index, path)
+        if nh.base_woid <= prev_woid:
+            raise CorruptLogError(npath, 0, "write-order ids overlap the previous data file")
+        if nscan.records and nscan.records[0].woid <= prev_woid:  # pragma: no cover - checked above
+            raise CorruptLogError(npath, nscan.records[0].offset, "write-order ids go backwards")
+        self._register_file(newest, index, npath)
+        if nscan.end < nscan.size and not self.readonly:
+            self._truncate_tail(npath, nscan.end, nbuf)
+        scans.append(nscan)
+        return scans, max_id
+
+    def _read_header(self, path: str, fid: int, buf: bytes, newest: bool) -> fmt.FileHeader | None:
+        """Decode and check a data file header. ``None`` means: ignore this file."""
+        try:
+            h = fmt.decode_file_header(buf)
+            if h is fmt.INCOMPLETE:
+                raise FormatError(len(buf), "file shorter than its header")
+        except FormatError as exc:
+            if newest and self._no_verified_data(buf, fid):
+                # Created, but its header never became durable: nothing was acknowledged in it.
+                logger.warning("%s: %s; the file was being created at a crash, setting it aside", path, exc.reason)
+                self.torn_tails.append((path, 0, len(buf)))
+                if not self.readonly:
+                    self._set_aside(path, buf, 0)
+                    self.fs.unlink(path)
+                    self.fs.fsync_dir(os.path.dirname(path))
+                return None
+            if self.config.on_corruption == "skip":
+                self._report_corruption(CorruptionReport(path, exc.offset, exc.reason, len(buf)))
+                return None
+            raise CorruptLogError(path, exc.offset, exc.reason) from exc
+        assert isinstance(h, fmt.FileHeader)
+        if h.channel_id != self.channel_id:
+            raise CorruptLogError(path, 16, "data file belongs to another channel; move it out of this directory")
+        if h.file_id != fid:
+            raise CorruptLogError(path, 32, f"header says file id {h.file_id}, but the name says {fid}")
+        if h.crc_kind != self.crc_kind:
+            raise CorruptLogError(path, 12, "checksum algorithm differs from the channel's")
+        return h
+
+    def _no_verified_data(self, buf: bytes, fid: int) -> bool:
+        seed = fmt.file_seed(self.crc_kind, self.channel_id, fid)
+        return _find_verified_batch_end(buf, 0, seed, self.crc_kind, self.max_payload) is None
+
+    def _set_aside(self, path: str, buf: bytes, start: int) -> None:
+        """Keep a forensic copy of bytes recovery is about to drop."""
+        dest = f"{path}.torn-{time.time_ns()}"
+        fd = self.fs.create(dest)
+        try:
+            self.fs.pwrite_all(fd, buf[start:], 0)
+            self.fs.fsync(fd)
+        finally:
+            self.fs.close(fd)
+
+    def _truncate_tail(self, path: str, end: int, buf: bytes) -> None:
+        fs = self.fs
+        self._set_aside(path, buf, end)
+        fd = fs.open_rw(path)
+        try:
+            fs.truncate(fd, end)
+            fs.fsync(fd)
+        finally:
+            fs.close(fd)
+        fs.fsync_dir(os.path.dirname(path))
+
+    def _note_torn_tail(self, path: str, start: int, size: int, reason: str) -> None:
+        self.torn_tails.append((path, start, size - start))
+        logger.warning(
+            "%s: torn tail of %d bytes from byte %d (%s)%s",
+            path,
+            size - start,
+            start,
+            reason,
+            "" if self.readonly else "; truncated, a copy is kept beside it",
+        )
+
+    def _report_corruption(self, report: CorruptionReport) -> None:
+        self.corruption.append(report)
+        logger.error("on_corruption='skip': %s", report.describe())
+
+    def _register_file(self, file_id: int, index: int, path: str) -> None:
+        self._files[file_id] = (index, path)
+        self._seeds[file_id] = fmt.file_seed(self.crc_kind, self.channel_id, file_id)
+
+    def _release(self) -> None:
+        for fd in self._read_fds.values():
+            try:
+                self.fs.close(fd)
+            except OSError:
+                pass
+        self._read_fds.clear()
+        for h in getattr(self, "_extra_locks", []):
+            self.fs.unlock(h)
+        self._extra_locks = []
+        if self._lock_handle is not None:
+            self.fs.unlock(self._lock_handle)
+            self._lock_handle = None
+
+    # -- replay -----------------------------------------------------------------
+
+    def replay(self) -> Iterator[LogRecord]:
+        """Yield every verified record, in write-order id order, once.
+
+        The records are those found when the log was opened; they are released
+        as they are yielded, so call this once, right after opening.
+        """
+        scans, self._scans = self._scans, []
+        by_dir: dict[str, list[_FileScan]] = {}
+        for s in scans:
+            by_dir.setdefault(os.path.dirname(s.path), []).append(s)
+        streams = [itertools.chain.from_iterable(s.records for s in ss) for ss in by_dir.values()]
+        if len(streams) == 1:
+            yield from streams[0]
+        else:
+            yield from heapq.merge(*streams, key=lambda r: r.woid)
+
+    def iter_file_records(self, file_id: int) -> Iterator[tuple[fmt.Record, int]]:
+        """Yield ``(record, file_id)`` for every well-formed record of one file (for dump)."""
+        path = self._files[file_id][1]
+        buf = read_file(self.fs, path)
+        h = fmt.decode_file_header(buf)
+        if not isinstance(h, fmt.FileHeader):
+            return
+        pos = h.header_len
+        while pos < len(buf):
+            try:
+                rec = fmt.decode_record(buf, pos, self._seeds[file_id], self.crc_kind, self.max_payload)
+            except FormatError:
+                return
+            if not isinstance(rec, fmt.Record):
+                return
+            yield rec, file_id
+            pos = rec.end
+
+    # -- the write path ---------------------------------------------------------
+
+    def new_txn_id(self) -> int:
+        """Return a transaction id never used before in this channel."""
+        n = next(self._txn_ids)
+        self._txn_peek = n + 1
+        return n
+
+    def _peek_txn_id(self) -> int:
+        return self._txn_peek
+
+    def writer_for(self, txn_id: int) -> int:
+        """Return the data directory index that transaction ``txn_id`` writes to."""
+        return txn_id % len(self._writers)
+
+    def commit(
+        self,
+        txn_id: int,
+        payloads: Sequence[bytes],
+        takes: Sequence[tuple[int, int]] = (),
+        on_written: Callable[[CommitResult], None] | None = None,
+    ) -> CommitResult:
+        """Append a transaction (PUT records, one TAKE record, a COMMIT) and wait for it.
+
+        With ``fsync="commit"`` this returns once the records are durable;
+        with ``"interval"``, once they are written to the OS. ``on_written`` is
+        called by the writing thread, in commit order, just before the commits
+        of one write return: that is where the channel publishes the puts.
+
+        Raises:
+            OSError: The write or fsync failed; the transaction did not commit.
+            ChannelClosedError: The log is closed or has failed.
+        """
+        item = _Item(fmt.COMMIT, txn_id, payloads, takes, True, on_written)
+        self._writers[txn_id % len(self._writers)].submit(item)
+        return item.result
+
+    def rollback(self, txn_id: int, n_puts: int, n_takes: int) -> None:
+        """Note a rollback in the log; it is written with the next write, never waited for."""
+        if self._failed is not None or self._closed or self.readonly:
+            return
+        self._writers[txn_id % len(self._writers)].submit(_RollbackItem(txn_id, n_puts, n_takes))
+
+    def retire(self, file_ids: Sequence[int]) -> None:
+        """Remove data files that no longer hold anything the channel needs.
+
+        A RETIRE record for each is made durable in the active file of its
+        directory first, so recovery never mistakes a retired file for a
+        missing one, nor replays one whose unlink did not persist.
+        """
+        by_dir: dict[int, list[int]] = {}
+        for fid in file_ids:
+            if fid in self._files:
+                by_dir.setdefault(self._files[fid][0], []).append(fid)
+        for index, fids in by_dir.items():
+            w = self._writers[index]
+            fids = [f for f in fids if f != w.file_id]
+            if not fids:
+                continue
+            w.submit(_Item(fmt.RETIRE, 0, retire=fids))
+            if self.config.fsync == "interval":
+                w.sync_now()
+                self._check_writable()
+            for fid in fids:
+                _, path = self._files.pop(fid)
+                self._seeds.pop(fid, None)
+                rfd = self._read_fds.pop(fid, None)
+                if rfd is not None:
+                    self.fs.close(rfd)
+                if fid in w.live:
+                    w.live.remove(fid)
+                try:
+                    self.fs.unlink(path)
+                except FileNotFoundError:
+                    pass
+                self._files_retired += 1
+                logger.debug("retired data file %s", path)
+            self.fs.fsync_dir(w.path)
+
+    def read_payload(self, file_id: int, offset: int, size: int) -> bytes:
+        """Read and verify the record at a pointer; return its payload.
+
+        Raises:
+            CorruptLogError: The record there no longer verifies.
+        """
+        fd = self._read_fds.get(file_id)
+        if fd is None:
+            path = self._files[file_id][1]
+            fd = self.fs.open_read(path)
+            old = self._read_fds.setdefault(file_id, fd)
+            if old != fd:
+                self.fs.close(fd)
+                fd = old
+        buf = self.fs.pread(fd, size, offset)
+        try:
+            rec = fmt.decode_record(buf, 0, self._seeds[file_id], self.crc_kind, self.max_payload)
+            if not isinstance(rec, fmt.Record) or rec.size != size:
+                raise FormatError(0, "record is shorter than expected")
+        except FormatError as exc:
+            raise CorruptLogError(self._files[file_id][1], offset + exc.offset, exc.reason) from exc
+        return rec.payload
+
+    # -- space, state, stats ------------------------------------------------------
+
+    def check_space(self, index: int) -> None:
+        """Raise DiskSpaceError if data directory ``index`` is under minimum_required_space."""
+        need = self.config.minimum_required_space
+        if not need:
+            return
+        now = time.monotonic()
+        cached = self._space.get(index)
+        if cached is None or now - cached[0] > _SPACE_REFRESH_S:
+            free = self.fs.free_space(self.data_dirs[index])
+            self._space[index] = (now, free)
+            self._space_written[index] = 0
+        else:
+            free = cached[1] - self._space_written.get(index, 0)
+        if free < need:
+            self._space.pop(index, None)  # re-read next time: space may come back
+            raise DiskSpaceError(self.data_dirs[index], free, need)
+
+    def _space_used(self, index: int, n: int) -> None:
+        self._space_written[index] = self._space_written.get(index, 0) + n
+
+    def _check_writable(self) -> None:
+        if self._failed is not None:
+            raise ChannelClosedError(
+                f"the channel failed and refuses writes: {self._failed_msg}: {self._failed}; "
+                "close and reopen it to recover from what is on disk"
+            ) from self._failed
+        if self._closed:
+            raise ChannelClosedError("the channel is closed")
+        if self.readonly:
+            raise ChannelClosedError("the log was opened read-only")
+
+    def _fail(self, exc: BaseException, msg: str) -> None:
+        with self._state_lock:
+            if self._failed is None:
+                self._failed = exc
+                self._failed_msg = msg
+                logger.error("%s: %s; the channel refuses further writes", msg, exc)
+
+    @property
+    def failed(self) -> BaseException | None:
+        """The error that moved the log to FAILED, or None."""
+        return self._failed
+
+    @property
+    def last_woid(self) -> int:
+        """The highest write-order id assigned so far."""
+        return self._next_woid - 1
+
+    @property
+    def next_position(self) -> int:
+        """The position the next committed put will receive."""
+        return self._next_position
+
+    def file_ids(self) -> list[int]:
+        """Return the ids of the data files that are part of the channel."""
+        return sorted(self._files)
+
+    def file_path(self, file_id: int) -> str:
+        """Return the path of a live data file."""
+        return self._files[file_id][1]
+
+    def active_file_ids(self) -> set[int]:
+        """Return the files being written to (never retired)."""
+        return {w.file_id for w in self._writers if w.fd is not None}
+
+    def newest_file_ids(self) -> set[int]:
+        """Return the newest file of each data directory (never retired)."""
+        out = set()
+        for w in self._writers:
+            if w.live:
+                out.add(max(w.live))
+        return out
+
+    def stats(self) -> dict[str, int]:
+        """Counters of the log (fsyncs, bytes, files)."""
+        total = 0
+        for _, path in self._files.values():
+            try:
+                fd = self.fs.open_read(path)
+            except OSError:
+                continue
+            try:
+                total += self.fs.size(fd)
+            finally:
+                self.fs.close(fd)
+        return {
+            "fsyncs": self._fsyncs,
+            "bytes_written": self._bytes_written,
+            "files": len(self._files),
+            "files_created": self._files_created,
+            "files_retired": self._files_retired,
+            "disk_bytes": total,
+            "last_woid": self.last_woid,
+            "torn_tails_truncated": len(self.torn_tails),
+            "corruptions_skipped": len(self.corruption),
+        }
+
+    # -- interval sync and closing ----------------------------------------------------
+
+    def _sync_loop(self) -> None:
+        while not self._stop.wait(self.config.fsync_interval):
+            for w in self._writers:
+                w.sync_now()
+
+    def sync(self) -> None:
+        """Make everything written so far durable now (any fsync mode).
+
+        Raises:
+            ChannelClosedError: The log has failed.
+        """
+        for w in self._writers:
+            w.sync_now()
+        self._check_writable()
+
+    def close(self) -> None:
+        """Write what is pending, make it durable, release the lock. Idempotent."""
+        if self._closed:
+            return
+        self._stop.set()
+        if self._syncer is not None:
+            self._syncer.join()
+        err: BaseException | None = None
+        if not self.readonly:
+            for w in self._writers:
+                with w.cond:
+                    pending = w.pending
+                    w.pending = []
+                if pending and self._failed is None:
+                    try:
+                        with w.io_lock:
+                            w._write_batch_locked(pending)
+                    except OSError as exc:
+                        err = err or exc
+                try:
+                    w.close()
+                except OSError as exc:
+                    err = err or exc
+        self._closed = True
+        self._release()
+        if err is not None:
+            raise err
+
+
+class _RollbackItem(_Item):
+    """A ROLLBACK note: written with the next write, nobody waits for it."""
+
+    __slots__ = ("counts",)
+
+    def __init__(self, txn_id: int, n_puts: int, n_takes: int) -> None:
+        super().__init__(fmt.ROLLBACK, txn_id, durable=False)
+        self.counts = (n_puts, n_takes)
