@@ -369,45 +369,7 @@ class FileChannel:
     # -- recovery ---------------------------------------------------------------------
 
     def _replay(self) -> EventQueue:
-        entries: dict[int, tuple[int, int, int]] = {}
-        puts: dict[int, list[tuple[int, int, int]]] = {}
-        takes: dict[int, tuple[int, list[tuple[int, int]]]] = {}
-        targets = self._take_targets
-        for r in self._log.replay():
-            op = r.op
-            if op == fmt.PUT:
-                ptr = (r.file_id, r.offset, r.size)
-                lst = puts.get(r.txn_id)
-                if lst is None:
-                    puts[r.txn_id] = [ptr]
-                else:
-                    lst.append(ptr)
-            elif op == fmt.TAKE:
-                takes[r.txn_id] = (r.file_id, fmt.decode_take(r.payload))
-            elif op == fmt.COMMIT:
-                first, n, _nt = fmt.decode_commit(r.payload)
-                ptrs = puts.pop(r.txn_id, [])
-                if len(ptrs) != n:
-                    path = self._log.file_path(r.file_id)
-                    raise CorruptLogError(path, r.offset, f"commit of {n} puts, but {len(ptrs)} put records precede it")
-                for i, ptr in enumerate(ptrs):
-                    entries[first + i] = ptr
-                tk = takes.pop(r.txn_id, None)
-                if tk is not None:
-                    tfile, ranges = tk
-                    tset = targets.setdefault(tfile, set())
-                    for start, count in ranges:
-                        for p in range(start, start + count):
-                            ptr = entries.pop(p, None)
-                            if ptr is not None:
-                                tset.add(ptr[0])
-            elif op == fmt.ROLLBACK:
-                puts.pop(r.txn_id, None)
-                takes.pop(r.txn_id, None)
-        q = EventQueue()
-        for p in sorted(entries):
-            f, o, s = entries[p]
-            q.append(p, f, o, s)
+        q, self._take_targets = replay_queue(self._log)
         self._refs = q.file_counts()
         return q
 
@@ -677,6 +639,58 @@ class FileChannel:
                 self.retire_files()
             except Exception:  # a failed retirement must not kill the thread
                 logger.exception("retiring data files failed")
+
+
+def replay_queue(log: Log) -> tuple[EventQueue, dict[int, set[int]]]:
+    """Rebuild the queue from the log's records.
+
+    Returns the queue of committed, untaken events in position order, and for
+    each data file the files whose events its TAKE records removed (a file may
+    be retired only after those).
+
+    Raises:
+        CorruptLogError: A COMMIT does not match the PUT records before it.
+    """
+    entries: dict[int, tuple[int, int, int]] = {}
+    puts: dict[int, list[tuple[int, int, int]]] = {}
+    takes: dict[int, tuple[int, list[tuple[int, int]]]] = {}
+    targets: dict[int, set[int]] = {}
+    for r in log.replay():
+        op = r.op
+        if op == fmt.PUT:
+            ptr = (r.file_id, r.offset, r.size)
+            lst = puts.get(r.txn_id)
+            if lst is None:
+                puts[r.txn_id] = [ptr]
+            else:
+                lst.append(ptr)
+        elif op == fmt.TAKE:
+            takes[r.txn_id] = (r.file_id, fmt.decode_take(r.payload))
+        elif op == fmt.COMMIT:
+            first, n, _nt = fmt.decode_commit(r.payload)
+            ptrs = puts.pop(r.txn_id, [])
+            if len(ptrs) != n:
+                path = log.file_path(r.file_id)
+                raise CorruptLogError(path, r.offset, f"commit of {n} puts, but {len(ptrs)} put records precede it")
+            for i, ptr in enumerate(ptrs):
+                entries[first + i] = ptr
+            tk = takes.pop(r.txn_id, None)
+            if tk is not None:
+                tfile, ranges = tk
+                tset = targets.setdefault(tfile, set())
+                for start, count in ranges:
+                    for p in range(start, start + count):
+                        gone = entries.pop(p, None)
+                        if gone is not None:
+                            tset.add(gone[0])
+        elif op == fmt.ROLLBACK:
+            puts.pop(r.txn_id, None)
+            takes.pop(r.txn_id, None)
+    q = EventQueue()
+    for p in sorted(entries):
+        f, o, s = entries[p]
+        q.append(p, f, o, s)
+    return q, targets
 
 
 def open_channel(

@@ -530,8 +530,9 @@ class _Writer:
                     res.first_position = log._next_position
                     log._next_position += len(it.payloads)
                     res.woid = woid
+                    n_taken = sum(c for _, c in it.takes)
                     off += enc.add(
-                        parts, fmt.COMMIT, woid, txn, fmt.encode_commit(res.first_position, len(it.payloads), len(it.takes))
+                        parts, fmt.COMMIT, woid, txn, fmt.encode_commit(res.first_position, len(it.payloads), n_taken)
                     )
                     woid += 1
                 elif it.kind == fmt.ROLLBACK:

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The test command: sets up .venv, then lint, type check and the whole test suite.
+# Usage: scripts/test.sh [pytest args...]
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+bash scripts/venv.sh dev
+.venv/bin/ruff check filechannel tests bench examples
+.venv/bin/ruff format --check filechannel tests bench examples
+.venv/bin/mypy
+export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
+.venv/bin/python -m pytest "$@"
