@@ -67,7 +67,7 @@ __all__ = [
 ]
 
 
-def open(  # noqa: A001 - the public name the API promises
+def open(
     directory: str | os.PathLike[str], *, fs: FS | None = None, background: bool = True, **options: Any
 ) -> FileChannel:
     """Open the channel in ``directory``, creating it if needed, and recover it.

@@ -81,7 +81,7 @@ class EventQueue:
             h = self._head
             end = min(h + need, len(self._pos))
             if end > h:
-                out.extend(zip(self._pos[h:end], self._fid[h:end], self._off[h:end], self._size[h:end]))
+                out.extend(zip(self._pos[h:end], self._fid[h:end], self._off[h:end], self._size[h:end], strict=True))
                 self._head = end
                 self._maybe_compact()
         return out
@@ -111,7 +111,7 @@ class EventQueue:
         """Iterate entries in position order (the returned heap first)."""
         yield from sorted(self._returned)
         h = self._head
-        yield from zip(self._pos[h:], self._fid[h:], self._off[h:], self._size[h:])
+        yield from zip(self._pos[h:], self._fid[h:], self._off[h:], self._size[h:], strict=True)
 
     def positions(self) -> list[int]:
         """Return the queued positions in order."""

@@ -132,7 +132,8 @@ class Transaction:
         if isinstance(body, Event):
             if headers is not None:
                 raise TypeError("pass headers inside the Event, not beside it")
-            body, headers = body.body, body.headers
+            headers = body.headers
+            body = body.body
         if type(body) is not bytes:
             if isinstance(body, (bytearray, memoryview)):
                 body = bytes(body)
@@ -232,9 +233,7 @@ class Transaction:
             self._log.check_space(self._dir)
         takes = _ranges(sorted(e[0] for e in self._taken))
         try:
-            res = self._log.commit(
-                self.txn_id, self._payloads, takes, self._on_written if self._payloads else None
-            )
+            res = self._log.commit(self.txn_id, self._payloads, takes, self._on_written if self._payloads else None)
         except BaseException:
             self._advance("fail")
             ch._undo(len(self._payloads), self._taken)
@@ -408,7 +407,9 @@ class FileChannel:
             )
         out.update(self._log.stats())
         out["lost_positions"] = [
-            list(r.lost_positions) for r in self._log.corruption if r.lost_positions and r.lost_positions[1] > r.lost_positions[0]
+            list(r.lost_positions)
+            for r in self._log.corruption
+            if r.lost_positions and r.lost_positions[1] > r.lost_positions[0]
         ]
         out["corruption_report"] = [r.describe() for r in self._log.corruption]
         return out

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import format as fmt
+from ._fs import DEFAULT_FS
 from ._version import __version__
 from .channel import FileChannel, replay_queue
 from .config import ChannelConfig
@@ -39,19 +40,15 @@ def _body_text(body: bytes) -> str:
 
 
 def _in_use(directory: str) -> bool:
-    import fcntl
-
+    """Return whether another process holds the channel's lock."""
     path = os.path.join(directory, LOCK_FILE)
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
+    if not os.path.exists(path):
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        handle = DEFAULT_FS.lock(path)
     except BlockingIOError:
         return True
-    finally:
-        os.close(fd)
+    DEFAULT_FS.unlock(handle)
     return False
 
 
@@ -64,6 +61,7 @@ def _progress(msg: str) -> None:
 
 
 def cmd_put(args: argparse.Namespace) -> int:
+    """Put one event per stdin line."""
     headers: dict[str, str] = {}
     for h in args.header or []:
         if "=" not in h:
@@ -93,6 +91,7 @@ def _put_batch(ch: FileChannel, batch: list[bytes], headers: dict[str, str]) -> 
 
 
 def cmd_take(args: argparse.Namespace) -> int:
+    """Print and remove events."""
     _existing(args.dir)
     with FileChannel(args.dir, ChannelConfig.from_options(_opts(args))) as ch:
         left = args.n
@@ -125,6 +124,7 @@ def _readonly_channel_state(directory: str, skip: bool = False) -> tuple[Log, li
 
 
 def cmd_stat(args: argparse.Namespace) -> int:
+    """Print the channel's state."""
     _existing(args.dir)
     _progress(f"reading {args.dir} ...")
     log, entries = _readonly_channel_state(args.dir)
@@ -162,6 +162,7 @@ def cmd_stat(args: argparse.Namespace) -> int:
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
+    """Print every record as a JSON line."""
     _existing(args.dir)
     log = Log(args.dir, ChannelConfig(), readonly=True)
     try:
@@ -208,6 +209,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    """Check every header, record and queued event."""
     _existing(args.dir)
     _progress(f"verifying {args.dir} ...")
     log, entries = _readonly_channel_state(args.dir, skip=True)

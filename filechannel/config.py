@@ -21,6 +21,7 @@ GiB = 1024 * MiB
 FSYNC_MODES = ("commit", "interval")
 CORRUPTION_POLICIES = ("fail", "skip")
 MIN_FILE_SIZE = 4 * KiB
+DEFAULT_MAX_EVENT_SIZE = 8 * MiB
 
 
 def _is_int(v: object) -> bool:
@@ -39,7 +40,8 @@ class ChannelConfig:
         capacity: Most events the channel holds: queued plus put in open transactions.
         transaction_capacity: Most puts, and most takes, in one transaction.
         max_file_size: Size at which a data file is closed and a new one started.
-        max_event_size: Largest event (body plus encoded headers) a put accepts.
+        max_event_size: Largest event (body plus encoded headers) a put accepts;
+            0 (the default) means 8 MiB, or less when ``max_file_size`` is small.
         fsync: ``"commit"`` (durable when commit returns) or ``"interval"``.
         fsync_interval: Seconds between background fsyncs when ``fsync="interval"``.
         keep_alive: Seconds a put waits for room in a full channel.
@@ -52,7 +54,7 @@ class ChannelConfig:
     capacity: int = 1_000_000
     transaction_capacity: int = 10_000
     max_file_size: int = 64 * MiB
-    max_event_size: int = 8 * MiB
+    max_event_size: int = 0
     fsync: str = "commit"
     fsync_interval: float = 5.0
     keep_alive: float = 3.0
@@ -63,6 +65,8 @@ class ChannelConfig:
 
     def __post_init__(self) -> None:
         """Check every option; raise ConfigError for the first bad one."""
+        if self.max_event_size == 0 and _is_int(self.max_file_size) and self.max_file_size >= MIN_FILE_SIZE:
+            object.__setattr__(self, "max_event_size", min(DEFAULT_MAX_EVENT_SIZE, self.max_file_size - 1024))
         for name in ("capacity", "transaction_capacity", "max_file_size", "max_event_size"):
             v = getattr(self, name)
             if not _is_int(v) or v <= 0:
@@ -84,8 +88,7 @@ class ChannelConfig:
         if self.max_event_size > self.max_file_size - 1024:
             raise ConfigError(
                 "max_event_size",
-                f"{self.max_event_size} does not fit in max_file_size={self.max_file_size} "
-                "(leave 1 KiB for framing)",
+                f"{self.max_event_size} does not fit in max_file_size={self.max_file_size} (leave 1 KiB for framing)",
             )
         if self.max_event_size >= 1 << 32:
             raise ConfigError("max_event_size", "must be below 4 GiB")
@@ -96,9 +99,7 @@ class ChannelConfig:
         if not _is_number(self.keep_alive) or self.keep_alive < 0:
             raise ConfigError("keep_alive", f"must be a number of seconds >= 0, got {self.keep_alive!r}")
         if self.on_corruption not in CORRUPTION_POLICIES:
-            raise ConfigError(
-                "on_corruption", f"must be one of {CORRUPTION_POLICIES}, got {self.on_corruption!r}"
-            )
+            raise ConfigError("on_corruption", f"must be one of {CORRUPTION_POLICIES}, got {self.on_corruption!r}")
         if self.data_dirs is not None:
             dirs = self.data_dirs
             if isinstance(dirs, (str, bytes)) or not isinstance(dirs, (tuple, list)):

@@ -20,17 +20,16 @@ import struct
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from .errors import FormatError
 
+_gcrc: Any
 try:  # the C implementation; the pure-Python fallback is far too slow to use
     import google_crc32c as _gcrc
-
-    HAVE_CRC32C: Final = _gcrc.implementation == "c"
 except ImportError:  # pragma: no cover - exercised only without the wheel
     _gcrc = None
-    HAVE_CRC32C = False
+HAVE_CRC32C: Final = _gcrc is not None and _gcrc.implementation == "c"
 
 MAGIC: Final = b"\x89FCW\r\n\x1a\n"
 FORMAT_VERSION: Final = 1
@@ -304,9 +303,7 @@ def _zlib_extend(crc_value: int, data: bytes) -> int:
     return zlib.crc32(data, crc_value)
 
 
-def decode_record(
-    buf: bytes | memoryview, offset: int, seed: int, kind: int, max_payload: int
-) -> Record | _Incomplete:
+def decode_record(buf: bytes | memoryview, offset: int, seed: int, kind: int, max_payload: int) -> Record | _Incomplete:
     """Decode the record frame starting at ``offset`` in ``buf``.
 
     Returns :data:`INCOMPLETE` if the frame runs past the end of ``buf``.

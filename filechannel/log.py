@@ -466,7 +466,7 @@ class _Writer:
             try:
                 with self.io_lock:
                     self._write_batch_locked(batch)
-            except BaseException as exc:
+            except BaseException as exc:  # noqa: BLE001 - handed to every waiting committer
                 for it in batch:
                     if it.error is None and not it.published:
                         it.error = exc
@@ -805,9 +805,7 @@ class Log:
             )
         for d in self.data_dirs:
             if fs.exists(d) and any(_SEG_RE.match(n) for n in fs.listdir(d)):
-                raise NotAChannelError(
-                    top, f"no CHANNEL file, but data directory {d} holds data files of some channel"
-                )
+                raise NotAChannelError(top, f"no CHANNEL file, but data directory {d} holds data files of some channel")
         data = encode_channel_file(uuid.uuid4().bytes, fmt.default_crc_kind(), time.time_ns())
         tmp = chan_path + ".tmp"
         if fs.exists(tmp):
@@ -897,12 +895,11 @@ class Log:
             path = os.path.join(d, segment_name(fid))
             buf = read_file(fs, path)
             h = self._read_header(path, fid, buf, newest=False)
-            if h is not None and fid < newest:
-                # Retired: its RETIRE record (or an older header) says it is gone.
-                if not self.readonly:
-                    logger.info("removing retired data file %s", path)
-                    fs.unlink(path)
-                    fs.fsync_dir(d)
+            # Retired: its RETIRE record (or an older header) says it is gone.
+            if h is not None and fid < newest and not self.readonly:
+                logger.info("removing retired data file %s", path)
+                fs.unlink(path)
+                fs.fsync_dir(d)
         # 2. Scan the older live files strictly, oldest first.
         scans: list[_FileScan] = []
         prev_woid = 0
