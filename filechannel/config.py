@@ -19,6 +19,7 @@ MiB = 1024 * KiB
 GiB = 1024 * MiB
 
 FSYNC_MODES = ("commit", "interval")
+REPLAY_MODES = ("checkpoint", "full")
 CORRUPTION_POLICIES = ("fail", "skip")
 MIN_FILE_SIZE = 4 * KiB
 DEFAULT_MAX_EVENT_SIZE = 8 * MiB
@@ -49,6 +50,13 @@ class ChannelConfig:
         on_corruption: ``"fail"`` (refuse to open) or ``"skip"`` (drop and report).
         data_dirs: Data directories (one per disk); default ``<dir>/data``.
         cache_bytes: Bytes of recently put events kept in memory to serve takes.
+        checkpoint_interval: Seconds between background checkpoints; 0 disables them
+            (a checkpoint is still written on close and on demand).
+        backup_checkpoint_dir: A second directory (another disk) that receives a copy
+            of every checkpoint; default: none (the previous checkpoint is kept beside
+            the newest in ``<dir>/checkpoints``).
+        replay: ``"checkpoint"`` (default) restarts from the newest valid checkpoint;
+            ``"full"`` ignores checkpoints and replays every data file.
     """
 
     capacity: int = 1_000_000
@@ -62,6 +70,9 @@ class ChannelConfig:
     on_corruption: str = "fail"
     data_dirs: tuple[str, ...] | None = None
     cache_bytes: int = 16 * MiB
+    checkpoint_interval: float = 30.0
+    backup_checkpoint_dir: str | None = None
+    replay: str = "checkpoint"
 
     def __post_init__(self) -> None:
         """Check every option; raise ConfigError for the first bad one."""
@@ -98,6 +109,16 @@ class ChannelConfig:
             raise ConfigError("fsync_interval", f"must be a number of seconds > 0, got {self.fsync_interval!r}")
         if not _is_number(self.keep_alive) or self.keep_alive < 0:
             raise ConfigError("keep_alive", f"must be a number of seconds >= 0, got {self.keep_alive!r}")
+        if not _is_number(self.checkpoint_interval) or self.checkpoint_interval < 0:
+            raise ConfigError(
+                "checkpoint_interval", f"must be a number of seconds >= 0, got {self.checkpoint_interval!r}"
+            )
+        if self.backup_checkpoint_dir is not None and (
+            not isinstance(self.backup_checkpoint_dir, str) or not self.backup_checkpoint_dir
+        ):
+            raise ConfigError("backup_checkpoint_dir", f"must be a directory path, got {self.backup_checkpoint_dir!r}")
+        if self.replay not in REPLAY_MODES:
+            raise ConfigError("replay", f"must be one of {REPLAY_MODES}, got {self.replay!r}")
         if self.on_corruption not in CORRUPTION_POLICIES:
             raise ConfigError("on_corruption", f"must be one of {CORRUPTION_POLICIES}, got {self.on_corruption!r}")
         if self.data_dirs is not None:

@@ -36,11 +36,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import format as fmt
 from ._fs import DEFAULT_FS, FS, read_file
+from .checkpoint import CheckpointStore, Snapshot, StoredCheckpoint
 from .config import ChannelConfig
 from .errors import (
     ChannelClosedError,
@@ -217,18 +219,19 @@ class _Scanner:
         self.seed = fmt.file_seed(self.kind, log.channel_id, file_id)
         self.max_payload = log.max_payload
 
-    def scan(self, newest: bool, prev_woid: int) -> _FileScan:
+    def scan(self, newest: bool, prev_woid: int, start: int | None = None) -> _FileScan:
         buf, seed, kind = self.buf, self.seed, self.kind
         records: list[LogRecord] = []
         pending: list[LogRecord] = []
-        g = self.header.header_len  # end of the last verified batch
+        # ``g`` is the end of the last verified batch; a checkpoint may say where to start.
+        g = self.header.header_len if start is None else start
         pos = g
         last_woid = max(prev_woid, self.header.base_woid - 1)
         batch_last_woid = last_woid
         n = len(buf)
         fid = self.file_id
         while True:
-            if pos == n and not pending:
+            if pos >= n and not pending:
                 break
             bad_reason = None
             try:
@@ -614,6 +617,7 @@ class _Writer:
                 log._fsyncs += 1
                 self.synced = self.offset
             self._publish()
+            log._file_end[self.file_id] = self.offset
             fs.close(self.fd)
             self.fd = None
         with log._seq_lock:
@@ -696,6 +700,9 @@ class Log:
         config: Channel options (``ChannelConfig()`` when omitted).
         fs: The I/O seam (tests pass a simulated file system).
         readonly: Inspect without locking, creating or repairing anything.
+        checkpoints: Where checkpoints live; recovery starts from the newest
+            usable one (unless ``replay="full"``), falling back to older ones.
+        skip_checkpoints: Paths of checkpoints not to use (the channel found them wrong).
 
     Raises:
         ChannelLockedError: Another open channel holds the directory.
@@ -710,8 +717,17 @@ class Log:
         *,
         fs: FS | None = None,
         readonly: bool = False,
+        checkpoints: CheckpointStore | None = None,
+        skip_checkpoints: Sequence[str] = (),
     ) -> None:
         self.directory = os.fspath(directory)
+        self.checkpoints = checkpoints
+        self._skip_checkpoints = set(skip_checkpoints)
+        self.base_snapshot: Snapshot | None = None
+        self.recovered_from: StoredCheckpoint | None = None
+        self.checkpoint_fallbacks: list[str] = []
+        self._retire_lock = threading.Lock()
+        self._file_end: dict[int, int] = {}
         self.config = config or ChannelConfig()
         self.fs: FS = fs or DEFAULT_FS
         self.readonly = readonly
@@ -824,6 +840,34 @@ class Log:
         logger.info("created channel %s", top)
 
     def _recover(self) -> None:
+        store = self.checkpoints
+        if store is not None and self.config.replay == "checkpoint":
+            for c in store.list():
+                if c.path in self._skip_checkpoints:
+                    continue
+                try:
+                    snap = store.load(c, self.crc_kind, self.channel_id)
+                except (FormatError, OSError) as exc:
+                    self._checkpoint_fallback(c.path, str(exc))
+                    continue
+                try:
+                    self._recover_with(snap)
+                except (_CheckpointUnusable, CorruptLogError) as exc:
+                    self._checkpoint_fallback(c.path, str(exc))
+                    self._files.clear()
+                    self._seeds.clear()
+                    self.corruption.clear()
+                    continue
+                self.recovered_from = c
+                self.base_snapshot = snap
+                return
+        self._recover_with(None)
+
+    def _checkpoint_fallback(self, path: str, reason: str) -> None:
+        self.checkpoint_fallbacks.append(f"{path}: {reason}")
+        logger.warning("checkpoint %s is not usable (%s); trying an older one, else a full replay", path, reason)
+
+    def _recover_with(self, snap: Snapshot | None) -> None:
         scans: list[_FileScan] = []
         live_by_dir: list[list[int]] = []
         max_next_pos = 0
@@ -834,7 +878,7 @@ class Log:
             if not self.fs.exists(d):
                 live_by_dir.append([])
                 continue
-            dscans, max_id = self._recover_dir(index, d)
+            dscans, max_id = self._recover_dir(index, d, snap)
             max_file_id = max(max_file_id, max_id)
             live_by_dir.append([s.file_id for s in dscans])
             for s in dscans:
@@ -849,6 +893,11 @@ class Log:
                         if fp + npt > max_next_pos:
                             max_next_pos = fp + npt
             scans.extend(dscans)
+        if snap is not None:
+            max_next_pos = max(max_next_pos, snap.next_position)
+            max_txn = max(max_txn, snap.next_txn_id - 1)
+            max_woid = max(max_woid, snap.woid)
+            max_file_id = max(max_file_id, snap.next_file_id - 1)
         self._scans = scans
         self._next_woid = max_woid + 1
         self._next_position = max_next_pos
@@ -857,7 +906,30 @@ class Log:
         self._txn_peek = max_txn + 1
         self._writers = [_Writer(self, i, d, live_by_dir[i]) for i, d in enumerate(self.data_dirs)]
 
-    def _recover_dir(self, index: int, d: str) -> tuple[list[_FileScan], int]:
+    def _start(self, snap: Snapshot | None, fid: int, h: fmt.FileHeader, size: int) -> int | None:
+        """Return where a checkpoint says replay resumes in a file, or None to scan it all."""
+        if snap is None or fid not in snap.files:
+            return None
+        r = snap.files[fid]
+        if r < h.header_len or r > size or r & 7:
+            raise _CheckpointUnusable(f"resume offset {r} does not fit {segment_name(fid)} ({size} bytes)")
+        return r
+
+    def _read_data_file(self, path: str, fid: int, snap: Snapshot | None) -> bytes:
+        """Read a data file; only its header when a checkpoint covers all of it."""
+        fs = self.fs
+        fd = fs.open_read(path)
+        try:
+            size = fs.size(fd)
+            if snap is not None and snap.files.get(fid) == size:
+                head = fs.pread(fd, min(size, 4096), 0)
+                if isinstance(fmt.decode_file_header(head), fmt.FileHeader):
+                    return head
+            return fs.pread(fd, size, 0)
+        finally:
+            fs.close(fd)
+
+    def _recover_dir(self, index: int, d: str, snap: Snapshot | None = None) -> tuple[list[_FileScan], int]:
         fs = self.fs
         ids = sorted(int(m.group(1), 16) for n in fs.listdir(d) if (m := _SEG_RE.match(n)))
         if not ids:
@@ -881,9 +953,14 @@ class Log:
             return [], max_id
         nh, nbuf = headers[newest]
         npath = os.path.join(d, segment_name(newest))
-        nscan = _Scanner(self, npath, newest, nbuf, nh).scan(True, 0)
+        nstart = self._start(snap, newest, nh, len(nbuf))
+        nscan = _Scanner(self, npath, newest, nbuf, nh).scan(True, snap.woid if snap and nstart else 0, nstart)
         retired = {fmt.decode_retire(r.payload) for r in nscan.records if r.op == fmt.RETIRE}
         expected = set(nh.live_files) - retired
+        if nstart is not None and snap is not None:
+            # RETIRE records before the resume offset were not read: the checkpoint's
+            # file list already leaves those files out.
+            expected &= set(snap.files)
         present = set(ids) - {newest}
         for fid in sorted(expected - present):
             path = os.path.join(d, segment_name(fid))
@@ -905,21 +982,30 @@ class Log:
         prev_woid = 0
         for fid in sorted(expected & present):
             path = os.path.join(d, segment_name(fid))
-            buf = read_file(fs, path)
+            buf = self._read_data_file(path, fid, snap)
             h = self._read_header(path, fid, buf, newest=False)
             if h is None:
                 continue
             if h.base_woid <= prev_woid:
                 raise CorruptLogError(path, 0, "write-order ids overlap the previous data file")
-            s = _Scanner(self, path, fid, buf, h).scan(False, prev_woid)
+            start = self._start(
+                snap, fid, h, snap.files[fid] if snap and len(buf) < snap.files.get(fid, 0) else len(buf)
+            )
+            if start is not None and snap is not None:
+                prev_woid = max(prev_woid, snap.woid)
+            s = _Scanner(self, path, fid, buf, h).scan(False, prev_woid, start)
+            if start is not None and len(buf) < start:
+                s.end = s.size = start  # only the header was read: the checkpoint covers the rest
             prev_woid = s.last_woid
             scans.append(s)
             self._register_file(fid, index, path)
+            self._file_end[fid] = s.end
         if nh.base_woid <= prev_woid:
             raise CorruptLogError(npath, 0, "write-order ids overlap the previous data file")
         if nscan.records and nscan.records[0].woid <= prev_woid:  # pragma: no cover - checked above
             raise CorruptLogError(npath, nscan.records[0].offset, "write-order ids go backwards")
         self._register_file(newest, index, npath)
+        self._file_end[newest] = nscan.end
         if nscan.end < nscan.size and not self.readonly:
             self._truncate_tail(npath, nscan.end, nbuf)
         scans.append(nscan)
@@ -1098,6 +1184,10 @@ class Log:
         directory first, so recovery never mistakes a retired file for a
         missing one, nor replays one whose unlink did not persist.
         """
+        with self._retire_lock:
+            self._retire(file_ids)
+
+    def _retire(self, file_ids: Sequence[int]) -> None:
         by_dir: dict[int, list[int]] = {}
         for fid in file_ids:
             if fid in self._files:
@@ -1124,6 +1214,7 @@ class Log:
                 except FileNotFoundError:
                     pass
                 self._files_retired += 1
+                self._file_end.pop(fid, None)
                 logger.debug("retired data file %s", path)
             self.fs.fsync_dir(w.path)
 
@@ -1149,6 +1240,45 @@ class Log:
         except FormatError as exc:
             raise CorruptLogError(self._files[file_id][1], offset + exc.offset, exc.reason) from exc
         return rec.payload
+
+    @contextmanager
+    def freeze(self) -> Iterator[dict[int, int]]:
+        """Hold every writer still, everything written durable, for a checkpoint.
+
+        Yields the replay resume offset of every live data file: records after
+        it have write-order ids above :attr:`last_woid` as read inside the block.
+
+        Raises:
+            ChannelClosedError: The log has failed or is closed.
+            OSError: Making written data durable failed (the log fails too).
+        """
+        with self._retire_lock:
+            locks = [w.io_lock for w in self._writers]
+            for lk in locks:
+                lk.acquire()
+            try:
+                self._check_writable()
+                for w in self._writers:
+                    if w.fd is not None and w.synced != w.offset:
+                        try:
+                            self.fs.fdatasync(w.fd)
+                        except OSError as exc:
+                            self._fail(exc, f"fdatasync of {w._path(w.file_id)} failed")
+                            raise
+                        self._fsyncs += 1
+                        w.synced = w.offset
+                files = {fid: self._file_end.get(fid, 0) for fid in self._files}
+                for w in self._writers:
+                    if w.fd is not None:
+                        files[w.file_id] = w.offset
+                yield files
+            finally:
+                for lk in reversed(locks):
+                    lk.release()
+
+    def counters(self) -> tuple[int, int, int, int]:
+        """Return ``(last woid, next position, next txn id, next file id)``; call inside :meth:`freeze`."""
+        return self._next_woid - 1, self._next_position, self._txn_peek, self._next_file_id
 
     # -- space, state, stats ------------------------------------------------------
 
@@ -1303,3 +1433,7 @@ class _RollbackItem(_Item):
     def __init__(self, txn_id: int, n_puts: int, n_takes: int) -> None:
         super().__init__(fmt.ROLLBACK, txn_id, durable=False)
         self.counts = (n_puts, n_takes)
+
+
+class _CheckpointUnusable(Exception):
+    """A checkpoint does not fit the data files on disk (recovery tries an older one)."""

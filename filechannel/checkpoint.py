@@ -1,0 +1,278 @@
+"""Checkpoints: a compact, checksummed snapshot of the channel, written atomically.
+
+This module owns the checkpoint file format (pure ``encode``/``decode``) and
+the checkpoint store: where checkpoint files live, how one is written
+(temporary file, fsync, rename over, fsync the directory, all through the
+``_fs`` seam), which ones are kept (the newest and the one before it, the
+backup, optionally in a second directory) and the order in which recovery
+tries them. It knows nothing of transactions or queues beyond the arrays it
+stores.
+
+A checkpoint at write-order id ``W`` holds everything needed to restart
+without reading history: the queue (position and record pointer of every
+committed, untaken event, including those held by open transactions, which
+recovery returns to the queue), the positions already taken from each live
+data file, the counters, and for each data file the offset at which records
+with ids above ``W`` begin. Recovery loads it and replays only those records.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import struct
+import sys
+import time
+from array import array
+from dataclasses import dataclass, field
+
+from . import format as fmt
+from ._fs import FS, read_file
+from .errors import FormatError
+
+logger = logging.getLogger(__name__)
+
+MAGIC = b"\x89FCK\r\n\x1a\n"
+VERSION = 1
+_HEAD = struct.Struct("<8sHHI16sQQQQQIIQ")
+_FILE = struct.Struct("<QQ")
+_U32 = struct.Struct("<I")
+_TF = struct.Struct("<QI")
+_RANGE = struct.Struct("<QQ")
+_NAME_RE = re.compile(r"^ckpt-([0-9a-f]{16})\.ckpt$")
+MAX_ENTRIES = 1 << 34
+
+
+def checkpoint_name(woid: int) -> str:
+    """Return the file name of the checkpoint taken at write-order id ``woid``."""
+    return f"ckpt-{woid:016x}.ckpt"
+
+
+@dataclass
+class Snapshot:
+    """The channel's committed state at write-order id ``woid``.
+
+    ``positions``, ``file_ids``, ``offsets`` and ``sizes`` are parallel
+    ``array('q')`` columns in position order. ``files`` maps each live data
+    file to the offset where replay must resume in it. ``taken`` maps a live
+    data file to the ``(first, count)`` position ranges already taken from it.
+    """
+
+    woid: int
+    next_position: int
+    next_txn_id: int
+    next_file_id: int
+    channel_id: bytes
+    created_ns: int = 0
+    files: dict[int, int] = field(default_factory=dict)
+    positions: array[int] = field(default_factory=lambda: array("q"))
+    file_ids: array[int] = field(default_factory=lambda: array("q"))
+    offsets: array[int] = field(default_factory=lambda: array("q"))
+    sizes: array[int] = field(default_factory=lambda: array("q"))
+    taken: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+
+def _le(a: array[int]) -> bytes:
+    if sys.byteorder == "big":  # pragma: no cover - the format is little-endian
+        a = array("q", a)
+        a.byteswap()
+    return a.tobytes()
+
+
+def encode(s: Snapshot, crc_kind: int) -> bytes:
+    """Encode a snapshot; the last 4 bytes are a checksum of everything before."""
+    n = len(s.positions)
+    if not (len(s.file_ids) == len(s.offsets) == len(s.sizes) == n):
+        raise FormatError(0, "snapshot columns differ in length")
+    head = _HEAD.pack(
+        MAGIC,
+        VERSION,
+        0,
+        crc_kind,
+        s.channel_id,
+        s.woid,
+        s.next_position,
+        s.next_txn_id,
+        s.next_file_id,
+        s.created_ns,
+        len(s.files),
+        len(s.taken),
+        n,
+    )
+    parts = [head]
+    parts += [_FILE.pack(fid, off) for fid, off in sorted(s.files.items())]
+    for fid, ranges in sorted(s.taken.items()):
+        parts.append(_TF.pack(fid, len(ranges)))
+        parts += [_RANGE.pack(a, c) for a, c in ranges]
+    parts += [_le(s.positions), _le(s.file_ids), _le(s.offsets), _le(s.sizes)]
+    body = b"".join(parts)
+    return body + _U32.pack(fmt.crc(crc_kind, body))
+
+
+def decode(buf: bytes, crc_kind: int, channel_id: bytes) -> Snapshot:
+    """Decode and check a checkpoint file.
+
+    Raises:
+        FormatError: The bytes are truncated, damaged, of another version or of another channel.
+    """
+    if len(buf) < _HEAD.size + 4:
+        raise FormatError(len(buf), "checkpoint is truncated")
+    (magic, version, _r, kind, cid, woid, next_pos, next_txn, next_file, created, n_files, n_tf, n) = _HEAD.unpack_from(
+        buf, 0
+    )
+    if magic != MAGIC:
+        raise FormatError(0, "bad checkpoint magic")
+    if version != VERSION:
+        raise FormatError(8, f"unsupported checkpoint version {version}")
+    if kind != crc_kind:
+        raise FormatError(12, "checkpoint checksum algorithm differs from the channel's")
+    body_len = len(buf) - 4
+    if fmt.crc(kind, buf[:body_len]) != _U32.unpack_from(buf, body_len)[0]:
+        raise FormatError(body_len, "checkpoint checksum mismatch")
+    if cid != channel_id:
+        raise FormatError(16, "checkpoint belongs to another channel")
+    if n > MAX_ENTRIES or n_files > fmt.MAX_LIVE_FILES or n_tf > fmt.MAX_LIVE_FILES:
+        raise FormatError(_HEAD.size - 16, "checkpoint counts are out of range")
+    pos = _HEAD.size
+    if pos + n_files * _FILE.size > body_len:
+        raise FormatError(pos, "checkpoint file table runs past the end")
+    files = {}
+    for _ in range(n_files):
+        fid, off = _FILE.unpack_from(buf, pos)
+        files[fid] = off
+        pos += _FILE.size
+    taken: dict[int, list[tuple[int, int]]] = {}
+    for _ in range(n_tf):
+        if pos + _TF.size > body_len:
+            raise FormatError(pos, "checkpoint taken table runs past the end")
+        fid, nr = _TF.unpack_from(buf, pos)
+        pos += _TF.size
+        if pos + nr * _RANGE.size > body_len:
+            raise FormatError(pos, "checkpoint taken ranges run past the end")
+        taken[fid] = [_RANGE.unpack_from(buf, pos + i * _RANGE.size) for i in range(nr)]  # type: ignore[misc]
+        pos += nr * _RANGE.size
+    if pos + 32 * n != body_len:
+        raise FormatError(pos, "checkpoint queue size does not match its count")
+    cols = []
+    for _ in range(4):
+        a = array("q")
+        a.frombytes(buf[pos : pos + 8 * n])
+        if sys.byteorder == "big":  # pragma: no cover
+            a.byteswap()
+        cols.append(a)
+        pos += 8 * n
+    return Snapshot(woid, next_pos, next_txn, next_file, bytes(cid), created, files, *cols, taken=taken)
+
+
+@dataclass
+class StoredCheckpoint:
+    """A checkpoint file found on disk."""
+
+    path: str
+    woid: int
+    size: int
+
+
+class CheckpointStore:
+    """The checkpoint files of a channel: the newest, and the previous one as backup.
+
+    Args:
+        fs: The I/O seam.
+        primary: Directory of the newest checkpoints.
+        backup: A second directory (another disk) that also receives every
+            checkpoint, or None.
+    """
+
+    def __init__(self, fs: FS, primary: str, backup: str | None = None) -> None:
+        self.fs = fs
+        self.primary = primary
+        self.backup = backup
+
+    def dirs(self) -> list[str]:
+        """Return the directories checkpoints are written to."""
+        return [self.primary] + ([self.backup] if self.backup else [])
+
+    def list(self) -> list[StoredCheckpoint]:
+        """Return the checkpoint files found, newest (highest woid) first."""
+        out = []
+        for d in self.dirs():
+            if not self.fs.exists(d):
+                continue
+            for name in self.fs.listdir(d):
+                m = _NAME_RE.match(name)
+                if m:
+                    path = os.path.join(d, name)
+                    try:
+                        fd = self.fs.open_read(path)
+                        try:
+                            size = self.fs.size(fd)
+                        finally:
+                            self.fs.close(fd)
+                    except OSError:
+                        size = 0
+                    out.append(StoredCheckpoint(path, int(m.group(1), 16), size))
+        out.sort(key=lambda c: (-c.woid, c.path))
+        return out
+
+    def load(self, c: StoredCheckpoint, crc_kind: int, channel_id: bytes) -> Snapshot:
+        """Read and decode one checkpoint file.
+
+        Raises:
+            FormatError: It is damaged or not this channel's.
+            OSError: It cannot be read.
+        """
+        return decode(read_file(self.fs, c.path), crc_kind, channel_id)
+
+    def write(self, snap: Snapshot, crc_kind: int) -> tuple[int, int]:
+        """Write a snapshot atomically into every checkpoint directory; prune old ones.
+
+        Returns:
+            ``(bytes written per copy, number of copies)``.
+
+        Raises:
+            OSError: A write, fsync or rename failed; the previous checkpoints are untouched.
+        """
+        data = encode(snap, crc_kind)
+        name = checkpoint_name(snap.woid)
+        fs = self.fs
+        for d in self.dirs():
+            fs.makedirs(d)
+            final = os.path.join(d, name)
+            tmp = os.path.join(d, f".{name}.tmp-{time.time_ns()}")
+            fd = fs.create(tmp)
+            try:
+                fs.pwrite_all(fd, data, 0)
+                fs.fsync(fd)
+            except BaseException:
+                fs.close(fd)
+                try:
+                    fs.unlink(tmp)
+                except OSError:
+                    pass
+                raise
+            fs.close(fd)
+            fs.replace(tmp, final)
+            fs.fsync_dir(d)
+        self.prune(keep=2)
+        return len(data), len(self.dirs())
+
+    def prune(self, keep: int) -> None:
+        """Keep the ``keep`` newest checkpoints in each directory; remove the rest and stray temporaries."""
+        fs = self.fs
+        for d in self.dirs():
+            if not fs.exists(d):
+                continue
+            names = fs.listdir(d)
+            ckpts = sorted((n for n in names if _NAME_RE.match(n)), reverse=True)
+            doomed = ckpts[keep:] + [n for n in names if n.startswith(".ckpt-") and ".tmp-" in n]
+            for n in doomed:
+                try:
+                    fs.unlink(os.path.join(d, n))
+                except FileNotFoundError:
+                    pass
+            if doomed:
+                fs.fsync_dir(d)
