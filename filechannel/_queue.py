@@ -18,6 +18,7 @@ import heapq
 from array import array
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 Entry = tuple[int, int, int, int]
 """``(position, file_id, offset, size)``."""
@@ -142,6 +143,74 @@ class EventQueue:
             counts[f] = counts.get(f, 0) + 1
         return counts
 
+    def snapshot(self, extra: Iterable[Entry] = ()) -> tuple[array[int], array[int], array[int], array[int]]:
+        """Copy the queue, plus ``extra`` entries (held by open transactions), as four sorted columns."""
+        h = self._head
+        cols = (self._pos[h:], self._fid[h:], self._off[h:], self._size[h:])
+        more = sorted([*self._returned, *extra])
+        if not more:
+            return cols
+        if not cols[0] or more[-1][0] < cols[0][0]:
+            front = tuple(array("q", (e[i] for e in more)) for i in range(4))
+            return front[0] + cols[0], front[1] + cols[1], front[2] + cols[2], front[3] + cols[3]
+        merged = sorted([*more, *zip(*cols, strict=True)])
+        return tuple(array("q", (e[i] for e in merged)) for i in range(4))  # type: ignore[return-value]
+
+    @classmethod
+    def from_snapshot(cls, snap: Any, removed: set[int], taken_from: dict[int, list[tuple[int, int]]]) -> EventQueue:
+        """Build a queue from a checkpoint's columns, leaving out ``removed`` positions.
+
+        Each removed position is recorded in ``taken_from`` under its data file.
+        """
+        q = cls()
+        pos, fid, off, size = snap.positions, snap.file_ids, snap.offsets, snap.sizes
+        if removed:
+            # Consumers take from the head: usually the removed positions are a prefix.
+            k = 0
+            n = len(pos)
+            hits = 0
+            while k < n and pos[k] in removed:
+                k += 1
+                hits += 1
+            for i in range(k):
+                _note(taken_from, fid[i], pos[i])
+            if hits == len(removed) or k == n:
+                q._pos, q._fid, q._off, q._size = pos[k:], fid[k:], off[k:], size[k:]
+            else:
+                keep = [i for i in range(k, n) if pos[i] not in removed]
+                for i in range(k, n):
+                    if pos[i] in removed:
+                        _note(taken_from, fid[i], pos[i])
+                q._pos = array("q", (pos[i] for i in keep))
+                q._fid = array("q", (fid[i] for i in keep))
+                q._off = array("q", (off[i] for i in keep))
+                q._size = array("q", (size[i] for i in keep))
+        else:
+            q._pos, q._fid, q._off, q._size = pos, fid, off, size
+        return q
+
+    def entries_at(self, indices: Iterable[int]) -> list[Entry]:
+        """Return the entries at the given queue indices (0 is the head)."""
+        allq = None
+        out = []
+        for i in indices:
+            if self._returned:
+                if allq is None:
+                    allq = list(self)
+                out.append(allq[i])
+            else:
+                j = self._head + i
+                out.append((self._pos[j], self._fid[j], self._off[j], self._size[j]))
+        return out
+
     def memory_bytes(self) -> int:
         """Return the bytes held by the columns (for stats and benchmarks)."""
         return sum(a.buffer_info()[1] * a.itemsize for a in (self._pos, self._fid, self._off, self._size))
+
+
+def _note(taken_from: dict[int, list[tuple[int, int]]], file_id: int, position: int) -> None:
+    lst = taken_from.setdefault(file_id, [])
+    if lst and lst[-1][0] + lst[-1][1] == position:
+        lst[-1] = (lst[-1][0], lst[-1][1] + 1)
+    else:
+        lst.append((position, 1))

@@ -21,17 +21,21 @@ from types import MappingProxyType, TracebackType
 from typing import Any, NamedTuple
 
 from . import format as fmt
-from ._fs import FS
+from ._fs import DEFAULT_FS, FS
 from ._queue import Entry, EventQueue
+from .checkpoint import CheckpointStore, Snapshot
 from .config import ChannelConfig
 from .errors import (
     ChannelClosedError,
     ChannelFullError,
     CorruptLogError,
+    FormatError,
     TransactionCapacityError,
     TransactionStateError,
 )
 from .log import CommitResult, Log
+
+CHECKPOINT_DIR = "checkpoints"
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +107,9 @@ class Transaction:
         self._payloads: list[bytes] = []
         self._events: list[tuple[bytes, Mapping[str, str]]] = []
         self._taken: list[Entry] = []
+        self._freed = False
         self._dir = self._log.writer_for(self.txn_id)
+        channel._open_txns[self.txn_id] = self
 
     def _advance(self, op: str) -> None:
         try:
@@ -202,13 +208,10 @@ class Transaction:
                 f"more than transaction_capacity={cap} takes in one transaction; "
                 "commit smaller batches or raise transaction_capacity"
             )
-        entries, cached = self._ch._pop(min(max_events, room), timeout)
-        self._taken.extend(entries)
-        try:
-            return self._ch._load(entries, cached)
-        except BaseException:
-            # Keep the entries with the transaction: a rollback returns them.
-            raise
+        # The entries join self._taken inside the channel lock (a checkpoint reads them);
+        # if loading fails they stay with the transaction, and a rollback returns them.
+        entries, cached = self._ch._pop(self, min(max_events, room), timeout)
+        return self._ch._load(entries, cached)
 
     # -- ending -------------------------------------------------------------------------
 
@@ -228,26 +231,30 @@ class Transaction:
         if not self._payloads and not self._taken:
             self._advance("commit")
             ch._count("transactions_committed")
+            ch._open_txns.pop(self.txn_id, None)
             return
         if self._payloads:
             self._log.check_space(self._dir)
         takes = _ranges(sorted(e[0] for e in self._taken))
         try:
-            res = self._log.commit(self.txn_id, self._payloads, takes, self._on_written if self._payloads else None)
+            self._log.commit(self.txn_id, self._payloads, takes, self._on_written)
         except BaseException:
             self._advance("fail")
-            ch._undo(len(self._payloads), self._taken)
+            ch._undo(self, len(self._payloads), self._taken)
             ch._count("commit_failures")
             raise
         self._advance("commit")
-        ch._takes_committed(self._taken, res.file_id)
         ch._count("transactions_committed")
+        if self._freed:
+            ch._want_gc()
         self._payloads = []
         self._events = []
         self._taken = []
 
     def _on_written(self, res: CommitResult) -> None:
-        self._ch._publish(res, self._events)
+        # Runs on the writing thread, in commit order, once the records are durable
+        # (written, with fsync="interval"): the commit takes effect here.
+        self._freed = self._ch._apply(self, res)
 
     def rollback(self) -> None:
         """Undo the transaction: drop its puts, return its takes to the head of the queue.
@@ -260,7 +267,7 @@ class Transaction:
         if was is not OPEN:
             return
         n_puts, n_takes = len(self._payloads), len(self._taken)
-        self._ch._undo(n_puts, self._taken)
+        self._ch._undo(self, n_puts, self._taken)
         self._ch._count("rollbacks")
         if n_puts or n_takes:
             self._log.rollback(self.txn_id, n_puts, n_takes)
@@ -282,6 +289,19 @@ class Transaction:
 
     def __repr__(self) -> str:
         return f"<Transaction {self.txn_id} {self.state}: {len(self._payloads)} puts, {len(self._taken)} takes>"
+
+
+def _add_position(taken_from: dict[int, list[tuple[int, int]]], file_id: int, position: int) -> None:
+    """Record that ``position`` (an event in ``file_id``) was taken, coalescing runs."""
+    lst = taken_from.get(file_id)
+    if lst is None:
+        taken_from[file_id] = [(position, 1)]
+        return
+    a, c = lst[-1]
+    if a + c == position:
+        lst[-1] = (a, c + 1)
+    else:
+        lst.append((position, 1))
 
 
 def _ranges(positions: list[int]) -> list[tuple[int, int]]:
@@ -336,6 +356,19 @@ class FileChannel:
         self._inflight_takes = 0
         self._refs: dict[int, int] = {}
         self._take_targets: dict[int, set[int]] = {}
+        self._taken_from: dict[int, list[tuple[int, int]]] = {}
+        self._open_txns: dict[int, Transaction] = {}
+        self._ckpt_lock = threading.Lock()
+        self._ckpt_thread: threading.Thread | None = None
+        self._ckpt_stop = threading.Event()
+        self._ckpt_stats: dict[str, Any] = {
+            "checkpoints_written": 0,
+            "checkpoint_failures": 0,
+            "last_checkpoint_woid": None,
+            "last_checkpoint_seconds": None,
+            "last_checkpoint_bytes": None,
+            "last_checkpoint_time": None,
+        }
         self._cache: dict[int, Event] = {}
         self._cache_bytes = 0
         self._counters: dict[str, int] = dict.fromkeys(
@@ -354,23 +387,54 @@ class FileChannel:
             0,
         )
         t0 = time.monotonic()
-        self._log = Log(self.directory, self.config, fs=fs)
-        try:
-            self._queue = self._replay()
-        except BaseException:
-            self._log.close()
-            raise
+        self._fs = fs or DEFAULT_FS
+        self._store = CheckpointStore(
+            self._fs, os.path.join(self.directory, CHECKPOINT_DIR), self.config.backup_checkpoint_dir
+        )
+        self._log, self._queue = self._recover()
         self.replay_seconds = time.monotonic() - t0
+        if background and self.config.checkpoint_interval > 0:
+            self._ckpt_thread = threading.Thread(target=self._ckpt_loop, name="filechannel-checkpoint", daemon=True)
+            self._ckpt_thread.start()
         logger.info(
             "opened %s: %d events queued, replay took %.3f s", self.directory, len(self._queue), self.replay_seconds
         )
 
     # -- recovery ---------------------------------------------------------------------
 
-    def _replay(self) -> EventQueue:
-        q, self._take_targets = replay_queue(self._log)
+    def _recover(self) -> tuple[Log, EventQueue]:
+        """Open the log from the newest usable checkpoint and rebuild the queue."""
+        skip: list[str] = []
+        while True:
+            log = Log(self.directory, self.config, fs=self._fs, checkpoints=self._store, skip_checkpoints=skip)
+            try:
+                q, self._take_targets, self._taken_from = replay_queue(log, log.base_snapshot)
+                if log.recovered_from is not None:
+                    _spot_check(log, q)
+            except CorruptLogError as exc:
+                log.close()
+                if log.recovered_from is None:
+                    raise
+                skip.append(log.recovered_from.path)
+                logger.warning(
+                    "checkpoint %s does not match the data files (%s); trying an older one",
+                    log.recovered_from.path,
+                    exc,
+                )
+                continue
+            except BaseException:
+                log.close()
+                raise
+            break
         self._refs = q.file_counts()
-        return q
+        self.checkpoint_fallbacks = [*log.checkpoint_fallbacks, *(f"{p}: does not match the data files" for p in skip)]
+        if log.recovered_from is None:
+            self.recovery_source = "full"
+        elif self.checkpoint_fallbacks:
+            self.recovery_source = "backup"
+        else:
+            self.recovery_source = "checkpoint"
+        return log, q
 
     # -- public API -----------------------------------------------------------------------
 
@@ -404,7 +468,11 @@ class FileChannel:
                 queue_memory_bytes=self._queue.memory_bytes(),
                 replay_seconds=round(self.replay_seconds, 6),
                 failed=self._log.failed is not None,
+                recovery_source=self.recovery_source,
+                checkpoint_fallbacks=len(self.checkpoint_fallbacks),
+                open_transactions=len(self._open_txns),
             )
+            out.update(self._ckpt_stats)
         out.update(self._log.stats())
         out["lost_positions"] = [
             list(r.lost_positions)
@@ -427,6 +495,9 @@ class FileChannel:
         """Delete data files that no queued or in-flight event needs; return how many.
 
         Runs on its own after take commits; call it to force the work now.
+        Before a file goes, the takes it recorded of events in files that stay
+        are written again (durably) into the active file, so neither a replay
+        from a checkpoint nor a full replay can bring those events back.
         """
         with self._gc_lock:
             with self._lock:
@@ -435,25 +506,110 @@ class FileChannel:
                 keep = self._log.newest_file_ids() | self._log.active_file_ids()
                 live = set(self._log.file_ids())
                 cand = {f for f in live if not self._refs.get(f) and f not in keep}
-                changed = True
-                while changed:
-                    changed = False
-                    for f in list(cand):
-                        for g in self._take_targets.get(f, ()):
-                            if g in live and g not in cand:
-                                cand.discard(f)
-                                changed = True
-                                break
+                stay = live - cand
+                relog_files = set()
+                for f in cand:
+                    relog_files |= self._take_targets.get(f, set()) & stay
+                relog = sorted(r for g in relog_files for r in self._taken_from.get(g, ()))
             if not cand:
                 return 0
+            if relog:
+                self._relog_takes(relog, relog_files)
             self._log.retire(sorted(cand))
             with self._lock:
                 for f in cand:
                     self._take_targets.pop(f, None)
+                    self._taken_from.pop(f, None)
                     self._refs.pop(f, None)
                 for tset in self._take_targets.values():
                     tset -= cand
             return len(cand)
+
+    def _relog_takes(self, ranges: list[tuple[int, int]], files: set[int]) -> None:
+        """Write a take-only commit that repeats already committed takes (replay is idempotent)."""
+        merged: list[tuple[int, int]] = []
+        for a, c in ranges:
+            if merged and merged[-1][0] + merged[-1][1] >= a:
+                pa, pc = merged[-1]
+                merged[-1] = (pa, max(pa + pc, a + c) - pa)
+            else:
+                merged.append((a, c))
+
+        def note(res: CommitResult) -> None:
+            with self._lock:
+                self._take_targets.setdefault(res.file_id, set()).update(files)
+
+        self._log.commit(self._log.new_txn_id(), [], merged, note)
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def checkpoint(self) -> dict[str, Any]:
+        """Write a checkpoint now, so the next open replays only what follows it.
+
+        Transactions keep running while it is written: the queue's arrays are
+        copied while writers are held still, and written to disk after.
+
+        Returns:
+            What was written: ``woid``, ``events``, ``bytes``, ``seconds``, ``path``.
+
+        Raises:
+            ChannelClosedError: The channel is closed or has failed.
+            OSError: Writing the checkpoint failed (the previous ones are untouched).
+        """
+        with self._ckpt_lock:
+            self._check_open()
+            return self._write_checkpoint()
+
+    def _write_checkpoint(self) -> dict[str, Any]:
+        t0 = time.monotonic()
+        log = self._log
+        with log.freeze() as files, self._lock:
+            woid, next_pos, next_txn, next_file = log.counters()
+            extra = [e for tx in self._open_txns.values() for e in tx._taken]
+            cols = self._queue.snapshot(extra)
+            taken = {f: list(r) for f, r in self._taken_from.items() if f in files}
+        snap = Snapshot(
+            woid,
+            next_pos,
+            next_txn,
+            next_file,
+            log.channel_id,
+            time.time_ns(),
+            files,
+            positions=cols[0],
+            file_ids=cols[1],
+            offsets=cols[2],
+            sizes=cols[3],
+            taken=taken,
+        )
+        try:
+            nbytes, _copies = self._store.write(snap, log.crc_kind)
+        except OSError:
+            self._ckpt_stats["checkpoint_failures"] += 1
+            raise
+        took = time.monotonic() - t0
+        st = self._ckpt_stats
+        st["checkpoints_written"] += 1
+        st["last_checkpoint_woid"] = woid
+        st["last_checkpoint_seconds"] = round(took, 6)
+        st["last_checkpoint_bytes"] = nbytes
+        st["last_checkpoint_time"] = time.time()
+        logger.debug("checkpoint at woid %d: %d events, %d bytes, %.3f s", woid, len(snap), nbytes, took)
+        return {"woid": woid, "events": len(snap), "bytes": nbytes, "seconds": took}
+
+    def _ckpt_loop(self) -> None:
+        interval = self.config.checkpoint_interval
+        while not self._ckpt_stop.wait(interval):
+            if self._closed or self._log.failed is not None:
+                return
+            if self._ckpt_stats["last_checkpoint_woid"] == self._log.last_woid:
+                continue
+            try:
+                with self._ckpt_lock:
+                    if not self._closed:
+                        self._write_checkpoint()
+            except Exception:  # the next interval tries again; recovery never needs this one
+                logger.exception("background checkpoint failed")
 
     def close(self) -> None:
         """Make everything durable and release the directory. Idempotent.
@@ -461,12 +617,21 @@ class FileChannel:
         Open transactions are abandoned: their puts are dropped, their takes
         return to the queue on the next open.
         """
-        with self._lock:
+        self._ckpt_stop.set()
+        if self._ckpt_thread is not None:
+            self._ckpt_thread.join()
+        with self._ckpt_lock:
             if self._closed:
                 return
-            self._closed = True
-            self._not_empty.notify_all()
-            self._not_full.notify_all()
+            if self._log.failed is None:
+                try:
+                    self._write_checkpoint()
+                except (OSError, ChannelClosedError) as exc:
+                    logger.warning("checkpoint on close failed (%s); the next open replays more of the log", exc)
+            with self._lock:
+                self._closed = True
+                self._not_empty.notify_all()
+                self._not_full.notify_all()
         self._gc_wanted.set()
         if self._gc_thread is not None:
             self._gc_thread.join()
@@ -515,7 +680,7 @@ class FileChannel:
                 self._check_open()
             self._inflight_puts += 1
 
-    def _pop(self, n: int, timeout: float) -> tuple[list[Entry], list[Event | None]]:
+    def _pop(self, tx: Transaction, n: int, timeout: float) -> tuple[list[Entry], list[Event | None]]:
         with self._lock:
             self._check_open()
             self._counters["takes_attempted"] += 1
@@ -529,6 +694,7 @@ class FileChannel:
                     self._not_empty.wait(left)
                     self._check_open()
             entries = q.pop(n)
+            tx._taken.extend(entries)
             self._inflight_takes += len(entries)
             cache = self._cache
             cached: list[Event | None] = []
@@ -556,57 +722,63 @@ class FileChannel:
         self._counters["disk_reads"] += len(entries) - hits
         return out
 
-    def _publish(self, res: CommitResult, events: list[tuple[bytes, Mapping[str, str]]]) -> None:
-        """Called by the log's writing thread once a commit's puts are written (and durable)."""
+    def _apply(self, tx: Transaction, res: CommitResult) -> bool:
+        """Make a written commit take effect: publish its puts, drop its takes.
+
+        Called on the log's writing thread, in commit order. Returns whether a
+        data file lost its last reference (so retirement may have work).
+        """
         n = len(res.put_offsets)
         first = res.first_position
         fid = res.file_id
-        offs, sizes = res.put_offsets, res.put_sizes
-        with self._lock:
-            q = self._queue
-            for i in range(n):
-                q.append(first + i, fid, offs[i], sizes[i])
-            self._refs[fid] = self._refs.get(fid, 0) + n
-            self._inflight_puts -= n
-            self._counters["puts_committed"] += n
-            limit = self.config.cache_bytes
-            if limit:
-                cache = self._cache
-                total = self._cache_bytes
-                for i in range(n):
-                    body, headers = events[i]
-                    cache[first + i] = Event(body, headers, first + i)
-                    total += len(body) + 64
-                while total > limit and cache:
-                    old = next(iter(cache))
-                    total -= len(cache.pop(old).body) + 64
-                self._cache_bytes = total
-            self._not_empty.notify(n)
-
-    def _takes_committed(self, taken: list[Entry], take_file: int) -> None:
-        if not taken:
-            return
         freed = False
         with self._lock:
-            refs = self._refs
-            tset = self._take_targets.setdefault(take_file, set())
-            for e in taken:
-                f = e[1]
-                c = refs[f] - 1
-                if c:
-                    refs[f] = c
-                else:
-                    del refs[f]
-                    freed = True
-                tset.add(f)
-            self._inflight_takes -= len(taken)
-            self._counters["takes_committed"] += len(taken)
-            self._not_full.notify(len(taken))
-        if freed:
-            self._want_gc()
+            if n:
+                offs, sizes = res.put_offsets, res.put_sizes
+                q = self._queue
+                for i in range(n):
+                    q.append(first + i, fid, offs[i], sizes[i])
+                self._refs[fid] = self._refs.get(fid, 0) + n
+                self._inflight_puts -= n
+                self._counters["puts_committed"] += n
+                limit = self.config.cache_bytes
+                if limit:
+                    events = tx._events
+                    cache = self._cache
+                    total = self._cache_bytes
+                    for i in range(n):
+                        body, headers = events[i]
+                        cache[first + i] = Event(body, headers, first + i)
+                        total += len(body) + 64
+                    while total > limit and cache:
+                        old = next(iter(cache))
+                        total -= len(cache.pop(old).body) + 64
+                    self._cache_bytes = total
+                self._not_empty.notify(n)
+            taken = tx._taken
+            if taken:
+                refs = self._refs
+                tset = self._take_targets.setdefault(fid, set())
+                tfrom = self._taken_from
+                for e in taken:
+                    f = e[1]
+                    c = refs[f] - 1
+                    if c:
+                        refs[f] = c
+                    else:
+                        del refs[f]
+                        freed = True
+                    tset.add(f)
+                    _add_position(tfrom, f, e[0])
+                self._inflight_takes -= len(taken)
+                self._counters["takes_committed"] += len(taken)
+                self._not_full.notify(len(taken))
+            self._open_txns.pop(tx.txn_id, None)
+        return freed
 
-    def _undo(self, n_puts: int, taken: list[Entry]) -> None:
+    def _undo(self, tx: Transaction, n_puts: int, taken: list[Entry]) -> None:
         with self._lock:
+            self._open_txns.pop(tx.txn_id, None)
             self._inflight_puts -= n_puts
             if taken:
                 self._queue.push_back(taken)
@@ -642,12 +814,15 @@ class FileChannel:
                 logger.exception("retiring data files failed")
 
 
-def replay_queue(log: Log) -> tuple[EventQueue, dict[int, set[int]]]:
-    """Rebuild the queue from the log's records.
+def replay_queue(
+    log: Log, base: Snapshot | None = None
+) -> tuple[EventQueue, dict[int, set[int]], dict[int, list[tuple[int, int]]]]:
+    """Rebuild the queue from a checkpoint (if any) and the log records after it.
 
-    Returns the queue of committed, untaken events in position order, and for
-    each data file the files whose events its TAKE records removed (a file may
-    be retired only after those).
+    Replay is idempotent by position: a put sets the entry at its positions,
+    a take removes them if present. Returns the queue of committed, untaken
+    events in position order; for each data file, the files whose events its
+    TAKE records removed; and for each data file, the positions taken from it.
 
     Raises:
         CorruptLogError: A COMMIT does not match the PUT records before it.
@@ -656,6 +831,8 @@ def replay_queue(log: Log) -> tuple[EventQueue, dict[int, set[int]]]:
     puts: dict[int, list[tuple[int, int, int]]] = {}
     takes: dict[int, tuple[int, list[tuple[int, int]]]] = {}
     targets: dict[int, set[int]] = {}
+    taken_from: dict[int, list[tuple[int, int]]] = {f: list(r) for f, r in base.taken.items()} if base else {}
+    removed: set[int] = set()
     for r in log.replay():
         op = r.op
         if op == fmt.PUT:
@@ -684,14 +861,41 @@ def replay_queue(log: Log) -> tuple[EventQueue, dict[int, set[int]]]:
                         gone = entries.pop(p, None)
                         if gone is not None:
                             tset.add(gone[0])
+                            _add_position(taken_from, gone[0], p)
+                        elif base is not None:
+                            removed.add(p)
         elif op == fmt.ROLLBACK:
             puts.pop(r.txn_id, None)
             takes.pop(r.txn_id, None)
-    q = EventQueue()
+    q = EventQueue.from_snapshot(base, removed, taken_from) if base is not None else EventQueue()
     for p in sorted(entries):
         f, o, s = entries[p]
         q.append(p, f, o, s)
-    return q, targets
+    return q, targets, taken_from
+
+
+def _spot_check(log: Log, q: EventQueue) -> None:
+    """Check that a queue rebuilt from a checkpoint points at real records.
+
+    Raises:
+        CorruptLogError: An entry points into a missing file or at a record that does not verify.
+    """
+    live = set(log.file_ids())
+    counts = q.file_counts()
+    for f in counts:
+        if f not in live:
+            raise CorruptLogError(f"data file {f}", 0, "the checkpoint's queue points into a missing data file")
+    n = len(q)
+    if not n:
+        return
+    picks = sorted({0, n - 1, *range(0, n, max(1, n // 16))})
+    entries = q.entries_at(picks)
+    for _pos, f, off, size in entries:
+        payload = log.read_payload(f, off, size)
+        try:
+            fmt.decode_event(payload)
+        except FormatError as exc:
+            raise CorruptLogError(log.file_path(f), off, f"queued event does not decode: {exc.reason}") from exc
 
 
 def open_channel(

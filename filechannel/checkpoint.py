@@ -165,7 +165,20 @@ def decode(buf: bytes, crc_kind: int, channel_id: bytes) -> Snapshot:
             a.byteswap()
         cols.append(a)
         pos += 8 * n
-    return Snapshot(woid, next_pos, next_txn, next_file, bytes(cid), created, files, *cols, taken=taken)
+    return Snapshot(
+        woid,
+        next_pos,
+        next_txn,
+        next_file,
+        bytes(cid),
+        created,
+        files,
+        positions=cols[0],
+        file_ids=cols[1],
+        offsets=cols[2],
+        sizes=cols[3],
+        taken=taken,
+    )
 
 
 @dataclass

@@ -116,7 +116,7 @@ def _readonly_channel_state(directory: str, skip: bool = False) -> tuple[Log, li
     cfg = ChannelConfig(on_corruption="skip" if skip else "fail")
     log = Log(directory, cfg, readonly=True)
     try:
-        q, _ = replay_queue(log)
+        q, _, _ = replay_queue(log, log.base_snapshot)
     except BaseException:
         log.close()
         raise

@@ -219,7 +219,12 @@ class _Scanner:
         self.seed = fmt.file_seed(self.kind, log.channel_id, file_id)
         self.max_payload = log.max_payload
 
-    def scan(self, newest: bool, prev_woid: int, start: int | None = None) -> _FileScan:
+    def scan(self, newest: bool, prev_woid: int, start: int | None = None, floor: int = 0) -> _FileScan:
+        """Walk the file's records from ``start`` (default: after the header).
+
+        ``prev_woid`` is the last write-order id of the previous file; ``floor``
+        is one that every record read must exceed (a checkpoint's, when resuming).
+        """
         buf, seed, kind = self.buf, self.seed, self.kind
         records: list[LogRecord] = []
         pending: list[LogRecord] = []
@@ -227,7 +232,7 @@ class _Scanner:
         g = self.header.header_len if start is None else start
         pos = g
         last_woid = max(prev_woid, self.header.base_woid - 1)
-        batch_last_woid = last_woid
+        batch_last_woid = max(last_woid, floor)
         n = len(buf)
         fid = self.file_id
         while True:
@@ -277,7 +282,7 @@ class _Scanner:
                 break
             g = pos = resumed
             pending = []
-            batch_last_woid = last_woid
+            batch_last_woid = max(last_woid, floor)
         return _FileScan(fid, self.path, self.header, records, g, n, last_woid)
 
     def _handle_damage(
@@ -954,7 +959,8 @@ class Log:
         nh, nbuf = headers[newest]
         npath = os.path.join(d, segment_name(newest))
         nstart = self._start(snap, newest, nh, len(nbuf))
-        nscan = _Scanner(self, npath, newest, nbuf, nh).scan(True, snap.woid if snap and nstart else 0, nstart)
+        floor = snap.woid if snap is not None and nstart is not None else 0
+        nscan = _Scanner(self, npath, newest, nbuf, nh).scan(True, 0, nstart, floor)
         retired = {fmt.decode_retire(r.payload) for r in nscan.records if r.op == fmt.RETIRE}
         expected = set(nh.live_files) - retired
         if nstart is not None and snap is not None:
@@ -991,9 +997,8 @@ class Log:
             start = self._start(
                 snap, fid, h, snap.files[fid] if snap and len(buf) < snap.files.get(fid, 0) else len(buf)
             )
-            if start is not None and snap is not None:
-                prev_woid = max(prev_woid, snap.woid)
-            s = _Scanner(self, path, fid, buf, h).scan(False, prev_woid, start)
+            floor = snap.woid if start is not None and snap is not None else 0
+            s = _Scanner(self, path, fid, buf, h).scan(False, prev_woid, start, floor)
             if start is not None and len(buf) < start:
                 s.end = s.size = start  # only the header was read: the checkpoint covers the rest
             prev_woid = s.last_woid
