@@ -793,7 +793,16 @@ class Log:
             raise CorruptLogError(chan_path, exc.offset, exc.reason) from exc
         if not self.readonly:
             for i, d in enumerate(self.data_dirs):
-                fs.makedirs(d)
+                if not fs.exists(d):
+                    # The new directory's entry must be durable before files in it count.
+                    missing = []
+                    p = os.path.abspath(d)
+                    while not fs.exists(p):
+                        missing.append(p)
+                        p = os.path.dirname(p)
+                    fs.makedirs(d)
+                    for m in missing:
+                        fs.fsync_dir(os.path.dirname(m))
                 if i or self.config.data_dirs:
                     # An external data directory gets its own lock.
                     self._extra_locks.append(self._lock_path(os.path.join(d, LOCK_FILE)))
