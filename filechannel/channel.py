@@ -393,6 +393,20 @@ class FileChannel:
         )
         self._log, self._queue = self._recover()
         self.replay_seconds = time.monotonic() - t0
+        used = self._log.recovered_from
+        if used is not None:
+            self._ckpt_stats["last_checkpoint_woid"] = used.woid
+        self._store.note_open(
+            {
+                "time": time.time(),
+                "source": self.recovery_source,
+                "checkpoint": used.path if used else None,
+                "checkpoint_woid": used.woid if used else None,
+                "fallbacks": self.checkpoint_fallbacks,
+                "replay_seconds": round(self.replay_seconds, 6),
+                "queued": len(self._queue),
+            }
+        )
         if background and self.config.checkpoint_interval > 0:
             self._ckpt_thread = threading.Thread(target=self._ckpt_loop, name="filechannel-checkpoint", daemon=True)
             self._ckpt_thread.start()
@@ -623,7 +637,8 @@ class FileChannel:
         with self._ckpt_lock:
             if self._closed:
                 return
-            if self._log.failed is None:
+            unchanged = self._ckpt_stats["last_checkpoint_woid"] == self._log.last_woid and not self._open_txns
+            if self._log.failed is None and not unchanged:
                 try:
                     self._write_checkpoint()
                 except (OSError, ChannelClosedError) as exc:

@@ -18,6 +18,7 @@ with ids above ``W`` begin. Recovery loads it and replays only those records.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -42,6 +43,7 @@ _TF = struct.Struct("<QI")
 _RANGE = struct.Struct("<QQ")
 _NAME_RE = re.compile(r"^ckpt-([0-9a-f]{16})\.ckpt$")
 MAX_ENTRIES = 1 << 34
+LAST_OPEN = "last-open.json"
 
 
 def checkpoint_name(woid: int) -> str:
@@ -253,7 +255,9 @@ class CheckpointStore:
         name = checkpoint_name(snap.woid)
         fs = self.fs
         for d in self.dirs():
-            fs.makedirs(d)
+            if not fs.exists(d):
+                fs.makedirs(d)
+                fs.fsync_dir(os.path.dirname(os.path.abspath(d)))
             final = os.path.join(d, name)
             tmp = os.path.join(d, f".{name}.tmp-{time.time_ns()}")
             fd = fs.create(tmp)
@@ -273,6 +277,33 @@ class CheckpointStore:
         self.prune(keep=2)
         return len(data), len(self.dirs())
 
+    def note_open(self, info: dict[str, object]) -> None:
+        """Record how the last open recovered (informational, not fsynced; ``stat`` shows it)."""
+        fs = self.fs
+        d = self.primary
+        try:
+            if not fs.exists(d):
+                fs.makedirs(d)
+            path = os.path.join(d, LAST_OPEN)
+            tmp = f"{path}.tmp-{time.time_ns()}"
+            fd = fs.create(tmp)
+            try:
+                fs.pwrite_all(fd, json.dumps(info, sort_keys=True).encode(), 0)
+            finally:
+                fs.close(fd)
+            fs.replace(tmp, path)
+        except OSError as exc:
+            logger.debug("could not record the last open: %s", exc)
+
+    def last_open(self) -> dict[str, object] | None:
+        """Return what :meth:`note_open` recorded, or None."""
+        path = os.path.join(self.primary, LAST_OPEN)
+        try:
+            data = json.loads(read_file(self.fs, path))
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
     def prune(self, keep: int) -> None:
         """Keep the ``keep`` newest checkpoints in each directory; remove the rest and stray temporaries."""
         fs = self.fs
@@ -281,7 +312,9 @@ class CheckpointStore:
                 continue
             names = fs.listdir(d)
             ckpts = sorted((n for n in names if _NAME_RE.match(n)), reverse=True)
-            doomed = ckpts[keep:] + [n for n in names if n.startswith(".ckpt-") and ".tmp-" in n]
+            doomed = ckpts[keep:] + [
+                n for n in names if ".tmp-" in n and (n.startswith(".ckpt-") or n.startswith(LAST_OPEN))
+            ]
             for n in doomed:
                 try:
                     fs.unlink(os.path.join(d, n))

@@ -12,13 +12,15 @@ import base64
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from . import format as fmt
 from ._fs import DEFAULT_FS
 from ._version import __version__
-from .channel import FileChannel, replay_queue
+from .channel import CHECKPOINT_DIR, FileChannel, replay_queue
+from .checkpoint import CheckpointStore
 from .config import ChannelConfig
 from .errors import ChannelError
 from .log import LOCK_FILE, Log
@@ -112,9 +114,15 @@ def cmd_take(args: argparse.Namespace) -> int:
     return 0
 
 
-def _readonly_channel_state(directory: str, skip: bool = False) -> tuple[Log, list[tuple[int, int, int, int]]]:
+def _store(directory: str) -> CheckpointStore:
+    return CheckpointStore(DEFAULT_FS, os.path.join(directory, CHECKPOINT_DIR))
+
+
+def _readonly_channel_state(
+    directory: str, skip: bool = False, use_checkpoint: bool = False
+) -> tuple[Log, list[tuple[int, int, int, int]]]:
     cfg = ChannelConfig(on_corruption="skip" if skip else "fail")
-    log = Log(directory, cfg, readonly=True)
+    log = Log(directory, cfg, readonly=True, checkpoints=_store(directory) if use_checkpoint else None)
     try:
         q, _, _ = replay_queue(log, log.base_snapshot)
     except BaseException:
@@ -127,7 +135,7 @@ def cmd_stat(args: argparse.Namespace) -> int:
     """Print the channel's state."""
     _existing(args.dir)
     _progress(f"reading {args.dir} ...")
-    log, entries = _readonly_channel_state(args.dir)
+    log, entries = _readonly_channel_state(args.dir, use_checkpoint=True)
     try:
         st = log.stats()
         files = []
@@ -145,6 +153,8 @@ def cmd_stat(args: argparse.Namespace) -> int:
             "files": files,
             "disk_bytes": st["disk_bytes"],
             "torn_tails": len(log.torn_tails),
+            "checkpoint": _checkpoint_info(log),
+            "last_open": _store(args.dir).last_open(),
         }
     finally:
         log.close()
@@ -156,8 +166,39 @@ def cmd_stat(args: argparse.Namespace) -> int:
                 print(f"files: {len(v)}")
                 for f in v:
                     print(f"  {f['path']}  {f['bytes']} bytes")
+            elif isinstance(v, dict):
+                print(f"{k}:")
+                for k2, v2 in v.items():
+                    print(f"  {k2}: {v2}")
             else:
                 print(f"{k}: {v}")
+    return 0
+
+
+def _checkpoint_info(log: Log) -> dict[str, Any] | None:
+    store = _store(log.directory)
+    found = store.list()
+    if not found:
+        return None
+    newest = found[0]
+    info: dict[str, Any] = {"path": newest.path, "woid": newest.woid, "bytes": newest.size, "count": len(found)}
+    try:
+        snap = store.load(newest, log.crc_kind, log.channel_id)
+        info["age_seconds"] = round(max(0.0, time.time() - snap.created_ns / 1e9), 3)
+        info["events"] = len(snap)
+        info["valid"] = True
+    except (ChannelError, OSError) as exc:
+        info["valid"] = False
+        info["problem"] = str(exc)
+    return info
+
+
+def cmd_checkpoint(args: argparse.Namespace) -> int:
+    """Write a checkpoint now."""
+    _existing(args.dir)
+    with FileChannel(args.dir, ChannelConfig.from_options({"checkpoint_interval": 0})) as ch:
+        res = ch.checkpoint()
+    print(f"checkpoint at write-order id {res['woid']}: {res['events']} events, {res['bytes']} bytes")
     return 0
 
 
@@ -275,6 +316,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("dir", help="channel directory")
     sp.add_argument("--json", action="store_true", help="print one JSON object")
     sp.set_defaults(func=cmd_stat)
+
+    sp = sub.add_parser("checkpoint", help="write a checkpoint now (fast restart)", epilog=_EPILOG)
+    sp.add_argument("dir", help="channel directory")
+    sp.set_defaults(func=cmd_checkpoint)
 
     sp = sub.add_parser("dump", help="print every log record as a JSON line", epilog=_EPILOG)
     sp.add_argument("dir", help="channel directory")
