@@ -828,7 +828,8 @@ class Log:
         self._lock(top)
         if fs.exists(chan_path):  # created concurrently before we took the lock
             return
-        others = [n for n in fs.listdir(top) if n != LOCK_FILE]
+        # CHANNEL.tmp is what a crash in the middle of an earlier creation leaves behind.
+        others = [n for n in fs.listdir(top) if n not in (LOCK_FILE, CHANNEL_FILE + ".tmp")]
         if others:
             raise NotAChannelError(
                 top, f"it holds {len(others)} other entries but no CHANNEL file; use an empty directory"
