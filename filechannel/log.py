@@ -736,7 +736,11 @@ class Log:
         self.config = config or ChannelConfig()
         self.fs: FS = fs or DEFAULT_FS
         self.readonly = readonly
-        self.max_payload = self.config.max_event_size + 64 * 1024 + 16 * self.config.transaction_capacity
+        # A limit of the format (the u32 length field), not of this open's options: a
+        # channel written with a larger max_event_size must still replay, and a smaller
+        # limit made intact records look corrupt (or cut an acknowledged tail as torn).
+        # Declared lengths are still checked against the bytes left before any read.
+        self.max_payload = 0xFFFF_FFFF
         self._seq_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._failed: BaseException | None = None
