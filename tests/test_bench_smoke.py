@@ -1,0 +1,37 @@
+"""The benchmark runs end to end and prints valid JSON lines (not how fast: no timing asserts)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_quick_bench_prints_json_lines(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--n", "300", "--out", str(tmp_path / "out")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    results = [r for r in lines if "workload" in r]
+    assert results, out.stdout[-2000:]
+    for r in results:
+        for key in ("machine", "fsync", "event_size", "workload", "system", "median", "min", "max", "repeats"):
+            assert key in r, (key, r)
+        assert r["min"] <= r["median"] <= r["max"]
+    systems = {r["system"] for r in results}
+    assert {"filechannel-commit", "filechannel-interval", "sqlite-wal-full"} <= systems
+    assert any(r["workload"].startswith("memory at") for r in results)
+    assert any(r.get("type") == "target" for r in lines)
+    assert list((tmp_path / "out").glob("results-*.jsonl"))
