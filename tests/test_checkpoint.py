@@ -1,0 +1,457 @@
+"""Checkpoints and fast restart: Flume's restart matrix, ported to our formats.
+
+Every case asserts the exact queue (positions and bodies) after the restart,
+and compares it with a full replay of the same directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+import filechannel
+from filechannel import _fs
+from filechannel import checkpoint as ckpt
+
+OPTS = {
+    "max_file_size": 4096,
+    "minimum_required_space": 0,
+    "checkpoint_interval": 0,
+    "background": False,
+}
+
+
+def op(d: str, **kw: object) -> filechannel.FileChannel:
+    return filechannel.open(d, **{**OPTS, **kw})
+
+
+def crash(ch: filechannel.FileChannel) -> None:
+    """Stop without the checkpoint a clean close writes (the log's bytes stay as they are)."""
+    ch._closed = True
+    ch._ckpt_stop.set()
+    ch._log.close()
+
+
+def contents(ch: filechannel.FileChannel) -> list[tuple[int, bytes]]:
+    """The queue, read by taking everything and rolling back."""
+    tx = ch.transaction()
+    evs = tx.take_batch(100_000)
+    tx.rollback()
+    return [(e.position, e.body) for e in evs]
+
+
+def put(ch: filechannel.FileChannel, *bodies: bytes) -> None:
+    with ch.transaction() as tx:
+        for b in bodies:
+            tx.put(b)
+
+
+def take(ch: filechannel.FileChannel, n: int) -> list[bytes]:
+    with ch.transaction() as tx:
+        return [e.body for e in tx.take_batch(n)]
+
+
+def full_replay(d: str) -> list[tuple[int, bytes]]:
+    with op(d, replay="full") as ch:
+        assert ch.stats()["recovery_source"] == "full"
+        return contents(ch)
+
+
+def ckpt_files(d: str) -> list[str]:
+    cd = os.path.join(d, "checkpoints")
+    return sorted(os.path.join(cd, n) for n in os.listdir(cd) if n.endswith(".ckpt"))
+
+
+def bodies(a: int, b: int) -> list[bytes]:
+    return [b"event-%d" % i for i in range(a, b)]
+
+
+def test_restart_from_checkpoint_equals_full_replay(chan_dir: str) -> None:
+    ch = op(chan_dir)
+    for i in range(0, 60, 5):
+        put(ch, *bodies(i, i + 5))
+    assert take(ch, 7) == bodies(0, 7)
+    ch.checkpoint()
+    put(ch, *bodies(60, 70))
+    assert take(ch, 3) == bodies(7, 10)
+    expected = contents(ch)
+    crash(ch)
+    with op(chan_dir) as ch2:
+        st = ch2.stats()
+        assert st["recovery_source"] == "checkpoint"
+        assert st["checkpoint_fallbacks"] == 0
+        assert contents(ch2) == expected
+    assert full_replay(chan_dir) == expected
+    assert [p for p, _ in expected] == list(range(10, 70))
+
+
+def test_clean_close_writes_checkpoint_and_restart_reads_no_history(chan_dir: str) -> None:
+    ch = op(chan_dir)
+    for i in range(0, 200, 10):
+        put(ch, *bodies(i, i + 10))
+    take(ch, 150)
+    ch.close()
+    assert ckpt_files(chan_dir)
+    with op(chan_dir) as ch2:
+        assert ch2.stats()["recovery_source"] == "checkpoint"
+        assert contents(ch2) == list(zip(range(150, 200), bodies(150, 200), strict=True))
+
+
+@pytest.mark.parametrize("which", ["missing", "empty"])
+def test_no_checkpoint_means_full_replay(chan_dir: str, which: str) -> None:
+    ch = op(chan_dir)
+    put(ch, *bodies(0, 20))
+    take(ch, 5)
+    ch.close()
+    for f in ckpt_files(chan_dir):
+        if which == "missing":
+            os.unlink(f)
+        else:
+            open(f, "wb").close()
+    with op(chan_dir) as ch2:
+        assert ch2.stats()["recovery_source"] == "full"
+        assert contents(ch2) == list(zip(range(5, 20), bodies(5, 20), strict=True))
+
+
+def _two_checkpoints(d: str) -> list[tuple[int, bytes]]:
+    ch = op(d)
+    put(ch, *bodies(0, 30))
+    take(ch, 4)
+    ch.checkpoint()  # the backup-to-be
+    put(ch, *bodies(30, 40))
+    take(ch, 6)
+    ch.checkpoint()  # the newest
+    put(ch, *bodies(40, 45))
+    take(ch, 2)
+    expected = contents(ch)
+    crash(ch)
+    assert len(ckpt_files(d)) == 2
+    return expected
+
+
+def _damage(path: str, how: str) -> None:
+    data = bytearray(Path(path).read_bytes())
+    if how == "truncated":
+        data = data[: len(data) // 2]
+    elif how == "header_bitflip":
+        data[20] ^= 0x10
+    elif how == "body_bitflip":
+        data[len(data) - 20] ^= 0x01
+    elif how == "high_byte":  # FLUME-1893: corruption of the most significant bytes
+        data[0:2] = b"\x01\x05"
+    elif how == "wrong_version":
+        data[8] = 99
+    elif how == "zeroed":
+        data = bytearray(len(data))
+    Path(path).write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how", ["truncated", "header_bitflip", "body_bitflip", "high_byte", "wrong_version", "zeroed"])
+def test_damaged_newest_checkpoint_falls_back_to_backup(
+    chan_dir: str, how: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    expected = _two_checkpoints(chan_dir)
+    newest = ckpt_files(chan_dir)[-1]
+    _damage(newest, how)
+    with caplog.at_level(logging.WARNING, logger="filechannel"), op(chan_dir) as ch:
+        st = ch.stats()
+        assert st["recovery_source"] == "backup"
+        assert st["checkpoint_fallbacks"] == 1
+        assert contents(ch) == expected
+    assert any("not usable" in r.getMessage() for r in caplog.records)
+
+
+def test_missing_newest_checkpoint_uses_backup(chan_dir: str) -> None:
+    expected = _two_checkpoints(chan_dir)
+    os.unlink(ckpt_files(chan_dir)[-1])
+    with op(chan_dir) as ch:
+        assert ch.stats()["recovery_source"] == "checkpoint"  # the only one left is the newest now
+        assert contents(ch) == expected
+
+
+def test_both_checkpoints_damaged_means_full_replay(chan_dir: str) -> None:
+    expected = _two_checkpoints(chan_dir)
+    for f in ckpt_files(chan_dir):
+        _damage(f, "body_bitflip")
+    with op(chan_dir) as ch:
+        st = ch.stats()
+        assert st["recovery_source"] == "full"
+        assert st["checkpoint_fallbacks"] == 2
+        assert contents(ch) == expected
+
+
+def test_checkpoint_from_another_channel_is_not_trusted(tmp_path: Path) -> None:
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    with op(a) as ch:
+        put(ch, b"a")
+    with op(b) as ch:
+        put(ch, b"b1", b"b2")
+    for f in ckpt_files(b):
+        os.unlink(f)
+    shutil.copy(ckpt_files(a)[0], os.path.join(b, "checkpoints"))
+    with op(b) as ch:
+        assert ch.stats()["recovery_source"] == "full"
+        assert contents(ch) == [(0, b"b1"), (1, b"b2")]
+
+
+def test_put_transaction_straddling_checkpoint(chan_dir: str) -> None:
+    ch = op(chan_dir)
+    put(ch, b"before")
+    tx = ch.transaction()
+    tx.put(b"s1")
+    tx.put(b"s2")
+    ch.checkpoint()
+    tx.put(b"s3")
+    tx.commit()
+    crash(ch)
+    with op(chan_dir) as ch2:
+        assert ch2.stats()["recovery_source"] == "checkpoint"
+        assert contents(ch2) == [(0, b"before"), (1, b"s1"), (2, b"s2"), (3, b"s3")]
+
+
+def test_uncommitted_put_at_checkpoint_is_gone_after_crash(chan_dir: str) -> None:
+    ch = op(chan_dir)
+    put(ch, b"kept")
+    tx = ch.transaction()
+    tx.put(b"never committed")
+    ch.checkpoint()
+    crash(ch)
+    with op(chan_dir) as ch2:
+        assert contents(ch2) == [(0, b"kept")]
+
+
+def test_take_in_flight_at_checkpoint_never_committed_comes_back(chan_dir: str) -> None:
+    ch = op(chan_dir)
+    put(ch, *bodies(0, 5))
+    t1 = ch.transaction()
+    assert [e.body for e in t1.take_batch(2)] == bodies(0, 2)
+    t2 = ch.transaction()
+    assert [e.body for e in t2.take_batch(3)] == bodies(2, 5)
+    ch.checkpoint()
+    crash(ch)
+    with op(chan_dir) as ch2:
+        assert ch2.stats()["recovery_source"] == "checkpoint"
+        assert contents(ch2) == list(zip(range(5), bodies(0, 5), strict=True))
+
+
+def test_take_crossing_checkpoint_committed_after_is_gone(chan_dir: str) -> None:
+    ch = op(chan_dir)
+    put(ch, *bodies(0, 3))
+    tx = ch.transaction()
+    assert tx.take().body == b"event-0"
+    ch.checkpoint()
+    tx.commit()
+    crash(ch)
+    with op(chan_dir) as ch2:
+        assert contents(ch2) == [(1, b"event-1"), (2, b"event-2")]
+    assert full_replay(chan_dir) == [(1, b"event-1"), (2, b"event-2")]
+
+
+def test_files_still_referenced_after_rollback(chan_dir: str) -> None:
+    # Flume's testReferenceCounts: 15 events over several small files, 10 taken
+    # without commit, a checkpoint, then a rollback: all 15 must remain.
+    ch = op(chan_dir, max_file_size=4096)
+    for i in range(15):
+        put(ch, b"x" * 600 + b"%d" % i)
+    assert ch.stats()["files"] > 2
+    tx = ch.transaction()
+    tx.take_batch(10)
+    ch.checkpoint()
+    tx.rollback()
+    ch.retire_files()
+    crash(ch)
+    with op(chan_dir) as ch2:
+        got = contents(ch2)
+        assert [p for p, _ in got] == list(range(15))
+        assert got[14][1].endswith(b"14")
+
+
+def test_retired_files_never_bring_taken_events_back(chan_dir: str) -> None:
+    # Takes recorded in files that are later retired must not be forgotten by a
+    # replay from an older checkpoint, nor by a full replay.
+    ch = op(chan_dir)
+    stuck = ch.transaction()
+    put(ch, b"stuck")
+    assert stuck.take().body == b"stuck"  # a consumer that hangs on to the oldest event
+    for i in range(0, 200, 10):
+        put(ch, *bodies(i, i + 10))
+    ch.checkpoint()  # will be the backup
+    assert take(ch, 120) == bodies(0, 120)
+    ch.retire_files()
+    ch.checkpoint()  # the newest
+    assert take(ch, 30) == bodies(120, 150)
+    ch.retire_files()
+    files_left = ch.stats()["files"]
+    crash(ch)
+    expected = [(0, b"stuck"), *zip(range(151, 201), bodies(150, 200), strict=True)]
+    assert full_replay(chan_dir) == expected
+    with op(chan_dir) as ch2:
+        assert contents(ch2) == expected
+    os.unlink(ckpt_files(chan_dir)[-1])  # lose the newest: restart from the older one
+    with op(chan_dir) as ch3:
+        assert contents(ch3) == expected
+    # The stuck event pinned its own file, not every newer one.
+    assert files_left <= 4
+
+
+def test_drained_channel_keeps_only_the_active_file(chan_dir: str) -> None:
+    ch = op(chan_dir)
+    for i in range(0, 300, 10):
+        put(ch, *bodies(i, i + 10))
+    assert ch.stats()["files"] > 3
+    while take(ch, 50):
+        pass
+    ch.retire_files()
+    assert ch.stats()["files"] == 1
+    ch.close()
+    assert len([n for n in os.listdir(os.path.join(chan_dir, "data")) if n.endswith(".wal")]) == 1
+
+
+def test_replay_full_ignores_checkpoints(chan_dir: str) -> None:
+    with op(chan_dir) as ch:
+        put(ch, *bodies(0, 10))
+        take(ch, 4)
+    with op(chan_dir, replay="full") as ch:
+        assert ch.stats()["recovery_source"] == "full"
+        assert [p for p, _ in contents(ch)] == list(range(4, 10))
+
+
+def test_backup_checkpoint_dir_gets_every_checkpoint(tmp_path: Path) -> None:
+    d, backup = str(tmp_path / "ch"), str(tmp_path / "disk2")
+    ch = op(d, backup_checkpoint_dir=backup)
+    put(ch, *bodies(0, 10))
+    ch.checkpoint()
+    take(ch, 2)
+    expected = contents(ch)
+    ch.close()
+    names = sorted(os.listdir(backup))
+    assert any(n.endswith(".ckpt") for n in names)
+    shutil.rmtree(os.path.join(d, "checkpoints"))
+    with op(d, backup_checkpoint_dir=backup) as ch2:
+        assert ch2.stats()["recovery_source"] == "checkpoint"
+        assert contents(ch2) == expected
+
+
+def test_checkpoint_is_compact(chan_dir: str) -> None:
+    ch = op(chan_dir, max_file_size=1 << 20)
+    for i in range(0, 5000, 500):
+        put(ch, *bodies(i, i + 500))
+    res = ch.checkpoint()
+    assert res["events"] == 5000
+    assert res["bytes"] < 5000 * 40  # 32 bytes an event plus a small header
+    ch.close()
+
+
+def test_checkpoint_decoder_rejects_every_truncation(chan_dir: str) -> None:
+    with op(chan_dir) as ch:
+        put(ch, *bodies(0, 5))
+        take(ch, 1)
+        log = ch._log
+        kind, cid = log.crc_kind, log.channel_id
+    data = Path(ckpt_files(chan_dir)[-1]).read_bytes()
+    snap = ckpt.decode(data, kind, cid)
+    assert list(snap.positions) == [1, 2, 3, 4]
+    for n in range(len(data)):
+        with pytest.raises(filechannel.FormatError):
+            ckpt.decode(data[:n], kind, cid)
+    for i in range(len(data)):
+        bad = bytearray(data)
+        bad[i] ^= 0x40
+        with pytest.raises(filechannel.FormatError):
+            ckpt.decode(bytes(bad), kind, cid)
+
+
+class _SlowCheckpointFS(_fs.OsFS):
+    """Blocks the checkpoint's data write until released, to show puts keep going."""
+
+    def __init__(self) -> None:
+        self.writing = threading.Event()
+        self.release = threading.Event()
+
+    def pwrite_all(self, fd: int, data: bytes, offset: int) -> None:
+        if data[:8] == ckpt.MAGIC:
+            self.writing.set()
+            assert self.release.wait(10)
+        super().pwrite_all(fd, data, offset)
+
+
+def test_transactions_continue_while_a_checkpoint_is_written(chan_dir: str) -> None:
+    fs = _SlowCheckpointFS()
+    ch = filechannel.open(chan_dir, fs=fs, **OPTS)
+    put(ch, *bodies(0, 100))
+    t = threading.Thread(target=ch.checkpoint)
+    t.start()
+    assert fs.writing.wait(10)
+    # The checkpoint is stuck writing its file; puts, takes and commits still work.
+    put(ch, b"during")
+    assert take(ch, 3) == bodies(0, 3)
+    fs.release.set()
+    t.join(10)
+    assert not t.is_alive()
+    ch.close()
+
+
+def test_disk_full_puts_fail_but_takes_and_checkpoints_work(chan_dir: str) -> None:
+    with op(chan_dir) as ch:
+        put(ch, *bodies(0, 10))
+    with op(chan_dir, minimum_required_space=1 << 62) as ch:
+        with pytest.raises(filechannel.DiskSpaceError), ch.transaction() as tx:
+            tx.put(b"no room")
+        assert take(ch, 4) == bodies(0, 4)
+        res = ch.checkpoint()
+        assert res["events"] == 6
+    with op(chan_dir) as ch:
+        assert [p for p, _ in contents(ch)] == list(range(4, 10))
+
+
+def test_background_checkpoints(chan_dir: str) -> None:
+    ch = filechannel.open(chan_dir, max_file_size=4096, minimum_required_space=0, checkpoint_interval=0.05)
+    put(ch, b"a")
+    for _ in range(200):
+        if ch.stats()["checkpoints_written"]:
+            break
+        threading.Event().wait(0.02)
+    assert ch.stats()["checkpoints_written"] >= 1
+    ch.close()
+
+
+def test_bad_checkpoint_options() -> None:
+    with pytest.raises(filechannel.ConfigError, match="checkpoint_interval"):
+        filechannel.ChannelConfig(checkpoint_interval=-1)
+    with pytest.raises(filechannel.ConfigError, match="replay"):
+        filechannel.ChannelConfig(replay="fast")
+    with pytest.raises(filechannel.ConfigError, match="backup_checkpoint_dir"):
+        filechannel.ChannelConfig(backup_checkpoint_dir="")
+
+
+def test_takes_in_a_retired_file_are_relogged(chan_dir: str) -> None:
+    # A file that holds TAKE records of events in an older, still-live file is
+    # retired: those takes must be written again, or a replay (full, or from an
+    # older checkpoint) would bring the taken events back.
+    ch = op(chan_dir)
+    stuck = ch.transaction()
+    put(ch, b"A" * 1000)
+    assert stuck.take() is not None  # pins the first file
+    put(ch, b"B" * 1000)
+    put(ch, b"B" * 1000)  # the first file is full now
+    ch.checkpoint()
+    put(ch, b"C" * 1000)  # starts the second file
+    assert take(ch, 2) == [b"B" * 1000] * 2  # TAKE records in the second file, of events in the first
+    for i in range(30):
+        put(ch, b"%04d" % i + b"x" * 996)
+        assert take(ch, 1)  # the consumer keeps up: TAKE records follow the puts
+    ch.retire_files()
+    assert ch.stats()["files_retired"] > 3
+    assert contents(ch) == [(33, b"0029" + b"x" * 996)]  # A is held by the stuck transaction
+    expected = [(0, b"A" * 1000), (33, b"0029" + b"x" * 996)]  # ... and comes back after a crash
+    crash(ch)
+    assert full_replay(chan_dir) == expected
+    for f in ckpt_files(chan_dir)[1:]:
+        os.unlink(f)  # only the old checkpoint is left
+    with op(chan_dir) as ch2:
+        assert contents(ch2) == expected
