@@ -162,6 +162,8 @@ def encode_file_header(h: FileHeader) -> bytes:
     if len(h.live_files) > MAX_LIVE_FILES:
         raise FormatError(0, f"more than {MAX_LIVE_FILES} live files")
     total = h.header_len
+    if total > 0xFFFF:  # header_len is a u16: at most 8181 live files fit
+        raise FormatError(10, f"{len(h.live_files)} live files do not fit in a file header (header_len is 16 bits)")
     body = _FILE_HEADER.pack(
         MAGIC,
         h.version,
