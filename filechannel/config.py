@@ -78,6 +78,9 @@ class ChannelConfig:
         """Check every option; raise ConfigError for the first bad one."""
         if self.max_event_size == 0 and _is_int(self.max_file_size) and self.max_file_size >= MIN_FILE_SIZE:
             object.__setattr__(self, "max_event_size", min(DEFAULT_MAX_EVENT_SIZE, self.max_file_size - 1024))
+        # Before max_event_size, whose default derives from it: blame the option that was set.
+        if _is_int(self.max_file_size) and 0 < self.max_file_size < MIN_FILE_SIZE:
+            raise ConfigError("max_file_size", f"must be at least {MIN_FILE_SIZE}, got {self.max_file_size}")
         for name in ("capacity", "transaction_capacity", "max_file_size", "max_event_size"):
             v = getattr(self, name)
             if not _is_int(v) or v <= 0:
