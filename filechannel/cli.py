@@ -122,7 +122,13 @@ def _readonly_channel_state(
     directory: str, skip: bool = False, use_checkpoint: bool = False
 ) -> tuple[Log, list[tuple[int, int, int, int]]]:
     cfg = ChannelConfig(on_corruption="skip" if skip else "fail")
-    log = Log(directory, cfg, readonly=True, checkpoints=_store(directory) if use_checkpoint else None)
+    log = Log(
+        directory,
+        cfg,
+        readonly=True,
+        checkpoints=_store(directory) if use_checkpoint else None,
+        progress=_progress if sys.stderr.isatty() else None,
+    )
     try:
         q, _, _ = replay_queue(log, log.base_snapshot)
     except BaseException:

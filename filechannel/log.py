@@ -708,6 +708,7 @@ class Log:
         checkpoints: Where checkpoints live; recovery starts from the newest
             usable one (unless ``replay="full"``), falling back to older ones.
         skip_checkpoints: Paths of checkpoints not to use (the channel found them wrong).
+        progress: Called with a short message as recovery reads each data file.
 
     Raises:
         ChannelLockedError: Another open channel holds the directory.
@@ -724,9 +725,11 @@ class Log:
         readonly: bool = False,
         checkpoints: CheckpointStore | None = None,
         skip_checkpoints: Sequence[str] = (),
+        progress: Callable[[str], None] | None = None,
     ) -> None:
         self.directory = os.fspath(directory)
         self.checkpoints = checkpoints
+        self._progress = progress
         self._skip_checkpoints = set(skip_checkpoints)
         self.base_snapshot: Snapshot | None = None
         self.recovered_from: StoredCheckpoint | None = None
@@ -1000,8 +1003,11 @@ class Log:
         # 2. Scan the older live files strictly, oldest first.
         scans: list[_FileScan] = []
         prev_woid = 0
-        for fid in sorted(expected & present):
+        todo = sorted(expected & present)
+        for i, fid in enumerate(todo):
             path = os.path.join(d, segment_name(fid))
+            if self._progress is not None:
+                self._progress(f"reading {path} ({i + 1} of {len(todo) + 1})")
             buf = self._read_data_file(path, fid, snap)
             h = self._read_header(path, fid, buf, newest=False)
             if h is None:
