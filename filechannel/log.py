@@ -1222,6 +1222,15 @@ class Log:
             fids = [f for f in fids if f != w.file_id]
             if not fids:
                 continue
+            # Leave the live list first: a file the writer starts from now on (even one a
+            # concurrent commit rolls to before the RETIRE is written) must not list these
+            # in its header, or, once they are unlinked, the newest header names files
+            # that are gone and the next open fails. A header that omits a file whose
+            # RETIRE did not persist is safe: such a file holds nothing the channel needs,
+            # and recovery deletes it.
+            for fid in fids:
+                if fid in w.live:
+                    w.live.remove(fid)
             w.submit(_Item(fmt.RETIRE, 0, retire=fids))
             if self.config.fsync == "interval":
                 w.sync_now()
@@ -1232,8 +1241,6 @@ class Log:
                 rfd = self._read_fds.pop(fid, None)
                 if rfd is not None:
                     self.fs.close(rfd)
-                if fid in w.live:
-                    w.live.remove(fid)
                 try:
                     self.fs.unlink(path)
                 except FileNotFoundError:
