@@ -685,7 +685,8 @@ class FileChannel:
                 deadline = time.monotonic() + cfg.keep_alive
                 while len(self._queue) + self._inflight_puts + self._inflight_takes >= cfg.capacity:
                     left = deadline - time.monotonic()
-                    if left <= 0 or self._closed:
+                    self._check_open()  # closed while waiting: say so, not "full"
+                    if left <= 0:
                         self._counters["channel_full"] += 1
                         raise ChannelFullError(
                             f"channel is full: capacity={cfg.capacity} events are queued or in flight, and no "
