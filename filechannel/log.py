@@ -945,8 +945,11 @@ class Log:
             size = fs.size(fd)
             if snap is not None and snap.files.get(fid) == size:
                 head = fs.pread(fd, min(size, 4096), 0)
-                if isinstance(fmt.decode_file_header(head), fmt.FileHeader):
-                    return head
+                try:
+                    if isinstance(fmt.decode_file_header(head), fmt.FileHeader):
+                        return head
+                except FormatError:
+                    pass  # a damaged header: read it all, _read_header classifies it
             return fs.pread(fd, size, 0)
         finally:
             fs.close(fd)
