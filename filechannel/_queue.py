@@ -17,7 +17,8 @@ from __future__ import annotations
 import heapq
 from array import array
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import repeat
 from typing import Any
 
 Entry = tuple[int, int, int, int]
@@ -64,6 +65,22 @@ class EventQueue:
         self._fid.insert(i, file_id)
         self._off.insert(i, offset)
         self._size.insert(i, size)
+
+    def append_run(self, first: int, file_id: int, offsets: Sequence[int], sizes: Sequence[int]) -> None:
+        """Add one commit's puts: positions ``first, first + 1, ...`` in ``file_id``."""
+        n = len(offsets)
+        pos = self._pos
+        if n and pos and first <= pos[-1] and len(pos) > self._head:
+            for i in range(n):  # out of order (another data directory published first)
+                self.append(first + i, file_id, offsets[i], sizes[i])
+            return
+        if pos and len(pos) == self._head:
+            self._clear_columns()
+            pos = self._pos
+        pos.extend(range(first, first + n))
+        self._fid.extend(repeat(file_id, n))
+        self._off.extend(offsets)
+        self._size.extend(sizes)
 
     def pop(self, n: int) -> list[Entry]:
         """Remove and return up to ``n`` entries from the head."""

@@ -16,6 +16,7 @@ import logging
 import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType, TracebackType
 from typing import Any, NamedTuple
@@ -40,6 +41,9 @@ CHECKPOINT_DIR = "checkpoints"
 logger = logging.getLogger(__name__)
 
 _NO_HEADERS: Mapping[str, str] = MappingProxyType({})
+_Cached = tuple[bytes, Mapping[str, str], int]
+"""A cached event's fields: body, headers, position (``tuple.__new__`` makes it an Event)."""
+_CACHE_OVERHEAD = 64  # bytes counted per cached event besides its body
 
 
 class Event(NamedTuple):
@@ -57,6 +61,8 @@ class Event(NamedTuple):
     headers: Mapping[str, str] = _NO_HEADERS
     position: int | None = None
 
+
+_as_event: Any = tuple.__new__  # _as_event(Event, (body, headers, position)), without Python-level __new__
 
 # -- transaction states, as a table ------------------------------------------------
 
@@ -105,7 +111,8 @@ class Transaction:
         self.txn_id = channel._log.new_txn_id()
         self.state = OPEN
         self._payloads: list[bytes] = []
-        self._events: list[tuple[bytes, Mapping[str, str]]] = []
+        self._bodies: list[bytes] = []
+        self._headers: list[Mapping[str, str]] = []
         self._taken: list[Entry] = []
         self._freed = False
         self._dir = self._log.writer_for(self.txn_id)
@@ -164,7 +171,8 @@ class Transaction:
         self._log.check_space(self._dir)
         ch._reserve_put()
         self._payloads.append(payload)
-        self._events.append((body, hdrs))
+        self._bodies.append(body)
+        self._headers.append(hdrs)
 
     # -- takes ----------------------------------------------------------------------
 
@@ -248,7 +256,8 @@ class Transaction:
         if self._freed:
             ch._want_gc()
         self._payloads = []
-        self._events = []
+        self._bodies = []
+        self._headers = []
         self._taken = []
 
     def _on_written(self, res: CommitResult) -> None:
@@ -272,7 +281,8 @@ class Transaction:
         if n_puts or n_takes:
             self._log.rollback(self.txn_id, n_puts, n_takes)
         self._payloads = []
-        self._events = []
+        self._bodies = []
+        self._headers = []
         self._taken = []
 
     def __enter__(self) -> Transaction:
@@ -369,7 +379,9 @@ class FileChannel:
             "last_checkpoint_bytes": None,
             "last_checkpoint_time": None,
         }
-        self._cache: dict[int, Event] = {}
+        # Insertion-ordered, evicted from the front: an OrderedDict pops its oldest
+        # item in O(1), where next(iter(dict)) rescans the deleted front (quadratic).
+        self._cache: OrderedDict[int, _Cached] = OrderedDict()
         self._cache_bytes = 0
         self._counters: dict[str, int] = dict.fromkeys(
             (
@@ -696,7 +708,7 @@ class FileChannel:
                 self._check_open()
             self._inflight_puts += 1
 
-    def _pop(self, tx: Transaction, n: int, timeout: float) -> tuple[list[Entry], list[Event | None]]:
+    def _pop(self, tx: Transaction, n: int, timeout: float) -> tuple[list[Entry], list[_Cached | None]]:
         with self._lock:
             self._check_open()
             self._counters["takes_attempted"] += 1
@@ -713,27 +725,25 @@ class FileChannel:
             tx._taken.extend(entries)
             self._inflight_takes += len(entries)
             cache = self._cache
-            cached: list[Event | None] = []
+            cached: list[_Cached | None] = []
             if cache:
-                for e in entries:
-                    ev = cache.pop(e[0], None)
-                    if ev is not None:
-                        self._cache_bytes -= len(ev.body) + 64
-                    cached.append(ev)
+                pop = cache.pop
+                cached = [pop(e[0], None) for e in entries]
+                self._cache_bytes -= sum(len(c[0]) + _CACHE_OVERHEAD for c in cached if c is not None)
             return entries, cached
 
-    def _load(self, entries: list[Entry], cached: list[Event | None]) -> list[Event]:
+    def _load(self, entries: list[Entry], cached: list[_Cached | None]) -> list[Event]:
         out: list[Event] = []
         read = self._log.read_payload
         hits = 0
         for i, e in enumerate(entries):
-            ev = cached[i] if cached else None
-            if ev is None:
+            c = cached[i] if cached else None
+            if c is None:
                 body, headers = fmt.decode_event(read(e[1], e[2], e[3]))
-                ev = Event(body, headers or _NO_HEADERS, e[0])
+                out.append(Event(body, headers or _NO_HEADERS, e[0]))
             else:
                 hits += 1
-            out.append(ev)
+                out.append(_as_event(Event, c))
         self._counters["cache_hits"] += hits
         self._counters["disk_reads"] += len(entries) - hits
         return out
@@ -750,25 +760,21 @@ class FileChannel:
         freed = False
         with self._lock:
             if n:
-                offs, sizes = res.put_offsets, res.put_sizes
-                q = self._queue
-                for i in range(n):
-                    q.append(first + i, fid, offs[i], sizes[i])
+                sizes = res.put_sizes
+                self._queue.append_run(first, fid, res.put_offsets, sizes)
                 self._refs[fid] = self._refs.get(fid, 0) + n
                 self._inflight_puts -= n
                 self._counters["puts_committed"] += n
                 limit = self.config.cache_bytes
                 if limit:
-                    events = tx._events
+                    # position -> (body, headers, position): the fields of the Event a take returns.
                     cache = self._cache
-                    total = self._cache_bytes
-                    for i in range(n):
-                        body, headers = events[i]
-                        cache[first + i] = Event(body, headers, first + i)
-                        total += len(body) + 64
+                    bodies = tx._bodies
+                    positions = range(first, first + n)
+                    cache.update(zip(positions, zip(bodies, tx._headers, positions, strict=True), strict=True))
+                    total = self._cache_bytes + sum(map(len, bodies)) + _CACHE_OVERHEAD * n
                     while total > limit and cache:
-                        old = next(iter(cache))
-                        total -= len(cache.pop(old).body) + 64
+                        total -= len(cache.popitem(last=False)[1][0]) + _CACHE_OVERHEAD
                     self._cache_bytes = total
                 self._not_empty.notify(n)
             taken = tx._taken
