@@ -1,0 +1,100 @@
+"""The layering rules, checked on the source with ``ast``."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parent.parent / "filechannel"
+MODULES = sorted(PKG.glob("*.py"))
+PURE = ("format.py", "_queue.py")
+BANNED_IMPORTS = {"os", "io", "time", "logging"}
+DURABILITY_CALLS = {
+    ("os", "fsync"),
+    ("os", "fdatasync"),
+    ("os", "replace"),
+    ("os", "rename"),
+    ("os", "unlink"),
+    ("os", "remove"),
+    ("os", "ftruncate"),
+    ("os", "truncate"),
+    ("os", "pwrite"),
+    ("os", "write"),
+    ("fcntl", "flock"),
+    ("fcntl", "lockf"),
+}
+
+
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+def test_there_are_modules() -> None:
+    names = {p.name for p in MODULES}
+    assert {"format.py", "_fs.py", "log.py", "_queue.py", "channel.py", "cli.py"} <= names
+
+
+@pytest.mark.parametrize("name", PURE)
+def test_pure_modules_do_no_io(name: str) -> None:
+    tree = _tree(PKG / name)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                assert a.name.split(".")[0] not in BANNED_IMPORTS, f"{name} imports {a.name}"
+        elif isinstance(node, ast.ImportFrom):
+            mod = (node.module or "").split(".")[0]
+            assert node.level > 0 or mod not in BANNED_IMPORTS, f"{name} imports from {node.module}"
+            assert not (node.level > 0 and node.module == "_fs"), f"{name} imports the I/O seam"
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            assert node.func.id != "open", f"{name} calls open() at line {node.lineno}"
+
+
+@pytest.mark.parametrize("path", [p for p in MODULES if p.name != "_fs.py"], ids=lambda p: p.name)
+def test_only_fs_makes_durability_calls(path: Path) -> None:
+    tree = _tree(path)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            assert (node.value.id, node.attr) not in DURABILITY_CALLS, (
+                f"{path.name}:{node.lineno} uses {node.value.id}.{node.attr}; go through filechannel._fs"
+            )
+        if isinstance(node, ast.ImportFrom) and node.module in ("os", "fcntl"):
+            for a in node.names:
+                assert (node.module, a.name) not in DURABILITY_CALLS, f"{path.name} imports {node.module}.{a.name}"
+        if isinstance(node, ast.Import):
+            assert all(a.name != "fcntl" for a in node.names), f"{path.name} imports fcntl"
+
+
+def test_the_checker_catches_a_violation(tmp_path: Path) -> None:
+    """The rule above is not vacuous: it sees ``os.fsync`` in a module."""
+    bad = tmp_path / "bad.py"
+    bad.write_text('"""Doc."""\nimport os\n\n\ndef f(fd):\n    os.fsync(fd)\n')
+    with pytest.raises(AssertionError, match=r"os\.fsync"):
+        test_only_fs_makes_durability_calls(bad)
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.name)
+def test_every_module_has_a_docstring(path: Path) -> None:
+    doc = ast.get_docstring(_tree(path)) or ""
+    assert doc.strip(), f"{path.name} has no module docstring"
+
+
+@pytest.mark.parametrize("path", [p for p in MODULES if p.name != "cli.py"], ids=lambda p: p.name)
+def test_print_only_in_cli(path: Path) -> None:
+    for node in ast.walk(_tree(path)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            assert node.func.id != "print", f"{path.name}:{node.lineno} prints; log instead"
+
+
+def test_import_does_not_load_optional_dependencies() -> None:
+    code = (
+        "import sys, filechannel\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'cryptography', 'pyarrow'))\n"
+        "print(','.join(bad))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == ""
