@@ -84,6 +84,20 @@ _TRANSITIONS: dict[tuple[str, str], str] = {
 }
 
 
+def _coerce_event(body: object, headers: Mapping[str, str] | None) -> tuple[bytes, Mapping[str, str] | None]:
+    """Return ``(body, headers)`` for a put of an Event or a bytes-like body other than bytes."""
+    if isinstance(body, Event):
+        if headers is not None:
+            raise TypeError("pass headers inside the Event, not beside it")
+        headers = body.headers
+        body = body.body
+    if type(body) is bytes:
+        return body, headers
+    if isinstance(body, (bytearray, memoryview)):
+        return bytes(body), headers
+    raise TypeError(f"event body must be bytes-like, got {type(body).__name__}")
+
+
 def _check_headers(headers: object) -> Mapping[str, str]:
     if headers is None:
         return _NO_HEADERS
@@ -142,16 +156,8 @@ class Transaction:
             TransactionStateError: The transaction is no longer open.
             ChannelClosedError: The channel is closed or has failed.
         """
-        if isinstance(body, Event):
-            if headers is not None:
-                raise TypeError("pass headers inside the Event, not beside it")
-            headers = body.headers
-            body = body.body
         if type(body) is not bytes:
-            if isinstance(body, (bytearray, memoryview)):
-                body = bytes(body)
-            else:
-                raise TypeError(f"event body must be bytes-like, got {type(body).__name__}")
+            body, headers = _coerce_event(body, headers)
         hdrs = _check_headers(headers) if headers else _NO_HEADERS
         payload = fmt.encode_event(body, hdrs)
         ch = self._ch
@@ -167,8 +173,12 @@ class Transaction:
                 f"more than transaction_capacity={cfg.transaction_capacity} puts in one transaction; "
                 "commit smaller batches or raise transaction_capacity"
             )
-        ch._check_open()
-        self._log.check_space(self._dir)
+        if ch._closed or self._log._failed is not None:
+            ch._check_open()
+        if not self._payloads:
+            # Free space is checked at the first put and again at commit, before
+            # anything is written (puts write nothing; the check costs ~0.5 us).
+            self._log.check_space(self._dir)
         ch._reserve_put()
         self._payloads.append(payload)
         self._bodies.append(body)
@@ -690,10 +700,10 @@ class FileChannel:
         self._counters[name] += n
 
     def _reserve_put(self) -> None:
-        cfg = self.config
         with self._lock:
             self._counters["puts_attempted"] += 1
-            if len(self._queue) + self._inflight_puts + self._inflight_takes >= cfg.capacity:
+            if len(self._queue) + self._inflight_puts + self._inflight_takes >= self.config.capacity:
+                cfg = self.config
                 deadline = time.monotonic() + cfg.keep_alive
                 while len(self._queue) + self._inflight_puts + self._inflight_takes >= cfg.capacity:
                     left = deadline - time.monotonic()
