@@ -403,7 +403,7 @@ class _Item:
         self.error: BaseException | None = None
         rs = fmt.record_size
         if kind == fmt.COMMIT:
-            n = sum(rs(len(p)) for p in payloads) + rs(16)
+            n = sum([(k + 39) & ~7 for k in map(len, payloads)]) + rs(16)  # rs(k) == (k + 39) & ~7
             if takes:
                 n += rs(4 + 16 * len(takes))
         elif kind == fmt.ROLLBACK:
@@ -526,12 +526,8 @@ class _Writer:
                     txn = it.txn_id
                     offs = res.put_offsets
                     sizes = res.put_sizes
-                    for p in it.payloads:
-                        n = enc.add(parts, fmt.PUT, woid, txn, p)
-                        offs.append(off)
-                        sizes.append(n)
-                        off += n
-                        woid += 1
+                    off = enc.add_puts(parts, woid, txn, it.payloads, offs, sizes, off)
+                    woid += len(it.payloads)
                     if it.takes:
                         off += enc.add(parts, fmt.TAKE, woid, txn, fmt.encode_take(it.takes))
                         woid += 1
