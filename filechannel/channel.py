@@ -899,7 +899,17 @@ def replay_queue(
         elif op == fmt.ROLLBACK:
             puts.pop(r.txn_id, None)
             takes.pop(r.txn_id, None)
-    q = EventQueue.from_snapshot(base, removed, taken_from) if base is not None else EventQueue()
+    if base is not None:
+        # A data file is retired only once no queued event points into it, so
+        # checkpoint entries in a file that is gone now were taken after the
+        # checkpoint (their TAKE record may have gone with a later file).
+        live = set(log.file_ids())
+        if not set(base.file_ids) <= live:
+            fids, poss = base.file_ids, base.positions
+            removed.update(poss[i] for i in range(len(poss)) if fids[i] not in live)
+        q = EventQueue.from_snapshot(base, removed, taken_from)
+    else:
+        q = EventQueue()
     for p in sorted(entries):
         f, o, s = entries[p]
         q.append(p, f, o, s)

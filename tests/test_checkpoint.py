@@ -455,3 +455,28 @@ def test_takes_in_a_retired_file_are_relogged(chan_dir: str) -> None:
         os.unlink(f)  # only the old checkpoint is left
     with op(chan_dir) as ch2:
         assert contents(ch2) == expected
+
+
+def test_checkpoint_entries_in_files_retired_later_are_dropped(chan_dir: str) -> None:
+    # A checkpoint lists events of file 1; they are taken afterwards, file 1 is
+    # retired, and so is file 2 that held the TAKE records. Restarting from that
+    # checkpoint must still work (not fall back) and must not resurrect them.
+    ch = op(chan_dir)
+    for _ in range(3):
+        put(ch, b"e" * 1000)
+    ch.checkpoint()
+    for i in range(12):
+        put(ch, b"%03d" % i + b"f" * 997)
+        assert take(ch, 1)
+    ch.retire_files()
+    assert 1 not in ch._log.file_ids()
+    expected = contents(ch)
+    crash(ch)
+    for f in ckpt_files(chan_dir)[1:]:
+        os.unlink(f)  # keep only the old checkpoint
+    with op(chan_dir) as ch2:
+        st = ch2.stats()
+        assert st["recovery_source"] == "checkpoint"
+        assert st["checkpoint_fallbacks"] == 0
+        assert contents(ch2) == expected
+    assert full_replay(chan_dir) == expected
