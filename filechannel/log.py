@@ -433,6 +433,7 @@ class _Writer:
         self.seed = 0
         self.header_len = 0
         self._unpublished: list[_Item] = []
+        self.waiting = 0  # committers waiting for a leader's write
 
     # -- called by committers ------------------------------------------------
 
@@ -448,7 +449,9 @@ class _Writer:
                 if not self.leading:
                     self.leading = True
                     break
+                self.waiting += 1
                 cond.wait()
+                self.waiting -= 1
             else:
                 if item.error is not None:
                     raise item.error
@@ -466,6 +469,11 @@ class _Writer:
     def _lead(self) -> None:
         cond = self.cond
         while True:
+            if self.waiting:
+                # Other committers are about: let those ready to run (just woken, or
+                # waiting for the GIL) queue their transactions first. Bigger groups,
+                # fewer fdatasyncs: +30% commits/s with 16 threads on 2 cores.
+                time.sleep(0)
             with cond:
                 batch = self.pending
                 if not any(i.durable or i.on_written for i in batch):
