@@ -903,10 +903,12 @@ def replay_queue(
         # A data file is retired only once no queued event points into it, so
         # checkpoint entries in a file that is gone now were taken after the
         # checkpoint (their TAKE record may have gone with a later file).
-        live = set(log.file_ids())
-        if not set(base.file_ids) <= live:
+        # Files set aside at open (a torn creation, say) were not retired: entries in
+        # them stay, and the spot check sends recovery to an older checkpoint.
+        vanished = set(base.file_ids) - set(log.file_ids()) - log.discarded
+        if vanished:
             fids, poss = base.file_ids, base.positions
-            removed.update(poss[i] for i in range(len(poss)) if fids[i] not in live)
+            removed.update(poss[i] for i in range(len(poss)) if fids[i] in vanished)
         q = EventQueue.from_snapshot(base, removed, taken_from)
     else:
         q = EventQueue()

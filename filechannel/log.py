@@ -28,6 +28,7 @@ from __future__ import annotations
 import errno
 import heapq
 import itertools
+import json
 import logging
 import os
 import re
@@ -47,6 +48,7 @@ from .config import ChannelConfig
 from .errors import (
     ChannelClosedError,
     ChannelLockedError,
+    ConfigError,
     CorruptLogError,
     DiskSpaceError,
     FormatError,
@@ -56,6 +58,7 @@ from .errors import (
 logger = logging.getLogger(__name__)
 
 CHANNEL_FILE = "CHANNEL"
+DATA_DIRS_FILE = "DATA_DIRS"
 LOCK_FILE = "LOCK"
 DEFAULT_DATA_DIR = "data"
 _SEG_RE = re.compile(r"^seg-([0-9a-f]{16})\.wal$")
@@ -760,6 +763,7 @@ class Log:
         self._scans: list[_FileScan] = []
         self.corruption: list[CorruptionReport] = []
         self.torn_tails: list[tuple[str, int, int]] = []
+        self.discarded: set[int] = set()  # files set aside at open (never retired)
         self._next_woid = 1
         self._next_position = 0
         self._next_file_id = 1
@@ -802,8 +806,9 @@ class Log:
             self.channel_id, self.crc_kind, self.created_ns = decode_channel_file(read_file(fs, chan_path))
         except FormatError as exc:
             raise CorruptLogError(chan_path, exc.offset, exc.reason) from exc
+        self._load_data_dirs()
         if not self.readonly:
-            for i, d in enumerate(self.data_dirs):
+            for d in self.data_dirs:
                 if not fs.exists(d):
                     # The new directory's entry must be durable before files in it count.
                     missing = []
@@ -814,7 +819,7 @@ class Log:
                     fs.makedirs(d)
                     for m in missing:
                         fs.fsync_dir(os.path.dirname(m))
-                if i or self.config.data_dirs:
+                if os.path.abspath(d) != os.path.abspath(os.path.join(top, DEFAULT_DATA_DIR)):
                     # An external data directory gets its own lock.
                     self._extra_locks.append(self._lock_path(os.path.join(d, LOCK_FILE)))
         self._recover()
@@ -831,25 +836,10 @@ class Log:
     def _lock(self, top: str) -> None:
         self._lock_handle = self._lock_path(os.path.join(top, LOCK_FILE))
 
-    def _create(self, chan_path: str) -> None:
+    def _write_small_file(self, path: str, data: bytes) -> None:
+        """Write a file atomically: a temporary file, fsync, rename over (the caller fsyncs the directory)."""
         fs = self.fs
-        top = self.directory
-        existed = fs.exists(top)
-        fs.makedirs(top)
-        self._lock(top)
-        if fs.exists(chan_path):  # created concurrently before we took the lock
-            return
-        # CHANNEL.tmp is what a crash in the middle of an earlier creation leaves behind.
-        others = [n for n in fs.listdir(top) if n not in (LOCK_FILE, CHANNEL_FILE + ".tmp")]
-        if others:
-            raise NotAChannelError(
-                top, f"it holds {len(others)} other entries but no CHANNEL file; use an empty directory"
-            )
-        for d in self.data_dirs:
-            if fs.exists(d) and any(_SEG_RE.match(n) for n in fs.listdir(d)):
-                raise NotAChannelError(top, f"no CHANNEL file, but data directory {d} holds data files of some channel")
-        data = encode_channel_file(uuid.uuid4().bytes, fmt.default_crc_kind(), time.time_ns())
-        tmp = chan_path + ".tmp"
+        tmp = path + ".tmp"
         if fs.exists(tmp):
             fs.unlink(tmp)
         fd = fs.create(tmp)
@@ -858,7 +848,53 @@ class Log:
             fs.fsync(fd)
         finally:
             fs.close(fd)
-        fs.replace(tmp, chan_path)
+        fs.replace(tmp, path)
+
+    def _load_data_dirs(self) -> None:
+        """Use the data directories recorded at creation; refuse a different list."""
+        path = os.path.join(self.directory, DATA_DIRS_FILE)
+        if not self.fs.exists(path):
+            return  # created before DATA_DIRS existed: the default or the given list
+        try:
+            recorded = json.loads(read_file(self.fs, path))["data_dirs"]
+            if not isinstance(recorded, list) or not all(isinstance(d, str) for d in recorded) or not recorded:
+                raise ValueError("data_dirs must be a non-empty list of paths")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptLogError(path, 0, f"unreadable list of data directories: {exc}") from exc
+        if self.config.data_dirs is not None:
+            given = [os.path.abspath(d) for d in self.config.data_dirs]
+            if given != recorded:
+                raise ConfigError(
+                    "data_dirs",
+                    f"the channel was created with data_dirs={recorded}; pass the same list, or omit data_dirs",
+                )
+        self.data_dirs = list(recorded)
+
+    def _create(self, chan_path: str) -> None:
+        fs = self.fs
+        top = self.directory
+        existed = fs.exists(top)
+        fs.makedirs(top)
+        self._lock(top)
+        if fs.exists(chan_path):  # created concurrently before we took the lock
+            return
+        # CHANNEL.tmp and DATA_DIRS are what a crash in the middle of an earlier creation leaves behind.
+        leftovers = (LOCK_FILE, CHANNEL_FILE + ".tmp", DATA_DIRS_FILE, DATA_DIRS_FILE + ".tmp")
+        others = [n for n in fs.listdir(top) if n not in leftovers]
+        if others:
+            raise NotAChannelError(
+                top, f"it holds {len(others)} other entries but no CHANNEL file; use an empty directory"
+            )
+        for d in self.data_dirs:
+            if fs.exists(d) and any(_SEG_RE.match(n) for n in fs.listdir(d)):
+                raise NotAChannelError(top, f"no CHANNEL file, but data directory {d} holds data files of some channel")
+        # Where the data lives is recorded first, so every later open finds it;
+        # CHANNEL is written last: its presence marks a complete creation.
+        dirs = [os.path.abspath(d) for d in self.data_dirs]
+        self._write_small_file(os.path.join(top, DATA_DIRS_FILE), json.dumps({"data_dirs": dirs}).encode())
+        fs.fsync_dir(top)
+        data = encode_channel_file(uuid.uuid4().bytes, fmt.default_crc_kind(), time.time_ns())
+        self._write_small_file(chan_path, data)
         fs.fsync_dir(top)
         if not existed:
             parent = os.path.dirname(os.path.abspath(top))
@@ -1054,6 +1090,7 @@ class Log:
                 # Created, but its header never became durable: nothing was acknowledged in it.
                 logger.warning("%s: %s; the file was being created at a crash, setting it aside", path, exc.reason)
                 self.torn_tails.append((path, 0, len(buf)))
+                self.discarded.add(fid)
                 if not self.readonly:
                     self._set_aside(path, buf, 0)
                     self.fs.unlink(path)
