@@ -375,6 +375,14 @@ def run_all(r: Runner, only: set[str] | None) -> None:
                 ),
             ),
             Case(
+                "phys-prealloc-batch+fdatasync",
+                "fdatasync",
+                _phys(
+                    f"put x{BATCH}",
+                    lambda d, size=size: phys.append_batch_fdatasync(d, p.n, size, BATCH, p.deadline, prealloc=True),
+                ),
+            ),
+            Case(
                 "phys-python-framing",
                 "none",
                 _phys(f"put x{BATCH}", lambda d, size=size: phys.python_framing(d, p.n, size, BATCH)),
