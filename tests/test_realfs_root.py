@@ -141,6 +141,7 @@ def test_ext4_power_cut_under_load(ext4_image: tuple[Path, Path]) -> None:
     expected: dict[int, bytes] = {}
     next_take = 0
     rounds = 3
+    late_prev: list[tuple[int, bytes]] = []
     for rnd in range(rounds):
         _mount("-o", "loop", str(img), str(mnt))
         ch = filechannel.open(d, **opts)
@@ -153,12 +154,18 @@ def test_ext4_power_cut_under_load(ext4_image: tuple[Path, Path]) -> None:
             if p >= next_take:
                 assert got.get(p) == b, f"round {rnd}: acknowledged position {p} lost or changed"
         extra = set(got) - set(expected)
-        assert len(extra) <= 8, f"round {rnd}: more than the in-flight commit reappeared: {sorted(extra)}"
+        allowed = {p for p, _ in late_prev}
+        assert len(extra - allowed) <= 8, f"round {rnd}: more than the in-flight commit reappeared: {sorted(extra)}"
+        for p, b in late_prev:  # a late commit comes back whole or not at all
+            assert got.get(p) in (b, None)
+        assert len({got.get(p) is None for p, _ in late_prev}) <= 1, f"round {rnd}: a late commit came back in part"
         for p in extra:  # the commit in flight at the cut: keep it in the model
             expected[p] = got[p]
         # consume a few, commit more, and cut the power at a random moment
         stop = threading.Event()
         acked: list[tuple[int, bytes]] = []
+        late: list[tuple[int, bytes]] = []
+        cut = [float("inf")]
         errors: list[BaseException] = []
 
         def producer(
@@ -167,6 +174,8 @@ def test_ext4_power_cut_under_load(ext4_image: tuple[Path, Path]) -> None:
             stop: threading.Event = stop,
             acked: list[tuple[int, bytes]] = acked,
             errors: list[BaseException] = errors,
+            cut: list[float] = cut,
+            late: list[tuple[int, bytes]] = late,
         ) -> None:
             i = 0
             try:
@@ -176,8 +185,16 @@ def test_ext4_power_cut_under_load(ext4_image: tuple[Path, Path]) -> None:
                     for b in bodies:
                         tx.put(b)
                     tx.commit()
+                    returned = time.monotonic()
                     first = ch.stats()["next_position"] - len(bodies)
-                    acked.extend((first + k, b) for k, b in enumerate(bodies))
+                    if returned < cut[0]:
+                        acked.extend((first + k, b) for k, b in enumerate(bodies))
+                    else:
+                        # Acknowledged only after the "power cut" began. The kernel can
+                        # return success for an fdatasync issued while EXT4_IOC_SHUTDOWN
+                        # runs and still lose it (seen here: the call began 0.3 ms into
+                        # the ioctl), so such a commit is in flight: all or nothing.
+                        late.extend((first + k, b) for k, b in enumerate(bodies))
                     i += 1
             except (OSError, filechannel.ChannelClosedError) as exc:
                 errors.append(exc)
@@ -191,6 +208,7 @@ def test_ext4_power_cut_under_load(ext4_image: tuple[Path, Path]) -> None:
         t = threading.Thread(target=producer)
         t.start()
         time.sleep(rng.uniform(0.02, 0.3))
+        cut[0] = time.monotonic()
         _shutdown(mnt)
         stop.set()
         t.join(10)
@@ -201,6 +219,7 @@ def test_ext4_power_cut_under_load(ext4_image: tuple[Path, Path]) -> None:
             pass
         for p, b in acked:
             expected[p] = b
+        late_prev = late
         _umount(mnt)
     _mount("-o", "loop", str(img), str(mnt))
     with filechannel.open(d, **opts) as ch, ch.transaction() as tx:
