@@ -138,6 +138,11 @@ class CorruptionReport:
     lost_bytes: int
     lost_woids: tuple[int, int] | None = None
     lost_positions: tuple[int, int] | None = None
+    file_id: int = 0
+    # Bounds of lost_positions not known inside the damaged file; the files around
+    # it supply them once the whole directory is read.
+    open_start: bool = False
+    open_end: bool = False
 
     def describe(self) -> str:
         """One line for the log."""
@@ -355,10 +360,11 @@ class _Scanner:
                     break
                 pos = rec.end
         lost_pos = (before, after_pos) if after_pos is not None else (before, before)
-        if resume is None:
-            lost_pos = (before, before)  # unknown upper bound: the rest of the file
+        open_end = resume is None or after_pos is None  # the next file's header bounds it
         lost_w = (first_woid, last_woid) if last_woid is not None else None
-        return CorruptionReport(self.path, start, reason, stop - start, lost_w, lost_pos)
+        return CorruptionReport(
+            self.path, start, reason, stop - start, lost_w, lost_pos, file_id=self.file_id, open_end=open_end
+        )
 
 
 # --------------------------------------------------------------------------
@@ -1033,7 +1039,7 @@ class Log:
             reason = "data file is missing, but the newest data file lists it as live"
             if self.config.on_corruption != "skip":
                 raise CorruptLogError(path, 0, reason)
-            self._report_corruption(CorruptionReport(path, 0, reason, 0))
+            self._report_corruption(CorruptionReport(path, 0, reason, 0, file_id=fid, open_start=True, open_end=True))
         for fid in sorted(present - expected):
             path = os.path.join(d, segment_name(fid))
             buf = read_file(fs, path)
@@ -1077,7 +1083,36 @@ class Log:
         if nscan.end < nscan.size and not self.readonly:
             self._truncate_tail(npath, nscan.end, nbuf)
         scans.append(nscan)
+        self._bound_lost_positions(d, scans)
         return scans, max_id
+
+    def _bound_lost_positions(self, d: str, scans: list[_FileScan]) -> None:
+        """Close the position ranges of skip reports with the neighbouring files of ``d``.
+
+        Positions increase with file ids within a directory: whatever a damaged
+        file held lies between the last position committed in the file before
+        it and the ``next_position`` recorded in the header of the file after it.
+        """
+        ends: list[tuple[int, int, int]] = []  # (file id, first position, end position)
+        for s in scans:
+            end = s.header.next_position
+            for r in s.records:
+                if r.op == fmt.COMMIT:
+                    fp, n, _ = fmt.decode_commit(r.payload)
+                    end = max(end, fp + n)
+            ends.append((s.file_id, s.header.next_position, end))
+        for rep in self.corruption:
+            if os.path.dirname(rep.path) != d or not (rep.open_start or rep.open_end):
+                continue
+            lo, hi = rep.lost_positions or (0, 0)
+            if rep.open_start:
+                before = [e for f, _, e in ends if f < rep.file_id]
+                lo = max(before) if before else 0
+            if rep.open_end:
+                after = [first for f, first, _ in ends if f > rep.file_id]
+                hi = min(after) if after else max(hi, lo)
+            rep.lost_positions = (lo, max(lo, hi))
+            rep.open_start = rep.open_end = False
 
     def _read_header(self, path: str, fid: int, buf: bytes, newest: bool) -> fmt.FileHeader | None:
         """Decode and check a data file header. ``None`` means: ignore this file."""
@@ -1097,7 +1132,11 @@ class Log:
                     self.fs.fsync_dir(os.path.dirname(path))
                 return None
             if self.config.on_corruption == "skip":
-                self._report_corruption(CorruptionReport(path, exc.offset, exc.reason, len(buf)))
+                self._report_corruption(
+                    CorruptionReport(
+                        path, exc.offset, exc.reason, len(buf), file_id=fid, open_start=True, open_end=True
+                    )
+                )
                 return None
             raise CorruptLogError(path, exc.offset, exc.reason) from exc
         assert isinstance(h, fmt.FileHeader)
