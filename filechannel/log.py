@@ -654,8 +654,10 @@ class _Writer:
         data = fmt.encode_file_header(header)
         path = self._path(file_id)
         fd = fs.create(path)
+        syncing = False
         try:
             fs.pwrite_all(fd, data, 0)
+            syncing = True
             fs.fdatasync(fd)
             fs.fsync_dir(self.path)
         except OSError as exc:
@@ -664,7 +666,10 @@ class _Writer:
                 fs.unlink(path)
             except OSError:
                 pass
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            # A write that ran out of space leaves nothing behind once the file is
+            # removed, and may be tried again. A failed fsync is never retried as if
+            # the data were safe: the log fails, whatever the errno.
+            if syncing or exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 log._fail(exc, f"creating {path} failed")
             raise
         log._fsyncs += 2
