@@ -255,9 +255,7 @@ class CheckpointStore:
         name = checkpoint_name(snap.woid)
         fs = self.fs
         for d in self.dirs():
-            if not fs.exists(d):
-                fs.makedirs(d)
-                fs.fsync_dir(os.path.dirname(os.path.abspath(d)))
+            self._ensure_dir(d)
             final = os.path.join(d, name)
             tmp = os.path.join(d, f".{name}.tmp-{time.time_ns()}")
             fd = fs.create(tmp)
@@ -277,13 +275,18 @@ class CheckpointStore:
         self.prune(keep=2)
         return len(data), len(self.dirs())
 
+    def _ensure_dir(self, d: str) -> None:
+        """Create a checkpoint directory and make its entry durable in its parent."""
+        if not self.fs.exists(d):
+            self.fs.makedirs(d)
+            self.fs.fsync_dir(os.path.dirname(os.path.abspath(d)))
+
     def note_open(self, info: dict[str, object]) -> None:
         """Record how the last open recovered (informational, not fsynced; ``stat`` shows it)."""
         fs = self.fs
         d = self.primary
         try:
-            if not fs.exists(d):
-                fs.makedirs(d)
+            self._ensure_dir(d)
             path = os.path.join(d, LAST_OPEN)
             tmp = f"{path}.tmp-{time.time_ns()}"
             fd = fs.create(tmp)
