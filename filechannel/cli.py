@@ -14,7 +14,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from . import format as fmt
 from ._fs import DEFAULT_FS
@@ -22,8 +22,8 @@ from ._version import __version__
 from .channel import CHECKPOINT_DIR, FileChannel, replay_queue
 from .checkpoint import CheckpointStore
 from .config import ChannelConfig
-from .errors import ChannelError
-from .log import LOCK_FILE, Log
+from .errors import ChannelError, NotAChannelError
+from .log import CHANNEL_FILE, LOCK_FILE, Log
 
 _EPILOG = "Exit status: 0 on success, 1 when verify finds problems, 2 on bad input or a channel error."
 
@@ -31,7 +31,16 @@ _EPILOG = "Exit status: 0 on success, 1 when verify finds problems, 2 on bad inp
 def _existing(path: str) -> str:
     if not os.path.isdir(path):
         raise ChannelError(f"{path}: no such channel directory")
+    if not os.path.exists(os.path.join(path, CHANNEL_FILE)):
+        raise NotAChannelError(path, "no CHANNEL file (create a channel with `filechannel put` or filechannel.open)")
     return path
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line, like every other error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def _body_text(body: bytes) -> str:
@@ -295,13 +304,13 @@ def _opts(args: argparse.Namespace) -> dict[str, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser (also used by the docs test)."""
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="filechannel",
         description="Inspect, verify and drive a filechannel directory.",
         epilog=_EPILOG,
     )
     p.add_argument("--version", action="version", version=f"filechannel {__version__}")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
     sp = sub.add_parser("put", help="put one event per stdin line, committed in batches", epilog=_EPILOG)
