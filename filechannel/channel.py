@@ -253,7 +253,7 @@ class Transaction:
             return
         if self._payloads:
             self._log.check_space(self._dir)
-        takes = _ranges(sorted(e[0] for e in self._taken))
+        takes = _ranges(sorted([e[0] for e in self._taken]))
         try:
             self._log.commit(self.txn_id, self._payloads, takes, self._on_written)
         except BaseException:
@@ -324,14 +324,48 @@ def _add_position(taken_from: dict[int, list[tuple[int, int]]], file_id: int, po
         lst.append((position, 1))
 
 
+def _add_run(taken_from: dict[int, list[tuple[int, int]]], file_id: int, first: int, count: int) -> None:
+    """Record that positions ``first .. first + count - 1`` (in ``file_id``) were taken, coalescing runs."""
+    lst = taken_from.get(file_id)
+    if lst is None:
+        taken_from[file_id] = [(first, count)]
+        return
+    a, c = lst[-1]
+    if a + c == first:
+        lst[-1] = (a, c + count)
+    else:
+        lst.append((first, count))
+
+
+def _file_runs(entries: list[Entry]) -> list[tuple[int, int, int]]:
+    """Group entries into ``(file_id, first_position, count)`` runs of consecutive positions in one file."""
+    out: list[tuple[int, int, int]] = []
+    f0 = first = end = -1
+    for p, f, _off, _size in entries:
+        if p == end and f == f0:
+            end += 1
+            continue
+        if end > first:
+            out.append((f0, first, end - first))
+        f0, first, end = f, p, p + 1
+    if end > first:
+        out.append((f0, first, end - first))
+    return out
+
+
 def _ranges(positions: list[int]) -> list[tuple[int, int]]:
     """Compress sorted positions into ``(first, count)`` runs."""
     out: list[tuple[int, int]] = []
+    first = end = -1
     for p in positions:
-        if out and out[-1][0] + out[-1][1] == p:
-            out[-1] = (out[-1][0], out[-1][1] + 1)
-        else:
-            out.append((p, 1))
+        if p == end:
+            end += 1
+            continue
+        if end > first:
+            out.append((first, end - first))
+        first, end = p, p + 1
+    if end > first:
+        out.append((first, end - first))
     return out
 
 
@@ -792,16 +826,15 @@ class FileChannel:
                 refs = self._refs
                 tset = self._take_targets.setdefault(fid, set())
                 tfrom = self._taken_from
-                for e in taken:
-                    f = e[1]
-                    c = refs[f] - 1
+                for f, first_taken, k in _file_runs(taken):  # one update per run, not per event
+                    c = refs[f] - k
                     if c:
                         refs[f] = c
                     else:
                         del refs[f]
                         freed = True
                     tset.add(f)
-                    _add_position(tfrom, f, e[0])
+                    _add_run(tfrom, f, first_taken, k)
                 self._inflight_takes -= len(taken)
                 self._counters["takes_committed"] += len(taken)
                 self._not_full.notify(len(taken))
