@@ -1,6 +1,6 @@
 """Resident memory of an open channel, measured in a fresh process.
 
-``python -m bench.memprobe DIR N`` opens the channel in DIR (holding N queued
+``python -m bench.memprobe DIR N [checkpoint|full]`` opens the channel in DIR (holding N queued
 events), and prints one JSON object: resident memory before and after the open,
 the peak, and the bytes per queued event.
 """
@@ -22,11 +22,12 @@ def _status(field: str) -> int:
 
 def main() -> None:
     path, n = sys.argv[1], int(sys.argv[2])
+    replay = sys.argv[3] if len(sys.argv) > 3 else "checkpoint"
     import filechannel
 
     gc.collect()
     before = _status("VmRSS")
-    ch = filechannel.open(path, capacity=4_000_000)
+    ch = filechannel.open(path, capacity=4_000_000, replay=replay)
     gc.collect()
     after = _status("VmRSS")
     peak = _status("VmHWM")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from typing import Any
+from typing import Any, ClassVar
 
 import filechannel
 
@@ -51,9 +51,11 @@ class System:
 class FileChannelSystem(System):
     threadsafe = True
     mode = "commit"
+    options: ClassVar[dict[str, Any]] = {}
 
     def open(self, **options: Any) -> None:
         opts: dict[str, Any] = {"fsync": self.mode, "capacity": 4_000_000, "transaction_capacity": 10_000}
+        opts.update(self.options)
         opts.update(options)
         self.ch = filechannel.open(self.path, **opts)
         self.tx: Any = None
@@ -80,6 +82,13 @@ class FileChannelCommit(FileChannelSystem):
     name = "filechannel-commit"
     fsync = "commit"
     mode = "commit"
+
+
+class FileChannelFullReplay(FileChannelCommit):
+    """Reopens by replaying every data file, ignoring checkpoints (for restart times)."""
+
+    name = "filechannel-commit replay=full"
+    options: ClassVar[dict[str, Any]] = {"replay": "full"}
 
 
 class FileChannelInterval(FileChannelSystem):
