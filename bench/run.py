@@ -587,6 +587,7 @@ def targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def plot(results: list[dict[str, Any]], path: str) -> bool:
+    """Throughput of 100-event puts against event size, and of 100 B puts against batch size."""
     try:
         import matplotlib
 
@@ -596,19 +597,24 @@ def plot(results: list[dict[str, Any]], path: str) -> bool:
         print("# matplotlib not installed: no plot", file=sys.stderr)
         return False
     med = {(r["workload"], r["event_size"], r["system"]): r["median"] for r in results}
-    systems = [s for s in dict.fromkeys(r["system"] for r in results) if not s.startswith("phys-seq")]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.6), dpi=80)
+    queues = ("filechannel-commit", "filechannel-interval", "sqlite-wal-full", "pq-sqlite-ack", "pq-file+fsync")
+    systems = [s for s in queues if any(r["system"] == s for r in results)]
+    systems += ["phys-append-batch+fdatasync", "phys-prealloc-batch+fdatasync"]
+    colors = dict(zip(systems, plt.get_cmap("tab10").colors, strict=False))
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 4.2), dpi=72)
     for s in systems:
+        style = {"color": colors[s], "marker": "o", "linestyle": "--" if s.startswith("phys") else "-"}
         xs = [z for z in (100, 4096) if ("put x100", z, s) in med]
-        if len(xs) > 1:
-            a1.plot(xs, [med[("put x100", z, s)] for z in xs], marker="o", label=s)
-        bs = [(b, w) for b, w in ((1, "put x1"), (10, "put x10"), (100, "put x100"), (1000, "put x1000"))]
-        pts = [(b, med[(w, 100, s)]) for b, w in bs if (w, 100, s) in med]
-        if len(pts) > 1:
-            a2.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=s)
+        if xs:
+            a1.plot(xs, [med[("put x100", z, s)] for z in xs], label=s, **style)
+        single = "phys-append+fdatasync" if s == "phys-append-batch+fdatasync" else s
+        pts = [(1, med[("put x1", 100, single)])] if ("put x1", 100, single) in med else []
+        pts += [(b, med[(f"put x{b}", 100, s)]) for b in (10, 100, 1000) if (f"put x{b}", 100, s) in med]
+        if pts:
+            a2.plot([x for x, _ in pts], [y for _, y in pts], **style)
     for ax, title, xl in (
-        (a1, "put x100: throughput vs event size", "event size (bytes)"),
-        (a2, "100 B puts: throughput vs batch size", "events per transaction"),
+        (a1, "transactions of 100 puts: events/s vs event size", "event size (bytes)"),
+        (a2, "100 B puts: events/s vs events per transaction", "events per transaction"),
     ):
         ax.set_xscale("log")
         ax.set_yscale("log")
@@ -617,11 +623,18 @@ def plot(results: list[dict[str, Any]], path: str) -> bool:
         ax.set_ylabel("events/s", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(True, which="both", alpha=0.3)
-    a2.legend(fontsize=6, loc="best")
-    fig.tight_layout()
+    fig.legend(loc="lower center", ncol=4, fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
     fig.savefig(path)
     plt.close(fig)
     return True
+
+
+def replot(jsonl: str, path: str) -> int:
+    """Redraw the plot from a results file (``--replot results-....jsonl``)."""
+    with open(jsonl) as f:
+        results = [r for r in map(json.loads, f) if "workload" in r]
+    return 0 if plot(results, path) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -633,7 +646,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data-dir", default=None, help="where channels are created (default: the temp dir)")
     ap.add_argument("--plot", default=None, help="also write the PNG here (e.g. docs/performance.png)")
     ap.add_argument("--only", default=None, help="comma-separated queue systems to run")
+    ap.add_argument("--replot", default=None, metavar="JSONL", help="only redraw --plot from a results file")
     args = ap.parse_args(argv)
+    if args.replot:
+        return replot(args.replot, args.plot or "throughput.png")
     q = args.quick
     n = args.n or (2000 if q else 100_000)
     params = Params(
