@@ -432,7 +432,7 @@ class _Writer:
         self.index = index
         self.path = path
         self.live = live  # file ids of this directory that are part of the channel
-        self.cond = threading.Condition(threading.Lock())
+        self.lock = threading.Lock()  # guards pending, leading, waiting and items' wake locks
         self.pending: list[_Item] = []
         self.leading = False
         self.io_lock = threading.Lock()
@@ -457,14 +457,14 @@ class _Writer:
         written (no thundering herd), or when it stops leading with the item
         still pending (then one of them leads).
         """
-        cond = self.cond
-        with cond:
+        lock = self.lock
+        with lock:
             self.log._check_writable()
             self.pending.append(item)
             if not item.durable and not item.on_written:
                 return  # rides along with the next write
         while True:
-            with cond:
+            with lock:
                 if item.done:
                     break
                 lead = not self.leading
@@ -478,17 +478,19 @@ class _Writer:
                 wake.acquire()
                 continue
             try:
-                self._lead()
-            finally:
-                with cond:
+                self._lead()  # returns having given up leadership
+            except BaseException:
+                with lock:
                     self.leading = False
                     for it in self.pending:
                         self._wake(it)
+                raise
+            break  # a leader writes until nothing is pending: its own item is done
         if item.error is not None:
             raise item.error
 
     def _wake(self, item: _Item) -> None:
-        """Release ``item``'s committer if it is blocked (the caller holds ``cond``)."""
+        """Release ``item``'s committer if it is blocked (the caller holds ``lock``)."""
         wake = item.wake
         if wake is not None:
             item.wake = None
@@ -496,7 +498,8 @@ class _Writer:
             wake.release()
 
     def _lead(self) -> None:
-        cond = self.cond
+        """Write pending items until none is left, then stop leading (under ``lock``)."""
+        lock = self.lock
         batch: list[_Item] = []
         while True:
             if self.waiting or len(batch) > 1:
@@ -504,9 +507,12 @@ class _Writer:
                 # waiting for the GIL) queue their transactions first. Bigger groups,
                 # fewer fdatasyncs: +30% commits/s with 16 threads on 2 cores.
                 time.sleep(0)
-            with cond:
+            with lock:
                 batch = self.pending
                 if not any(i.durable or i.on_written for i in batch):
+                    self.leading = False
+                    for it in batch:  # nothing waits for these, but stay safe
+                        self._wake(it)
                     return
                 self.pending = []
             try:
@@ -516,7 +522,7 @@ class _Writer:
                 for it in batch:
                     if it.error is None and not it.published:
                         it.error = exc
-            with cond:
+            with lock:
                 for it in batch:
                     it.done = True
                     self._wake(it)
@@ -1547,7 +1553,7 @@ class Log:
         err: BaseException | None = None
         if not self.readonly:
             for w in self._writers:
-                with w.cond:
+                with w.lock:
                     pending = w.pending
                     w.pending = []
                 if pending and self._failed is None:
