@@ -169,7 +169,7 @@ def test_eio_on_write_fails_the_channel(short: int | None) -> None:
     fs = SimFS()
     ch = open_ch(fs)
     put(ch, b"first")
-    size_before = len(fs.read(SEG1))
+    size_before = ch._log._writers[0].offset  # the end of the records (zero-filled space follows)
     inject(fs, "pwrite_all", 1, errno.EIO, short=short)
     with pytest.raises(OSError) as ei:
         put(ch, b"second" * 50)
@@ -190,7 +190,7 @@ def test_enospc_mid_batch_leaves_no_partial_record(short: int | None, err: int) 
     fs = SimFS()
     ch = open_ch(fs, max_file_size=64 * 1024)
     put(ch, b"first")
-    size_before = len(fs.read(SEG1))
+    size_before = ch._log._writers[0].offset  # the end of the records (zero-filled space follows)
     inject(fs, "pwrite_all", 1, err, short=short)
     with pytest.raises(OSError) as ei:
         put(ch, *(bytes([65 + i]) * 900 for i in range(5)))
@@ -314,11 +314,12 @@ def test_failure_during_recovery_then_retry(op: str) -> None:
     fs.inject("fdatasync", 1, errno.EIO)  # the next commit is written, never durable
     with pytest.raises(OSError):
         put(ch, b"torn" * 100)
+    end = ch._log._writers[0].offset  # the end of the unsynced batch (zero-filled space follows)
     ch.close()
     # The page cache still shows the unsynced batch; say it reached the disk
     # but for its last 20 bytes: a torn tail that recovery must cut.
     crashed = fs.crash(0, "drop")
-    crashed.write(SEG1, fs.read(SEG1)[:-20])
+    crashed.write(SEG1, fs.read(SEG1)[: end - 20])
     inject(crashed, op, 1, errno.EIO)
     try:
         got = reopen_state(crashed)
