@@ -104,6 +104,42 @@ class EventQueue:
                 self._maybe_compact()
         return out
 
+    def __contains__(self, position: object) -> bool:
+        """Return whether ``position`` is queued."""
+        if not isinstance(position, int):
+            return False
+        pos = self._pos
+        i = bisect_left(pos, position, self._head)
+        if i < len(pos) and pos[i] == position:
+            return True
+        return any(e[0] == position for e in self._returned)
+
+    def pop_range(self, start: int, count: int) -> list[Entry] | None:
+        """Pop the head if it is exactly positions ``start .. start+count-1``, else return None.
+
+        Replay's fast path: consumers take from the head, so most TAKE ranges
+        match the head of the queue being rebuilt.
+        """
+        if self._returned or count <= 0:
+            return None
+        h = self._head
+        pos = self._pos
+        last = h + count - 1
+        if last >= len(pos) or pos[h] != start or pos[last] != start + count - 1:
+            return None
+        return self.pop(count)
+
+    def drain_head(self, removed: set[int]) -> list[Entry]:
+        """Pop head entries whose positions are in ``removed`` (taking them out of the set)."""
+        out: list[Entry] = []
+        while removed:
+            p = self.first_position()
+            if p is None or p not in removed:
+                break
+            removed.discard(p)
+            out.extend(self.pop(1))
+        return out
+
     def push_back(self, entries: Iterable[Entry]) -> None:
         """Return rolled-back takes to the head, in position order."""
         for e in entries:
@@ -204,6 +240,19 @@ class EventQueue:
                 q._size = array("q", (size[i] for i in keep))
         else:
             q._pos, q._fid, q._off, q._size = pos, fid, off, size
+        return q
+
+    def without(self, removed: set[int], taken_from: dict[int, list[tuple[int, int]]]) -> EventQueue:
+        """Return a queue of these entries minus ``removed`` positions (noted in ``taken_from``)."""
+        head = self.first_position()
+        if head is None or not any(p >= head for p in removed):
+            return self
+        q = EventQueue()
+        for e in self:
+            if e[0] in removed:
+                _note(taken_from, e[1], e[0])
+            else:
+                q.append(*e)
         return q
 
     def entries_at(self, indices: Iterable[int]) -> list[Entry]:

@@ -892,7 +892,10 @@ def replay_queue(
     Raises:
         CorruptLogError: A COMMIT does not match the PUT records before it.
     """
-    entries: dict[int, tuple[int, int, int]] = {}
+    # Puts replayed here (after the checkpoint, if any) go straight into compact
+    # columns, in commit order; takes pop them from the head when they match it
+    # (consumers take from the head) and are otherwise noted in ``removed``.
+    tail = EventQueue()
     puts: dict[int, list[tuple[int, int, int]]] = {}
     takes: dict[int, tuple[int, list[tuple[int, int]]]] = {}
     targets: dict[int, set[int]] = {}
@@ -916,19 +919,23 @@ def replay_queue(
                 path = log.file_path(r.file_id)
                 raise CorruptLogError(path, r.offset, f"commit of {n} puts, but {len(ptrs)} put records precede it")
             for i, ptr in enumerate(ptrs):
-                entries[first + i] = ptr
+                tail.append(first + i, *ptr)
             tk = takes.pop(r.txn_id, None)
             if tk is not None:
                 tfile, ranges = tk
                 tset = targets.setdefault(tfile, set())
                 for start, count in ranges:
-                    for p in range(start, start + count):
-                        gone = entries.pop(p, None)
-                        if gone is not None:
-                            tset.add(gone[0])
-                            _add_position(taken_from, gone[0], p)
-                        elif base is not None:
-                            removed.add(p)
+                    got = tail.pop_range(start, count)
+                    if got is None:
+                        # A position not in the tail now never will be (its put came
+                        # first); without a checkpoint under the tail it can be dropped.
+                        removed.update(p for p in range(start, start + count) if base is not None or p in tail)
+                        got = tail.drain_head(removed)
+                    else:
+                        got += tail.drain_head(removed)
+                    for p, f, _o, _s in got:
+                        tset.add(f)
+                        _add_position(taken_from, f, p)
         elif op == fmt.ROLLBACK:
             puts.pop(r.txn_id, None)
             takes.pop(r.txn_id, None)
@@ -943,11 +950,10 @@ def replay_queue(
             fids, poss = base.file_ids, base.positions
             removed.update(poss[i] for i in range(len(poss)) if fids[i] in vanished)
         q = EventQueue.from_snapshot(base, removed, taken_from)
+        for e in tail.without(removed, taken_from):
+            q.append(*e)
     else:
-        q = EventQueue()
-    for p in sorted(entries):
-        f, o, s = entries[p]
-        q.append(p, f, o, s)
+        q = tail.without(removed, taken_from)
     return q, targets, taken_from
 
 
