@@ -69,7 +69,7 @@ def disk_bytes(d: str) -> int:
 
 def latency_during_checkpoint(d: str, seconds: float) -> dict[str, float]:
     """Commit latency of single-event put transactions, with and without a checkpoint running."""
-    ch = filechannel.open(d, minimum_required_space=0, checkpoint_interval=0)
+    ch = filechannel.open(d, minimum_required_space=0, checkpoint_interval=0, capacity=100_000_000)
     try:
 
         def commits(stop: threading.Event, out: list[float]) -> None:
@@ -123,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one repeat (CI smoke)")
     ap.add_argument("--latency-seconds", type=float, default=3.0)
+    ap.add_argument("--latency-only", action="store_true", help="only the commit latency during a checkpoint")
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     repeats = args.repeats
@@ -134,14 +135,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for n in sizes:
             dirs = {}
-            for kind in ("fresh", "history"):
+            for kind in ("fresh",) if args.latency_only else ("fresh", "history"):
                 d = os.path.join(root, f"{kind}-{n}")
                 t0 = time.perf_counter()
                 build(d, n, kind == "history")
                 dirs[kind] = d
                 print(f"# built {kind} {n} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
             times: dict[tuple[str, str], list[float]] = {}
-            for _ in range(repeats):
+            for _ in range(0 if args.latency_only else repeats):
                 for kind, d in dirs.items():
                     for replay in ("checkpoint", "full"):
                         took, size, source = time_open(d, replay)
