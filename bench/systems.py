@@ -64,10 +64,13 @@ class FileChannelSystem(System):
         self.ch.close()
 
     def put_batch(self, events: list[bytes]) -> None:
+        # The batch API, as SQLite's adapter uses executemany: one check and one
+        # capacity reservation per batch (Transaction.put per event is ~25 % slower).
         tx = self.ch.transaction()
-        put = tx.put
-        for e in events:
-            put(e)
+        if len(events) == 1:
+            tx.put(events[0])
+        else:
+            tx.put_many(events)
         tx.commit()
 
     def take_batch(self, n: int) -> list[bytes]:

@@ -184,6 +184,63 @@ class Transaction:
         self._bodies.append(body)
         self._headers.append(hdrs)
 
+    def put_many(
+        self, bodies: Iterable[bytes | bytearray | memoryview], headers: Mapping[str, str] | None = None
+    ) -> None:
+        """Add several events that share ``headers``: all of them, or none.
+
+        The same as calling :meth:`put` for each body, with the checks and the
+        capacity reservation done once for the batch (the fast way to put many
+        small events).
+
+        Args:
+            bodies: Event bodies (bytes-like).
+            headers: String keys and values given to every event.
+
+        Raises:
+            TypeError: A body is not bytes-like, or a header is not str.
+            ValueError: An event is larger than ``max_event_size``.
+            TransactionCapacityError: The transaction would hold more than ``transaction_capacity`` puts.
+            ChannelFullError: No room for all of them appeared within ``keep_alive`` seconds.
+            DiskSpaceError: Free space is under ``minimum_required_space``.
+            TransactionStateError: The transaction is no longer open.
+            ChannelClosedError: The channel is closed or has failed.
+        """
+        bl: list[bytes] = []
+        for b in bodies:
+            if type(b) is not bytes:
+                if isinstance(b, (bytearray, memoryview)):
+                    b = bytes(b)
+                else:
+                    what = "an Event: put Events one at a time with put()" if isinstance(b, Event) else type(b).__name__
+                    raise TypeError(f"event body must be bytes-like, got {what}")
+            bl.append(b)
+        hdrs = _check_headers(headers) if headers else _NO_HEADERS
+        payloads = [fmt.encode_event(b, hdrs) for b in bl] if hdrs else [fmt.EMPTY_HEADERS + b for b in bl]
+        ch = self._ch
+        cfg = ch.config
+        n = len(payloads)
+        big = max(map(len, payloads), default=0)
+        if big > cfg.max_event_size:
+            raise ValueError(f"event of {big} bytes (body and headers) exceeds max_event_size={cfg.max_event_size}")
+        if self.state is not OPEN:
+            self._advance("put")
+        if not n:
+            return
+        if len(self._payloads) + n > cfg.transaction_capacity:
+            raise TransactionCapacityError(
+                f"{len(self._payloads) + n} puts exceed transaction_capacity={cfg.transaction_capacity} in one "
+                "transaction; commit smaller batches or raise transaction_capacity"
+            )
+        if ch._closed or self._log._failed is not None:
+            ch._check_open()
+        if not self._payloads:
+            self._log.check_space(self._dir)
+        ch._reserve_put(n)
+        self._payloads += payloads
+        self._bodies += bl
+        self._headers += [hdrs] * n
+
     # -- takes ----------------------------------------------------------------------
 
     def take(self, timeout: float = 0.0) -> Event | None:
@@ -733,13 +790,13 @@ class FileChannel:
     def _count(self, name: str, n: int = 1) -> None:
         self._counters[name] += n
 
-    def _reserve_put(self) -> None:
+    def _reserve_put(self, n: int = 1) -> None:
         with self._lock:
-            self._counters["puts_attempted"] += 1
-            if len(self._queue) + self._inflight_puts + self._inflight_takes >= self.config.capacity:
+            self._counters["puts_attempted"] += n
+            if len(self._queue) + self._inflight_puts + self._inflight_takes + n > self.config.capacity:
                 cfg = self.config
                 deadline = time.monotonic() + cfg.keep_alive
-                while len(self._queue) + self._inflight_puts + self._inflight_takes >= cfg.capacity:
+                while len(self._queue) + self._inflight_puts + self._inflight_takes + n > cfg.capacity:
                     left = deadline - time.monotonic()
                     self._check_open()  # closed while waiting: say so, not "full"
                     if left <= 0:
@@ -750,7 +807,7 @@ class FileChannel:
                         )
                     self._not_full.wait(left)
                 self._check_open()
-            self._inflight_puts += 1
+            self._inflight_puts += n
 
     def _pop(self, tx: Transaction, n: int, timeout: float) -> tuple[list[Entry], list[_Cached | None]]:
         with self._lock:

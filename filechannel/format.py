@@ -79,7 +79,8 @@ _COMMIT: Final = struct.Struct("<QII")
 _RANGE: Final = struct.Struct("<QQ")
 _ROLLBACK: Final = struct.Struct("<II")
 _BATCH_END: Final = struct.Struct("<QIIQQ")
-_EMPTY_HEADERS: Final = b"\0\0\0\0"
+EMPTY_HEADERS: Final = b"\0\0\0\0"
+"""The PUT payload prefix of an event without headers (its body follows)."""
 
 
 class _Incomplete:
@@ -382,7 +383,7 @@ def encode_event(body: bytes, headers: Mapping[str, str] | None) -> bytes:
     Callers validate types first; this function assumes ``str`` keys and values.
     """
     if not headers:
-        return _EMPTY_HEADERS + body
+        return EMPTY_HEADERS + body
     parts = [_U32.pack(len(headers))]
     for k, v in headers.items():
         kb = k.encode("utf-8", "surrogatepass")

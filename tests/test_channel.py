@@ -859,3 +859,55 @@ def test_put_waiting_on_a_closing_channel_raises_closed(chan_dir: str) -> None:
     assert not t.is_alive()
     assert len(errors) == 1
     assert isinstance(errors[0], filechannel.ChannelClosedError), errors[0]
+
+
+# -- put_many --------------------------------------------------------------------------------------
+
+
+def test_put_many_is_put_in_a_loop(chan_dir: str) -> None:
+    with opn(chan_dir) as ch:
+        with ch.transaction() as tx:
+            tx.put(b"first")
+            tx.put_many([b"a", bytearray(b"b"), memoryview(b"c")], headers={"k": "v"})
+            tx.put_many([])
+            tx.put_many(iter([b"d"]))
+        evs = drain(ch)
+    assert [(e.position, e.body) for e in evs] == [(0, b"first"), (1, b"a"), (2, b"b"), (3, b"c"), (4, b"d")]
+    assert [dict(e.headers) for e in evs] == [{}, {"k": "v"}, {"k": "v"}, {"k": "v"}, {}]
+    with opn(chan_dir) as ch:  # and after a restart
+        assert ch.size == 0
+
+
+@pytest.mark.parametrize(
+    ("bodies", "headers", "exc"),
+    [
+        ([b"ok", "text"], None, TypeError),
+        ([b"ok", Event(b"e")], None, TypeError),
+        ([b"ok"], {"k": 1}, TypeError),
+        ([b"ok", b"x" * 5000], None, ValueError),
+    ],
+)
+def test_put_many_is_all_or_nothing(chan_dir: str, bodies: list[Any], headers: Any, exc: type) -> None:
+    with opn(chan_dir, max_event_size=4096) as ch:
+        tx = ch.transaction()
+        with pytest.raises(exc):
+            tx.put_many(bodies, headers=headers)
+        tx.put(b"after")
+        tx.commit()
+        assert [e.body for e in drain(ch)] == [b"after"]
+
+
+def test_put_many_capacity_checks(chan_dir: str) -> None:
+    with opn(chan_dir, capacity=10, transaction_capacity=5, keep_alive=0.05) as ch:
+        tx = ch.transaction()
+        tx.put_many([b"x"] * 4)
+        with pytest.raises(filechannel.TransactionCapacityError):
+            tx.put_many([b"y"] * 2)  # 6 > transaction_capacity, and nothing of it is added
+        tx.put(b"z")
+        tx.commit()
+        with ch.transaction() as t2:
+            t2.put_many([b"w"] * 5)
+        with pytest.raises(filechannel.ChannelFullError), ch.transaction() as t3:
+            t3.put_many([b"v"] * 2)  # 10 queued + 2 > capacity
+        assert ch.size == 10
+        assert ch.stats()["inflight_puts"] == 0
