@@ -76,7 +76,7 @@ def test_readme_quick_start_runs(tmp_path: Path) -> None:
     lines = out.getvalue().splitlines()
     assert lines[0] == "b'payload' {'source': 'web-1'} 0"
     size, fsyncs = lines[1].split()
-    assert int(size) == 1  # "x" is queued
+    assert int(size) == 4  # e1, e2, e3 and "x" are queued
     assert int(fsyncs) >= 3
 
 
