@@ -96,8 +96,7 @@ def cmd_put(args: argparse.Namespace) -> int:
 
 def _put_batch(ch: FileChannel, batch: list[bytes], headers: dict[str, str]) -> int:
     with ch.transaction() as tx:
-        for body in batch:
-            tx.put(body, headers=headers or None)
+        tx.put_many(batch, headers=headers or None)
     return len(batch)
 
 
