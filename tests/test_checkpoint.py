@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from helpers import contents, put
 
 import filechannel
 from filechannel import _fs
@@ -35,20 +36,6 @@ def crash(ch: filechannel.FileChannel) -> None:
     ch._closed = True
     ch._ckpt_stop.set()
     ch._log.close()
-
-
-def contents(ch: filechannel.FileChannel) -> list[tuple[int, bytes]]:
-    """The queue, read by taking everything and rolling back."""
-    tx = ch.transaction()
-    evs = tx.take_batch(100_000)
-    tx.rollback()
-    return [(e.position, e.body) for e in evs]
-
-
-def put(ch: filechannel.FileChannel, *bodies: bytes) -> None:
-    with ch.transaction() as tx:
-        for b in bodies:
-            tx.put(b)
 
 
 def take(ch: filechannel.FileChannel, n: int) -> list[bytes]:

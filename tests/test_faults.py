@@ -18,6 +18,7 @@ import errno
 from typing import Any
 
 import pytest
+from helpers import contents, put
 from simfs import SimFS
 
 import filechannel
@@ -33,17 +34,7 @@ def open_ch(fs: SimFS, **kw: Any) -> filechannel.FileChannel:
     return filechannel.open(DIR, fs=fs, **{**OPTS, **kw})
 
 
-def drain(ch: filechannel.FileChannel) -> list[tuple[int, bytes]]:
-    tx = ch.transaction()
-    evs = tx.take_batch(100_000)
-    tx.rollback()
-    return [(e.position, e.body) for e in evs]
-
-
-def put(ch: filechannel.FileChannel, *bodies: bytes) -> None:
-    with ch.transaction() as tx:
-        for b in bodies:
-            tx.put(b)
+drain = contents
 
 
 def reopen_state(fs: SimFS, **kw: Any) -> list[tuple[int, bytes]]:
