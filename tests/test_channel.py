@@ -911,3 +911,19 @@ def test_put_many_capacity_checks(chan_dir: str) -> None:
             t3.put_many([b"v"] * 2)  # 10 queued + 2 > capacity
         assert ch.size == 10
         assert ch.stats()["inflight_puts"] == 0
+
+
+def test_data_dirs_are_recorded_at_creation(tmp_path: Path) -> None:
+    d = tmp_path / "ch"
+    dirs = [str(tmp_path / "disk1"), str(tmp_path / "disk2")]
+    with opn(d, data_dirs=dirs) as ch:
+        put_all(ch, [b"%d" % i for i in range(20)], per_txn=2)
+    # Reopened without data_dirs: the recorded ones are used, nothing goes missing.
+    with opn(d) as ch:
+        assert [e.body for e in drain(ch)] == [b"%d" % i for i in range(20)]
+        put_all(ch, [b"more"])
+    with pytest.raises(filechannel.ConfigError, match="data_dirs"):
+        opn(d, data_dirs=[str(tmp_path / "elsewhere")])
+    with opn(d, data_dirs=dirs) as ch:  # the same list is fine
+        assert [e.body for e in drain(ch)] == [b"more"]
+    assert not (d / "data").exists()
