@@ -1610,6 +1610,9 @@ class Log:
                 with w.lock:
                     pending = w.pending
                     w.pending = []
+                if w.fd is None and all(it.kind == fmt.ROLLBACK for it in pending):
+                    # Rollback notes are informational: not worth a new data file.
+                    pending = []
                 if pending and self._failed is None:
                     try:
                         with w.io_lock:

@@ -927,3 +927,16 @@ def test_data_dirs_are_recorded_at_creation(tmp_path: Path) -> None:
     with opn(d, data_dirs=dirs) as ch:  # the same list is fine
         assert [e.body for e in drain(ch)] == [b"more"]
     assert not (d / "data").exists()
+
+
+def test_opens_that_only_roll_back_create_no_data_files(chan_dir: str) -> None:
+    with opn(chan_dir) as ch:
+        put_all(ch, [b"a"])
+    for _ in range(5):
+        with opn(chan_dir) as ch:
+            tx = ch.transaction()
+            assert tx.take() is not None
+            tx.rollback()
+    assert data_files(chan_dir) == ["seg-0000000000000001.wal"]
+    with opn(chan_dir) as ch:
+        assert [e.body for e in drain(ch)] == [b"a"]
