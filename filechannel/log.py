@@ -833,6 +833,7 @@ class Log:
         self.recovered_from: StoredCheckpoint | None = None
         self.checkpoint_fallbacks: list[str] = []
         self._retire_lock = threading.Lock()
+        self._woid_floor = 0
         self._file_end: dict[int, int] = {}
         self.config = config or ChannelConfig()
         self.fs: FS = fs or DEFAULT_FS
@@ -994,8 +995,13 @@ class Log:
 
     def _recover(self) -> None:
         store = self.checkpoints
+        found = store.list() if store is not None else []
+        # Write-order ids never go below a checkpoint on disk, even one that is not
+        # used (recovery may have cut records it covered, as damage): a checkpoint
+        # written from now on must sort after it, or pruning would keep the old one.
+        self._woid_floor = max((c.woid for c in found), default=0)
         if store is not None and self.config.replay == "checkpoint":
-            for c in store.list():
+            for c in found:
                 if c.path in self._skip_checkpoints:
                     continue
                 try:
@@ -1046,6 +1052,7 @@ class Log:
                         if fp + npt > max_next_pos:
                             max_next_pos = fp + npt
             scans.extend(dscans)
+        max_woid = max(max_woid, self._woid_floor)
         if snap is not None:
             max_next_pos = max(max_next_pos, snap.next_position)
             max_txn = max(max_txn, snap.next_txn_id - 1)
