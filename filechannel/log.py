@@ -544,10 +544,15 @@ class _Writer:
 
     # -- I/O (leader only) ------------------------------------------------------
 
-    def _write_batch_locked(self, batch: list[_Item]) -> None:
-        """Write ``batch`` (rolling files as needed); the caller holds ``io_lock``."""
+    def _write_batch_locked(self, batch: list[_Item], closing: bool = False) -> None:
+        """Write ``batch`` (rolling files as needed); the caller holds ``io_lock``.
+
+        ``closing``: the log's close writes what was still pending, past the
+        check that refuses new work once closing has begun.
+        """
         log = self.log
-        log._check_writable()
+        if not closing or log._failed is not None:
+            log._check_writable()
         limit = log.config.max_file_size
         chunk: list[_Item] = []
         size = 0
@@ -834,6 +839,7 @@ class Log:
         self.checkpoint_fallbacks: list[str] = []
         self._retire_lock = threading.Lock()
         self._woid_floor = 0
+        self._closing = False
         self._file_end: dict[int, int] = {}
         self.config = config or ChannelConfig()
         self.fs: FS = fs or DEFAULT_FS
@@ -1516,7 +1522,7 @@ class Log:
                 f"the channel failed and refuses writes: {self._failed_msg}: {self._failed}; "
                 "close and reopen it to recover from what is on disk"
             ) from self._failed
-        if self._closed:
+        if self._closed or self._closing:
             raise ChannelClosedError("the channel is closed")
         if self.readonly:
             raise ChannelClosedError("the log was opened read-only")
@@ -1612,20 +1618,29 @@ class Log:
         if self._syncer is not None:
             self._syncer.join()
         err: BaseException | None = None
+        # From here on new commits are refused; one being written finishes first.
+        self._closing = True
         if not self.readonly:
             for w in self._writers:
-                with w.lock:
-                    pending = w.pending
-                    w.pending = []
-                if w.fd is None and all(it.kind == fmt.ROLLBACK for it in pending):
-                    # Rollback notes are informational: not worth a new data file.
-                    pending = []
-                if pending and self._failed is None:
-                    try:
-                        with w.io_lock:
-                            w._write_batch_locked(pending)
-                    except OSError as exc:
-                        err = err or exc
+                with w.io_lock:
+                    with w.lock:
+                        pending = w.pending
+                        w.pending = []
+                    if w.fd is None and all(it.kind == fmt.ROLLBACK for it in pending):
+                        # Rollback notes are informational: not worth a new data file.
+                        pending = []
+                    if pending:
+                        try:
+                            w._write_batch_locked(pending, closing=True)
+                        except (OSError, ChannelClosedError) as exc:
+                            err = err or (exc if isinstance(exc, OSError) else None)
+                            for it in pending:
+                                if it.error is None and not it.published:
+                                    it.error = exc
+                with w.lock:  # release committers whose items close wrote (or failed)
+                    for it in pending:
+                        it.done = True
+                        w._wake(it)
                 try:
                     w.close()
                 except OSError as exc:

@@ -940,3 +940,34 @@ def test_opens_that_only_roll_back_create_no_data_files(chan_dir: str) -> None:
     assert data_files(chan_dir) == ["seg-0000000000000001.wal"]
     with opn(chan_dir) as ch:
         assert [e.body for e in drain(ch)] == [b"a"]
+
+
+def test_close_while_other_threads_commit_never_hangs(chan_dir: str) -> None:
+    ch = opn(chan_dir)
+    acked: list[bytes] = []
+    outcomes: list[str] = []
+
+    def producer(k: int) -> None:
+        i = 0
+        try:
+            while True:
+                body = b"%d-%d" % (k, i)
+                with ch.transaction() as tx:
+                    tx.put(body)
+                acked.append(body)
+                i += 1
+        except filechannel.ChannelClosedError:
+            outcomes.append("closed")
+
+    threads = [threading.Thread(target=producer, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)
+    ch.close()
+    for t in threads:
+        t.join(10)
+        assert not t.is_alive(), "a committer hung after close()"
+    assert outcomes == ["closed"] * 4
+    with opn(chan_dir) as ch2:
+        got = {e.body for e in drain(ch2)}
+    assert set(acked) <= got  # every acknowledged commit survived the close
