@@ -167,24 +167,12 @@ class EventQueue:
         h = self._head
         yield from zip(self._pos[h:], self._fid[h:], self._off[h:], self._size[h:], strict=True)
 
-    def positions(self) -> list[int]:
-        """Return the queued positions in order."""
-        return [e[0] for e in self]
-
     def first_position(self) -> int | None:
         """Return the position at the head, or None when empty."""
         if self._returned:
             return self._returned[0][0]
         if self._head < len(self._pos):
             return self._pos[self._head]
-        return None
-
-    def last_position(self) -> int | None:
-        """Return the position at the tail, or None when empty."""
-        if self._head < len(self._pos):
-            return self._pos[-1]
-        if self._returned:
-            return max(self._returned)[0]
         return None
 
     def file_counts(self) -> dict[int, int]:

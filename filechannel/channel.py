@@ -1043,9 +1043,3 @@ def open_channel(
 ) -> FileChannel:
     """Open (creating if needed) the channel in ``directory``; see :func:`filechannel.open`."""
     return FileChannel(directory, ChannelConfig.from_options(options), fs=fs, background=background)
-
-
-def iter_queue(ch: FileChannel) -> Iterable[Entry]:
-    """Return a snapshot of the queue's entries (for stat and tests)."""
-    with ch._lock:
-        return list(ch._queue)

@@ -1323,24 +1323,6 @@ class Log:
         else:
             yield from heapq.merge(*streams, key=lambda r: r.woid)
 
-    def iter_file_records(self, file_id: int) -> Iterator[tuple[fmt.Record, int]]:
-        """Yield ``(record, file_id)`` for every well-formed record of one file (for dump)."""
-        path = self._files[file_id][1]
-        buf = read_file(self.fs, path)
-        h = fmt.decode_file_header(buf)
-        if not isinstance(h, fmt.FileHeader):
-            return
-        pos = h.header_len
-        while pos < len(buf):
-            try:
-                rec = fmt.decode_record(buf, pos, self._seeds[file_id], self.crc_kind, self.max_payload)
-            except FormatError:
-                return
-            if not isinstance(rec, fmt.Record):
-                return
-            yield rec, file_id
-            pos = rec.end
-
     # -- the write path ---------------------------------------------------------
 
     def new_txn_id(self) -> int:
