@@ -41,6 +41,25 @@ def drain(ch: filechannel.FileChannel) -> list[Event]:
         out += evs
 
 
+def assert_close_wakes(ch: filechannel.FileChannel, wait: Any, errors: list[BaseException]) -> None:
+    """Run ``wait`` (a call that blocks) on a thread, close ``ch``: it must end with ChannelClosedError."""
+
+    def run() -> None:
+        try:
+            wait()
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    time.sleep(0.1)
+    ch.close()
+    t.join(5)
+    assert not t.is_alive()
+    assert len(errors) == 1
+    assert isinstance(errors[0], filechannel.ChannelClosedError), errors[0]
+
+
 def data_files(d: str | Path) -> list[str]:
     return sorted(n for n in os.listdir(os.path.join(d, "data")) if n.endswith(".wal"))
 
@@ -337,21 +356,7 @@ def test_closed_channel_refuses_work(chan_dir: str) -> None:
 def test_take_waiting_on_a_closing_channel_raises_closed(chan_dir: str) -> None:
     ch = opn(chan_dir)
     errors: list[BaseException] = []
-
-    def taker() -> None:
-        try:
-            ch.transaction().take(timeout=10)
-        except BaseException as exc:
-            errors.append(exc)
-
-    t = threading.Thread(target=taker)
-    t.start()
-    time.sleep(0.1)
-    ch.close()
-    t.join(5)
-    assert not t.is_alive()
-    assert len(errors) == 1
-    assert isinstance(errors[0], filechannel.ChannelClosedError)
+    assert_close_wakes(ch, lambda: ch.transaction().take(timeout=10), errors)
 
 
 def test_locked_in_the_same_process(chan_dir: str) -> None:
@@ -844,21 +849,7 @@ def test_put_waiting_on_a_closing_channel_raises_closed(chan_dir: str) -> None:
     ch = opn(chan_dir, capacity=1, transaction_capacity=1, keep_alive=10)
     put_all(ch, [b"full"])
     errors: list[BaseException] = []
-
-    def putter() -> None:
-        try:
-            ch.transaction().put(b"waits")
-        except BaseException as exc:
-            errors.append(exc)
-
-    t = threading.Thread(target=putter)
-    t.start()
-    time.sleep(0.1)
-    ch.close()
-    t.join(5)
-    assert not t.is_alive()
-    assert len(errors) == 1
-    assert isinstance(errors[0], filechannel.ChannelClosedError), errors[0]
+    assert_close_wakes(ch, lambda: ch.transaction().put(b"waits"), errors)
 
 
 # -- put_many --------------------------------------------------------------------------------------
