@@ -243,6 +243,15 @@ class EventQueue:
                 q.append(*e)
         return q
 
+    def positions_array(self) -> array[int]:
+        """Return every queued position (unordered when rolled-back takes are pending)."""
+        h = self._head
+        return array("q", [e[0] for e in self._returned]) + self._pos[h:]
+
+    def entries_in(self, file_ids: set[int]) -> list[Entry]:
+        """Return the entries that point into the given data files."""
+        return [e for e in self if e[1] in file_ids]
+
     def entries_at(self, indices: Iterable[int]) -> list[Entry]:
         """Return the entries at the given queue indices (0 is the head)."""
         allq = None

@@ -12,6 +12,7 @@ lock; code holding the channel lock never calls into ``Log``'s write path.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import threading
@@ -30,11 +31,13 @@ from .errors import (
     ChannelClosedError,
     ChannelFullError,
     CorruptLogError,
+    EventTooLargeError,
     FormatError,
+    InvalidEventError,
     TransactionCapacityError,
     TransactionStateError,
 )
-from .log import CommitResult, Log
+from .log import INF_WOID, CommitResult, CorruptionReport, Log, LogRecord, merge_ranges, ranges_of
 
 CHECKPOINT_DIR = "checkpoints"
 
@@ -111,6 +114,24 @@ def _check_headers(headers: object) -> Mapping[str, str]:
     return dict(headers)
 
 
+def _bad_header_text(headers: Mapping[str, str]) -> InvalidEventError:
+    """Return the error for headers that do not encode as strict UTF-8, naming the first bad one.
+
+    Only called after ``fmt.encode_event`` failed, so the common path pays nothing.
+    """
+    for k, v in headers.items():
+        for part, text in (("key", k), ("value", v)):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                return InvalidEventError(
+                    f"header {k!r}: its {part} is not valid UTF-8 text ({exc.reason} at index {exc.start}); "
+                    "header keys and values must be Unicode text without lone surrogates: decode bytes "
+                    "with errors='replace' (or base64), or carry them in the body"
+                )
+    return InvalidEventError("event headers are not valid UTF-8 text")  # pragma: no cover - encode failed above
+
+
 class Transaction:
     """One unit of puts and takes that commits or rolls back as a whole.
 
@@ -149,7 +170,8 @@ class Transaction:
 
         Raises:
             TypeError: The body is not bytes-like, or a header is not str.
-            ValueError: The event is larger than ``max_event_size``.
+            EventTooLargeError: The event is larger than ``max_event_size`` (a ``ValueError``).
+            InvalidEventError: A header key or value is not valid UTF-8 text (a ``ValueError``).
             TransactionCapacityError: More than ``transaction_capacity`` puts.
             ChannelFullError: The channel stayed full for ``keep_alive`` seconds.
             DiskSpaceError: Free space is under ``minimum_required_space``.
@@ -159,13 +181,14 @@ class Transaction:
         if type(body) is not bytes:
             body, headers = _coerce_event(body, headers)
         hdrs = _check_headers(headers) if headers else _NO_HEADERS
-        payload = fmt.encode_event(body, hdrs)
+        try:
+            payload = fmt.encode_event(body, hdrs)
+        except UnicodeEncodeError as exc:
+            raise _bad_header_text(hdrs) from exc
         ch = self._ch
         cfg = ch.config
         if len(payload) > cfg.max_event_size:
-            raise ValueError(
-                f"event of {len(payload)} bytes (body and headers) exceeds max_event_size={cfg.max_event_size}"
-            )
+            raise EventTooLargeError(len(payload), cfg.max_event_size)
         if self.state is not OPEN:
             self._advance("put")
         if len(self._payloads) >= cfg.transaction_capacity:
@@ -199,7 +222,8 @@ class Transaction:
 
         Raises:
             TypeError: A body is not bytes-like, or a header is not str.
-            ValueError: An event is larger than ``max_event_size``.
+            EventTooLargeError: An event is larger than ``max_event_size`` (a ``ValueError``).
+            InvalidEventError: A header key or value is not valid UTF-8 text (a ``ValueError``).
             TransactionCapacityError: The transaction would hold more than ``transaction_capacity`` puts.
             ChannelFullError: No room for all of them appeared within ``keep_alive`` seconds.
             DiskSpaceError: Free space is under ``minimum_required_space``.
@@ -216,13 +240,19 @@ class Transaction:
                     raise TypeError(f"event body must be bytes-like, got {what}")
             bl.append(b)
         hdrs = _check_headers(headers) if headers else _NO_HEADERS
-        payloads = [fmt.encode_event(b, hdrs) for b in bl] if hdrs else [fmt.EMPTY_HEADERS + b for b in bl]
+        if hdrs:
+            try:
+                payloads = [fmt.encode_event(b, hdrs) for b in bl]
+            except UnicodeEncodeError as exc:
+                raise _bad_header_text(hdrs) from exc
+        else:
+            payloads = [fmt.EMPTY_HEADERS + b for b in bl]
         ch = self._ch
         cfg = ch.config
         n = len(payloads)
         big = max(map(len, payloads), default=0)
         if big > cfg.max_event_size:
-            raise ValueError(f"event of {big} bytes (body and headers) exceeds max_event_size={cfg.max_event_size}")
+            raise EventTooLargeError(big, cfg.max_event_size)
         if self.state is not OPEN:
             self._advance("put")
         if not n:
@@ -286,7 +316,7 @@ class Transaction:
         # The entries join self._taken inside the channel lock (a checkpoint reads them);
         # if loading fails they stay with the transaction, and a rollback returns them.
         entries, cached = self._ch._pop(self, min(max_events, room), timeout)
-        return self._ch._load(entries, cached)
+        return self._ch._load(self, entries, cached)
 
     # -- ending -------------------------------------------------------------------------
 
@@ -496,6 +526,7 @@ class FileChannel:
                 "channel_full",
                 "cache_hits",
                 "disk_reads",
+                "damaged_events_dropped",
             ),
             0,
         )
@@ -530,31 +561,22 @@ class FileChannel:
     # -- recovery ---------------------------------------------------------------------
 
     def _recover(self) -> tuple[Log, EventQueue]:
-        """Open the log from the newest usable checkpoint and rebuild the queue."""
-        skip: list[str] = []
-        while True:
-            log = Log(self.directory, self.config, fs=self._fs, checkpoints=self._store, skip_checkpoints=skip)
-            try:
-                q, self._take_targets, self._taken_from = replay_queue(log, log.base_snapshot)
-                if log.recovered_from is not None:
-                    _spot_check(log, q)
-            except CorruptLogError as exc:
-                log.close()
-                if log.recovered_from is None:
-                    raise
-                skip.append(log.recovered_from.path)
-                logger.warning(
-                    "checkpoint %s does not match the data files (%s); trying an older one",
-                    log.recovered_from.path,
-                    exc,
-                )
-                continue
-            except BaseException:
-                log.close()
-                raise
-            break
+        """Open the log from the newest usable checkpoint and rebuild the queue.
+
+        A checkpoint that decodes is trusted: data that disagrees with it is
+        damaged data, handled by ``on_corruption`` like any other damage, never
+        a reason to fall back to an older view that knows less.
+        """
+        log = Log(self.directory, self.config, fs=self._fs, checkpoints=self._store)
+        try:
+            q, self._take_targets, self._taken_from = replay_queue(log, log.base_snapshot)
+            if log.recovered_from is not None and self.config.on_corruption != "skip":
+                _spot_check(log, q)
+        except BaseException:
+            log.close()
+            raise
         self._refs = q.file_counts()
-        self.checkpoint_fallbacks = [*log.checkpoint_fallbacks, *(f"{p}: does not match the data files" for p in skip)]
+        self.checkpoint_fallbacks = list(log.checkpoint_fallbacks)
         if log.recovered_from is None:
             self.recovery_source = "full"
         elif self.checkpoint_fallbacks:
@@ -601,12 +623,9 @@ class FileChannel:
             )
             out.update(self._ckpt_stats)
         out.update(self._log.stats())
-        out["lost_positions"] = [
-            list(r.lost_positions)
-            for r in self._log.corruption
-            if r.lost_positions and r.lost_positions[1] > r.lost_positions[0]
-        ]
-        out["corruption_report"] = [r.describe() for r in self._log.corruption]
+        reports = list(self._log.corruption)
+        out["lost_positions"] = [list(r) for r in merge_ranges([r for rep in reports for r in rep.lost_positions])]
+        out["corruption_report"] = [r.describe() for r in reports]
         return out
 
     def sync(self) -> None:
@@ -833,21 +852,61 @@ class FileChannel:
                 self._cache_bytes -= sum(len(c[0]) + _CACHE_OVERHEAD for c in cached if c is not None)
             return entries, cached
 
-    def _load(self, entries: list[Entry], cached: list[_Cached | None]) -> list[Event]:
+    def _load(self, tx: Transaction, entries: list[Entry], cached: list[_Cached | None]) -> list[Event]:
         out: list[Event] = []
-        read = self._log.read_payload
         hits = 0
+        damaged: list[tuple[Entry, CorruptLogError]] = []
         for i, e in enumerate(entries):
             c = cached[i] if cached else None
             if c is None:
-                body, headers = fmt.decode_event(read(e[1], e[2], e[3]))
+                try:
+                    body, headers = read_event(self._log, e)
+                except CorruptLogError as exc:
+                    damaged.append((e, exc))
+                    continue
                 out.append(Event(body, headers or _NO_HEADERS, e[0]))
             else:
                 hits += 1
                 out.append(_as_event(Event, c))
         self._counters["cache_hits"] += hits
         self._counters["disk_reads"] += len(entries) - hits
+        if damaged:
+            self._damaged_at_take(tx, entries, damaged)
         return out
+
+    def _damaged_at_take(
+        self, tx: Transaction, entries: list[Entry], damaged: list[tuple[Entry, CorruptLogError]]
+    ) -> None:
+        """Apply ``on_corruption`` to events whose records no longer verify when taken.
+
+        ``"fail"``: this take's events go back to the head and the error is raised.
+        ``"skip"``: the damaged events are dropped for good (a take-only commit, so a
+        restart never brings them back), reported, and the take returns the rest.
+
+        Raises:
+            CorruptLogError: ``on_corruption="fail"``.
+        """
+        bad = {e[0] for e, _ in damaged}
+        if self.config.on_corruption != "skip":
+            keep = {e[0] for e in entries}
+            mine = [e for e in tx._taken if e[0] in keep]
+            tx._taken = [e for e in tx._taken if e[0] not in keep]
+            with self._lock:
+                self._queue.push_back(mine)
+                self._inflight_takes -= len(mine)
+                self._not_empty.notify(len(mine))
+            raise damaged[0][1]
+        drop = Transaction(self)
+        drop._taken = [e for e in tx._taken if e[0] in bad]
+        tx._taken = [e for e in tx._taken if e[0] not in bad]
+        drop.commit()  # durable per the fsync policy; raises (and returns them to the queue) if it fails
+        for e, exc in damaged:
+            self._log._report_corruption(
+                CorruptionReport(
+                    exc.path, exc.offset, f"{exc.reason}; dropped when taken", 0, lost_positions=[(e[0], e[0] + 1)]
+                )
+            )
+        self._count("damaged_events_dropped", len(damaged))
 
     def _apply(self, tx: Transaction, res: CommitResult) -> bool:
         """Make a written commit take effect: publish its puts, drop its takes.
@@ -946,8 +1005,15 @@ def replay_queue(
     events in position order; for each data file, the files whose events its
     TAKE records removed; and for each data file, the positions taken from it.
 
+    Damage that recovery stepped over (``on_corruption="skip"``) is accounted
+    for here, exactly: the positions of PUT records lost from a salvaged
+    transaction, the positions no intact COMMIT claims around a damaged span,
+    and every event the newest checkpoint vouched for that is gone without
+    having been taken. Each lands in ``log.corruption`` as lost positions.
+
     Raises:
-        CorruptLogError: A COMMIT does not match the PUT records before it.
+        CorruptLogError: A COMMIT does not match the PUT records before it, or
+            (``on_corruption="fail"``) an event the newest checkpoint vouched for is gone.
     """
     # Puts replayed here (after the checkpoint, if any) go straight into compact
     # columns, in commit order; takes pop them from the head when they match it
@@ -958,6 +1024,8 @@ def replay_queue(
     targets: dict[int, set[int]] = {}
     taken_from: dict[int, list[tuple[int, int]]] = {f: list(r) for f, r in base.taken.items()} if base else {}
     removed: set[int] = set()
+    acct = _LossAccounting(log, base)
+    salvaged_woids: dict[tuple[int, int], int] = {}
     for r in log.replay():
         op = r.op
         if op == fmt.PUT:
@@ -967,19 +1035,37 @@ def replay_queue(
                 puts[r.txn_id] = [ptr]
             else:
                 lst.append(ptr)
+            if r.salvaged:
+                salvaged_woids[r.file_id, r.offset] = r.woid
         elif op == fmt.TAKE:
             takes[r.txn_id] = (r.file_id, fmt.decode_take(r.payload))
         elif op == fmt.COMMIT:
-            first, n, _nt = fmt.decode_commit(r.payload)
+            first, n, n_taken = fmt.decode_commit(r.payload)
             ptrs = puts.pop(r.txn_id, [])
-            if len(ptrs) != n:
+            if len(ptrs) == n:
+                for i, ptr in enumerate(ptrs):
+                    tail.append(first + i, *ptr)
+            elif r.salvaged:
+                # Some PUT records of this transaction were damaged: place the intact
+                # ones by write-order id (PUTs, then a TAKE if any, then the COMMIT).
+                first_woid = r.woid - n - (1 if n_taken else 0)
+                placed = set()
+                for ptr in ptrs:
+                    i = salvaged_woids.get((ptr[0], ptr[1]), -1) - first_woid
+                    if 0 <= i < n and i not in placed:
+                        placed.add(i)
+                        tail.append(first + i, *ptr)
+                acct.lost_puts(r, [first + i for i in range(n) if i not in placed], first_woid)
+            else:
                 path = log.file_path(r.file_id)
                 raise CorruptLogError(path, r.offset, f"commit of {n} puts, but {len(ptrs)} put records precede it")
-            for i, ptr in enumerate(ptrs):
-                tail.append(first + i, *ptr)
+            acct.commit(first, n, r.woid)
             tk = takes.pop(r.txn_id, None)
+            if tk is None and n_taken and r.salvaged:
+                acct.unreadable_takes(r, n_taken)
             if tk is not None:
                 tfile, ranges = tk
+                acct.taken(ranges, r.woid)
                 tset = targets.setdefault(tfile, set())
                 for start, count in ranges:
                     got = tail.pop_range(start, count)
@@ -998,20 +1084,185 @@ def replay_queue(
             takes.pop(r.txn_id, None)
     if base is not None:
         # A data file is retired only once no queued event points into it, so
-        # checkpoint entries in a file that is gone now were taken after the
-        # checkpoint (their TAKE record may have gone with a later file).
-        # Files set aside at open (a torn creation, say) were not retired: entries in
-        # them stay, and the spot check sends recovery to an older checkpoint.
-        vanished = set(base.file_ids) - set(log.file_ids()) - log.discarded
-        if vanished:
+        # checkpoint entries in a file known retired were taken after the
+        # checkpoint (their TAKE record may have gone with a later file). Entries in
+        # a file that is gone without a trace of retirement are lost, not taken.
+        gone = log.retired_files | log.missing_files
+        if gone:
             fids, poss = base.file_ids, base.positions
-            removed.update(poss[i] for i in range(len(poss)) if fids[i] in vanished)
+            for i in range(len(poss)):
+                if fids[i] in gone:
+                    removed.add(poss[i])
+                    if fids[i] in log.missing_files:
+                        acct.vouched_lost(poss[i], fids[i])
         q = EventQueue.from_snapshot(base, removed, taken_from)
         for e in tail.without(removed, taken_from):
             q.append(*e)
     else:
         q = tail.without(removed, taken_from)
+    q = acct.finish(q)
     return q, targets, taken_from
+
+
+class _LossAccounting:
+    """Turns damage that replay stepped over into exact lost positions (see :func:`replay_queue`)."""
+
+    def __init__(self, log: Log, base: Snapshot | None) -> None:
+        self.log = log
+        self.base = base
+        self.damaged = [r for r in log.corruption if r.woid_span is not None]
+        self.prev_end = log.position_floor
+        self.prev_woid = base.woid if base is not None else 0
+        self.holes: list[tuple[int, int, int, int]] = []  # (first, end, woid before, woid after)
+        self.taken_ranges: list[tuple[int, int]] = []
+        self.vouched_gone: dict[int, list[int]] = {}  # file id -> positions
+
+    def commit(self, first: int, n: int, woid: int) -> None:
+        if not self.damaged:
+            return
+        if first > self.prev_end:
+            self.holes.append((self.prev_end, first, self.prev_woid, woid))
+        self.prev_end = max(self.prev_end, first + n)
+        self.prev_woid = woid
+
+    def taken(self, ranges: list[tuple[int, int]], woid: int) -> None:
+        v = self.log.voucher
+        if self.damaged or (v is not None and woid > v.woid):
+            self.taken_ranges += [(a, a + c) for a, c in ranges]
+
+    def lost_puts(self, commit: LogRecord, positions: list[int], first_woid: int) -> None:
+        if not positions:
+            return
+        for rep in self.damaged:
+            a, b = rep.woid_span or (0, 0)
+            if a < first_woid + len(positions) and first_woid <= b and rep.file_id == commit.file_id:
+                rep.lost_positions += ranges_of(positions)
+                return
+        self.log._report_corruption(
+            CorruptionReport(
+                self.log.file_path(commit.file_id),
+                commit.offset,
+                f"PUT records of transaction {commit.txn_id} are damaged",
+                0,
+                lost_positions=ranges_of(positions),
+                file_id=commit.file_id,
+            )
+        )
+
+    def unreadable_takes(self, commit: LogRecord, n_taken: int) -> None:
+        self.log._report_corruption(
+            CorruptionReport(
+                self.log.file_path(commit.file_id),
+                commit.offset,
+                f"the TAKE record of transaction {commit.txn_id} is damaged: {n_taken} taken events may be "
+                "delivered again",
+                0,
+                file_id=commit.file_id,
+            )
+        )
+
+    def vouched_lost(self, position: int, file_id: int) -> None:
+        self.vouched_gone.setdefault(file_id, []).append(position)
+
+    def finish(self, q: EventQueue) -> EventQueue:
+        """Attribute holes to damage, drop entries that point at damaged bytes, check the voucher."""
+        log = self.log
+        taken = merge_ranges(self.taken_ranges)
+        if self.damaged:
+            if log.next_position > self.prev_end:
+                self.holes.append((self.prev_end, log.next_position, self.prev_woid, INF_WOID))
+            for first, end, w0, w1 in self.holes:
+                for rep in self.damaged:
+                    a, b = rep.woid_span or (0, 0)
+                    if max(a, w0) + 2 <= min(b, w1):
+                        rep.lost_positions += _subtract([(first, end)], taken)
+                        break
+        q = self._drop_unreadable(q)
+        v = log.voucher
+        if v is not None and (self.base is None or self.base is not v):
+            # A full replay (or one from an older checkpoint) must hold everything
+            # the newest checkpoint vouched for, unless it was taken after it or lived
+            # in a file known retired.
+            have = set(q.positions_array())
+            retired = log.retired_files
+            for i in range(len(v.positions)):
+                p = v.positions[i]
+                if p not in have and v.file_ids[i] not in retired and not _in_ranges(p, taken):
+                    self.vouched_gone.setdefault(v.file_ids[i], []).append(p)
+        if self.vouched_gone:
+            self._report_vouched()
+        for rep in log.corruption:
+            rep.lost_positions = merge_ranges(rep.lost_positions)
+        return q
+
+    def _drop_unreadable(self, q: EventQueue) -> EventQueue:
+        """Remove queue entries that point past a file's end or into bytes recovery dropped."""
+        log = self.log
+        bad: dict[int, list[tuple[int, int]]] = {}
+        for rep in log.corruption:
+            if rep.lost_bytes and rep.file_id in log.file_sizes:
+                bad.setdefault(rep.file_id, []).append((rep.offset, rep.offset + rep.lost_bytes))
+        if not bad:
+            return q
+        drop: set[int] = set()
+        for pos, f, off, size in q.entries_in(set(bad)):
+            end = off + size
+            if end > log.file_sizes[f] or any(off < b and a < end for a, b in bad[f]):
+                drop.add(pos)
+                self.vouched_gone.setdefault(f, []).append(pos)
+        return q.without(drop, {}) if drop else q
+
+    def _report_vouched(self) -> None:
+        log = self.log
+        already = merge_ranges([r for rep in log.corruption for r in rep.lost_positions])
+        for fid, positions in sorted(self.vouched_gone.items()):
+            lost = _subtract(ranges_of(positions), already)
+            if not lost:
+                continue
+            path = log.file_path(fid) if fid in log.file_sizes else f"data file {fid}"
+            reason = (
+                f"{sum(b - a for a, b in lost)} events the newest checkpoint ({log.voucher_path}) "
+                "vouched for are missing or damaged"
+            )
+            if log.config.on_corruption != "skip":
+                raise CorruptLogError(path, 0, reason)
+            log._report_corruption(CorruptionReport(path, 0, reason, 0, lost_positions=lost, file_id=fid))
+
+
+def _subtract(ranges: list[tuple[int, int]], minus: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Half-open ``ranges`` without the (sorted, merged) ranges ``minus``."""
+    out: list[tuple[int, int]] = []
+    for a, b in ranges:
+        for c, d in minus:
+            if d <= a or c >= b:
+                continue
+            if c > a:
+                out.append((a, c))
+            a = max(a, d)
+            if a >= b:
+                break
+        if a < b:
+            out.append((a, b))
+    return out
+
+
+def _in_ranges(p: int, ranges: list[tuple[int, int]]) -> bool:
+    i = bisect.bisect_right(ranges, (p, INF_WOID)) - 1
+    return i >= 0 and ranges[i][0] <= p < ranges[i][1]
+
+
+def read_event(log: Log, entry: Entry) -> tuple[bytes, dict[str, str]]:
+    """Read and decode the event a queue entry points at.
+
+    Raises:
+        CorruptLogError: Its record no longer verifies, or its payload does not decode.
+    """
+    _pos, f, off, size = entry
+    payload = log.read_payload(f, off, size)
+    try:
+        return fmt.decode_event(payload)
+    except FormatError as exc:
+        raise CorruptLogError(log.file_path(f), off, f"queued event does not decode: {exc.reason}") from exc
 
 
 def _spot_check(log: Log, q: EventQueue) -> None:

@@ -41,8 +41,10 @@ class ChannelConfig:
         capacity: Most events the channel holds: queued plus put in open transactions.
         transaction_capacity: Most puts, and most takes, in one transaction.
         max_file_size: Size at which a data file is closed and a new one started.
-        max_event_size: Largest event (body plus encoded headers) a put accepts;
-            0 (the default) means 8 MiB, or less when ``max_file_size`` is small.
+        max_event_size: Largest event (body plus encoded headers) a put accepts, a
+            positive int. ``None`` (the default) means 8 MiB, or ``max_file_size``
+            minus 1 KiB when that is smaller; after construction it is always the
+            int in force. 0 and negative values are refused.
         fsync: ``"commit"`` (durable when commit returns) or ``"interval"``.
         fsync_interval: Seconds between background fsyncs when ``fsync="interval"``.
         keep_alive: Seconds a put waits for room in a full channel.
@@ -62,7 +64,8 @@ class ChannelConfig:
     capacity: int = 1_000_000
     transaction_capacity: int = 10_000
     max_file_size: int = 64 * MiB
-    max_event_size: int = 0
+    # None is resolved to an int in __post_init__; readers always see the int in force.
+    max_event_size: int = None  # type: ignore[assignment]
     fsync: str = "commit"
     fsync_interval: float = 5.0
     keep_alive: float = 3.0
@@ -76,11 +79,17 @@ class ChannelConfig:
 
     def __post_init__(self) -> None:
         """Check every option; raise ConfigError for the first bad one."""
-        if self.max_event_size == 0 and _is_int(self.max_file_size) and self.max_file_size >= MIN_FILE_SIZE:
+        if self.max_event_size is None and _is_int(self.max_file_size) and self.max_file_size >= MIN_FILE_SIZE:
             object.__setattr__(self, "max_event_size", min(DEFAULT_MAX_EVENT_SIZE, self.max_file_size - 1024))
         # Before max_event_size, whose default derives from it: blame the option that was set.
         if _is_int(self.max_file_size) and 0 < self.max_file_size < MIN_FILE_SIZE:
             raise ConfigError("max_file_size", f"must be at least {MIN_FILE_SIZE}, got {self.max_file_size}")
+        if _is_int(self.max_event_size) and self.max_event_size <= 0:
+            # 0 once meant "the default"; now it would be a limit no event meets.
+            raise ConfigError(
+                "max_event_size",
+                f"must be a positive number of bytes, got {self.max_event_size}; leave it out for the default (8 MiB)",
+            )
         for name in ("capacity", "transaction_capacity", "max_file_size", "max_event_size"):
             v = getattr(self, name)
             if not _is_int(v) or v <= 0:

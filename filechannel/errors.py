@@ -46,6 +46,25 @@ class TransactionCapacityError(ChannelError):
     """A transaction holds more than ``transaction_capacity`` puts or takes."""
 
 
+class InvalidEventError(ChannelError, ValueError):
+    """An event that cannot be stored, e.g. a header that is not valid UTF-8 text.
+
+    Nothing of the event is written; the transaction stays open and usable.
+    """
+
+
+class EventTooLargeError(InvalidEventError):
+    """An event (body plus encoded headers) is larger than ``max_event_size``."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        self.size = size
+        self.limit = limit
+        super().__init__(
+            f"event of {size} bytes (body and headers) exceeds max_event_size={limit}; "
+            "put a smaller event or open the channel with a larger max_event_size="
+        )
+
+
 class TransactionStateError(ChannelError, RuntimeError):
     """A transaction was used after it committed, rolled back or failed."""
 
@@ -78,14 +97,15 @@ class FormatError(ChannelError, ValueError):
 class CorruptLogError(ChannelError):
     """Acknowledged data on disk is damaged, missing or not from this channel."""
 
-    def __init__(self, path: str, offset: int, reason: str) -> None:
+    def __init__(self, path: str, offset: int, reason: str, hint: str | None = None) -> None:
         self.path = path
         self.offset = offset
         self.reason = reason
-        super().__init__(
-            f"{path} at byte {offset}: {reason} (run `filechannel verify` for a full "
-            'report; open with on_corruption="skip" to recover what is intact)'
+        self.hint = hint or (
+            "run `filechannel verify DIR` for a full report; open with on_corruption='skip' to drop "
+            "exactly what is damaged (each lost position is reported) and keep the rest"
         )
+        super().__init__(f"{path} at byte {offset}: {reason} ({self.hint})")
 
 
 class NotAChannelError(ChannelError):

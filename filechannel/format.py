@@ -381,13 +381,19 @@ def encode_event(body: bytes, headers: Mapping[str, str] | None) -> bytes:
     """Encode an event (headers, then body) as a PUT payload.
 
     Callers validate types first; this function assumes ``str`` keys and values.
+    Header text is encoded as strict UTF-8, so every stored header is valid
+    UTF-8 for any reader (Arrow and Spark refuse anything else).
+
+    Raises:
+        UnicodeEncodeError: a header key or value is not valid text, e.g. holds a
+            lone surrogate such as U+D800 (the caller names the header).
     """
     if not headers:
         return EMPTY_HEADERS + body
     parts = [_U32.pack(len(headers))]
     for k, v in headers.items():
-        kb = k.encode("utf-8", "surrogatepass")
-        vb = v.encode("utf-8", "surrogatepass")
+        kb = k.encode("utf-8")
+        vb = v.encode("utf-8")
         parts += (_KV_LEN.pack(len(kb), len(vb)), kb, vb)
     parts.append(body)
     return b"".join(parts)
@@ -417,6 +423,8 @@ def decode_event(payload: bytes) -> tuple[bytes, dict[str, str]]:
         if pos + kl + vl > n:
             raise FormatError(pos, "event header runs past the payload")
         try:
+            # surrogatepass: records written before header text became strict UTF-8
+            # may hold encoded lone surrogates; they must still decode (as before).
             k = payload[pos : pos + kl].decode("utf-8", "surrogatepass")
             v = payload[pos + kl : pos + kl + vl].decode("utf-8", "surrogatepass")
         except UnicodeDecodeError as exc:

@@ -66,6 +66,10 @@ _CHANNEL_MAGIC = b"FCCHANNL"
 _CHANNEL_FMT = struct.Struct("<8sHH16sQ")
 _U32 = struct.Struct("<I")
 _BATCH_END_SIZE = fmt.record_size(32)
+_MISSING_HINT = (
+    "restore the file or mount its disk; to accept the loss, open with on_corruption='skip' "
+    "(every lost position is reported)"
+)
 _SPACE_REFRESH_S = 1.0
 # Data files are zero-filled this far ahead of the last write, so that most
 # fdatasyncs find no size change to journal (PostgreSQL's wal_init_zero idea):
@@ -123,6 +127,8 @@ class LogRecord:
 
     ``payload`` is empty for PUT records (read them with :meth:`Log.read_payload`);
     ``size`` is the whole frame, so ``(file_id, offset, size)`` is a pointer.
+    ``salvaged``: the record verifies on its own, but its batch does not (it
+    was recovered one record at a time from damaged, acknowledged data).
     """
 
     op: int
@@ -132,33 +138,69 @@ class LogRecord:
     offset: int
     size: int
     payload: bytes
+    salvaged: bool = False
+
+
+INF_WOID = 1 << 64
+"""An upper bound above every write-order id (an open end of a damaged span)."""
 
 
 @dataclass
 class CorruptionReport:
-    """What ``on_corruption="skip"`` dropped while opening (also in ``stats()``)."""
+    """Damage that ``on_corruption="skip"`` stepped over (also in ``stats()``).
+
+    ``woid_span`` is ``(a, b)``: the write-order ids of the last record known
+    intact before the damage and of the first after it (``INF_WOID`` when
+    nothing follows). Replay turns it into ``lost_positions``: the positions
+    that no intact COMMIT inside that span claims. ``lost_positions`` is a
+    list of half-open ``(first, end)`` ranges.
+    """
 
     path: str
     offset: int
     reason: str
     lost_bytes: int
-    lost_woids: tuple[int, int] | None = None
-    lost_positions: tuple[int, int] | None = None
+    woid_span: tuple[int, int] | None = None
+    lost_positions: list[tuple[int, int]] = field(default_factory=list)
     file_id: int = 0
-    # Bounds of lost_positions not known inside the damaged file; the files around
-    # it supply them once the whole directory is read.
-    open_start: bool = False
-    open_end: bool = False
 
     def describe(self) -> str:
-        """One line for the log."""
-        s = f"{self.path} at byte {self.offset}: {self.reason}; skipped {self.lost_bytes} bytes"
-        if self.lost_positions and self.lost_positions[1] > self.lost_positions[0]:
-            a, b = self.lost_positions
-            s += f", lost positions {a}..{b - 1} ({b - a} events)"
-        if self.lost_woids:
-            s += f", write-order ids {self.lost_woids[0]}..{self.lost_woids[1]}"
+        """One line for the log, ``verify`` and ``stats()``."""
+        s = f"{self.path} at byte {self.offset}: {self.reason}"
+        if self.lost_bytes:
+            s += f"; skipped {self.lost_bytes} bytes"
+        n = sum(b - a for a, b in self.lost_positions)
+        if n:
+            s += f", lost positions {format_ranges(self.lost_positions)} ({n} events)"
         return s
+
+
+def format_ranges(ranges: Sequence[tuple[int, int]]) -> str:
+    """Format half-open position ranges as ``"3, 7..9"`` (inclusive, as people read them)."""
+    return ", ".join(str(a) if b - a == 1 else f"{a}..{b - 1}" for a, b in ranges if b > a)
+
+
+def merge_ranges(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sort and merge overlapping or touching half-open ranges."""
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(r for r in ranges if r[1] > r[0]):
+        if out and a <= out[-1][1]:
+            if b > out[-1][1]:
+                out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
+
+
+def ranges_of(positions: Sequence[int]) -> list[tuple[int, int]]:
+    """Turn positions into sorted, merged half-open ranges."""
+    out: list[tuple[int, int]] = []
+    for p in sorted(set(positions)):
+        if out and out[-1][1] == p:
+            out[-1] = (out[-1][0], p + 1)
+        else:
+            out.append((p, p + 1))
+    return out
 
 
 @dataclass
@@ -170,6 +212,7 @@ class _FileScan:
     end: int  # offset after the last verified batch
     size: int  # file size on disk
     last_woid: int
+    header_damaged: bool = False
 
 
 @dataclass
@@ -227,7 +270,15 @@ def _find_verified_batch_end(
 
 
 class _Scanner:
-    """Walks one data file's records and classifies damage (policy lives here)."""
+    """Walks one data file's records and classifies damage (policy lives here).
+
+    Only records inside a verified batch count, with two exceptions where the
+    channel knows the bytes were acknowledged: a region followed by a verified
+    batch, and a region below ``vouched`` (the length a checkpoint recorded).
+    Damage there is corruption; with ``on_corruption="skip"`` each record that
+    still verifies on its own is salvaged and only what cannot be framed is
+    dropped. Damage elsewhere in the newest file is a torn tail.
+    """
 
     def __init__(self, log: Log, path: str, file_id: int, buf: bytes, header: fmt.FileHeader) -> None:
         self.log = log
@@ -239,11 +290,15 @@ class _Scanner:
         self.seed = fmt.file_seed(self.kind, log.channel_id, file_id)
         self.max_payload = log.max_payload
 
-    def scan(self, newest: bool, prev_woid: int, start: int | None = None, floor: int = 0) -> _FileScan:
+    def scan(
+        self, newest: bool, prev_woid: int, start: int | None = None, floor: int = 0, vouched: int = 0
+    ) -> _FileScan:
         """Walk the file's records from ``start`` (default: after the header).
 
         ``prev_woid`` is the last write-order id of the previous file; ``floor``
-        is one that every record read must exceed (a checkpoint's, when resuming).
+        is one that every record read must exceed (a checkpoint's, when resuming);
+        ``vouched`` is the length a checkpoint recorded for this file: bytes
+        below it were durable and acknowledged, so losing them is never a torn tail.
         """
         buf, seed, kind = self.buf, self.seed, self.kind
         records: list[LogRecord] = []
@@ -255,6 +310,8 @@ class _Scanner:
         batch_last_woid = max(last_woid, floor)
         n = len(buf)
         fid = self.file_id
+        if vouched > n:
+            self._truncated(n, vouched, last_woid)
         while True:
             if pos >= n and not pending:
                 break
@@ -282,6 +339,8 @@ class _Scanner:
                             bad_reason = "BATCH_END does not cover the preceding batch"
                         elif fmt.crc(kind, buf[g:pos], seed) != be.batch_crc:
                             bad_reason = "batch checksum mismatch"
+                        elif not pending or be.first_woid != pending[0].woid or be.last_woid != pending[-1].woid:
+                            bad_reason = "BATCH_END's write-order ids do not match its batch"
                         else:
                             records.extend(pending)
                             pending = []
@@ -297,87 +356,128 @@ class _Scanner:
                     continue
             # Damage (or an unterminated batch) at ``pos``; the verified prefix ends at ``g``.
             assert bad_reason is not None
-            resumed = self._handle_damage(newest, g, pos, bad_reason, records, last_woid)
+            resumed = self._handle_damage(newest, g, pos, bad_reason, records, max(last_woid, floor), vouched)
             if resumed is None:
                 break
             g = pos = resumed
             pending = []
+            if records:
+                last_woid = max(last_woid, records[-1].woid)
             batch_last_woid = max(last_woid, floor)
         return _FileScan(fid, self.path, self.header, records, g, n, last_woid)
 
+    def _truncated(self, size: int, vouched: int, last_woid: int) -> None:
+        """The file is shorter than a checkpoint recorded: acknowledged bytes are gone."""
+        reason = f"data file is {vouched - size} bytes shorter than the checkpoint recorded ({vouched} bytes)"
+        log = self.log
+        if log.config.on_corruption != "skip":
+            raise CorruptLogError(self.path, size, reason)
+        log._report_corruption(
+            CorruptionReport(self.path, size, reason, vouched - size, (last_woid, INF_WOID), file_id=self.file_id)
+        )
+
     def _handle_damage(
-        self, newest: bool, g: int, x: int, reason: str, records: list[LogRecord], last_woid: int
+        self, newest: bool, g: int, x: int, reason: str, records: list[LogRecord], last_woid: int, vouched: int
     ) -> int | None:
         """Decide what damage at ``x`` means. Return the offset to resume at, or None to stop."""
         log = self.log
-        if newest and _all_zero(self.buf, g):
+        buf = self.buf
+        n = len(buf)
+        if newest and g >= vouched and _all_zero(buf, g):
             return None  # the zero-filled space ahead of the writer: a clean end
-        after = _find_verified_batch_end(self.buf, x, self.seed, self.kind, self.max_payload)
-        if after is None or after[1].batch_start < g:
-            if newest:
+        after = _find_verified_batch_end(buf, x, self.seed, self.kind, self.max_payload)
+        if after is not None and after[1].batch_start < g:
+            after = None
+        if newest and g >= vouched:
+            if after is None:
                 # A torn, unacknowledged tail: nothing verified follows it.
-                log._note_torn_tail(self.path, g, len(self.buf), reason)
+                log._note_torn_tail(self.path, g, n, reason)
                 return None
-            if g == len(self.buf):  # pragma: no cover - loop exits before
+            if log.config.fsync == "interval":
+                # With interval fsync, writeback may persist a later write before an
+                # earlier one; the recovered state must stay a prefix of the commit
+                # order, so everything from the damage on is dropped.
+                logger.error(
+                    "%s: %s at byte %d followed by intact writes; fsync='interval' keeps a prefix, "
+                    "dropping %d bytes from byte %d",
+                    self.path,
+                    reason,
+                    x,
+                    n - g,
+                    g,
+                )
+                log._note_torn_tail(self.path, g, n, reason)
                 return None
+        if after is not None:
+            stop = after[1].batch_start
+            problem = f"{reason}, and acknowledged records follow it"
+        elif newest:
+            stop = min(vouched, n)
+            problem = f"{reason} in data a checkpoint recorded as written"
+        else:
+            stop = n
             problem = f"{reason} in a sealed data file"
-            if log.config.on_corruption != "skip":
-                raise CorruptLogError(self.path, x, problem)
-            log._report_corruption(self._report(g, len(self.buf), problem, records, None))
-            return None
-        resume, _be = after[1].batch_start, after[1]
-        if newest and log.config.fsync == "interval":
-            # With interval fsync, writeback may persist a later write before an
-            # earlier one; the recovered state must stay a prefix of the commit
-            # order, so everything from the damage on is dropped.
-            logger.error(
-                "%s: %s at byte %d followed by intact writes; fsync='interval' keeps a prefix, "
-                "dropping %d bytes from byte %d",
-                self.path,
-                reason,
-                x,
-                len(self.buf) - g,
-                g,
-            )
-            log._note_torn_tail(self.path, g, len(self.buf), reason)
-            return None
-        problem = f"{reason}, and acknowledged records follow it"
         if log.config.on_corruption != "skip":
             raise CorruptLogError(self.path, x, problem)
-        log._report_corruption(self._report(g, resume, problem, records, resume))
-        return resume
+        self._salvage(g, stop, records, last_woid, problem)
+        return stop if stop < n else None
 
-    def _report(
-        self, start: int, stop: int, reason: str, records: list[LogRecord], resume: int | None
-    ) -> CorruptionReport:
-        before = self.header.next_position
-        for r in records:
-            if r.op == fmt.COMMIT:
-                fp, np_, _ = fmt.decode_commit(r.payload)
-                before = max(before, fp + np_)
-        after_pos = None
-        first_woid = records[-1].woid + 1 if records else self.header.base_woid
-        last_woid = None
-        if resume is not None:
-            pos = resume
-            while pos < len(self.buf):
-                try:
-                    rec = fmt.decode_record(self.buf, pos, self.seed, self.kind, self.max_payload)
-                except FormatError:
-                    break
-                if not isinstance(rec, fmt.Record):
-                    break
-                if last_woid is None:
-                    last_woid = rec.woid - 1
-                if rec.op == fmt.COMMIT:
-                    after_pos = fmt.decode_commit(rec.payload)[0]
-                    break
+    def _salvage(self, start: int, stop: int, records: list[LogRecord], last_woid: int, problem: str) -> None:
+        """Keep every record in ``[start, stop)`` that verifies on its own; report the rest.
+
+        A record whose frame is intact but whose checksum fails is stepped over
+        by its length when the next record verifies; elsewhere the scan moves on
+        in 8-byte steps to the next record that verifies. Each stretch of bytes
+        that could not be read becomes one report.
+        """
+        buf, fid = self.buf, self.file_id
+        view = memoryview(buf)[:stop]
+        pos = start
+        prev = last_woid
+        bad_at = -1
+        found = False
+        while pos < stop:
+            rec = self._decode_at(view, pos, prev)
+            if rec is not None:
+                if bad_at >= 0:
+                    self._dropped(bad_at, pos, prev, rec.woid, problem)
+                    bad_at = -1
+                if rec.op != fmt.BATCH_END:
+                    payload = b"" if rec.op == fmt.PUT else rec.payload
+                    records.append(LogRecord(rec.op, rec.woid, rec.txn_id, fid, pos, rec.size, payload, True))
+                prev = rec.woid
                 pos = rec.end
-        lost_pos = (before, after_pos) if after_pos is not None else (before, before)
-        open_end = resume is None or after_pos is None  # the next file's header bounds it
-        lost_w = (first_woid, last_woid) if last_woid is not None else None
-        return CorruptionReport(
-            self.path, start, reason, stop - start, lost_w, lost_pos, file_id=self.file_id, open_end=open_end
+                continue
+            if bad_at < 0:
+                bad_at = pos
+                found = True
+            # Step over a frame whose length still makes sense, else move on by 8 bytes.
+            nxt = pos + 8
+            if pos + fmt.RECORD_HEADER_LEN <= stop:
+                length = _U32.unpack_from(buf, pos + 4)[0]
+                skip = pos + fmt.record_size(length)
+                if pos < skip < stop and self._decode_at(view, skip, prev) is not None:
+                    nxt = skip
+            pos = nxt
+        if bad_at >= 0:
+            self._dropped(bad_at, stop, prev, INF_WOID, problem)
+        if not found:  # every record verified: only framing (a BATCH_END, a batch checksum) was damaged
+            self.log._report_corruption(
+                CorruptionReport(self.path, start, f"{problem}; every record verified on its own", 0, file_id=fid)
+            )
+
+    def _decode_at(self, view: memoryview, pos: int, prev: int) -> fmt.Record | None:
+        try:
+            rec = fmt.decode_record(view, pos, self.seed, self.kind, self.max_payload)
+        except FormatError:
+            return None
+        if isinstance(rec, fmt.Record) and rec.woid > prev:
+            return rec
+        return None
+
+    def _dropped(self, a: int, b: int, woid_lo: int, woid_hi: int, problem: str) -> None:
+        self.log._report_corruption(
+            CorruptionReport(self.path, a, problem, b - a, (woid_lo, woid_hi), file_id=self.file_id)
         )
 
 
@@ -841,6 +941,7 @@ class Log:
         self._woid_floor = 0
         self._closing = False
         self._file_end: dict[int, int] = {}
+        self.file_sizes: dict[int, int] = {}  # data file sizes found at open (recovery's view)
         self.config = config or ChannelConfig()
         self.fs: FS = fs or DEFAULT_FS
         self.readonly = readonly
@@ -862,6 +963,11 @@ class Log:
         self.corruption: list[CorruptionReport] = []
         self.torn_tails: list[tuple[str, int, int]] = []
         self.discarded: set[int] = set()  # files set aside at open (never retired)
+        self.voucher: Snapshot | None = None  # the newest checkpoint that decodes
+        self.voucher_path: str | None = None
+        self.retired_files: set[int] = set()  # files the voucher lists that are known retired
+        self.missing_files: set[int] = set()  # files that are gone without a trace of retirement
+        self.position_floor = 0  # replay's position accounting starts here
         self._next_woid = 1
         self._next_position = 0
         self._next_file_id = 1
@@ -1006,27 +1112,43 @@ class Log:
         # used (recovery may have cut records it covered, as damage): a checkpoint
         # written from now on must sort after it, or pruning would keep the old one.
         self._woid_floor = max((c.woid for c in found), default=0)
-        if store is not None and self.config.replay == "checkpoint":
-            for c in found:
-                if c.path in self._skip_checkpoints:
-                    continue
-                try:
-                    snap = store.load(c, self.crc_kind, self.channel_id)
-                except (FormatError, OSError) as exc:
-                    self._checkpoint_fallback(c.path, str(exc))
-                    continue
+        # The newest checkpoint that decodes vouches for what was durable when it was
+        # written: the length of every live file and every queued event. Data that
+        # disagrees with it is damaged data, never a reason to forget what it knew,
+        # so it is used to check any recovery, a full replay included.
+        for c in found:
+            if c.path in self._skip_checkpoints or store is None:
+                continue
+            try:
+                snap = store.load(c, self.crc_kind, self.channel_id)
+            except (FormatError, OSError) as exc:
+                self._checkpoint_fallback(c.path, str(exc))
+                continue
+            self.voucher = snap
+            self.voucher_path = c.path
+            if self.config.replay == "checkpoint":
                 try:
                     self._recover_with(snap)
-                except (_CheckpointUnusable, CorruptLogError) as exc:
+                except _CheckpointUnusable as exc:
                     self._checkpoint_fallback(c.path, str(exc))
-                    self._files.clear()
-                    self._seeds.clear()
-                    self.corruption.clear()
+                    self._reset_recovery()
                     continue
                 self.recovered_from = c
                 self.base_snapshot = snap
                 return
+            break
         self._recover_with(None)
+
+    def _reset_recovery(self) -> None:
+        self._files.clear()
+        self._seeds.clear()
+        self._file_end.clear()
+        self.file_sizes.clear()
+        self.retired_files.clear()
+        self.missing_files.clear()
+        self.corruption.clear()
+        self.torn_tails.clear()
+        self.voucher = None
 
     def _checkpoint_fallback(self, path: str, reason: str) -> None:
         self.checkpoint_fallbacks.append(f"{path}: {reason}")
@@ -1039,11 +1161,13 @@ class Log:
         max_txn = 0
         max_woid = 0
         max_file_id = 0
+        newest_by_dir: list[tuple[int, frozenset[int] | None]] = []
+        retired: set[int] = set()
         for index, d in enumerate(self.data_dirs):
-            if not self.fs.exists(d):
-                live_by_dir.append([])
-                continue
-            dscans, max_id = self._recover_dir(index, d, snap)
+            dscans, max_id, newest, retired_d = self._recover_dir(index, d, snap)
+            retired |= retired_d
+            if newest is not None:
+                newest_by_dir.append(newest)
             max_file_id = max(max_file_id, max_id)
             live_by_dir.append([s.file_id for s in dscans])
             for s in dscans:
@@ -1057,6 +1181,8 @@ class Log:
                         fp, npt, _ = fmt.decode_commit(r.payload)
                         if fp + npt > max_next_pos:
                             max_next_pos = fp + npt
+                    elif r.op == fmt.RETIRE:
+                        retired.add(fmt.decode_retire(r.payload))
             scans.extend(dscans)
         max_woid = max(max_woid, self._woid_floor)
         if snap is not None:
@@ -1064,6 +1190,19 @@ class Log:
             max_txn = max(max_txn, snap.next_txn_id - 1)
             max_woid = max(max_woid, snap.woid)
             max_file_id = max(max_file_id, snap.next_file_id - 1)
+        if self.voucher is not None:
+            max_next_pos = max(max_next_pos, self.voucher.next_position)
+            self._classify_vanished(retired, newest_by_dir)
+        # Where replay's position accounting starts: positions below the oldest live
+        # file's first were in files retired long ago.
+        if snap is not None:
+            self.position_floor = snap.next_position
+        elif scans and not any(s.header_damaged for s in scans):
+            self.position_floor = min(s.header.next_position for s in scans)
+        elif self.voucher is not None and len(self.voucher):
+            self.position_floor = self.voucher.positions[0]
+        else:
+            self.position_floor = 0
         self._scans = scans
         self._next_woid = max_woid + 1
         self._next_position = max_next_pos
@@ -1072,17 +1211,48 @@ class Log:
         self._txn_peek = max_txn + 1
         self._writers = [_Writer(self, i, d, live_by_dir[i]) for i, d in enumerate(self.data_dirs)]
 
+    def _classify_vanished(self, retired: set[int], newest_by_dir: list[tuple[int, frozenset[int] | None]]) -> None:
+        """Sort the checkpointed files that are gone into retired ones and missing ones.
+
+        A file is known retired when a RETIRE record names it, or when the newest
+        file of a data directory is newer and does not list it as live (a retired
+        file leaves the live list before its RETIRE is written). Any other file the
+        checkpoint vouched for and that is gone is missing: its events are lost.
+        """
+        assert self.voucher is not None
+        gone = set(self.voucher.files) - set(self._files) - self.discarded
+        for fid in sorted(gone):
+            if fid in retired or any(fid < n and live is not None and fid not in live for n, live in newest_by_dir):
+                self.retired_files.add(fid)
+                continue
+            path = os.path.join(self.data_dirs[0], segment_name(fid))
+            reason = "data file is missing, but the newest checkpoint lists it as live"
+            if self.config.on_corruption != "skip":
+                raise CorruptLogError(path, 0, reason, _MISSING_HINT)
+            self.missing_files.add(fid)
+            span = (self.voucher.woid, INF_WOID)
+            self._report_corruption(CorruptionReport(path, 0, reason, 0, span, file_id=fid))
+
     def _start(self, snap: Snapshot | None, fid: int, h: fmt.FileHeader, size: int) -> int | None:
-        """Return where a checkpoint says replay resumes in a file, or None to scan it all."""
+        """Return where a checkpoint says replay resumes in a file, or None to scan it all.
+
+        A file shorter than the checkpoint recorded resumes at its end: the records
+        the checkpoint covered are in the snapshot, and the scan reports the loss.
+        """
         if snap is None or fid not in snap.files:
             return None
         r = snap.files[fid]
-        if r < h.header_len or r > size or r & 7:
+        if r < h.header_len or r & 7:
             raise _CheckpointUnusable(f"resume offset {r} does not fit {segment_name(fid)} ({size} bytes)")
-        return r
+        return min(r, size)
 
-    def _read_data_file(self, path: str, fid: int, snap: Snapshot | None) -> bytes:
-        """Read a data file; only its header when a checkpoint covers all of it."""
+    def _vouched(self, fid: int) -> int:
+        """The length the newest checkpoint recorded for a file (0: it vouches for nothing)."""
+        v = self.voucher
+        return v.files.get(fid, 0) if v is not None else 0
+
+    def _read_data_file(self, path: str, fid: int, snap: Snapshot | None) -> tuple[bytes, int]:
+        """Read a data file, only its header when a checkpoint covers all of it; return it and its size."""
         fs = self.fs
         fd = fs.open_read(path)
         try:
@@ -1091,59 +1261,75 @@ class Log:
                 head = fs.pread(fd, min(size, 4096), 0)
                 try:
                     if isinstance(fmt.decode_file_header(head), fmt.FileHeader):
-                        return head
+                        return head, size
                 except FormatError:
                     pass  # a damaged header: read it all, _read_header classifies it
-            return fs.pread(fd, size, 0)
+            return fs.pread(fd, size, 0), size
         finally:
             fs.close(fd)
 
-    def _recover_dir(self, index: int, d: str, snap: Snapshot | None = None) -> tuple[list[_FileScan], int]:
+    def _recover_dir(
+        self, index: int, d: str, snap: Snapshot | None = None
+    ) -> tuple[list[_FileScan], int, tuple[int, frozenset[int] | None] | None, set[int]]:
+        """Recover one data directory.
+
+        Returns its scans, the highest file id seen, ``(newest file id, its live
+        list or None when its header is damaged)`` and the file ids its newest
+        file's RETIRE records name.
+        """
         fs = self.fs
+        if not fs.exists(d):
+            return [], 0, None, set()
         ids = sorted(int(m.group(1), 16) for n in fs.listdir(d) if (m := _SEG_RE.match(n)))
         if not ids:
-            return [], 0
+            return [], 0, None, set()
         max_id = ids[-1]
-        headers: dict[int, tuple[fmt.FileHeader, bytes]] = {}
         # 1. The newest file decides which files belong to the channel.
         newest = None
+        nh: fmt.FileHeader | None = None
+        nbuf = b""
+        nfirst: int | None = None
         while ids:
             fid = ids[-1]
             path = os.path.join(d, segment_name(fid))
             buf = read_file(fs, path)
-            h = self._read_header(path, fid, buf, newest=True)
-            if h is None:
+            got = self._read_header(path, fid, buf, newest=True)
+            if got is None:
                 ids.pop()
                 continue
-            headers[fid] = (h, buf)
+            nh, nfirst = got
+            nbuf = buf
             newest = fid
             break
-        if newest is None:
-            return [], max_id
-        nh, nbuf = headers[newest]
+        if newest is None or nh is None:
+            return [], max_id, None, set()
         npath = os.path.join(d, segment_name(newest))
-        nstart = self._start(snap, newest, nh, len(nbuf))
-        floor = snap.woid if snap is not None and nstart is not None else 0
-        nscan = _Scanner(self, npath, newest, nbuf, nh).scan(True, 0, nstart, floor)
+        ndamaged = nfirst is not None
+        nstart, floor = self._resume(snap, newest, nh, len(nbuf), nfirst)
+        nscan = _Scanner(self, npath, newest, nbuf, nh).scan(True, 0, nstart, floor, self._vouched(newest))
+        nscan.header_damaged = ndamaged
         retired = {fmt.decode_retire(r.payload) for r in nscan.records if r.op == fmt.RETIRE}
-        expected = set(nh.live_files) - retired
-        if nstart is not None and snap is not None:
-            # RETIRE records before the resume offset were not read: the checkpoint's
-            # file list already leaves those files out.
-            expected &= set(snap.files)
         present = set(ids) - {newest}
-        for fid in sorted(expected - present):
-            path = os.path.join(d, segment_name(fid))
-            reason = "data file is missing, but the newest data file lists it as live"
-            if self.config.on_corruption != "skip":
-                raise CorruptLogError(path, 0, reason)
-            self._report_corruption(CorruptionReport(path, 0, reason, 0, file_id=fid, open_start=True, open_end=True))
+        if ndamaged:
+            # The live list is unreadable: every file present stays (none is deleted).
+            expected = set(present)
+        else:
+            expected = set(nh.live_files) - retired
+            if nstart is not None and snap is not None:
+                # RETIRE records before the resume offset were not read: the checkpoint's
+                # file list already leaves those files out.
+                expected &= set(snap.files)
+        missing = sorted(expected - present)
+        if missing and self.config.on_corruption != "skip":
+            path = os.path.join(d, segment_name(missing[0]))
+            raise CorruptLogError(
+                path, 0, "data file is missing, but the newest data file lists it as live", _MISSING_HINT
+            )
         for fid in sorted(present - expected):
             path = os.path.join(d, segment_name(fid))
             buf = read_file(fs, path)
-            h = self._read_header(path, fid, buf, newest=False)
             # Retired: its RETIRE record (or an older header) says it is gone.
-            if h is not None and fid < newest and not self.readonly:
+            if fid < newest and not self.readonly and self._header_ok(buf, fid):
                 logger.info("removing retired data file %s", path)
                 fs.unlink(path)
                 fs.fsync_dir(d)
@@ -1155,65 +1341,76 @@ class Log:
             path = os.path.join(d, segment_name(fid))
             if self._progress is not None:
                 self._progress(f"reading {path} ({i + 1} of {len(todo) + 1})")
-            buf = self._read_data_file(path, fid, snap)
-            h = self._read_header(path, fid, buf, newest=False)
-            if h is None:
+            buf, size = self._read_data_file(path, fid, snap)
+            got = self._read_header(path, fid, buf, newest=False)
+            if got is None:
                 continue
-            if h.base_woid <= prev_woid:
+            h, first = got
+            damaged = first is not None
+            if not damaged and h.base_woid <= prev_woid:
                 raise CorruptLogError(path, 0, "write-order ids overlap the previous data file")
-            start = self._start(
-                snap, fid, h, snap.files[fid] if snap and len(buf) < snap.files.get(fid, 0) else len(buf)
-            )
-            floor = snap.woid if start is not None and snap is not None else 0
-            s = _Scanner(self, path, fid, buf, h).scan(False, prev_woid, start, floor)
-            if start is not None and len(buf) < start:
-                s.end = s.size = start  # only the header was read: the checkpoint covers the rest
+            start, floor = self._resume(snap, fid, h, size, first)
+            vouched = self._vouched(fid)
+            if len(buf) < size:  # only the header was read: the checkpoint covers the rest
+                s = _FileScan(fid, path, h, [], size, size, max(prev_woid, h.base_woid - 1))
+                if vouched > size:  # pragma: no cover - a header-only read means size == resume offset
+                    _Scanner(self, path, fid, buf, h)._truncated(size, vouched, s.last_woid)
+            else:
+                s = _Scanner(self, path, fid, buf, h).scan(False, prev_woid, start, floor, vouched)
+            s.header_damaged = damaged
             prev_woid = s.last_woid
             scans.append(s)
             self._register_file(fid, index, path)
             self._file_end[fid] = s.end
-        if nh.base_woid <= prev_woid:
+            self.file_sizes[fid] = s.size
+        if not ndamaged and nh.base_woid <= prev_woid:
             raise CorruptLogError(npath, 0, "write-order ids overlap the previous data file")
-        if nscan.records and nscan.records[0].woid <= prev_woid:  # pragma: no cover - checked above
-            raise CorruptLogError(npath, nscan.records[0].offset, "write-order ids go backwards")
         self._register_file(newest, index, npath)
         self._file_end[newest] = nscan.end
+        self.file_sizes[newest] = nscan.size
         if nscan.end < nscan.size and not self.readonly:
             self._truncate_tail(npath, nscan.end, nbuf)
         scans.append(nscan)
-        self._bound_lost_positions(d, scans)
-        return scans, max_id
+        for fid in missing:
+            # What the file held lies between the files around it, in write-order ids.
+            lo = max((s.last_woid for s in scans if s.file_id < fid), default=0)
+            hi = min((s.header.base_woid for s in scans if s.file_id > fid and not s.header_damaged), default=INF_WOID)
+            path = os.path.join(d, segment_name(fid))
+            reason = "data file is missing, but the newest data file lists it as live"
+            self.missing_files.add(fid)
+            self._report_corruption(CorruptionReport(path, 0, reason, 0, (lo, hi), file_id=fid))
+        return scans, max_id, (newest, None if ndamaged else frozenset(nh.live_files)), retired
 
-    def _bound_lost_positions(self, d: str, scans: list[_FileScan]) -> None:
-        """Close the position ranges of skip reports with the neighbouring files of ``d``.
+    def _resume(
+        self, snap: Snapshot | None, fid: int, h: fmt.FileHeader, size: int, first: int | None
+    ) -> tuple[int | None, int]:
+        """Return ``(offset to scan from or None, write-order id floor)`` for one file.
 
-        Positions increase with file ids within a directory: whatever a damaged
-        file held lies between the last position committed in the file before
-        it and the ``next_position`` recorded in the header of the file after it.
+        ``first`` is the first record after a damaged header (None when the header is intact).
         """
-        ends: list[tuple[int, int, int]] = []  # (file id, first position, end position)
-        for s in scans:
-            end = s.header.next_position
-            for r in s.records:
-                if r.op == fmt.COMMIT:
-                    fp, n, _ = fmt.decode_commit(r.payload)
-                    end = max(end, fp + n)
-            ends.append((s.file_id, s.header.next_position, end))
-        for rep in self.corruption:
-            if os.path.dirname(rep.path) != d or not (rep.open_start or rep.open_end):
-                continue
-            lo, hi = rep.lost_positions or (0, 0)
-            if rep.open_start:
-                before = [e for f, _, e in ends if f < rep.file_id]
-                lo = max(before) if before else 0
-            if rep.open_end:
-                after = [first for f, first, _ in ends if f > rep.file_id]
-                hi = min(after) if after else max(hi, lo)
-            rep.lost_positions = (lo, max(lo, hi))
-            rep.open_start = rep.open_end = False
+        if first is None:
+            start = self._start(snap, fid, h, size)
+        elif snap is not None and fid in snap.files:
+            start = max(first, min(snap.files[fid], size))
+        else:
+            return first, 0
+        return start, snap.woid if start is not None and snap is not None and fid in snap.files else 0
 
-    def _read_header(self, path: str, fid: int, buf: bytes, newest: bool) -> fmt.FileHeader | None:
-        """Decode and check a data file header. ``None`` means: ignore this file."""
+    def _header_ok(self, buf: bytes, fid: int) -> bool:
+        try:
+            h = fmt.decode_file_header(buf)
+        except FormatError:
+            return False
+        return isinstance(h, fmt.FileHeader) and h.channel_id == self.channel_id and h.file_id == fid
+
+    def _read_header(self, path: str, fid: int, buf: bytes, newest: bool) -> tuple[fmt.FileHeader, int | None] | None:
+        """Decode and check a data file header.
+
+        Returns ``(header, None)``; ``None`` means: ignore this file. With
+        ``on_corruption="skip"``, a damaged header whose records still verify
+        returns ``(stand-in header, offset of the first record)``: the records
+        are read with the seed the file name gives, and only the header is lost.
+        """
         try:
             h = fmt.decode_file_header(buf)
             if h is fmt.INCOMPLETE:
@@ -1229,14 +1426,22 @@ class Log:
                     self.fs.unlink(path)
                     self.fs.fsync_dir(os.path.dirname(path))
                 return None
-            if self.config.on_corruption == "skip":
-                self._report_corruption(
-                    CorruptionReport(
-                        path, exc.offset, exc.reason, len(buf), file_id=fid, open_start=True, open_end=True
-                    )
+            if self.config.on_corruption != "skip":
+                raise CorruptLogError(path, exc.offset, f"data file header: {exc.reason}") from exc
+            first = self._first_record(buf, fid)
+            self._report_corruption(
+                CorruptionReport(
+                    path,
+                    exc.offset,
+                    f"data file header: {exc.reason}; its records are read without it",
+                    0,
+                    None,
+                    [],
+                    fid,
                 )
-                return None
-            raise CorruptLogError(path, exc.offset, exc.reason) from exc
+            )
+            stand_in = fmt.FileHeader(self.crc_kind, self.channel_id, fid, 0, 0, 0, 0)
+            return stand_in, first
         assert isinstance(h, fmt.FileHeader)
         if h.channel_id != self.channel_id:
             raise CorruptLogError(path, 16, "data file belongs to another channel; move it out of this directory")
@@ -1244,7 +1449,21 @@ class Log:
             raise CorruptLogError(path, 32, f"header says file id {h.file_id}, but the name says {fid}")
         if h.crc_kind != self.crc_kind:
             raise CorruptLogError(path, 12, "checksum algorithm differs from the channel's")
-        return h
+        return h, None
+
+    def _first_record(self, buf: bytes, fid: int) -> int:
+        """Where the first record that verifies starts, after a damaged header (or the end)."""
+        seed = fmt.file_seed(self.crc_kind, self.channel_id, fid)
+        limit = min(len(buf), fmt.MAX_HEADER_LEN)
+        smallest = fmt.FILE_HEADER_FIXED + 4  # a header that lists no live file, before padding
+        for off in range(smallest + fmt.pad_len(smallest), limit, 8):
+            try:
+                rec = fmt.decode_record(buf, off, seed, self.crc_kind, self.max_payload)
+            except FormatError:
+                continue
+            if isinstance(rec, fmt.Record):
+                return off
+        return len(buf) - (len(buf) & 7)
 
     def _no_verified_data(self, buf: bytes, fid: int) -> bool:
         seed = fmt.file_seed(self.crc_kind, self.channel_id, fid)
@@ -1554,7 +1773,9 @@ class Log:
     def stats(self) -> dict[str, int]:
         """Counters of the log (fsyncs, bytes, files)."""
         total = 0
-        for _, path in self._files.values():
+        # list() copies the table in one step (no Python code runs while it iterates),
+        # so a file retired by the background thread meanwhile cannot break the loop.
+        for _, path in list(self._files.values()):
             try:
                 fd = self.fs.open_read(path)
             except OSError:

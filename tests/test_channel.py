@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -726,7 +727,9 @@ def test_torn_tail_half_a_record_is_truncated(chan_dir: str) -> None:
         put_all(ch, [b"b" * 100])
     files = data_files(chan_dir)
     last = os.path.join(chan_dir, "data", files[-1])
-    # Cut the last write short: the commit of b"b..." was never acknowledged, in effect.
+    # Cut the last write short, as a crash would (no checkpoint vouches for its length):
+    # the commit of b"b..." was never acknowledged, in effect.
+    shutil.rmtree(os.path.join(chan_dir, "checkpoints"))
     with open(last, "r+b") as f:
         f.truncate(os.path.getsize(last) - 20)
     with opn(chan_dir) as ch:
@@ -962,3 +965,81 @@ def test_close_while_other_threads_commit_never_hangs(chan_dir: str) -> None:
     with opn(chan_dir) as ch2:
         got = {e.body for e in drain(ch2)}
     assert set(acked) <= got  # every acknowledged commit survived the close
+
+
+# -- invalid events (issue 13): ChannelError subclasses, strict UTF-8 headers ----------------------
+
+
+def test_too_large_event_is_an_event_too_large_error(chan_dir: str) -> None:
+    with opn(chan_dir, max_file_size=8192, max_event_size=4096) as ch:
+        tx = ch.transaction()
+        with pytest.raises(filechannel.EventTooLargeError) as ei:
+            tx.put(b"x" * 4093)  # 4 bytes of header count + 4093 = 4097
+        err = ei.value
+        assert (err.size, err.limit) == (4097, 4096)
+        assert isinstance(err, filechannel.InvalidEventError)
+        assert isinstance(err, filechannel.ChannelError)
+        assert isinstance(err, ValueError)
+        assert "max_event_size=4096" in str(err)
+        assert "larger max_event_size=" in str(err)  # names the fix
+        tx.put(b"x" * 4092)  # exactly the limit is fine
+        with pytest.raises(filechannel.EventTooLargeError) as ei2:
+            tx.put_many([b"ok", b"y" * 5000])
+        assert (ei2.value.size, ei2.value.limit) == (5004, 4096)
+        tx.commit()
+        assert [len(e.body) for e in drain(ch)] == [4092]
+
+
+@pytest.mark.parametrize(
+    ("headers", "named"),
+    [({"k\ud800": "v"}, "key"), ({"ok": "fine", "k": "v\udcff"}, "value")],
+    ids=["lone-surrogate-key", "surrogate-escape-value"],
+)
+def test_header_that_is_not_utf8_is_refused_naming_the_header(
+    chan_dir: str, headers: dict[str, str], named: str
+) -> None:
+    bad_key = next(k for k, v in headers.items() if k != "ok")
+    with opn(chan_dir) as ch:
+        before = ch.stats()["bytes_written"]
+        tx = ch.transaction()
+        for call in (lambda: tx.put(b"body", headers), lambda: tx.put_many([b"a", b"b"], headers=headers)):
+            with pytest.raises(filechannel.InvalidEventError) as ei:
+                call()
+            assert not isinstance(ei.value, filechannel.EventTooLargeError)
+            assert isinstance(ei.value, filechannel.ChannelError)
+            assert repr(bad_key) in str(ei.value)
+            assert f"its {named} is not valid UTF-8" in str(ei.value)
+        assert ch.stats()["inflight_puts"] == 0
+        assert ch.stats()["bytes_written"] == before
+        tx.put(b"after", {"k": "v"})  # the transaction is still open and usable
+        tx.commit()
+        assert [(e.body, dict(e.headers)) for e in drain(ch)] == [(b"after", {"k": "v"})]
+
+
+def test_headers_stored_before_strict_utf8_still_read_back(chan_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Records written with the old surrogatepass encoding must still decode."""
+    from filechannel import format as fmt
+
+    def old_encode_event(body: bytes, headers: Any) -> bytes:
+        if not headers:
+            return fmt.EMPTY_HEADERS + body
+        parts = [len(headers).to_bytes(4, "little")]
+        for k, v in headers.items():
+            kb, vb = k.encode("utf-8", "surrogatepass"), v.encode("utf-8", "surrogatepass")
+            parts += (len(kb).to_bytes(4, "little"), len(vb).to_bytes(4, "little"), kb, vb)
+        return b"".join([*parts, body])
+
+    assert old_encode_event(b"b", {"a": "c"}) == fmt.encode_event(b"b", {"a": "c"})  # same layout
+    with monkeypatch.context() as m:
+        m.setattr(fmt, "encode_event", old_encode_event)
+        with opn(chan_dir) as ch, ch.transaction() as tx:
+            tx.put(b"old", {"k\ud800": "v\udcff"})
+    with opn(chan_dir) as ch:
+        evs = drain(ch)
+    assert [(e.body, dict(e.headers)) for e in evs] == [(b"old", {"k\ud800": "v\udcff"})]
+
+
+def test_new_errors_are_exported() -> None:
+    for name in ("InvalidEventError", "EventTooLargeError"):
+        assert name in filechannel.__all__
+        assert issubclass(getattr(filechannel, name), filechannel.ChannelError)

@@ -22,7 +22,9 @@ BAD: list[tuple[str, Any]] = [
     ("max_file_size", 0),
     ("max_file_size", 2**41),
     ("max_file_size", 4096.0),
+    ("max_event_size", 0),
     ("max_event_size", -5),
+    ("max_event_size", 1.5),
     ("max_event_size", 1 << 40),
     ("max_event_size", "big"),
     ("fsync", "always"),
@@ -98,6 +100,23 @@ def test_defaults() -> None:
 
 def test_max_event_size_default_shrinks_with_small_files() -> None:
     assert ChannelConfig(max_file_size=8192).max_event_size == 8192 - 1024
+
+
+def test_max_event_size_none_is_the_default_and_resolves_to_an_int() -> None:
+    assert ChannelConfig(max_event_size=None).max_event_size == 8 * 1024 * 1024
+    assert ChannelConfig.from_options({"max_event_size": None}).max_event_size == 8 * 1024 * 1024
+    assert ChannelConfig(max_file_size=8192, max_event_size=None).max_event_size == 8192 - 1024
+    assert ChannelConfig(max_event_size=1).max_event_size == 1
+
+
+@pytest.mark.parametrize("value", [0, -1])
+def test_max_event_size_zero_or_negative_is_refused_with_the_fix(value: int) -> None:
+    # 0 used to be accepted silently (as "the default"); now it is an error that says what to do.
+    with pytest.raises(filechannel.ConfigError) as ei:
+        ChannelConfig(max_event_size=value)
+    assert ei.value.option == "max_event_size"
+    assert f"got {value}" in str(ei.value)
+    assert "leave it out for the default" in str(ei.value)
 
 
 def test_config_is_frozen_and_data_dirs_normalized() -> None:

@@ -34,7 +34,6 @@ OPTS: dict[str, Any] = {"background": False, "minimum_required_space": 0, "max_f
 FULL: dict[str, Any] = dict(OPTS, replay="full")
 
 COUNTS: dict[str, int] = {}
-UNREPORTED: list[Any] = []
 
 State = list[tuple[int, bytes]]
 
@@ -156,15 +155,9 @@ def test_flip_every_byte_skip_mode_reports_and_never_alters(built: Built, which:
             ch.close()
             continue  # detected when the damaged event was read
         ch.close()
-        assert_exact_subset(got, built.all_events)
+        assert_loss_reported_exactly(got, st, built.full, built.all_events, f"flip at {off}")
         if got != built.full:
-            assert st["corruption_report"], f"flip at {off}: events lost without a report"
             assert any(os.path.basename(path) in r for r in st["corruption_report"])
-            missing = {p for p, _ in built.full} - {p for p, _ in got}
-            reported = {p for a, b in st["lost_positions"] for p in range(a, b)}
-            if not missing <= reported:
-                # see test_skip_mode_lists_every_lost_position (a known gap)
-                UNREPORTED.append((off, sorted(missing - reported), st["corruption_report"]))
 
 
 def test_flip_every_byte_with_checkpoint_replay_never_returns_altered_data(built: Built) -> None:
@@ -194,8 +187,28 @@ def test_flip_every_byte_with_checkpoint_replay_never_returns_altered_data(built
 # R4: truncate the newest file at every length
 
 
+def without_checkpoints(fs: SimFS) -> SimFS:
+    """The channel as a crash would leave it: no checkpoint vouches for the newest bytes."""
+    for p in list(fs.files(DIR + "/checkpoints")):
+        fs.remove(p)
+    return fs
+
+
+def assert_loss_reported_exactly(got: State, st: dict[str, Any], full: State, all_events: State, what: str) -> None:
+    """Skip mode: what is served is intact, and what is missing is exactly what stats() lists."""
+    assert_exact_subset(got, all_events)
+    missing = {p for p, _ in full} - {p for p, _ in got}
+    reported = {p for a, b in st["lost_positions"] for p in range(a, b)}
+    assert missing <= reported, f"{what}: lost {sorted(missing - reported)} without a report"
+    assert reported <= {p for p, _ in all_events}, f"{what}: reported positions that never existed"
+    if reported - missing:
+        # Reported but served: only positions a damaged TAKE record brought back, never a served event.
+        assert not (reported & {p for p, _ in got}), f"{what}: reported lost but served"
+
+
 @pytest.mark.parametrize("replay", ["full", "checkpoint"])
-def test_truncate_newest_file_at_every_length(built: Built, replay: str) -> None:
+def test_truncate_newest_file_at_every_length_after_a_crash(built: Built, replay: str) -> None:
+    # Without a checkpoint vouching for its length, a cut newest file is a torn tail.
     path = built.files[-1]
     orig = built.fs.read(path)
     fid = int(os.path.basename(path)[4:20], 16)
@@ -204,7 +217,7 @@ def test_truncate_newest_file_at_every_length(built: Built, replay: str) -> None
     boundaries = {h.header_len, *batch_ends(orig, fid, *channel_ident(built.fs))}
     last_k = 0
     for n in range(len(orig) + 1):
-        fs = built.copy()
+        fs = without_checkpoints(built.copy())
         fs.write(path, orig[:n])
         count("truncations")
         got, _ = open_state(fs, replay=replay)
@@ -222,6 +235,28 @@ def test_truncate_newest_file_at_every_length(built: Built, replay: str) -> None
         if n % 5 == 0:  # recovery is idempotent
             assert open_state(fs, replay=replay)[0] == got
     assert last_k == len(built.states) - 1
+
+
+@pytest.mark.parametrize("replay", ["full", "checkpoint"])
+def test_truncated_newest_file_of_a_closed_channel_is_reported_loss(built: Built, replay: str) -> None:
+    # The checkpoint written at close recorded the file's length: a cut is lost data.
+    path = built.files[-1]
+    orig = built.fs.read(path)
+    h = fmt.decode_file_header(orig)
+    assert isinstance(h, fmt.FileHeader)
+    for n in range(h.header_len + 1, len(orig), 8):
+        fs = built.copy()
+        fs.write(path, orig[:n])
+        count("truncations")
+        with pytest.raises(filechannel.CorruptLogError, match="shorter than the checkpoint"):
+            open_state(fs, replay=replay)
+        ch = filechannel.open(DIR, fs=fs, **{**FULL, "replay": replay, "on_corruption": "skip"})
+        try:
+            got, st = drain(ch), ch.stats()
+        finally:
+            ch.close()
+        assert any("shorter than the checkpoint" in r for r in st["corruption_report"])
+        assert_loss_reported_exactly(got, st, built.full, built.all_events, f"cut to {n}")
 
 
 # --------------------------------------------------------------------------
@@ -258,7 +293,7 @@ def channel_ident(fs: SimFS) -> tuple[bytes, int]:
 
 @pytest.mark.parametrize("block", [512, 4096])
 @pytest.mark.parametrize("fill", ["zeros", "ones", "garbage"])
-def test_damaged_block_in_newest_file(built: Built, block: int, fill: str) -> None:
+def test_damaged_block_in_newest_file_after_a_crash(built: Built, block: int, fill: str) -> None:
     path = built.files[-1]
     orig = built.fs.read(path)
     fid = int(os.path.basename(path)[4:20], 16)
@@ -267,7 +302,7 @@ def test_damaged_block_in_newest_file(built: Built, block: int, fill: str) -> No
     assert isinstance(h, fmt.FileHeader)
     for start in range(0, len(orig), block if block < len(orig) else 256):
         stop = min(len(orig), start + block)
-        fs = built.copy()
+        fs = without_checkpoints(built.copy())
         pat = {"zeros": b"\0", "ones": b"\xff", "garbage": b"\xa5\x17"}[fill]
         bad = (pat * block)[: stop - start]
         fs.write(path, orig[:start] + bad + orig[stop:])
@@ -290,6 +325,30 @@ def test_damaged_block_in_newest_file(built: Built, block: int, fill: str) -> No
         else:
             got, _ = open_state(fs)
             assert got in built.states, f"damage at {start}: not a prefix"
+
+
+@pytest.mark.parametrize("block", [64, 512])
+def test_damaged_block_in_newest_file_of_a_closed_channel(built: Built, block: int) -> None:
+    # A checkpoint vouches for every byte: any damage is corruption, reported exactly in skip mode.
+    path = built.files[-1]
+    orig = built.fs.read(path)
+    for start in range(0, len(orig), block):
+        stop = min(len(orig), start + block)
+        fs = built.copy()
+        fs.write(path, orig[:start] + b"\xa5" * (stop - start) + orig[stop:])
+        count("damaged blocks")
+        try:
+            got, _ = open_state(fs)
+        except filechannel.CorruptLogError:
+            pass
+        else:
+            raise AssertionError(f"damage at {start}..{stop} in vouched data was not reported")
+        ch = filechannel.open(DIR, fs=fs, **{**FULL, "on_corruption": "skip"})
+        try:
+            got, st = drain(ch), ch.stats()
+        finally:
+            ch.close()
+        assert_loss_reported_exactly(got, st, built.full, built.all_events, f"block {start}..{stop}")
 
 
 # --------------------------------------------------------------------------
@@ -437,19 +496,50 @@ def test_flip_every_byte_of_the_newest_checkpoint(built: Built) -> None:
 
 def test_zz_report() -> None:
     print("\ncorrupt inputs tried: " + ", ".join(f"{k}={v}" for k, v in sorted(COUNTS.items())))
-    print(f"skip-mode cases whose loss lost_positions did not list: {len(UNREPORTED)}")
 
 
-def test_skip_mode_lists_every_lost_position(built: Built) -> None:
-    path = built.files[0]
-    for off in (0, len(built.fs.read(path)) - 40):
+def test_a_damaged_file_header_costs_no_event(built: Built) -> None:
+    # Records are read with the seed the file name gives: only the header is lost.
+    for path in built.files:
         fs = built.copy()
         damaged = bytearray(built.fs.read(path))
-        damaged[off] ^= 0xFF
+        damaged[0] ^= 0xFF
         fs.write(path, bytes(damaged))
+        with pytest.raises(filechannel.CorruptLogError, match="header"):
+            open_state(fs)
         got, ch = open_state(fs, on_corruption="skip")
         st = ch.stats()
-        missing = {p for p, _ in built.full} - {p for p, _ in got}
-        reported = {p for a, b in st["lost_positions"] for p in range(a, b)}
-        assert missing, "the damage lost nothing"
-        assert missing <= reported
+        assert got == built.full
+        assert st["lost_positions"] == []
+        assert any("header" in r for r in st["corruption_report"])
+
+
+def test_one_damaged_event_loses_that_event_not_its_transaction(built: Built) -> None:
+    queued = {b for _, b in built.full}
+    cid, kind = channel_ident(built.fs)
+    for path in built.files[:-1]:  # a queued event in a sealed file, inside a batch of several
+        orig = built.fs.read(path)
+        fid = int(os.path.basename(path)[4:20], 16)
+        seed = fmt.file_seed(kind, cid, fid)
+        h = fmt.decode_file_header(orig)
+        assert isinstance(h, fmt.FileHeader)
+        pos = h.header_len
+        target = None
+        while pos < len(orig):
+            r = fmt.decode_record(orig, pos, seed, kind, 1 << 20)
+            assert isinstance(r, fmt.Record)
+            if r.op == fmt.PUT and fmt.decode_event(r.payload)[0] in queued:
+                target = pos
+            pos = r.end
+        if target is not None:
+            break
+    assert target is not None
+    damaged = bytearray(orig)
+    damaged[target + 40] ^= 0x01  # a body byte
+    fs = built.copy()
+    fs.write(path, bytes(damaged))
+    got, ch = open_state(fs, on_corruption="skip")
+    st = ch.stats()
+    missing = {p for p, _ in built.full} - {p for p, _ in got}
+    assert len(missing) == 1
+    assert [[p, p + 1] for p in missing] == st["lost_positions"]
