@@ -30,6 +30,7 @@ from .channel import Event, FileChannel, Transaction, open_channel
 from .config import ChannelConfig
 from .errors import (
     ChannelClosedError,
+    ChannelCopyError,
     ChannelError,
     ChannelFullError,
     ChannelLockedError,
@@ -50,6 +51,7 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 __all__ = [
     "ChannelClosedError",
     "ChannelConfig",
+    "ChannelCopyError",
     "ChannelError",
     "ChannelFullError",
     "ChannelLockedError",

@@ -115,3 +115,17 @@ class NotAChannelError(ChannelError):
         self.path = path
         self.reason = reason
         super().__init__(f"{path} is not a filechannel directory: {reason}")
+
+
+class ChannelCopyError(ChannelError):
+    """A channel directory is a copy of a live channel whose data directory it would share."""
+
+    def __init__(self, path: str, original: str, data_dir: str) -> None:
+        self.path = path
+        self.original = original
+        self.data_dir = data_dir
+        super().__init__(
+            f"{path} is a copy of the channel in {original}, and its data directory {data_dir} "
+            f"belongs to that channel; open {original} instead, or, to restore a backup, put the channel "
+            "directory back where it was (see docs/backup.md)"
+        )

@@ -47,6 +47,7 @@ from .checkpoint import CheckpointStore, Snapshot, StoredCheckpoint
 from .config import ChannelConfig
 from .errors import (
     ChannelClosedError,
+    ChannelCopyError,
     ChannelLockedError,
     ConfigError,
     CorruptLogError,
@@ -59,6 +60,7 @@ logger = logging.getLogger(__name__)
 
 CHANNEL_FILE = "CHANNEL"
 DATA_DIRS_FILE = "DATA_DIRS"
+DATA_DIR_ID_FILE = "DATADIR"
 LOCK_FILE = "LOCK"
 DEFAULT_DATA_DIR = "data"
 _SEG_RE = re.compile(r"^seg-([0-9a-f]{16})\.wal$")
@@ -66,6 +68,10 @@ _CHANNEL_MAGIC = b"FCCHANNL"
 _CHANNEL_FMT = struct.Struct("<8sHH16sQ")
 _U32 = struct.Struct("<I")
 _BATCH_END_SIZE = fmt.record_size(32)
+_DATA_DIR_HINT = (
+    "mount or restore it at this path (a backup restores the whole channel directory); "
+    "to accept the loss of its events, open with on_corruption='skip' (every lost position is reported)"
+)
 _MISSING_HINT = (
     "restore the file or mount its disk; to accept the loss, open with on_corruption='skip' "
     "(every lost position is reported)"
@@ -115,6 +121,37 @@ def decode_channel_file(buf: bytes) -> tuple[bytes, int, int]:
     if kind == fmt.CRC32C and not fmt.HAVE_CRC32C:
         raise FormatError(10, "channel uses CRC-32C; install google-crc32c")
     return bytes(cid), kind, created
+
+
+def encode_meta(obj: dict[str, Any]) -> bytes:
+    """Encode a small metadata file: one line of JSON, then ``crc32:`` and its zlib CRC-32 in hex."""
+    line = json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+    return line + b"\ncrc32:%08x\n" % fmt.crc(fmt.CRC32_ZLIB, line)
+
+
+def decode_meta(buf: bytes, what: str) -> dict[str, Any]:
+    """Decode a metadata file written by :func:`encode_meta`.
+
+    Raises:
+        FormatError: the checksum does not match or the JSON is not an object.
+    """
+    line, sep, rest = buf.partition(b"\n")
+    m = re.fullmatch(rb"crc32:([0-9a-f]{8})\n?", rest)
+    if not sep or m is None:
+        raise FormatError(len(line), f"{what}: no checksum line")
+    if int(m.group(1), 16) != fmt.crc(fmt.CRC32_ZLIB, line):
+        raise FormatError(len(line), f"{what}: checksum mismatch")
+    try:
+        obj = json.loads(line)
+    except ValueError as exc:
+        raise FormatError(0, f"{what}: not JSON") from exc
+    if not isinstance(obj, dict):
+        raise FormatError(0, f"{what}: not a JSON object")
+    return obj
+
+
+def _same_dir(a: str, b: str) -> bool:
+    return os.path.abspath(a) == os.path.abspath(b)
 
 
 # --------------------------------------------------------------------------
@@ -968,6 +1005,8 @@ class Log:
         self.retired_files: set[int] = set()  # files the voucher lists that are known retired
         self.missing_files: set[int] = set()  # files that are gone without a trace of retirement
         self.position_floor = 0  # replay's position accounting starts here
+        self._legacy_dirs = False  # DATA_DIRS is missing or of version 1: rewrite it after recovery
+        self._dir_lost = False  # a data directory was missing (skip mode): only RETIRE records prove retirement
         self._next_woid = 1
         self._next_position = 0
         self._next_file_id = 1
@@ -1011,25 +1050,116 @@ class Log:
         except FormatError as exc:
             raise CorruptLogError(chan_path, exc.offset, exc.reason) from exc
         self._load_data_dirs()
-        if not self.readonly:
-            for d in self.data_dirs:
-                if not fs.exists(d):
-                    # The new directory's entry must be durable before files in it count.
-                    missing = []
-                    p = os.path.abspath(d)
-                    while not fs.exists(p):
-                        missing.append(p)
-                        p = os.path.dirname(p)
-                    fs.makedirs(d)
-                    for m in missing:
-                        fs.fsync_dir(os.path.dirname(m))
-                if os.path.abspath(d) != os.path.abspath(os.path.join(top, DEFAULT_DATA_DIR)):
-                    # An external data directory gets its own lock.
-                    self._extra_locks.append(self._lock_path(os.path.join(d, LOCK_FILE)))
+        rewrite = self._check_data_dirs()
         self._recover()
+        if not self.readonly:
+            # Recovery checked every data file against this channel's id: now record
+            # (or update, after a move) who owns each data directory.
+            for i in rewrite:
+                self._write_identity(i)
+            if self._legacy_dirs:
+                self._write_data_dirs()
         if not self.readonly and self.config.fsync == "interval":
             self._syncer = threading.Thread(target=self._sync_loop, name="filechannel-fsync", daemon=True)
             self._syncer.start()
+
+    def _internal(self, d: str) -> bool:
+        """Whether data directory ``d`` lies inside the channel directory (moves with it)."""
+        top = os.path.abspath(self.directory)
+        a = os.path.abspath(d)
+        return a != top and os.path.commonpath([a, top]) == top
+
+    def _check_data_dirs(self) -> list[int]:
+        """Check that every data directory is there and this channel's; lock each.
+
+        Returns the indexes of directories whose identity file must be (re)written
+        once recovery has checked their data files.
+
+        Raises:
+            CorruptLogError: A data directory is missing, empty where data was
+                recorded, or belongs to another channel.
+            ChannelCopyError: This directory is a copy of a live channel whose data
+                directory it would share.
+        """
+        fs = self.fs
+        rewrite: list[int] = []
+        for i, d in enumerate(self.data_dirs):
+            ident_path = os.path.join(d, DATA_DIR_ID_FILE)
+            has_segs = fs.exists(d) and any(_SEG_RE.match(n) for n in fs.listdir(d))
+            if not fs.exists(d) or (not fs.exists(ident_path) and not has_segs and not self._legacy_dirs):
+                what = "missing" if not fs.exists(d) else "empty (no identity file, no data files)"
+                reason = f"data directory is {what}: moved, deleted, or its disk is not mounted"
+                if self.config.on_corruption != "skip":
+                    raise CorruptLogError(d, 0, reason, _DATA_DIR_HINT)
+                self._report_corruption(CorruptionReport(d, 0, reason, 0))
+                self._dir_lost = True
+                if self.readonly:
+                    continue
+                self._make_dir(d)
+                rewrite.append(i)
+            elif not fs.exists(ident_path):
+                rewrite.append(i)  # written by an older version, or its identity file was lost
+            else:
+                try:
+                    ident = decode_meta(read_file(fs, ident_path), "data directory identity")
+                    cid = bytes.fromhex(str(ident["channel_id"]))
+                    owner = ident.get("owner")
+                except (FormatError, KeyError, ValueError) as exc:
+                    raise CorruptLogError(ident_path, 0, f"unreadable data directory identity: {exc}") from exc
+                if cid != self.channel_id:
+                    raise CorruptLogError(
+                        d,
+                        0,
+                        f"data directory belongs to another channel (id {cid.hex()}, this is {self.channel_id.hex()})",
+                        "pass the data_dirs this channel was created with, or restore its own data directory",
+                    )
+                if not self._internal(d) and isinstance(owner, str) and not _same_dir(owner, self.directory):
+                    if self._owner_is_live(owner):
+                        raise ChannelCopyError(self.directory, owner, d)
+                    rewrite.append(i)  # the channel directory moved: it owns the data directory now
+            if not self.readonly:
+                self._extra_locks.append(self._lock_path(os.path.join(d, LOCK_FILE)))
+        return rewrite
+
+    def _owner_is_live(self, owner: str) -> bool:
+        """Whether ``owner`` is a channel directory with this channel's id (the original of a copy)."""
+        path = os.path.join(owner, CHANNEL_FILE)
+        try:
+            return self.fs.exists(path) and decode_channel_file(read_file(self.fs, path))[0] == self.channel_id
+        except (FormatError, OSError):
+            return False
+
+    def _make_dir(self, d: str) -> None:
+        """Create a directory; its entry (and any parent's) is durable before files in it count."""
+        fs = self.fs
+        missing = []
+        p = os.path.abspath(d)
+        while not fs.exists(p):
+            missing.append(p)
+            p = os.path.dirname(p)
+        fs.makedirs(d)
+        for m in missing:
+            fs.fsync_dir(os.path.dirname(m))
+
+    def _write_identity(self, index: int) -> None:
+        d = self.data_dirs[index]
+        owner = None if self._internal(d) else os.path.abspath(self.directory)
+        data = encode_meta({"channel_id": self.channel_id.hex(), "index": index, "owner": owner, "version": 1})
+        self._write_small_file(os.path.join(d, DATA_DIR_ID_FILE), data)
+        self.fs.fsync_dir(d)
+
+    def _write_data_dirs(self) -> None:
+        """Record the data directories: relative inside the channel directory, absolute outside it."""
+        top = os.path.abspath(self.directory)
+        entries = [
+            os.path.relpath(os.path.abspath(d), top) if self._internal(d) else os.path.abspath(d)
+            for d in self.data_dirs
+        ]
+        self._write_small_file(
+            os.path.join(self.directory, DATA_DIRS_FILE), encode_meta({"data_dirs": entries, "version": 2})
+        )
+        self.fs.fsync_dir(self.directory)
+        self._legacy_dirs = False
 
     def _lock_path(self, path: str) -> int:
         try:
@@ -1055,24 +1185,66 @@ class Log:
         fs.replace(tmp, path)
 
     def _load_data_dirs(self) -> None:
-        """Use the data directories recorded at creation; refuse a different list."""
-        path = os.path.join(self.directory, DATA_DIRS_FILE)
-        if not self.fs.exists(path):
-            return  # created before DATA_DIRS existed: the default or the given list
-        try:
-            recorded = json.loads(read_file(self.fs, path))["data_dirs"]
-            if not isinstance(recorded, list) or not all(isinstance(d, str) for d in recorded) or not recorded:
-                raise ValueError("data_dirs must be a non-empty list of paths")
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CorruptLogError(path, 0, f"unreadable list of data directories: {exc}") from exc
+        """Use the data directories recorded at creation; refuse a different list.
+
+        ``DATA_DIRS`` (version 2) holds paths relative to the channel directory for
+        data directories inside it, so a moved or restored channel finds its data.
+        Version 1 (absolute paths, no checksum) is read too: a recorded
+        ``<old>/data`` of a channel that was moved or copied here becomes this
+        directory's own ``data``.
+        """
+        fs = self.fs
+        top = self.directory
+        path = os.path.join(top, DATA_DIRS_FILE)
+        if not fs.exists(path):
+            self._legacy_dirs = True  # created before DATA_DIRS existed: the default or the given list
+            return
+        buf = read_file(fs, path)
+        if b"\ncrc32:" in buf:
+            try:
+                recorded = decode_meta(buf, "DATA_DIRS")["data_dirs"]
+                if (
+                    not isinstance(recorded, list)
+                    or not recorded
+                    or not all(isinstance(d, str) and d for d in recorded)
+                ):
+                    raise FormatError(0, "data_dirs must be a non-empty list of paths")
+            except (FormatError, KeyError) as exc:
+                raise CorruptLogError(path, 0, f"unreadable list of data directories: {exc}") from exc
+            dirs = [d if os.path.isabs(d) else os.path.join(top, d) for d in recorded]
+        else:
+            try:
+                recorded = json.loads(buf)["data_dirs"]
+                if (
+                    not isinstance(recorded, list)
+                    or not recorded
+                    or not all(isinstance(d, str) and d for d in recorded)
+                ):
+                    raise ValueError("data_dirs must be a non-empty list of paths")
+            except (ValueError, KeyError, TypeError) as exc:
+                raise CorruptLogError(path, 0, f"unreadable list of data directories: {exc}") from exc
+            self._legacy_dirs = True
+            own = os.path.join(top, DEFAULT_DATA_DIR)
+            dirs = []
+            for d in recorded:
+                old_top = os.path.dirname(d)
+                if (
+                    os.path.basename(d) == DEFAULT_DATA_DIR
+                    and not _same_dir(old_top, top)
+                    and fs.exists(own)
+                    and own not in dirs
+                ):
+                    d = own  # this channel's default data directory, recorded under an old path
+                dirs.append(d)
         if self.config.data_dirs is not None:
             given = [os.path.abspath(d) for d in self.config.data_dirs]
-            if given != recorded:
+            if given != [os.path.abspath(d) for d in dirs]:
                 raise ConfigError(
                     "data_dirs",
-                    f"the channel was created with data_dirs={recorded}; pass the same list, or omit data_dirs",
+                    f"the channel was created with data_dirs={[os.path.abspath(d) for d in dirs]}; "
+                    "pass the same list, or omit data_dirs",
                 )
-        self.data_dirs = list(recorded)
+        self.data_dirs = dirs
 
     def _create(self, chan_path: str) -> None:
         fs = self.fs
@@ -1082,8 +1254,12 @@ class Log:
         self._lock(top)
         if fs.exists(chan_path):  # created concurrently before we took the lock
             return
-        # CHANNEL.tmp and DATA_DIRS are what a crash in the middle of an earlier creation leaves behind.
-        leftovers = (LOCK_FILE, CHANNEL_FILE + ".tmp", DATA_DIRS_FILE, DATA_DIRS_FILE + ".tmp")
+        # What a crash in the middle of an earlier creation leaves behind.
+        leftovers = {LOCK_FILE, CHANNEL_FILE + ".tmp", DATA_DIRS_FILE, DATA_DIRS_FILE + ".tmp"}
+        made = {LOCK_FILE, DATA_DIR_ID_FILE, DATA_DIR_ID_FILE + ".tmp"}
+        for d in self.data_dirs:
+            if self._internal(d) and fs.exists(d) and not set(fs.listdir(d)) - made:
+                leftovers.add(os.path.relpath(os.path.abspath(d), os.path.abspath(top)).split(os.sep)[0])
         others = [n for n in fs.listdir(top) if n not in leftovers]
         if others:
             raise NotAChannelError(
@@ -1094,10 +1270,12 @@ class Log:
                 raise NotAChannelError(top, f"no CHANNEL file, but data directory {d} holds data files of some channel")
         # Where the data lives is recorded first, so every later open finds it;
         # CHANNEL is written last: its presence marks a complete creation.
-        dirs = [os.path.abspath(d) for d in self.data_dirs]
-        self._write_small_file(os.path.join(top, DATA_DIRS_FILE), json.dumps({"data_dirs": dirs}).encode())
-        fs.fsync_dir(top)
-        data = encode_channel_file(uuid.uuid4().bytes, fmt.default_crc_kind(), time.time_ns())
+        self.channel_id = uuid.uuid4().bytes
+        self._write_data_dirs()
+        for i, d in enumerate(self.data_dirs):
+            self._make_dir(d)
+            self._write_identity(i)
+        data = encode_channel_file(self.channel_id, fmt.default_crc_kind(), time.time_ns())
         self._write_small_file(chan_path, data)
         fs.fsync_dir(top)
         if not existed:
@@ -1222,7 +1400,10 @@ class Log:
         assert self.voucher is not None
         gone = set(self.voucher.files) - set(self._files) - self.discarded
         for fid in sorted(gone):
-            if fid in retired or any(fid < n and live is not None and fid not in live for n, live in newest_by_dir):
+            listed = not self._dir_lost and any(
+                fid < n and live is not None and fid not in live for n, live in newest_by_dir
+            )
+            if fid in retired or listed:
                 self.retired_files.add(fid)
                 continue
             path = os.path.join(self.data_dirs[0], segment_name(fid))
