@@ -225,11 +225,11 @@ def test_skip_take_drops_exactly_the_damaged_event_durably(
     with ch:
         tx = ch.transaction()
         evs = tx.take_batch(150)
-        # Every event but the damaged one, intact and in order.
-        assert [(e.position, e.body) for e in evs] == expected(range(150))
+        # Every event but the damaged one, intact and in order; one more takes its place.
+        assert [(e.position, e.body) for e in evs] == expected(range(151))
         if end == "commit":
             tx.commit()
-            left = expected(range(150, N))
+            left = expected(range(151, N))
         else:
             tx.rollback()
             left = expected(range(N))  # the good events return; the damaged one does not
@@ -299,7 +299,7 @@ def test_skip_drop_survives_sigkill(tmp_path: Path) -> None:
     finally:
         p.send_signal(signal.SIGKILL)
         _, err = p.communicate(timeout=30)
-    assert line == f"done 149 0 49 [[{VICTIM}, {VICTIM + 1}]]\n", err.decode()
+    assert line == f"done 150 0 49 [[{VICTIM}, {VICTIM + 1}]]\n", err.decode()
     assert p.returncode == -signal.SIGKILL
     for mode in ("fail", "skip"):
         with filechannel.open(d, **OPTS, on_corruption=mode) as ch:
