@@ -1797,7 +1797,11 @@ class Log:
                     w.live.remove(fid)
             w.submit(_Item(fmt.RETIRE, 0, retire=fids))
             if self.config.fsync == "interval":
-                w.sync_now()
+                # Every writer, not just this directory's: the takes re-logged before a
+                # retirement may sit in another data directory, and must be durable
+                # before the file they make unnecessary is unlinked.
+                for other in self._writers:
+                    other.sync_now()
                 self._check_writable()
             for fid in fids:
                 _, path = self._files.pop(fid)

@@ -25,6 +25,7 @@ of variants tried is printed and asserted (see docs/reliability.md).
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -304,6 +305,17 @@ def w_interval(d: Driver) -> None:
     d.txn(takes=1, puts=[50])
 
 
+def w_upgrade_data_dirs(d: Driver) -> None:
+    # A channel written by 0.1: DATA_DIRS of version 1 (absolute paths), no DATADIR identity.
+    # The next open upgrades both (the crash points of that upgrade are recorded too).
+    d.txn(puts=[300, 300])
+    d.ch.close()
+    d.fs.write(DIR + "/DATA_DIRS", json.dumps({"data_dirs": [DIR + "/data"]}).encode())
+    d.fs.remove(DIR + "/data/DATADIR")
+    d.ch = filechannel.open(DIR, fs=d.fs, **d.opts)
+    d.txn(takes=1, puts=[200])
+
+
 COMMIT = dict(BASE_OPTS)
 INTERVAL = dict(BASE_OPTS, fsync="interval", fsync_interval=3600.0)
 
@@ -314,6 +326,8 @@ CASES = [
     pytest.param(w_reopen_and_rollbacks, COMMIT, "posix", 40, id="reopen-rollback-posix"),
     pytest.param(w_checkpoint, COMMIT, "posix", 40, id="checkpoint-posix"),
     pytest.param(w_interval, INTERVAL, "posix", 40, id="interval-posix"),
+    pytest.param(w_basic, dict(COMMIT, data_dirs=["/sim/disk2"]), "posix", 40, id="external-data-dir-posix"),
+    pytest.param(w_upgrade_data_dirs, COMMIT, "posix", 30, id="upgrade-data-dirs-posix"),
 ]
 
 
