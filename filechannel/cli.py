@@ -2,7 +2,8 @@
 
 This is the only module that prints. Every ``ChannelError`` and ``OSError``
 becomes one line on stderr and a non-zero exit status, never a traceback.
-Exit status: 0 success, 1 verify found problems, 2 usage or channel error.
+Exit status: 0 success, 1 verify found problems, 2 usage or channel error,
+130 interrupted (``put`` and ``take`` then say exactly what was committed).
 """
 
 from __future__ import annotations
@@ -10,10 +11,14 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import logging
 import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, NoReturn
 
 from . import format as fmt
@@ -22,15 +27,22 @@ from ._version import __version__
 from .channel import CHECKPOINT_DIR, FileChannel, replay_queue
 from .checkpoint import CheckpointStore
 from .config import ChannelConfig
-from .errors import ChannelError, NotAChannelError
+from .errors import ChannelError, ConfigError, CorruptLogError, NotAChannelError
 from .log import CHANNEL_FILE, LOCK_FILE, Log
 
-_EPILOG = "Exit status: 0 on success, 1 when verify finds problems, 2 on bad input or a channel error."
+_EPILOG = (
+    "Exit status: 0 on success, 1 when verify finds problems, 2 on bad input or a channel error, 130 when interrupted."
+)
+_TAKE_BATCH = 1000  # events per take transaction unless --transaction-capacity says otherwise
 
 
 def _existing(path: str) -> str:
+    if not os.path.exists(path):
+        raise ChannelError(
+            f"{path}: no such channel directory (create one with `filechannel put {path}` or filechannel.open)"
+        )
     if not os.path.isdir(path):
-        raise ChannelError(f"{path}: no such channel directory")
+        raise NotAChannelError(path, "it is a file")
     if not os.path.exists(os.path.join(path, CHANNEL_FILE)):
         raise NotAChannelError(path, "no CHANNEL file (create a channel with `filechannel put` or filechannel.open)")
     return path
@@ -68,57 +80,245 @@ def _progress(msg: str) -> None:
         print(msg, file=sys.stderr)
 
 
+class _WarningLine(logging.Formatter):
+    """One line per record, never a traceback."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return "filechannel: warning: " + " ".join(record.getMessage().split("\n"))
+
+
+@contextmanager
+def _library_warnings() -> Iterator[None]:
+    """Show the library's WARNING and ERROR records on stderr while a command runs.
+
+    The package logger has only a NullHandler, so without this a loss the library
+    reports (a record dropped with ``on_corruption="skip"``, when opening or when
+    taking, a truncated tail, an unusable checkpoint) would go unseen.
+    """
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(_WarningLine())
+    pkg = logging.getLogger("filechannel")
+    pkg.addHandler(handler)
+    try:
+        yield
+    finally:
+        pkg.removeHandler(handler)
+
+
+class _Sigint:
+    """Hold Ctrl-C back while the channel commits, so the summary's count is exact.
+
+    Outside :meth:`held`, SIGINT raises ``KeyboardInterrupt`` at once (also while
+    blocked reading stdin or printing). Inside, it is remembered and raised when
+    the block ends, after the commit (or rollback) and its count are done: an
+    interrupt never lands half-way through the channel's own bookkeeping, and a
+    batch is either counted as committed or it was rolled back.
+    """
+
+    def __init__(self) -> None:
+        self._depth = 0
+        self._pending = False
+        self._old: Any = None
+        self._installed = False
+
+    def __enter__(self) -> _Sigint:
+        # Only the main thread may set handlers; a SIGINT the parent ignores stays ignored.
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) not in (
+            signal.SIG_IGN,
+            None,
+        ):
+            self._old = signal.signal(signal.SIGINT, self._handle)
+            self._installed = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._installed:
+            signal.signal(signal.SIGINT, self._old)
+            self._installed = False
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self._depth:
+            self._pending = True
+        else:
+            raise KeyboardInterrupt
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Run the block with SIGINT deferred to its end."""
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+        if self._pending and not self._depth:
+            self._pending = False
+            raise KeyboardInterrupt
+
+
 # -- commands ---------------------------------------------------------------------------
 
 
-def cmd_put(args: argparse.Namespace) -> int:
-    """Put one event per stdin line."""
+def _headers(specs: Sequence[str] | None) -> dict[str, str]:
     headers: dict[str, str] = {}
-    for h in args.header or []:
+    for h in specs or []:
         if "=" not in h:
             raise ChannelError(f"--header {h!r}: expected KEY=VALUE")
+        try:
+            h.encode("utf-8")
+        except UnicodeEncodeError:
+            # Bytes that are not UTF-8 reach argv as lone surrogates; headers are strict UTF-8.
+            raise ChannelError(
+                f"--header {h!r}: not valid UTF-8 text; header keys and values must be UTF-8 "
+                "(carry other bytes in the event body)"
+            ) from None
         k, v = h.split("=", 1)
         headers[k] = v
-    n = 0
-    with FileChannel(args.dir, ChannelConfig.from_options(_opts(args))) as ch:
-        batch: list[bytes] = []
-        stdin = sys.stdin.buffer
-        for line in stdin:
-            batch.append(line.rstrip(b"\n"))
-            if len(batch) >= args.batch:
-                n += _put_batch(ch, batch, headers)
-                batch = []
-        if batch:
-            n += _put_batch(ch, batch, headers)
-    print(f"put {n} events", file=sys.stderr)
+    return headers
+
+
+def cmd_put(args: argparse.Namespace) -> int:
+    """Put one event per stdin line, committing every ``--batch`` lines.
+
+    Every check that can be made before reading input is made first. A line too
+    large for ``max_event_size`` stops the command only after the lines before
+    it are committed, so no valid line is lost unreported.
+    """
+    headers = _headers(args.header)
+    cfg = ChannelConfig.from_options(_opts(args))
+    if args.batch > cfg.transaction_capacity:
+        raise ChannelError(
+            f"--batch {args.batch} is larger than the transaction capacity {cfg.transaction_capacity}: "
+            f"use --batch {cfg.transaction_capacity} or less, or raise --transaction-capacity"
+        )
+    stdin = getattr(sys.stdin, "buffer", None)
+    if stdin is None:
+        raise ChannelError("no standard input to read events from")
+    overhead = len(fmt.encode_event(b"", headers))  # an event's size is its line plus this
+    limit = cfg.max_event_size
+    committed = 0
+    batch: list[bytes] = []
+    too_big: tuple[int, int] | None = None  # (line number, event size)
+    with _Sigint() as sigint:
+        try:
+            ch = FileChannel(args.dir, cfg)
+            try:
+                for lineno, line in enumerate(stdin, 1):
+                    body = line[:-1] if line[-1:] == b"\n" else line
+                    if len(body) + overhead > limit:
+                        too_big = (lineno, len(body) + overhead)
+                        break
+                    batch.append(body)
+                    if len(batch) >= args.batch:
+                        with sigint.held():
+                            committed += _put_batch(ch, batch, headers)
+                            batch = []
+                with sigint.held():
+                    committed += _put_batch(ch, batch, headers)
+                    batch = []
+            except (ChannelError, OSError) as exc:
+                raise ChannelError(
+                    f"{exc} (the first {committed} lines were committed; the {len(batch)} lines of the batch in "
+                    "progress were not)"
+                ) from exc
+            finally:
+                with sigint.held():
+                    ch.close()
+        except KeyboardInterrupt:
+            print(
+                f"filechannel: interrupted: {committed} events committed (the first {committed} lines); "
+                f"the batch in progress ({len(batch)} lines) was rolled back",
+                file=sys.stderr,
+            )
+            return 130
+    if too_big is not None:
+        lineno, size = too_big
+        raise ChannelError(
+            f"line {lineno}: an event of {size} bytes (line plus headers) exceeds max_event_size={limit}; "
+            f"the {committed} lines before it were committed and nothing from line {lineno} on was put "
+            "(raise --max-event-size, or split the line)"
+        )
+    print(f"put {committed} events", file=sys.stderr)
     return 0
 
 
 def _put_batch(ch: FileChannel, batch: list[bytes], headers: dict[str, str]) -> int:
+    if not batch:
+        return 0
     with ch.transaction() as tx:
         tx.put_many(batch, headers=headers or None)
     return len(batch)
 
 
 def cmd_take(args: argparse.Namespace) -> int:
-    """Print and remove events."""
+    """Print and remove events, one transaction per batch.
+
+    Events are printed before their transaction commits: an interrupt or an
+    error rolls the batch in progress back, so printed events may be taken again
+    (at least once), never lost.
+    """
+    opts = _opts(args)
+    if args.transaction_capacity is not None and args.capacity is None:
+        # take puts nothing, so capacity only has to admit the transaction capacity.
+        opts["capacity"] = max(ChannelConfig().capacity, args.transaction_capacity)
+    cfg = ChannelConfig.from_options(opts)  # bad options first: they need no channel
     _existing(args.dir)
-    with FileChannel(args.dir, ChannelConfig.from_options(_opts(args))) as ch:
-        left = args.n
-        out = sys.stdout
-        while left > 0:
-            with ch.transaction() as tx:
-                evs = tx.take_batch(min(left, ch.config.transaction_capacity, 1000), timeout=args.wait)
-                for ev in evs:
-                    if args.json:
-                        rec = {"position": ev.position, "headers": dict(ev.headers), "body": _body_text(ev.body)}
-                        out.write(json.dumps(rec) + "\n")
-                    else:
-                        out.write(_body_text(ev.body) + "\n")
-                out.flush()
-            if not evs:
-                break
-            left -= len(evs)
+    per_txn = args.transaction_capacity or _TAKE_BATCH
+    taken = 0
+    printed = 0  # events of the transaction in progress already printed
+    out = sys.stdout
+    with _Sigint() as sigint:
+        try:
+            ch = FileChannel(args.dir, cfg)
+            try:
+                left = args.n
+                deadline = time.monotonic() + args.wait
+                while left > 0:
+                    # Wait in short slices so that Ctrl-C is never held back for long.
+                    slice_ = min(max(0.0, deadline - time.monotonic()), 0.2)
+                    with sigint.held():
+                        tx = ch.transaction()
+                        try:
+                            evs = tx.take_batch(min(left, per_txn), timeout=slice_)
+                        except BaseException:
+                            tx.rollback()
+                            raise
+                    try:
+                        for ev in evs:
+                            if args.json:
+                                rec = {
+                                    "position": ev.position,
+                                    "headers": dict(ev.headers),
+                                    "body": _body_text(ev.body),
+                                }
+                                out.write(json.dumps(rec) + "\n")
+                            else:
+                                out.write(_body_text(ev.body) + "\n")
+                            printed += 1
+                        out.flush()
+                    except BaseException:
+                        with sigint.held():
+                            tx.rollback()
+                        raise
+                    with sigint.held():
+                        tx.commit()  # an empty one writes nothing
+                        taken += len(evs)
+                        printed = 0
+                    if evs:
+                        left -= len(evs)
+                        deadline = time.monotonic() + args.wait
+                    elif time.monotonic() >= deadline:
+                        break
+            finally:
+                with sigint.held():
+                    ch.close()
+        except KeyboardInterrupt:
+            print(
+                f"filechannel: interrupted: {taken} events taken and committed; the batch in progress was "
+                f"rolled back ({printed} of its events were printed and stay in the channel)",
+                file=sys.stderr,
+            )
+            return 130
     return 0
 
 
@@ -210,7 +410,7 @@ def _checkpoint_info(log: Log) -> dict[str, Any] | None:
 def cmd_checkpoint(args: argparse.Namespace) -> int:
     """Write a checkpoint now."""
     _existing(args.dir)
-    with FileChannel(args.dir, ChannelConfig.from_options({"checkpoint_interval": 0})) as ch:
+    with FileChannel(args.dir, ChannelConfig.from_options({**_opts(args), "checkpoint_interval": 0})) as ch:
         res = ch.checkpoint()
     print(f"checkpoint at write-order id {res['woid']}: {res['events']} events, {res['bytes']} bytes")
     return 0
@@ -294,11 +494,19 @@ def cmd_verify(args: argparse.Namespace) -> int:
 # -- parser -----------------------------------------------------------------------------------
 
 
+# Channel options the command line can set, and the flag that sets each.
+_CONFIG_FLAGS = {
+    "capacity": "--capacity",
+    "transaction_capacity": "--transaction-capacity",
+    "max_event_size": "--max-event-size",
+    "fsync": "--fsync",
+    "on_corruption": "--on-corruption",
+}
+
+
 def _opts(args: argparse.Namespace) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    if getattr(args, "fsync", None):
-        out["fsync"] = args.fsync
-    return out
+    """Return the channel options given on the command line (the rest keep their defaults)."""
+    return {name: getattr(args, name) for name in _CONFIG_FLAGS if getattr(args, name, None) is not None}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -315,8 +523,23 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("put", help="put one event per stdin line, committed in batches", epilog=_EPILOG)
     sp.add_argument("dir", help="channel directory (created if missing)")
     sp.add_argument("--header", action="append", metavar="KEY=VALUE", help="a header for every event (repeatable)")
-    sp.add_argument("--batch", type=int, default=1000, help="events per transaction (default 1000)")
+    sp.add_argument(
+        "--batch",
+        type=int,
+        default=1000,
+        help="events per transaction (default 1000; at most the transaction capacity)",
+    )
     sp.add_argument("--fsync", choices=("commit", "interval"), help="fsync mode (default commit)")
+    sp.add_argument(
+        "--capacity", type=int, metavar="N", help="most events the channel may hold while putting (default 1000000)"
+    )
+    sp.add_argument("--transaction-capacity", type=int, metavar="N", help="most events per transaction (default 10000)")
+    sp.add_argument(
+        "--max-event-size",
+        type=int,
+        metavar="BYTES",
+        help="largest event, a line plus its headers (default 8 MiB); a longer line stops the command",
+    )
     sp.set_defaults(func=cmd_put)
 
     sp = sub.add_parser("take", help="print and remove events (one per line)", epilog=_EPILOG)
@@ -324,6 +547,20 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("-n", type=int, default=1, help="how many events to take (default 1)")
     sp.add_argument("--wait", type=float, default=0.0, help="seconds to wait for events (default 0)")
     sp.add_argument("--json", action="store_true", help="print position, headers and body as JSON lines")
+    sp.add_argument(
+        "--transaction-capacity",
+        type=int,
+        metavar="N",
+        help=f"most events per take transaction (default {_TAKE_BATCH})",
+    )
+    sp.add_argument(
+        "--capacity", type=int, metavar="N", help="the channel's capacity (only needed above 1000000 events per take)"
+    )
+    sp.add_argument(
+        "--on-corruption",
+        choices=("fail", "skip"),
+        help="fail (default) on damaged data, or skip it: drop what is damaged and report each loss on stderr",
+    )
     sp.set_defaults(func=cmd_take)
 
     sp = sub.add_parser("stat", help="queue size, positions, files, bytes, last write-order id", epilog=_EPILOG)
@@ -333,6 +570,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("checkpoint", help="write a checkpoint now (fast restart)", epilog=_EPILOG)
     sp.add_argument("dir", help="channel directory")
+    sp.add_argument(
+        "--on-corruption",
+        choices=("fail", "skip"),
+        help="fail (default) on damaged data, or skip it: drop what is damaged and report each loss on stderr",
+    )
     sp.set_defaults(func=cmd_checkpoint)
 
     sp = sub.add_parser("dump", help="print every log record as a JSON line", epilog=_EPILOG)
@@ -350,16 +592,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    for name in ("n", "batch"):
+    for name, flag in (("n", "-n"), ("batch", "--batch")):
         v = getattr(args, name, None)
         if v is not None and v <= 0:
-            parser.error(f"--{name if name != 'n' else 'n'} must be positive")
+            parser.error(f"{flag} must be positive, got {v}")
+    wait = getattr(args, "wait", None)
+    if wait is not None and not wait >= 0:  # also refuses nan
+        parser.error(f"--wait must be a number of seconds >= 0, got {wait}")
+    # Commands that open the channel for writing show what the library reports;
+    # stat, dump and verify are read-only and report damage themselves.
+    shown: AbstractContextManager[None] = (
+        _library_warnings() if args.func in (cmd_put, cmd_take, cmd_checkpoint) else nullcontext()
+    )
     try:
-        return int(args.func(args))
+        with shown:
+            return int(args.func(args))
     except BrokenPipeError:  # pragma: no cover - e.g. `| head`
         return 0
+    except ConfigError as exc:
+        # Name the flag the user typed, not the library's option name.
+        cli_flag = _CONFIG_FLAGS.get(exc.option)
+        given = getattr(args, exc.option, None) if cli_flag else None
+        msg = f"{cli_flag} {given}: {exc.reason}" if given is not None else str(exc)
+        print(f"filechannel: error: {msg}", file=sys.stderr)
+        return 2
     except (ChannelError, OSError) as exc:
-        print(f"filechannel: error: {exc}", file=sys.stderr)
+        msg = str(exc)
+        if isinstance(exc, CorruptLogError) and hasattr(args, "on_corruption"):
+            msg += f"; from the command line: filechannel {args.command} DIR --on-corruption skip"
+        print(f"filechannel: error: {msg}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        print("filechannel: interrupted", file=sys.stderr)
         return 130
