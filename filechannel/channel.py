@@ -911,7 +911,7 @@ class FileChannel:
         tx._taken = [e for e in tx._taken if e[0] not in bad]
         drop.commit()  # durable per the fsync policy; raises (and returns them to the queue) if it fails
         for e, exc in damaged:
-            self._log._report_corruption(
+            self._log.report_corruption(
                 CorruptionReport(
                     exc.path, exc.offset, f"{exc.reason}; dropped when taken", 0, lost_positions=[(e[0], e[0] + 1)]
                 )
@@ -1148,7 +1148,7 @@ class _LossAccounting:
             if a < first_woid + len(positions) and first_woid <= b and rep.file_id == commit.file_id:
                 rep.lost_positions += ranges_of(positions)
                 return
-        self.log._report_corruption(
+        self.log.report_corruption(
             CorruptionReport(
                 self.log.file_path(commit.file_id),
                 commit.offset,
@@ -1160,7 +1160,7 @@ class _LossAccounting:
         )
 
     def unreadable_takes(self, commit: LogRecord, n_taken: int) -> None:
-        self.log._report_corruption(
+        self.log.report_corruption(
             CorruptionReport(
                 self.log.file_path(commit.file_id),
                 commit.offset,
@@ -1236,7 +1236,7 @@ class _LossAccounting:
             )
             if log.config.on_corruption != "skip":
                 raise CorruptLogError(path, 0, reason)
-            log._report_corruption(CorruptionReport(path, 0, reason, 0, lost_positions=lost, file_id=fid))
+            log.report_corruption(CorruptionReport(path, 0, reason, 0, lost_positions=lost, file_id=fid))
 
 
 def _subtract(ranges: list[tuple[int, int]], minus: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -1358,7 +1358,7 @@ def verify_channel(
             try:
                 read_event(log, e)
             except CorruptLogError as exc:  # what a take with on_corruption="skip" drops
-                log._report_corruption(
+                log.report_corruption(
                     CorruptionReport(
                         exc.path, exc.offset, f"{exc.reason}; dropped when taken", 0, lost_positions=[(e[0], e[0] + 1)]
                     )

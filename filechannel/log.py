@@ -1,31 +1,30 @@
-"""The write-ahead log: data files, write-order ids, group commit, recovery.
+"""The channel directory: identity, data directories, locks, recovery, retention.
 
-``Log`` owns the channel directory's files and everything about them: the
-``CHANNEL`` identity file, the lock, the data files in each data directory,
-the global write-order id (woid), the position counter that COMMIT records
-carry, group commit and the fsync policy, recovery of torn tails, detection of
-corruption, and retirement of data files. It knows nothing of queues or
-capacity: ``channel.py`` builds those from the records this module replays.
+``Log`` owns the channel directory's files and the decisions about them: the
+``CHANNEL`` identity file, ``DATA_DIRS`` and each data directory's ``DATADIR``
+identity, the locks, the global write-order id (woid) and position counters,
+recovery (which checkpoint to trust, which files belong to the channel, what
+to truncate or set aside, how damage follows ``on_corruption``), the records
+recovery keeps for replay, and the retirement of data files. It knows nothing
+of queues or capacity: ``channel.py`` builds those from the records it
+replays.
 
-Write path: committers hand a transaction's payloads to the writer of one data
-directory. One of them becomes the leader, takes every pending transaction,
-assigns woids and positions, frames them, ends the write with a BATCH_END
-record (a checksum over the whole write), writes it with one ``pwrite`` and,
-with ``fsync="commit"``, makes it durable with one ``fdatasync`` before any of
-those commits return. A failed fsync or a failed write that cannot be cleanly
-undone moves the log to FAILED: every later write raises, and nothing is
-fsynced again as if it were safe.
+Reading a data file is ``scan.py``'s job (one read-only parser, shared by
+recovery, ``verify`` and readers); appending is ``writer.py``'s (group commit,
+fsync policy, rolling files). Every durability syscall goes through ``_fs``.
 
-Recovery (see docs/format.md): only records covered by a verified BATCH_END
-count. In the newest data file of a directory, damage with no verified
-BATCH_END after it is a torn tail: it is copied aside and truncated. Any other
-damage is corruption of acknowledged data and raises ``CorruptLogError``
-(or, with ``on_corruption="skip"``, is skipped and reported exactly).
+Recovery (see docs/format.md and docs/design.md): the newest checkpoint that
+decodes vouches for the length of every live file and for every queued event.
+Only records covered by a verified BATCH_END count; in the newest data file
+of a directory, damage with nothing verified after it and beyond what a
+checkpoint vouched for is a torn tail: it is copied aside and truncated. Any
+other damage is corruption of acknowledged data and raises
+``CorruptLogError`` (or, with ``on_corruption="skip"``, is skipped and
+reported exactly).
 """
 
 from __future__ import annotations
 
-import errno
 import heapq
 import itertools
 import json
@@ -38,7 +37,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 from . import format as fmt
@@ -55,6 +53,36 @@ from .errors import (
     FormatError,
     NotAChannelError,
 )
+from .scan import (
+    INF_WOID,
+    SEG_RE,
+    CorruptionReport,
+    FileScan,
+    LogRecord,
+    Scanner,
+    all_zero,
+    find_verified_batch_end,
+    format_ranges,
+    merge_ranges,
+    ranges_of,
+    segment_name,
+)
+from .writer import PREALLOC_STEP, CommitResult, Item, RollbackItem, Writer
+
+__all__ = [
+    "INF_WOID",
+    "PREALLOC_STEP",
+    "CommitResult",
+    "CorruptionReport",
+    "Log",
+    "LogRecord",
+    "decode_channel_file",
+    "encode_channel_file",
+    "format_ranges",
+    "merge_ranges",
+    "ranges_of",
+    "segment_name",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -63,11 +91,9 @@ DATA_DIRS_FILE = "DATA_DIRS"
 DATA_DIR_ID_FILE = "DATADIR"
 LOCK_FILE = "LOCK"
 DEFAULT_DATA_DIR = "data"
-_SEG_RE = re.compile(r"^seg-([0-9a-f]{16})\.wal$")
 _CHANNEL_MAGIC = b"FCCHANNL"
 _CHANNEL_FMT = struct.Struct("<8sHH16sQ")
 _U32 = struct.Struct("<I")
-_BATCH_END_SIZE = fmt.record_size(32)
 _DATA_DIR_HINT = (
     "mount or restore it at this path (a backup restores the whole channel directory); "
     "to accept the loss of its events, open with on_corruption='skip' (every lost position is reported)"
@@ -77,17 +103,6 @@ _MISSING_HINT = (
     "(every lost position is reported)"
 )
 _SPACE_REFRESH_S = 1.0
-# Data files are zero-filled this far ahead of the last write, so that most
-# fdatasyncs find no size change to journal (PostgreSQL's wal_init_zero idea):
-# one in every PREALLOC_STEP bytes pays for the metadata. Recovery reads an
-# all-zero tail after the last verified batch of the newest file as a clean end.
-PREALLOC_STEP = 1 << 20
-_ZEROS = bytes(PREALLOC_STEP)
-
-
-def segment_name(file_id: int) -> str:
-    """Return the file name of data file ``file_id``."""
-    return f"seg-{file_id:016x}.wal"
 
 
 # --------------------------------------------------------------------------
@@ -152,780 +167,6 @@ def decode_meta(buf: bytes, what: str) -> dict[str, Any]:
 
 def _same_dir(a: str, b: str) -> bool:
     return os.path.abspath(a) == os.path.abspath(b)
-
-
-# --------------------------------------------------------------------------
-# results of recovery
-
-
-@dataclass(frozen=True, slots=True)
-class LogRecord:
-    """A record as replay yields it: where it lives, and its decoded fields.
-
-    ``payload`` is empty for PUT records (read them with :meth:`Log.read_payload`);
-    ``size`` is the whole frame, so ``(file_id, offset, size)`` is a pointer.
-    ``salvaged``: the record verifies on its own, but its batch does not (it
-    was recovered one record at a time from damaged, acknowledged data).
-    """
-
-    op: int
-    woid: int
-    txn_id: int
-    file_id: int
-    offset: int
-    size: int
-    payload: bytes
-    salvaged: bool = False
-
-
-INF_WOID = 1 << 64
-"""An upper bound above every write-order id (an open end of a damaged span)."""
-
-
-@dataclass
-class CorruptionReport:
-    """Damage that ``on_corruption="skip"`` stepped over (also in ``stats()``).
-
-    ``woid_span`` is ``(a, b)``: the write-order ids of the last record known
-    intact before the damage and of the first after it (``INF_WOID`` when
-    nothing follows). Replay turns it into ``lost_positions``: the positions
-    that no intact COMMIT inside that span claims. ``lost_positions`` is a
-    list of half-open ``(first, end)`` ranges.
-    """
-
-    path: str
-    offset: int
-    reason: str
-    lost_bytes: int
-    woid_span: tuple[int, int] | None = None
-    lost_positions: list[tuple[int, int]] = field(default_factory=list)
-    file_id: int = 0
-
-    def describe(self) -> str:
-        """One line for the log, ``verify`` and ``stats()``."""
-        s = f"{self.path} at byte {self.offset}: {self.reason}"
-        if self.lost_bytes:
-            s += f"; skipped {self.lost_bytes} bytes"
-        n = sum(b - a for a, b in self.lost_positions)
-        if n:
-            s += f", lost positions {format_ranges(self.lost_positions)} ({n} events)"
-        return s
-
-
-def format_ranges(ranges: Sequence[tuple[int, int]]) -> str:
-    """Format half-open position ranges as ``"3, 7..9"`` (inclusive, as people read them)."""
-    return ", ".join(str(a) if b - a == 1 else f"{a}..{b - 1}" for a, b in ranges if b > a)
-
-
-def merge_ranges(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Sort and merge overlapping or touching half-open ranges."""
-    out: list[tuple[int, int]] = []
-    for a, b in sorted(r for r in ranges if r[1] > r[0]):
-        if out and a <= out[-1][1]:
-            if b > out[-1][1]:
-                out[-1] = (out[-1][0], b)
-        else:
-            out.append((a, b))
-    return out
-
-
-def ranges_of(positions: Sequence[int]) -> list[tuple[int, int]]:
-    """Turn positions into sorted, merged half-open ranges."""
-    out: list[tuple[int, int]] = []
-    for p in sorted(set(positions)):
-        if out and out[-1][1] == p:
-            out[-1] = (out[-1][0], p + 1)
-        else:
-            out.append((p, p + 1))
-    return out
-
-
-@dataclass
-class _FileScan:
-    file_id: int
-    path: str
-    header: fmt.FileHeader
-    records: list[LogRecord]
-    end: int  # offset after the last verified batch
-    size: int  # file size on disk
-    last_woid: int
-    header_damaged: bool = False
-
-
-@dataclass
-class CommitResult:
-    """What a durable (or, with ``fsync="interval"``, written) commit produced."""
-
-    txn_id: int
-    woid: int = 0
-    first_position: int = 0
-    file_id: int = 0
-    put_offsets: list[int] = field(default_factory=list)
-    put_sizes: list[int] = field(default_factory=list)
-
-
-# --------------------------------------------------------------------------
-# scanning one data file
-
-
-def _all_zero(buf: bytes, start: int) -> bool:
-    """Return whether every byte of ``buf`` from ``start`` on is zero."""
-    n = len(buf) - start
-    return n <= 0 or buf.count(0, start) == n
-
-
-def _find_verified_batch_end(
-    buf: bytes, start: int, seed: int, kind: int, max_payload: int
-) -> tuple[int, fmt.BatchEnd] | None:
-    """Return the first BATCH_END at or after ``start`` whose whole batch verifies."""
-    off = start + fmt.pad_len(start)
-    n = len(buf)
-    find = buf.find
-    marker = bytes([fmt.BATCH_END])
-    while off + _BATCH_END_SIZE <= n:
-        hit = find(marker, off)
-        if hit < 0:
-            return None
-        if hit & 7:
-            off = hit + fmt.pad_len(hit)
-            continue
-        off = hit
-        try:
-            rec = fmt.decode_record(buf, off, seed, kind, max_payload)
-            if isinstance(rec, fmt.Record) and rec.op == fmt.BATCH_END:
-                be = fmt.decode_batch_end(rec.payload)
-                if (
-                    be.batch_start + be.batch_len == off
-                    and be.batch_start >= 0
-                    and fmt.crc(kind, buf[be.batch_start : off], seed) == be.batch_crc
-                ):
-                    return off, be
-        except FormatError:
-            pass
-        off += 8
-    return None
-
-
-class _Scanner:
-    """Walks one data file's records and classifies damage (policy lives here).
-
-    Only records inside a verified batch count, with two exceptions where the
-    channel knows the bytes were acknowledged: a region followed by a verified
-    batch, and a region below ``vouched`` (the length a checkpoint recorded).
-    Damage there is corruption; with ``on_corruption="skip"`` each record that
-    still verifies on its own is salvaged and only what cannot be framed is
-    dropped. Damage elsewhere in the newest file is a torn tail.
-    """
-
-    def __init__(self, log: Log, path: str, file_id: int, buf: bytes, header: fmt.FileHeader) -> None:
-        self.log = log
-        self.path = path
-        self.file_id = file_id
-        self.buf = buf
-        self.header = header
-        self.kind = log.crc_kind
-        self.seed = fmt.file_seed(self.kind, log.channel_id, file_id)
-        self.max_payload = log.max_payload
-
-    def scan(
-        self, newest: bool, prev_woid: int, start: int | None = None, floor: int = 0, vouched: int = 0
-    ) -> _FileScan:
-        """Walk the file's records from ``start`` (default: after the header).
-
-        ``prev_woid`` is the last write-order id of the previous file; ``floor``
-        is one that every record read must exceed (a checkpoint's, when resuming);
-        ``vouched`` is the length a checkpoint recorded for this file: bytes
-        below it were durable and acknowledged, so losing them is never a torn tail.
-        """
-        buf, seed, kind = self.buf, self.seed, self.kind
-        records: list[LogRecord] = []
-        pending: list[LogRecord] = []
-        # ``g`` is the end of the last verified batch; a checkpoint may say where to start.
-        g = self.header.header_len if start is None else start
-        pos = g
-        last_woid = max(prev_woid, self.header.base_woid - 1)
-        batch_last_woid = max(last_woid, floor)
-        n = len(buf)
-        fid = self.file_id
-        if vouched > n:
-            self._truncated(n, vouched, last_woid)
-        while True:
-            if pos >= n and not pending:
-                break
-            bad_reason = None
-            try:
-                rec = fmt.decode_record(buf, pos, seed, kind, self.max_payload)
-            except FormatError as exc:
-                rec = None
-                bad_reason = exc.reason
-            if rec is fmt.INCOMPLETE:
-                bad_reason = "incomplete record at end of file" if pos < n else "batch without BATCH_END"
-                rec = None
-            if rec is not None:
-                assert isinstance(rec, fmt.Record)
-                if rec.woid <= batch_last_woid:
-                    bad_reason = f"write-order id {rec.woid} does not increase (previous {batch_last_woid})"
-                elif rec.op == fmt.BATCH_END:
-                    try:
-                        be = fmt.decode_batch_end(rec.payload)
-                    except FormatError as exc:
-                        be = None
-                        bad_reason = exc.reason
-                    if be is not None:
-                        if be.batch_start != g or be.batch_len != pos - g:
-                            bad_reason = "BATCH_END does not cover the preceding batch"
-                        elif fmt.crc(kind, buf[g:pos], seed) != be.batch_crc:
-                            bad_reason = "batch checksum mismatch"
-                        elif not pending or be.first_woid != pending[0].woid or be.last_woid != pending[-1].woid:
-                            bad_reason = "BATCH_END's write-order ids do not match its batch"
-                        else:
-                            records.extend(pending)
-                            pending = []
-                            batch_last_woid = rec.woid
-                            last_woid = rec.woid
-                            pos = g = rec.end
-                            continue
-                else:
-                    payload = b"" if rec.op == fmt.PUT else rec.payload
-                    pending.append(LogRecord(rec.op, rec.woid, rec.txn_id, fid, pos, rec.size, payload))
-                    batch_last_woid = rec.woid
-                    pos = rec.end
-                    continue
-            # Damage (or an unterminated batch) at ``pos``; the verified prefix ends at ``g``.
-            assert bad_reason is not None
-            resumed = self._handle_damage(newest, g, pos, bad_reason, records, max(last_woid, floor), vouched)
-            if resumed is None:
-                break
-            g = pos = resumed
-            pending = []
-            if records:
-                last_woid = max(last_woid, records[-1].woid)
-            batch_last_woid = max(last_woid, floor)
-        return _FileScan(fid, self.path, self.header, records, g, n, last_woid)
-
-    def _truncated(self, size: int, vouched: int, last_woid: int) -> None:
-        """The file is shorter than a checkpoint recorded: acknowledged bytes are gone."""
-        reason = f"data file is {vouched - size} bytes shorter than the checkpoint recorded ({vouched} bytes)"
-        log = self.log
-        if log.config.on_corruption != "skip":
-            raise CorruptLogError(self.path, size, reason)
-        log._report_corruption(
-            CorruptionReport(self.path, size, reason, vouched - size, (last_woid, INF_WOID), file_id=self.file_id)
-        )
-
-    def _handle_damage(
-        self, newest: bool, g: int, x: int, reason: str, records: list[LogRecord], last_woid: int, vouched: int
-    ) -> int | None:
-        """Decide what damage at ``x`` means. Return the offset to resume at, or None to stop."""
-        log = self.log
-        buf = self.buf
-        n = len(buf)
-        if newest and g >= vouched and _all_zero(buf, g):
-            return None  # the zero-filled space ahead of the writer: a clean end
-        after = _find_verified_batch_end(buf, x, self.seed, self.kind, self.max_payload)
-        if after is not None and after[1].batch_start < g:
-            after = None
-        if newest and g >= vouched:
-            if after is None:
-                # A torn, unacknowledged tail: nothing verified follows it.
-                log._note_torn_tail(self.path, g, n, reason)
-                return None
-            if log.config.fsync == "interval":
-                # With interval fsync, writeback may persist a later write before an
-                # earlier one; the recovered state must stay a prefix of the commit
-                # order, so everything from the damage on is dropped.
-                logger.error(
-                    "%s: %s at byte %d followed by intact writes; fsync='interval' keeps a prefix, "
-                    "dropping %d bytes from byte %d",
-                    self.path,
-                    reason,
-                    x,
-                    n - g,
-                    g,
-                )
-                log._note_torn_tail(self.path, g, n, reason)
-                return None
-        if after is not None:
-            stop = after[1].batch_start
-            problem = f"{reason}, and acknowledged records follow it"
-        elif newest:
-            stop = min(vouched, n)
-            problem = f"{reason} in data a checkpoint recorded as written"
-        else:
-            stop = n
-            problem = f"{reason} in a sealed data file"
-        if log.config.on_corruption != "skip":
-            raise CorruptLogError(self.path, x, problem)
-        self._salvage(g, stop, records, last_woid, problem)
-        return stop if stop < n else None
-
-    def _salvage(self, start: int, stop: int, records: list[LogRecord], last_woid: int, problem: str) -> None:
-        """Keep every record in ``[start, stop)`` that verifies on its own; report the rest.
-
-        A record whose frame is intact but whose checksum fails is stepped over
-        by its length when the next record verifies; elsewhere the scan moves on
-        in 8-byte steps to the next record that verifies. Each stretch of bytes
-        that could not be read becomes one report.
-        """
-        buf, fid = self.buf, self.file_id
-        view = memoryview(buf)[:stop]
-        pos = start
-        prev = last_woid
-        bad_at = -1
-        found = False
-        while pos < stop:
-            rec = self._decode_at(view, pos, prev)
-            if rec is not None:
-                if bad_at >= 0:
-                    self._dropped(bad_at, pos, prev, rec.woid, problem)
-                    bad_at = -1
-                if rec.op != fmt.BATCH_END:
-                    payload = b"" if rec.op == fmt.PUT else rec.payload
-                    records.append(LogRecord(rec.op, rec.woid, rec.txn_id, fid, pos, rec.size, payload, True))
-                prev = rec.woid
-                pos = rec.end
-                continue
-            if bad_at < 0:
-                bad_at = pos
-                found = True
-            # Step over a frame whose length still makes sense, else move on by 8 bytes.
-            nxt = pos + 8
-            if pos + fmt.RECORD_HEADER_LEN <= stop:
-                length = _U32.unpack_from(buf, pos + 4)[0]
-                skip = pos + fmt.record_size(length)
-                if pos < skip < stop and self._decode_at(view, skip, prev) is not None:
-                    nxt = skip
-            pos = nxt
-        if bad_at >= 0:
-            self._dropped(bad_at, stop, prev, INF_WOID, problem)
-        if not found:  # every record verified: only framing (a BATCH_END, a batch checksum) was damaged
-            self.log._report_corruption(
-                CorruptionReport(self.path, start, f"{problem}; every record verified on its own", 0, file_id=fid)
-            )
-
-    def _decode_at(self, view: memoryview, pos: int, prev: int) -> fmt.Record | None:
-        try:
-            rec = fmt.decode_record(view, pos, self.seed, self.kind, self.max_payload)
-        except FormatError:
-            return None
-        if isinstance(rec, fmt.Record) and rec.woid > prev:
-            return rec
-        return None
-
-    def _dropped(self, a: int, b: int, woid_lo: int, woid_hi: int, problem: str) -> None:
-        self.log._report_corruption(
-            CorruptionReport(self.path, a, problem, b - a, (woid_lo, woid_hi), file_id=self.file_id)
-        )
-
-
-# --------------------------------------------------------------------------
-# writing: one writer per data directory
-
-
-class _Item:
-    """One unit handed to a writer: a transaction, a rollback note or retirements."""
-
-    __slots__ = (
-        "done",
-        "durable",
-        "error",
-        "kind",
-        "nbytes",
-        "on_written",
-        "payloads",
-        "published",
-        "result",
-        "retire",
-        "takes",
-        "txn_id",
-        "wake",
-    )
-
-    def __init__(
-        self,
-        kind: int,
-        txn_id: int,
-        payloads: Sequence[bytes] = (),
-        takes: Sequence[tuple[int, int]] = (),
-        durable: bool = True,
-        on_written: Callable[[CommitResult], None] | None = None,
-        retire: Sequence[int] = (),
-    ) -> None:
-        self.kind = kind
-        self.txn_id = txn_id
-        self.payloads = payloads
-        self.takes = takes
-        self.durable = durable
-        self.on_written = on_written
-        self.retire = retire
-        self.result = CommitResult(txn_id)
-        self.done = False
-        self.published = False
-        self.error: BaseException | None = None
-        self.wake: Any = None  # a held lock its committer blocks on until a leader releases it
-        rs = fmt.record_size
-        if kind == fmt.COMMIT:
-            n = sum([(k + 39) & ~7 for k in map(len, payloads)]) + rs(16)  # rs(k) == (k + 39) & ~7
-            if takes:
-                n += rs(4 + 16 * len(takes))
-        elif kind == fmt.ROLLBACK:
-            n = rs(8)
-        else:
-            n = rs(8) * len(retire)
-        self.nbytes = n
-
-
-class _Writer:
-    """Appends batches to the active data file of one data directory."""
-
-    def __init__(self, log: Log, index: int, path: str, live: list[int]) -> None:
-        self.log = log
-        self.index = index
-        self.path = path
-        self.live = live  # file ids of this directory that are part of the channel
-        self.lock = threading.Lock()  # guards pending, leading, waiting and items' wake locks
-        self.pending: list[_Item] = []
-        self.leading = False
-        self.io_lock = threading.Lock()
-        self.fd: int | None = None
-        self.file_id = 0
-        self.offset = 0
-        self.synced = 0
-        self.encoder: Any = None
-        self.seed = 0
-        self.header_len = 0
-        self.phys_end = 0  # file size including the zero-filled space ahead of ``offset``
-        self._unpublished: list[_Item] = []
-        self.waiting = 0  # committers waiting for a leader's write
-
-    # -- called by committers ------------------------------------------------
-
-    def submit(self, item: _Item) -> None:
-        """Queue ``item``; return when it is written (and durable if it asks to be).
-
-        The first committer to find no leader leads: it writes everything
-        pending, again and again, until nothing is pending. The others block
-        on their item's own lock, which the leader releases once the item is
-        written (no thundering herd), or when it stops leading with the item
-        still pending (then one of them leads).
-        """
-        lock = self.lock
-        with lock:
-            self.log._check_writable()
-            self.pending.append(item)
-            if not item.durable and not item.on_written:
-                return  # rides along with the next write
-        while True:
-            with lock:
-                if item.done:
-                    break
-                lead = not self.leading
-                if lead:
-                    self.leading = True
-                else:
-                    wake = item.wake = threading.Lock()
-                    wake.acquire()
-                    self.waiting += 1
-            if not lead:
-                wake.acquire()
-                continue
-            try:
-                self._lead()  # returns having given up leadership
-            except BaseException:
-                with lock:
-                    self.leading = False
-                    for it in self.pending:
-                        self._wake(it)
-                raise
-            break  # a leader writes until nothing is pending: its own item is done
-        if item.error is not None:
-            raise item.error
-
-    def _wake(self, item: _Item) -> None:
-        """Release ``item``'s committer if it is blocked (the caller holds ``lock``)."""
-        wake = item.wake
-        if wake is not None:
-            item.wake = None
-            self.waiting -= 1
-            wake.release()
-
-    def _lead(self) -> None:
-        """Write pending items until none is left, then stop leading (under ``lock``)."""
-        lock = self.lock
-        batch: list[_Item] = []
-        while True:
-            if self.waiting or len(batch) > 1:
-                # Other committers are about: let those ready to run (just woken, or
-                # waiting for the GIL) queue their transactions first. Bigger groups,
-                # fewer fdatasyncs: +30% commits/s with 16 threads on 2 cores.
-                time.sleep(0)
-            with lock:
-                batch = self.pending
-                if not any(i.durable or i.on_written for i in batch):
-                    self.leading = False
-                    for it in batch:  # nothing waits for these, but stay safe
-                        self._wake(it)
-                    return
-                self.pending = []
-            try:
-                with self.io_lock:
-                    self._write_batch_locked(batch)
-            except BaseException as exc:  # noqa: BLE001 - handed to every waiting committer
-                for it in batch:
-                    if it.error is None and not it.published:
-                        it.error = exc
-            with lock:
-                for it in batch:
-                    it.done = True
-                    self._wake(it)
-
-    # -- I/O (leader only) ------------------------------------------------------
-
-    def _write_batch_locked(self, batch: list[_Item], closing: bool = False) -> None:
-        """Write ``batch`` (rolling files as needed); the caller holds ``io_lock``.
-
-        ``closing``: the log's close writes what was still pending, past the
-        check that refuses new work once closing has begun.
-        """
-        log = self.log
-        if not closing or log._failed is not None:
-            log._check_writable()
-        limit = log.config.max_file_size
-        chunk: list[_Item] = []
-        size = 0
-        for it in batch:
-            if self.fd is None:
-                self._roll()
-            room = limit - self.offset - _BATCH_END_SIZE
-            if chunk and size + it.nbytes > room:
-                self._write_chunk(chunk)
-                chunk, size = [], 0
-                room = limit - self.offset - _BATCH_END_SIZE
-            if not chunk and it.nbytes > room and self.offset > self.header_len:
-                self._roll()
-            chunk.append(it)
-            size += it.nbytes
-        if chunk:
-            self._write_chunk(chunk)
-        if log.config.fsync == "commit":
-            self._sync()
-
-    def _write_chunk(self, chunk: list[_Item]) -> None:
-        log = self.log
-        enc = self.encoder
-        start = self.offset
-        parts: list[bytes] = []
-        off = start
-        file_id = self.file_id
-        with log._seq_lock:
-            first_woid = log._next_woid
-            woid = first_woid
-            for it in chunk:
-                res = it.result
-                res.file_id = file_id
-                if it.kind == fmt.COMMIT:
-                    txn = it.txn_id
-                    offs = res.put_offsets
-                    sizes = res.put_sizes
-                    off = enc.add_puts(parts, woid, txn, it.payloads, offs, sizes, off)
-                    woid += len(it.payloads)
-                    if it.takes:
-                        off += enc.add(parts, fmt.TAKE, woid, txn, fmt.encode_take(it.takes))
-                        woid += 1
-                    res.first_position = log._next_position
-                    log._next_position += len(it.payloads)
-                    res.woid = woid
-                    n_taken = sum(c for _, c in it.takes)
-                    off += enc.add(
-                        parts, fmt.COMMIT, woid, txn, fmt.encode_commit(res.first_position, len(it.payloads), n_taken)
-                    )
-                    woid += 1
-                elif it.kind == fmt.ROLLBACK:
-                    assert isinstance(it, _RollbackItem)
-                    off += enc.add(parts, fmt.ROLLBACK, woid, it.txn_id, fmt.encode_rollback(*it.counts))
-                    woid += 1
-                else:
-                    for fid in it.retire:
-                        off += enc.add(parts, fmt.RETIRE, woid, 0, fmt.encode_retire(fid))
-                        woid += 1
-            body = b"".join(parts)
-            be = fmt.BatchEnd(start, len(body), fmt.crc(log.crc_kind, body, self.seed), first_woid, woid - 1)
-            tail: list[bytes] = []
-            enc.add(tail, fmt.BATCH_END, woid, 0, fmt.encode_batch_end(be))
-            log._next_woid = woid + 1
-        data = body + b"".join(tail)
-        assert self.fd is not None
-        try:
-            log.fs.pwrite_all(self.fd, data, start)
-        except OSError as exc:
-            self._undo_write(start, exc)
-            raise
-        end = self.offset = start + len(data)
-        self.phys_end = max(self.phys_end, end)
-        log._bytes_written += len(data)
-        log._space_used(self.index, len(data))
-        if self.phys_end - end < PREALLOC_STEP // 2:
-            self._preallocate(start, end)
-        self._unpublished.extend(chunk)
-        if log.config.fsync == "interval":
-            self._publish()
-
-    def _sync(self) -> None:
-        log = self.log
-        if self.fd is None or self.synced == self.offset:
-            self._publish()
-            return
-        try:
-            log.fs.fdatasync(self.fd)
-        except OSError as exc:
-            log._fail(exc, f"fdatasync of {self._path(self.file_id)} failed")
-            self._unpublished.clear()
-            raise
-        log._fsyncs += 1
-        self.synced = self.offset
-        self._publish()
-
-    def _publish(self) -> None:
-        """Hand written (and, in commit mode, durable) commits to their callbacks, in order."""
-        items, self._unpublished = self._unpublished, []
-        for it in items:
-            it.published = True
-            if it.on_written is not None:
-                it.on_written(it.result)
-
-    def _preallocate(self, start: int, end: int) -> None:
-        """Zero-fill the file ahead of ``end`` (up to ``max_file_size``); rides on the next fdatasync."""
-        log = self.log
-        assert self.fd is not None
-        frm = self.phys_end
-        to = min(frm + PREALLOC_STEP, max(log.config.max_file_size, end))
-        if to <= frm:
-            return
-        try:
-            log.fs.pwrite_all(self.fd, _ZEROS[: to - frm], frm)
-        except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                # The batch itself is written: drop the partial zeros and go on.
-                try:
-                    log.fs.truncate(self.fd, end)
-                except OSError as exc2:
-                    log._fail(exc2, f"truncate after failed zero-fill of {self._path(self.file_id)} failed")
-                    raise
-                self.phys_end = end
-                return
-            self._undo_write(start, exc)
-            raise
-        self.phys_end = to
-        log._space_used(self.index, to - frm)
-
-    def _undo_write(self, start: int, exc: OSError) -> None:
-        """A write failed: cut the file back so no partial record stays behind."""
-        log = self.log
-        assert self.fd is not None
-        self.phys_end = start
-        try:
-            log.fs.truncate(self.fd, start)
-        except OSError as exc2:
-            log._fail(exc2, f"truncate after failed write to {self._path(self.file_id)} failed")
-            return
-        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-            log._fail(exc, f"write to {self._path(self.file_id)} failed")
-
-    def _path(self, file_id: int) -> str:
-        return os.path.join(self.path, segment_name(file_id))
-
-    def _roll(self) -> None:
-        """Start a new data file (the old one is made durable first)."""
-        log = self.log
-        fs = log.fs
-        if self.fd is not None:
-            # Trim the zero-filled space: only the newest file of a directory may end in zeros.
-            trim = self.phys_end > self.offset
-            if self.synced != self.offset or trim:
-                try:
-                    if trim:
-                        fs.truncate(self.fd, self.offset)
-                        self.phys_end = self.offset
-                    fs.fdatasync(self.fd)
-                except OSError as exc:
-                    log._fail(exc, f"sealing {self._path(self.file_id)} failed")
-                    raise
-                log._fsyncs += 1
-                self.synced = self.offset
-            self._publish()
-            log._file_end[self.file_id] = self.offset
-            fs.close(self.fd)
-            self.fd = None
-        with log._seq_lock:
-            file_id = log._next_file_id
-            log._next_file_id += 1
-            header = fmt.FileHeader(
-                crc_kind=log.crc_kind,
-                channel_id=log.channel_id,
-                file_id=file_id,
-                base_woid=log._next_woid,
-                next_position=log._next_position,
-                next_txn_id=log._peek_txn_id(),
-                created_ns=time.time_ns(),
-                live_files=tuple(self.live),
-            )
-        data = fmt.encode_file_header(header)
-        path = self._path(file_id)
-        fd = fs.create(path)
-        syncing = False
-        try:
-            fs.pwrite_all(fd, data, 0)
-            syncing = True
-            fs.fdatasync(fd)
-            fs.fsync_dir(self.path)
-        except OSError as exc:
-            try:
-                fs.close(fd)
-                fs.unlink(path)
-            except OSError:
-                pass
-            # A write that ran out of space leaves nothing behind once the file is
-            # removed, and may be tried again. A failed fsync is never retried as if
-            # the data were safe: the log fails, whatever the errno.
-            if syncing or exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                log._fail(exc, f"creating {path} failed")
-            raise
-        log._fsyncs += 2
-        log._register_file(file_id, self.index, path)
-        self.live.append(file_id)
-        self.fd = fd
-        self.file_id = file_id
-        self.offset = self.synced = self.header_len = self.phys_end = len(data)
-        self.seed = fmt.file_seed(log.crc_kind, log.channel_id, file_id)
-        self.encoder = fmt.record_encoder(self.seed, log.crc_kind)
-        log._files_created += 1
-        logger.debug("started data file %s", path)
-
-    def sync_now(self) -> None:
-        """Make everything written so far durable (the interval syncer)."""
-        with self.io_lock:
-            if self.log._failed is not None or self.fd is None or self.synced == self.offset:
-                return
-            try:
-                self.log.fs.fdatasync(self.fd)
-            except OSError as exc:
-                self.log._fail(exc, f"background fdatasync of {self._path(self.file_id)} failed")
-                return
-            self.log._fsyncs += 1
-            self.synced = self.offset
-
-    def close(self) -> None:
-        with self.io_lock:
-            if self.fd is not None:
-                fd, self.fd = self.fd, None
-                try:
-                    if self.log._failed is None and (self.synced != self.offset or self.phys_end > self.offset):
-                        if self.phys_end > self.offset:
-                            self.log.fs.truncate(fd, self.offset)  # leave no zero-filled tail behind
-                        self.log.fs.fdatasync(fd)
-                        self.log._fsyncs += 1
-                finally:
-                    self.log.fs.close(fd)
 
 
 # --------------------------------------------------------------------------
@@ -996,7 +237,7 @@ class Log:
         self._files: dict[int, tuple[int, str]] = {}  # file_id -> (dir index, path)
         self._seeds: dict[int, int] = {}
         self._read_fds: dict[int, int] = {}
-        self._scans: list[_FileScan] = []
+        self._scans: list[FileScan] = []
         self.corruption: list[CorruptionReport] = []
         self.torn_tails: list[tuple[str, int, int]] = []
         self.discarded: set[int] = set()  # files set aside at open (never retired)
@@ -1021,7 +262,7 @@ class Log:
         self._syncer: threading.Thread | None = None
         self._stop = threading.Event()
         self._extra_locks: list[int] = []
-        self._writers: list[_Writer] = []
+        self._writers: list[Writer] = []
         d = self.config.data_dirs
         self.data_dirs = list(d) if d else [os.path.join(self.directory, DEFAULT_DATA_DIR)]
         try:
@@ -1085,13 +326,13 @@ class Log:
         rewrite: list[int] = []
         for i, d in enumerate(self.data_dirs):
             ident_path = os.path.join(d, DATA_DIR_ID_FILE)
-            has_segs = fs.exists(d) and any(_SEG_RE.match(n) for n in fs.listdir(d))
+            has_segs = fs.exists(d) and any(SEG_RE.match(n) for n in fs.listdir(d))
             if not fs.exists(d) or (not fs.exists(ident_path) and not has_segs and not self._legacy_dirs):
                 what = "missing" if not fs.exists(d) else "empty (no identity file, no data files)"
                 reason = f"data directory is {what}: moved, deleted, or its disk is not mounted"
                 if self.config.on_corruption != "skip":
                     raise CorruptLogError(d, 0, reason, _DATA_DIR_HINT)
-                self._report_corruption(CorruptionReport(d, 0, reason, 0))
+                self.report_corruption(CorruptionReport(d, 0, reason, 0))
                 self._dir_lost = True
                 if self.readonly:
                     continue
@@ -1266,7 +507,7 @@ class Log:
                 top, f"it holds {len(others)} other entries but no CHANNEL file; use an empty directory"
             )
         for d in self.data_dirs:
-            if fs.exists(d) and any(_SEG_RE.match(n) for n in fs.listdir(d)):
+            if fs.exists(d) and any(SEG_RE.match(n) for n in fs.listdir(d)):
                 raise NotAChannelError(top, f"no CHANNEL file, but data directory {d} holds data files of some channel")
         # Where the data lives is recorded first, so every later open finds it;
         # CHANNEL is written last: its presence marks a complete creation.
@@ -1333,7 +574,7 @@ class Log:
         logger.warning("checkpoint %s is not usable (%s); trying an older one, else a full replay", path, reason)
 
     def _recover_with(self, snap: Snapshot | None) -> None:
-        scans: list[_FileScan] = []
+        scans: list[FileScan] = []
         live_by_dir: list[list[int]] = []
         max_next_pos = 0
         max_txn = 0
@@ -1387,7 +628,7 @@ class Log:
         self._next_file_id = max_file_id + 1
         self._txn_ids = itertools.count(max_txn + 1)
         self._txn_peek = max_txn + 1
-        self._writers = [_Writer(self, i, d, live_by_dir[i]) for i, d in enumerate(self.data_dirs)]
+        self._writers = [Writer(self, i, d, live_by_dir[i]) for i, d in enumerate(self.data_dirs)]
 
     def _classify_vanished(self, retired: set[int], newest_by_dir: list[tuple[int, frozenset[int] | None]]) -> None:
         """Sort the checkpointed files that are gone into retired ones and missing ones.
@@ -1412,7 +653,7 @@ class Log:
                 raise CorruptLogError(path, 0, reason, _MISSING_HINT)
             self.missing_files.add(fid)
             span = (self.voucher.woid, INF_WOID)
-            self._report_corruption(CorruptionReport(path, 0, reason, 0, span, file_id=fid))
+            self.report_corruption(CorruptionReport(path, 0, reason, 0, span, file_id=fid))
 
     def _start(self, snap: Snapshot | None, fid: int, h: fmt.FileHeader, size: int) -> int | None:
         """Return where a checkpoint says replay resumes in a file, or None to scan it all.
@@ -1451,7 +692,7 @@ class Log:
 
     def _recover_dir(
         self, index: int, d: str, snap: Snapshot | None = None
-    ) -> tuple[list[_FileScan], int, tuple[int, frozenset[int] | None] | None, set[int]]:
+    ) -> tuple[list[FileScan], int, tuple[int, frozenset[int] | None] | None, set[int]]:
         """Recover one data directory.
 
         Returns its scans, the highest file id seen, ``(newest file id, its live
@@ -1461,7 +702,7 @@ class Log:
         fs = self.fs
         if not fs.exists(d):
             return [], 0, None, set()
-        ids = sorted(int(m.group(1), 16) for n in fs.listdir(d) if (m := _SEG_RE.match(n)))
+        ids = sorted(int(m.group(1), 16) for n in fs.listdir(d) if (m := SEG_RE.match(n)))
         if not ids:
             return [], 0, None, set()
         max_id = ids[-1]
@@ -1487,7 +728,7 @@ class Log:
         npath = os.path.join(d, segment_name(newest))
         ndamaged = nfirst is not None
         nstart, floor = self._resume(snap, newest, nh, len(nbuf), nfirst)
-        nscan = _Scanner(self, npath, newest, nbuf, nh).scan(True, 0, nstart, floor, self._vouched(newest))
+        nscan = Scanner(self, npath, newest, nbuf, nh).scan(True, 0, nstart, floor, self._vouched(newest))
         nscan.header_damaged = ndamaged
         retired = {fmt.decode_retire(r.payload) for r in nscan.records if r.op == fmt.RETIRE}
         present = set(ids) - {newest}
@@ -1515,7 +756,7 @@ class Log:
                 fs.unlink(path)
                 fs.fsync_dir(d)
         # 2. Scan the older live files strictly, oldest first.
-        scans: list[_FileScan] = []
+        scans: list[FileScan] = []
         prev_woid = 0
         todo = sorted(expected & present)
         for i, fid in enumerate(todo):
@@ -1533,11 +774,11 @@ class Log:
             start, floor = self._resume(snap, fid, h, size, first)
             vouched = self._vouched(fid)
             if len(buf) < size:  # only the header was read: the checkpoint covers the rest
-                s = _FileScan(fid, path, h, [], size, size, max(prev_woid, h.base_woid - 1))
+                s = FileScan(fid, path, h, [], size, size, max(prev_woid, h.base_woid - 1))
                 if vouched > size:  # pragma: no cover - a header-only read means size == resume offset
-                    _Scanner(self, path, fid, buf, h)._truncated(size, vouched, s.last_woid)
+                    Scanner(self, path, fid, buf, h)._truncated(size, vouched, s.last_woid)
             else:
-                s = _Scanner(self, path, fid, buf, h).scan(False, prev_woid, start, floor, vouched)
+                s = Scanner(self, path, fid, buf, h).scan(False, prev_woid, start, floor, vouched)
             s.header_damaged = damaged
             prev_woid = s.last_woid
             scans.append(s)
@@ -1559,7 +800,7 @@ class Log:
             path = os.path.join(d, segment_name(fid))
             reason = "data file is missing, but the newest data file lists it as live"
             self.missing_files.add(fid)
-            self._report_corruption(CorruptionReport(path, 0, reason, 0, (lo, hi), file_id=fid))
+            self.report_corruption(CorruptionReport(path, 0, reason, 0, (lo, hi), file_id=fid))
         return scans, max_id, (newest, None if ndamaged else frozenset(nh.live_files)), retired
 
     def _resume(
@@ -1610,7 +851,7 @@ class Log:
             if self.config.on_corruption != "skip":
                 raise CorruptLogError(path, exc.offset, f"data file header: {exc.reason}") from exc
             first = self._first_record(buf, fid)
-            self._report_corruption(
+            self.report_corruption(
                 CorruptionReport(
                     path,
                     exc.offset,
@@ -1648,7 +889,7 @@ class Log:
 
     def _no_verified_data(self, buf: bytes, fid: int) -> bool:
         seed = fmt.file_seed(self.crc_kind, self.channel_id, fid)
-        return _find_verified_batch_end(buf, 0, seed, self.crc_kind, self.max_payload) is None
+        return find_verified_batch_end(buf, 0, seed, self.crc_kind, self.max_payload) is None
 
     def _set_aside(self, path: str, buf: bytes, start: int) -> None:
         """Keep a forensic copy of bytes recovery is about to drop."""
@@ -1662,7 +903,7 @@ class Log:
 
     def _truncate_tail(self, path: str, end: int, buf: bytes) -> None:
         fs = self.fs
-        if not _all_zero(buf, end):
+        if not all_zero(buf, end):
             self._set_aside(path, buf, end)
         fd = fs.open_rw(path)
         try:
@@ -1672,7 +913,8 @@ class Log:
             fs.close(fd)
         fs.fsync_dir(os.path.dirname(path))
 
-    def _note_torn_tail(self, path: str, start: int, size: int, reason: str) -> None:
+    def note_torn_tail(self, path: str, start: int, size: int, reason: str) -> None:
+        """Record a torn, unacknowledged tail (one WARNING; it is truncated on a writable open)."""
         self.torn_tails.append((path, start, size - start))
         logger.warning(
             "%s: torn tail of %d bytes from byte %d (%s)%s",
@@ -1683,7 +925,8 @@ class Log:
             "" if self.readonly else "; truncated, a copy is kept beside it",
         )
 
-    def _report_corruption(self, report: CorruptionReport) -> None:
+    def report_corruption(self, report: CorruptionReport) -> None:
+        """Record damage that ``on_corruption="skip"`` stepped over (an ERROR, and ``stats()``)."""
         self.corruption.append(report)
         logger.error("on_corruption='skip': %s", report.describe())
 
@@ -1714,7 +957,7 @@ class Log:
         as they are yielded, so call this once, right after opening.
         """
         scans, self._scans = self._scans, []
-        by_dir: dict[str, list[_FileScan]] = {}
+        by_dir: dict[str, list[FileScan]] = {}
         for s in scans:
             by_dir.setdefault(os.path.dirname(s.path), []).append(s)
         streams = [itertools.chain.from_iterable(s.records for s in ss) for ss in by_dir.values()]
@@ -1756,7 +999,7 @@ class Log:
             OSError: The write or fsync failed; the transaction did not commit.
             ChannelClosedError: The log is closed or has failed.
         """
-        item = _Item(fmt.COMMIT, txn_id, payloads, takes, True, on_written)
+        item = Item(fmt.COMMIT, txn_id, payloads, takes, True, on_written)
         self._writers[txn_id % len(self._writers)].submit(item)
         return item.result
 
@@ -1764,7 +1007,7 @@ class Log:
         """Note a rollback in the log; it is written with the next write, never waited for."""
         if self._failed is not None or self._closed or self.readonly:
             return
-        self._writers[txn_id % len(self._writers)].submit(_RollbackItem(txn_id, n_puts, n_takes))
+        self._writers[txn_id % len(self._writers)].submit(RollbackItem(txn_id, n_puts, n_takes))
 
     def retire(self, file_ids: Sequence[int]) -> None:
         """Remove data files that no longer hold anything the channel needs.
@@ -1795,7 +1038,7 @@ class Log:
             for fid in fids:
                 if fid in w.live:
                     w.live.remove(fid)
-            w.submit(_Item(fmt.RETIRE, 0, retire=fids))
+            w.submit(Item(fmt.RETIRE, 0, retire=fids))
             if self.config.fsync == "interval":
                 # Every writer, not just this directory's: the takes re-logged before a
                 # retirement may sit in another data directory, and must be durable
@@ -2037,16 +1280,6 @@ class Log:
         self._release()
         if err is not None:
             raise err
-
-
-class _RollbackItem(_Item):
-    """A ROLLBACK note: written with the next write, nobody waits for it."""
-
-    __slots__ = ("counts",)
-
-    def __init__(self, txn_id: int, n_puts: int, n_takes: int) -> None:
-        super().__init__(fmt.ROLLBACK, txn_id, durable=False)
-        self.counts = (n_puts, n_takes)
 
 
 class _CheckpointUnusable(Exception):

@@ -1,0 +1,410 @@
+"""Reading data files, read-only: records, batches, and what damage means.
+
+This module owns the one parser of data files that recovery, ``verify`` and
+(later) the cross-process reader share: it walks a data file's records, keeps
+those inside a verified batch, and classifies everything else as the
+zero-filled space ahead of the writer, a torn tail (nothing acknowledged
+follows it), or damage to acknowledged data. It never writes, truncates or
+moves a file and keeps no state of its own: what to do about damage
+(``on_corruption``) and where reports go is asked of a :class:`ScanContext`
+(the ``Log`` that opened the directory).
+
+Only records covered by a verified BATCH_END count. Bytes below the length a
+checkpoint recorded for a file (``vouched``) were durable and acknowledged, so
+losing them is never a torn tail. With ``on_corruption="skip"`` every record
+that verifies on its own is salvaged from a damaged stretch, and each stretch
+that cannot be framed becomes one :class:`CorruptionReport`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from . import format as fmt
+from .config import ChannelConfig
+from .errors import CorruptLogError, FormatError
+
+logger = logging.getLogger(__name__)
+
+SEG_RE = re.compile(r"^seg-([0-9a-f]{16})\.wal$")
+BATCH_END_SIZE = fmt.record_size(32)
+_U32 = struct.Struct("<I")
+
+
+def segment_name(file_id: int) -> str:
+    """Return the file name of data file ``file_id``."""
+    return f"seg-{file_id:016x}.wal"
+
+
+class ScanContext(Protocol):
+    """What a scan needs from the directory it reads (``Log`` provides it)."""
+
+    channel_id: bytes
+    crc_kind: int
+    max_payload: int
+    config: ChannelConfig
+
+    def report_corruption(self, report: CorruptionReport) -> None:
+        """Record damage that ``on_corruption="skip"`` stepped over."""
+
+    def note_torn_tail(self, path: str, start: int, size: int, reason: str) -> None:
+        """Record a torn, unacknowledged tail from ``start`` to ``size``."""
+
+
+# --------------------------------------------------------------------------
+# results of recovery
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    """A record as replay yields it: where it lives, and its decoded fields.
+
+    ``payload`` is empty for PUT records (read them with :meth:`Log.read_payload`);
+    ``size`` is the whole frame, so ``(file_id, offset, size)`` is a pointer.
+    ``salvaged``: the record verifies on its own, but its batch does not (it
+    was recovered one record at a time from damaged, acknowledged data).
+    """
+
+    op: int
+    woid: int
+    txn_id: int
+    file_id: int
+    offset: int
+    size: int
+    payload: bytes
+    salvaged: bool = False
+
+
+INF_WOID = 1 << 64
+"""An upper bound above every write-order id (an open end of a damaged span)."""
+
+
+@dataclass
+class CorruptionReport:
+    """Damage that ``on_corruption="skip"`` stepped over (also in ``stats()``).
+
+    ``woid_span`` is ``(a, b)``: the write-order ids of the last record known
+    intact before the damage and of the first after it (``INF_WOID`` when
+    nothing follows). Replay turns it into ``lost_positions``: the positions
+    that no intact COMMIT inside that span claims. ``lost_positions`` is a
+    list of half-open ``(first, end)`` ranges.
+    """
+
+    path: str
+    offset: int
+    reason: str
+    lost_bytes: int
+    woid_span: tuple[int, int] | None = None
+    lost_positions: list[tuple[int, int]] = field(default_factory=list)
+    file_id: int = 0
+
+    def describe(self) -> str:
+        """One line for the log, ``verify`` and ``stats()``."""
+        s = f"{self.path} at byte {self.offset}: {self.reason}"
+        if self.lost_bytes:
+            s += f"; skipped {self.lost_bytes} bytes"
+        n = sum(b - a for a, b in self.lost_positions)
+        if n:
+            s += f", lost positions {format_ranges(self.lost_positions)} ({n} events)"
+        return s
+
+
+def format_ranges(ranges: Sequence[tuple[int, int]]) -> str:
+    """Format half-open position ranges as ``"3, 7..9"`` (inclusive, as people read them)."""
+    return ", ".join(str(a) if b - a == 1 else f"{a}..{b - 1}" for a, b in ranges if b > a)
+
+
+def merge_ranges(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sort and merge overlapping or touching half-open ranges."""
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(r for r in ranges if r[1] > r[0]):
+        if out and a <= out[-1][1]:
+            if b > out[-1][1]:
+                out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
+
+
+def ranges_of(positions: Sequence[int]) -> list[tuple[int, int]]:
+    """Turn positions into sorted, merged half-open ranges."""
+    out: list[tuple[int, int]] = []
+    for p in sorted(set(positions)):
+        if out and out[-1][1] == p:
+            out[-1] = (out[-1][0], p + 1)
+        else:
+            out.append((p, p + 1))
+    return out
+
+
+@dataclass
+class FileScan:
+    """What a scan of one data file found: its verified records and where they end."""
+
+    file_id: int
+    path: str
+    header: fmt.FileHeader
+    records: list[LogRecord]
+    end: int  # offset after the last verified batch
+    size: int  # file size on disk
+    last_woid: int
+    header_damaged: bool = False
+
+
+# --------------------------------------------------------------------------
+# scanning one data file
+
+
+def all_zero(buf: bytes, start: int) -> bool:
+    """Return whether every byte of ``buf`` from ``start`` on is zero."""
+    n = len(buf) - start
+    return n <= 0 or buf.count(0, start) == n
+
+
+def find_verified_batch_end(
+    buf: bytes, start: int, seed: int, kind: int, max_payload: int
+) -> tuple[int, fmt.BatchEnd] | None:
+    """Return the first BATCH_END at or after ``start`` whose whole batch verifies."""
+    off = start + fmt.pad_len(start)
+    n = len(buf)
+    find = buf.find
+    marker = bytes([fmt.BATCH_END])
+    while off + BATCH_END_SIZE <= n:
+        hit = find(marker, off)
+        if hit < 0:
+            return None
+        if hit & 7:
+            off = hit + fmt.pad_len(hit)
+            continue
+        off = hit
+        try:
+            rec = fmt.decode_record(buf, off, seed, kind, max_payload)
+            if isinstance(rec, fmt.Record) and rec.op == fmt.BATCH_END:
+                be = fmt.decode_batch_end(rec.payload)
+                if (
+                    be.batch_start + be.batch_len == off
+                    and be.batch_start >= 0
+                    and fmt.crc(kind, buf[be.batch_start : off], seed) == be.batch_crc
+                ):
+                    return off, be
+        except FormatError:
+            pass
+        off += 8
+    return None
+
+
+class Scanner:
+    """Walks one data file's records and classifies damage (policy lives here).
+
+    Only records inside a verified batch count, with two exceptions where the
+    channel knows the bytes were acknowledged: a region followed by a verified
+    batch, and a region below ``vouched`` (the length a checkpoint recorded).
+    Damage there is corruption; with ``on_corruption="skip"`` each record that
+    still verifies on its own is salvaged and only what cannot be framed is
+    dropped. Damage elsewhere in the newest file is a torn tail.
+    """
+
+    def __init__(self, log: ScanContext, path: str, file_id: int, buf: bytes, header: fmt.FileHeader) -> None:
+        self.log = log
+        self.path = path
+        self.file_id = file_id
+        self.buf = buf
+        self.header = header
+        self.kind = log.crc_kind
+        self.seed = fmt.file_seed(self.kind, log.channel_id, file_id)
+        self.max_payload = log.max_payload
+
+    def scan(
+        self, newest: bool, prev_woid: int, start: int | None = None, floor: int = 0, vouched: int = 0
+    ) -> FileScan:
+        """Walk the file's records from ``start`` (default: after the header).
+
+        ``prev_woid`` is the last write-order id of the previous file; ``floor``
+        is one that every record read must exceed (a checkpoint's, when resuming);
+        ``vouched`` is the length a checkpoint recorded for this file: bytes
+        below it were durable and acknowledged, so losing them is never a torn tail.
+        """
+        buf, seed, kind = self.buf, self.seed, self.kind
+        records: list[LogRecord] = []
+        pending: list[LogRecord] = []
+        # ``g`` is the end of the last verified batch; a checkpoint may say where to start.
+        g = self.header.header_len if start is None else start
+        pos = g
+        last_woid = max(prev_woid, self.header.base_woid - 1)
+        batch_last_woid = max(last_woid, floor)
+        n = len(buf)
+        fid = self.file_id
+        if vouched > n:
+            self._truncated(n, vouched, last_woid)
+        while True:
+            if pos >= n and not pending:
+                break
+            bad_reason = None
+            try:
+                rec = fmt.decode_record(buf, pos, seed, kind, self.max_payload)
+            except FormatError as exc:
+                rec = None
+                bad_reason = exc.reason
+            if rec is fmt.INCOMPLETE:
+                bad_reason = "incomplete record at end of file" if pos < n else "batch without BATCH_END"
+                rec = None
+            if rec is not None:
+                assert isinstance(rec, fmt.Record)
+                if rec.woid <= batch_last_woid:
+                    bad_reason = f"write-order id {rec.woid} does not increase (previous {batch_last_woid})"
+                elif rec.op == fmt.BATCH_END:
+                    try:
+                        be = fmt.decode_batch_end(rec.payload)
+                    except FormatError as exc:
+                        be = None
+                        bad_reason = exc.reason
+                    if be is not None:
+                        if be.batch_start != g or be.batch_len != pos - g:
+                            bad_reason = "BATCH_END does not cover the preceding batch"
+                        elif fmt.crc(kind, buf[g:pos], seed) != be.batch_crc:
+                            bad_reason = "batch checksum mismatch"
+                        elif not pending or be.first_woid != pending[0].woid or be.last_woid != pending[-1].woid:
+                            bad_reason = "BATCH_END's write-order ids do not match its batch"
+                        else:
+                            records.extend(pending)
+                            pending = []
+                            batch_last_woid = rec.woid
+                            last_woid = rec.woid
+                            pos = g = rec.end
+                            continue
+                else:
+                    payload = b"" if rec.op == fmt.PUT else rec.payload
+                    pending.append(LogRecord(rec.op, rec.woid, rec.txn_id, fid, pos, rec.size, payload))
+                    batch_last_woid = rec.woid
+                    pos = rec.end
+                    continue
+            # Damage (or an unterminated batch) at ``pos``; the verified prefix ends at ``g``.
+            assert bad_reason is not None
+            resumed = self._handle_damage(newest, g, pos, bad_reason, records, max(last_woid, floor), vouched)
+            if resumed is None:
+                break
+            g = pos = resumed
+            pending = []
+            if records:
+                last_woid = max(last_woid, records[-1].woid)
+            batch_last_woid = max(last_woid, floor)
+        return FileScan(fid, self.path, self.header, records, g, n, last_woid)
+
+    def _truncated(self, size: int, vouched: int, last_woid: int) -> None:
+        """The file is shorter than a checkpoint recorded: acknowledged bytes are gone."""
+        reason = f"data file is {vouched - size} bytes shorter than the checkpoint recorded ({vouched} bytes)"
+        log = self.log
+        if log.config.on_corruption != "skip":
+            raise CorruptLogError(self.path, size, reason)
+        log.report_corruption(
+            CorruptionReport(self.path, size, reason, vouched - size, (last_woid, INF_WOID), file_id=self.file_id)
+        )
+
+    def _handle_damage(
+        self, newest: bool, g: int, x: int, reason: str, records: list[LogRecord], last_woid: int, vouched: int
+    ) -> int | None:
+        """Decide what damage at ``x`` means. Return the offset to resume at, or None to stop."""
+        log = self.log
+        buf = self.buf
+        n = len(buf)
+        if newest and g >= vouched and all_zero(buf, g):
+            return None  # the zero-filled space ahead of the writer: a clean end
+        after = find_verified_batch_end(buf, x, self.seed, self.kind, self.max_payload)
+        if after is not None and after[1].batch_start < g:
+            after = None
+        if newest and g >= vouched:
+            if after is None:
+                # A torn, unacknowledged tail: nothing verified follows it.
+                log.note_torn_tail(self.path, g, n, reason)
+                return None
+            if log.config.fsync == "interval":
+                # With interval fsync, writeback may persist a later write before an
+                # earlier one; the recovered state must stay a prefix of the commit
+                # order, so everything from the damage on is dropped.
+                logger.error(
+                    "%s: %s at byte %d followed by intact writes; fsync='interval' keeps a prefix, "
+                    "dropping %d bytes from byte %d",
+                    self.path,
+                    reason,
+                    x,
+                    n - g,
+                    g,
+                )
+                log.note_torn_tail(self.path, g, n, reason)
+                return None
+        if after is not None:
+            stop = after[1].batch_start
+            problem = f"{reason}, and acknowledged records follow it"
+        elif newest:
+            stop = min(vouched, n)
+            problem = f"{reason} in data a checkpoint recorded as written"
+        else:
+            stop = n
+            problem = f"{reason} in a sealed data file"
+        if log.config.on_corruption != "skip":
+            raise CorruptLogError(self.path, x, problem)
+        self._salvage(g, stop, records, last_woid, problem)
+        return stop if stop < n else None
+
+    def _salvage(self, start: int, stop: int, records: list[LogRecord], last_woid: int, problem: str) -> None:
+        """Keep every record in ``[start, stop)`` that verifies on its own; report the rest.
+
+        A record whose frame is intact but whose checksum fails is stepped over
+        by its length when the next record verifies; elsewhere the scan moves on
+        in 8-byte steps to the next record that verifies. Each stretch of bytes
+        that could not be read becomes one report.
+        """
+        buf, fid = self.buf, self.file_id
+        view = memoryview(buf)[:stop]
+        pos = start
+        prev = last_woid
+        bad_at = -1
+        found = False
+        while pos < stop:
+            rec = self._decode_at(view, pos, prev)
+            if rec is not None:
+                if bad_at >= 0:
+                    self._dropped(bad_at, pos, prev, rec.woid, problem)
+                    bad_at = -1
+                if rec.op != fmt.BATCH_END:
+                    payload = b"" if rec.op == fmt.PUT else rec.payload
+                    records.append(LogRecord(rec.op, rec.woid, rec.txn_id, fid, pos, rec.size, payload, True))
+                prev = rec.woid
+                pos = rec.end
+                continue
+            if bad_at < 0:
+                bad_at = pos
+                found = True
+            # Step over a frame whose length still makes sense, else move on by 8 bytes.
+            nxt = pos + 8
+            if pos + fmt.RECORD_HEADER_LEN <= stop:
+                length = _U32.unpack_from(buf, pos + 4)[0]
+                skip = pos + fmt.record_size(length)
+                if pos < skip < stop and self._decode_at(view, skip, prev) is not None:
+                    nxt = skip
+            pos = nxt
+        if bad_at >= 0:
+            self._dropped(bad_at, stop, prev, INF_WOID, problem)
+        if not found:  # every record verified: only framing (a BATCH_END, a batch checksum) was damaged
+            self.log.report_corruption(
+                CorruptionReport(self.path, start, f"{problem}; every record verified on its own", 0, file_id=fid)
+            )
+
+    def _decode_at(self, view: memoryview, pos: int, prev: int) -> fmt.Record | None:
+        try:
+            rec = fmt.decode_record(view, pos, self.seed, self.kind, self.max_payload)
+        except FormatError:
+            return None
+        if isinstance(rec, fmt.Record) and rec.woid > prev:
+            return rec
+        return None
+
+    def _dropped(self, a: int, b: int, woid_lo: int, woid_hi: int, problem: str) -> None:
+        self.log.report_corruption(
+            CorruptionReport(self.path, a, problem, b - a, (woid_lo, woid_hi), file_id=self.file_id)
+        )
