@@ -24,11 +24,11 @@ from typing import Any, NoReturn
 from . import format as fmt
 from ._fs import DEFAULT_FS
 from ._version import __version__
-from .channel import CHECKPOINT_DIR, FileChannel, replay_queue
+from .channel import CHECKPOINT_DIR, FileChannel, VerifyResult, read_event, replay_queue, verify_channel
 from .checkpoint import CheckpointStore
 from .config import ChannelConfig
 from .errors import ChannelError, ConfigError, CorruptLogError, NotAChannelError
-from .log import CHANNEL_FILE, LOCK_FILE, Log
+from .log import CHANNEL_FILE, LOCK_FILE, Log, format_ranges
 
 _EPILOG = (
     "Exit status: 0 on success, 1 when verify finds problems, 2 on bad input or a channel error, 130 when interrupted."
@@ -464,31 +464,47 @@ def cmd_dump(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    """Check every header, record and queued event."""
+    """Check every header, record and queued event (the recovery an open performs, read-only)."""
     _existing(args.dir)
     _progress(f"verifying {args.dir} ...")
-    log, entries = _readonly_channel_state(args.dir, skip=True)
-    problems = [r.describe() for r in log.corruption]
+    if args.salvage and os.path.exists(args.salvage) and os.listdir(args.salvage):
+        raise ChannelError(f"--salvage {args.salvage}: the destination must be a new or empty directory")
+    res = verify_channel(args.dir, progress=_progress if sys.stderr.isatty() else None)
+    for path, start, n in res.torn_tails:
+        print(f"note: {path}: torn tail of {n} bytes at byte {start} (normal after a crash; truncated on open)")
+    for rep in res.reports:
+        print(f"problem: {rep.describe()}")
+    for line in res.latent:
+        print(f"latent: {line}")
+    lost = res.lost_positions
+    if lost:
+        print(f"lost positions: {format_ranges(lost)} ({sum(b - a for a, b in lost)} events)")
+    if args.salvage:
+        n = _salvage(args.dir, res, args.salvage)
+        print(f"salvaged {n} intact events into {args.salvage} (positions renumbered from 0, order kept)")
+    if not res.ok:
+        print(f"{args.dir}: {len(res.reports) + len(res.latent)} problem(s)", file=sys.stderr)
+        return 1
+    print(f"{args.dir}: ok, {len(res.queued)} events queued, {res.files} data files verified")
+    return 0
+
+
+def _salvage(src: str, res: VerifyResult, dest: str) -> int:
+    """Copy the intact queued events of ``src`` into a new channel ``dest``, in position order."""
+    log = Log(src, ChannelConfig(on_corruption="skip"), readonly=True, checkpoints=_store(src))
+    n = 0
     try:
-        # Every queued event must read back and decode.
-        for i, (pos, fid, off, size) in enumerate(entries):
-            if i and i % 100_000 == 0:
-                _progress(f"  checked {i} of {len(entries)} queued events")
-            try:
-                fmt.decode_event(log.read_payload(fid, off, size))
-            except ChannelError as exc:
-                problems.append(f"queued event at position {pos}: {exc}")
+        with FileChannel(dest, ChannelConfig(checkpoint_interval=0, minimum_required_space=0)) as out:
+            batch = out.config.transaction_capacity
+            for i in range(0, len(res.queued), batch):
+                with out.transaction() as tx:
+                    for e in res.queued[i : i + batch]:
+                        body, headers = read_event(log, e)
+                        tx.put(body, headers=headers)
+                        n += 1
     finally:
         log.close()
-    for path, start, n in log.torn_tails:
-        print(f"note: {path}: torn tail of {n} bytes at byte {start} (normal after a crash; truncated on open)")
-    for p in problems:
-        print(f"problem: {p}")
-    if problems:
-        print(f"{args.dir}: {len(problems)} problem(s)", file=sys.stderr)
-        return 1
-    print(f"{args.dir}: ok, {len(entries)} events queued, {len(log.file_ids())} data files verified")
-    return 0
+    return n
 
 
 # -- parser -----------------------------------------------------------------------------------
@@ -584,6 +600,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("verify", help="check every record and header; exit 1 on problems", epilog=_EPILOG)
     sp.add_argument("dir", help="channel directory")
+    sp.add_argument(
+        "--salvage",
+        metavar="DEST",
+        help="copy every intact queued event into a new channel DEST (positions renumbered)",
+    )
     sp.set_defaults(func=cmd_verify)
     return p
 
