@@ -1381,6 +1381,10 @@ def verify_channel(
                     latent.append(f"{rep.path} at byte {rep.offset}: {rep.reason} (covered by the checkpoint now)")
         finally:
             full.close()
+    # A checkpoint that does not decode costs a slower open, and protects nothing.
+    latent += [
+        f"checkpoint {f} (recovery falls back to an older one or a full replay)" for f in log.checkpoint_fallbacks
+    ]
     source = "full" if log.recovered_from is None else "checkpoint"
     return VerifyResult(intact, files, list(log.corruption), latent, list(log.torn_tails), source)
 

@@ -257,6 +257,9 @@ class Scanner:
                 assert isinstance(rec, fmt.Record)
                 if rec.woid <= batch_last_woid:
                     bad_reason = f"write-order id {rec.woid} does not increase (previous {batch_last_woid})"
+                elif pending and rec.woid != batch_last_woid + 1:
+                    # Inside one write, write-order ids are consecutive (BATCH_END's included).
+                    bad_reason = f"write-order id {rec.woid} skips inside a batch (previous {batch_last_woid})"
                 elif rec.op == fmt.BATCH_END:
                     try:
                         be = fmt.decode_batch_end(rec.payload)

@@ -665,3 +665,15 @@ def test_verify_and_stat_of_a_moved_channel_see_every_event(tmp_path: Path, caps
     code, out, _ = run(capsys, "stat", b, "--json")
     assert json.loads(out)["queue_size"] == 10
     assert not os.path.exists(a)
+
+
+def test_verify_reports_a_damaged_sole_checkpoint(filled: str, capsys: pytest.CaptureFixture[str]) -> None:
+    ckdir = os.path.join(filled, "checkpoints")
+    (ck,) = [n for n in os.listdir(ckdir) if n.endswith(".ckpt")]
+    raw = bytearray(Path(ckdir, ck).read_bytes())
+    raw[-10] ^= 0xFF
+    Path(ckdir, ck).write_bytes(bytes(raw))
+    code, out, _ = run(capsys, "verify", filled)
+    assert code == 1
+    assert f"latent: checkpoint {os.path.join(ckdir, ck)}" in out
+    assert "checksum mismatch" in out
