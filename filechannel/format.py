@@ -100,7 +100,7 @@ INCOMPLETE: Final = _Incomplete()
 # checksums
 
 
-def crc(kind: int, data: bytes | memoryview, seed: int = 0) -> int:
+def crc(kind: int, data: bytes | bytearray | memoryview, seed: int = 0) -> int:
     """Return the checksum of ``data`` under algorithm ``kind``, extending ``seed``."""
     if kind == CRC32C:
         if _gcrc is None:  # pragma: no cover
@@ -339,7 +339,9 @@ def _zlib_extend(crc_value: int, data: bytes) -> int:
     return zlib.crc32(data, crc_value)
 
 
-def decode_record(buf: bytes | memoryview, offset: int, seed: int, kind: int, max_payload: int) -> Record | _Incomplete:
+def decode_record(
+    buf: bytes | bytearray | memoryview, offset: int, seed: int, kind: int, max_payload: int
+) -> Record | _Incomplete:
     """Decode the record frame starting at ``offset`` in ``buf``.
 
     Returns :data:`INCOMPLETE` if the frame runs past the end of ``buf``.

@@ -160,16 +160,20 @@ class FileScan:
 # scanning one data file
 
 
-def all_zero(buf: bytes, start: int) -> bool:
+def all_zero(buf: bytes | bytearray, start: int) -> bool:
     """Return whether every byte of ``buf`` from ``start`` on is zero."""
     n = len(buf) - start
     return n <= 0 or buf.count(0, start) == n
 
 
 def find_verified_batch_end(
-    buf: bytes, start: int, seed: int, kind: int, max_payload: int
+    buf: bytes | bytearray, start: int, seed: int, kind: int, max_payload: int, base: int = 0
 ) -> tuple[int, fmt.BatchEnd] | None:
-    """Return the first BATCH_END at or after ``start`` whose whole batch verifies."""
+    """Return the first BATCH_END at or after ``start`` whose whole batch verifies.
+
+    ``buf`` holds the file's bytes from offset ``base`` on; ``start`` and the
+    returned offset are relative to ``buf``, the BatchEnd's fields to the file.
+    """
     off = start + fmt.pad_len(start)
     n = len(buf)
     find = buf.find
@@ -186,11 +190,8 @@ def find_verified_batch_end(
             rec = fmt.decode_record(buf, off, seed, kind, max_payload)
             if isinstance(rec, fmt.Record) and rec.op == fmt.BATCH_END:
                 be = fmt.decode_batch_end(rec.payload)
-                if (
-                    be.batch_start + be.batch_len == off
-                    and be.batch_start >= 0
-                    and fmt.crc(kind, buf[be.batch_start : off], seed) == be.batch_crc
-                ):
+                rel = be.batch_start - base
+                if rel + be.batch_len == off and rel >= 0 and fmt.crc(kind, buf[rel:off], seed) == be.batch_crc:
                     return off, be
         except FormatError:
             pass
@@ -209,11 +210,14 @@ class Scanner:
     dropped. Damage elsewhere in the newest file is a torn tail.
     """
 
-    def __init__(self, log: ScanContext, path: str, file_id: int, buf: bytes, header: fmt.FileHeader) -> None:
+    def __init__(
+        self, log: ScanContext, path: str, file_id: int, buf: bytes | bytearray, header: fmt.FileHeader, base: int = 0
+    ) -> None:
         self.log = log
         self.path = path
         self.file_id = file_id
         self.buf = buf
+        self.base = base  # ``buf`` holds the file's bytes from this offset on (a reader following a file)
         self.header = header
         self.kind = log.crc_kind
         self.seed = fmt.file_seed(self.kind, log.channel_id, file_id)
@@ -229,18 +233,20 @@ class Scanner:
         ``vouched`` is the length a checkpoint recorded for this file: bytes
         below it were durable and acknowledged, so losing them is never a torn tail.
         """
-        buf, seed, kind = self.buf, self.seed, self.kind
+        buf, seed, kind, base = self.buf, self.seed, self.kind, self.base
         records: list[LogRecord] = []
         pending: list[LogRecord] = []
         # ``g`` is the end of the last verified batch; a checkpoint may say where to start.
-        g = self.header.header_len if start is None else start
+        # Offsets in this loop are relative to ``buf`` (``base`` is 0 unless following a file).
+        g = (self.header.header_len if start is None else start) - base
+        vouched -= base
         pos = g
         last_woid = max(prev_woid, self.header.base_woid - 1)
         batch_last_woid = max(last_woid, floor)
         n = len(buf)
         fid = self.file_id
         if vouched > n:
-            self._truncated(n, vouched, last_woid)
+            self._truncated(n + base, vouched + base, last_woid)
         while True:
             if pos >= n and not pending:
                 break
@@ -267,7 +273,7 @@ class Scanner:
                         be = None
                         bad_reason = exc.reason
                     if be is not None:
-                        if be.batch_start != g or be.batch_len != pos - g:
+                        if be.batch_start != g + base or be.batch_len != pos - g:
                             bad_reason = "BATCH_END does not cover the preceding batch"
                         elif fmt.crc(kind, buf[g:pos], seed) != be.batch_crc:
                             bad_reason = "batch checksum mismatch"
@@ -282,7 +288,7 @@ class Scanner:
                             continue
                 else:
                     payload = b"" if rec.op == fmt.PUT else rec.payload
-                    pending.append(LogRecord(rec.op, rec.woid, rec.txn_id, fid, pos, rec.size, payload))
+                    pending.append(LogRecord(rec.op, rec.woid, rec.txn_id, fid, pos + base, rec.size, payload))
                     batch_last_woid = rec.woid
                     pos = rec.end
                     continue
@@ -296,7 +302,7 @@ class Scanner:
             if records:
                 last_woid = max(last_woid, records[-1].woid)
             batch_last_woid = max(last_woid, floor)
-        return FileScan(fid, self.path, self.header, records, g, n, last_woid)
+        return FileScan(fid, self.path, self.header, records, g + base, n + base, last_woid)
 
     def _truncated(self, size: int, vouched: int, last_woid: int) -> None:
         """The file is shorter than a checkpoint recorded: acknowledged bytes are gone."""
@@ -311,19 +317,22 @@ class Scanner:
     def _handle_damage(
         self, newest: bool, g: int, x: int, reason: str, records: list[LogRecord], last_woid: int, vouched: int
     ) -> int | None:
-        """Decide what damage at ``x`` means. Return the offset to resume at, or None to stop."""
+        """Decide what damage at ``x`` means. Return the offset to resume at, or None to stop.
+
+        Offsets here are relative to ``buf``; reports and errors carry file offsets.
+        """
         log = self.log
-        buf = self.buf
+        buf, base = self.buf, self.base
         n = len(buf)
         if newest and g >= vouched and all_zero(buf, g):
             return None  # the zero-filled space ahead of the writer: a clean end
-        after = find_verified_batch_end(buf, x, self.seed, self.kind, self.max_payload)
-        if after is not None and after[1].batch_start < g:
+        after = find_verified_batch_end(buf, x, self.seed, self.kind, self.max_payload, base)
+        if after is not None and after[1].batch_start - base < g:
             after = None
         if newest and g >= vouched:
             if after is None:
                 # A torn, unacknowledged tail: nothing verified follows it.
-                log.note_torn_tail(self.path, g, n, reason)
+                log.note_torn_tail(self.path, g + base, n + base, reason)
                 return None
             if log.config.fsync == "interval":
                 # With interval fsync, writeback may persist a later write before an
@@ -334,14 +343,14 @@ class Scanner:
                     "dropping %d bytes from byte %d",
                     self.path,
                     reason,
-                    x,
+                    x + base,
                     n - g,
-                    g,
+                    g + base,
                 )
-                log.note_torn_tail(self.path, g, n, reason)
+                log.note_torn_tail(self.path, g + base, n + base, reason)
                 return None
         if after is not None:
-            stop = after[1].batch_start
+            stop = after[1].batch_start - base
             problem = f"{reason}, and acknowledged records follow it"
         elif newest:
             stop = min(vouched, n)
@@ -350,7 +359,7 @@ class Scanner:
             stop = n
             problem = f"{reason} in a sealed data file"
         if log.config.on_corruption != "skip":
-            raise CorruptLogError(self.path, x, problem)
+            raise CorruptLogError(self.path, x + base, problem)
         self._salvage(g, stop, records, last_woid, problem)
         return stop if stop < n else None
 
@@ -376,7 +385,9 @@ class Scanner:
                     bad_at = -1
                 if rec.op != fmt.BATCH_END:
                     payload = b"" if rec.op == fmt.PUT else rec.payload
-                    records.append(LogRecord(rec.op, rec.woid, rec.txn_id, fid, pos, rec.size, payload, True))
+                    records.append(
+                        LogRecord(rec.op, rec.woid, rec.txn_id, fid, pos + self.base, rec.size, payload, True)
+                    )
                 prev = rec.woid
                 pos = rec.end
                 continue
@@ -395,7 +406,9 @@ class Scanner:
             self._dropped(bad_at, stop, prev, INF_WOID, problem)
         if not found:  # every record verified: only framing (a BATCH_END, a batch checksum) was damaged
             self.log.report_corruption(
-                CorruptionReport(self.path, start, f"{problem}; every record verified on its own", 0, file_id=fid)
+                CorruptionReport(
+                    self.path, start + self.base, f"{problem}; every record verified on its own", 0, file_id=fid
+                )
             )
 
     def _decode_at(self, view: memoryview, pos: int, prev: int) -> fmt.Record | None:
@@ -409,5 +422,5 @@ class Scanner:
 
     def _dropped(self, a: int, b: int, woid_lo: int, woid_hi: int, problem: str) -> None:
         self.log.report_corruption(
-            CorruptionReport(self.path, a, problem, b - a, (woid_lo, woid_hi), file_id=self.file_id)
+            CorruptionReport(self.path, a + self.base, problem, b - a, (woid_lo, woid_hi), file_id=self.file_id)
         )
