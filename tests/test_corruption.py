@@ -234,6 +234,7 @@ def test_truncate_newest_file_at_every_length_after_a_crash(built: Built, replay
         fs = without_checkpoints(built.copy())
         fs.write(path, orig[:n])
         count("truncations")
+        assert_verify_agrees_with_open(fs, f"truncated to {n}")
         got, _ = open_state(fs, replay=replay)
         assert got in built.states, f"truncated to {n}: not a prefix of the commits"
         k = built.states.index(got)
@@ -389,6 +390,7 @@ def test_appended_tail_is_ignored(built: Built, kind: str) -> None:
         fs = built.copy()
         fs.write(path, orig + tail)
         count("appended tails")
+        assert_verify_agrees_with_open(fs, "appended tail")
         got, _ = open_state(fs)
         assert got == built.full
         got, _ = open_state(fs)  # and again, after the tail was cut
@@ -483,6 +485,7 @@ def test_huge_length_field(built: Built, which: int) -> None:
                 assert got is None, "a damaged length in acknowledged data was not reported"
             else:
                 assert got is None or got in built.states
+            assert_verify_agrees_with_open(fs, "huge length")
             got, _ = open_state(fs, on_corruption="skip")
             assert_exact_subset(got, built.all_events)
         finally:
@@ -506,6 +509,7 @@ def test_flip_every_byte_of_the_newest_checkpoint(built: Built) -> None:
         damaged[off] ^= 0x41
         fs.write(path, bytes(damaged))
         count("checkpoint flips")
+        assert_verify_agrees_with_open(fs, f"checkpoint flip at {off}")
         got, _ = open_state(fs, replay="checkpoint")
         assert got == built.full, f"checkpoint flip at {off}"
 

@@ -262,8 +262,7 @@ def test_skip_take_of_the_damaged_event_alone(tmp_path: Path) -> None:
             assert [e.position for e in tx.take_batch(VICTIM)] == list(range(VICTIM))
         with ch.transaction() as tx:
             # Only the damaged event is at the head: it is dropped, and the take must not stop there.
-            # LIBRARY BUG (fails today): take() returns None, which the README documents as
-            # "None when empty", while 98 events are still queued behind the dropped one.
+            # take() must not return None ("empty") while events are queued behind the dropped one.
             ev = tx.take()
             assert ev is not None, f"take() returned None with {ch.size} events queued"
             assert ev.position == VICTIM + 1
