@@ -86,6 +86,16 @@ class FS(Protocol):
     def free_space(self, path: str) -> int:
         """Return the bytes available to unprivileged users on ``path``'s file system."""
 
+    def stat_token(self, path: str) -> tuple[int, int, int, int]:
+        """Return ``(inode, size, mtime_ns, ctime_ns)`` of ``path`` (one ``stat``; no data read).
+
+        It changes when the file changes or, for a directory, when an entry is
+        added, renamed over or removed, within the file system's timestamp
+        granularity: a change in the same clock tick as the previous one may
+        leave it equal, so callers distrust a token whose times are recent.
+        Raises ``FileNotFoundError`` when ``path`` does not exist.
+        """
+
 
 class OsFS:
     """The real file system, through ``os`` on raw descriptors."""
@@ -205,6 +215,11 @@ class OsFS:
         """Return the bytes available to unprivileged users on ``path``'s file system."""
         st = os.statvfs(path)
         return st.f_bavail * st.f_frsize
+
+    def stat_token(self, path: str) -> tuple[int, int, int, int]:
+        """Return ``(inode, size, mtime_ns, ctime_ns)`` of ``path`` (one ``stat``)."""
+        st = os.stat(path)
+        return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def read_file(fs: FS, path: str) -> bytes:

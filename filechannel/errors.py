@@ -129,3 +129,42 @@ class ChannelCopyError(ChannelError):
             f"belongs to that channel; open {original} instead, or, to restore a backup, put the channel "
             "directory back where it was (see docs/backup.md)"
         )
+
+
+class ConsumerIdentityError(ChannelError):
+    """A consumer name is registered with another identity (another query or job uses it)."""
+
+    def __init__(self, consumer: str, recorded: str | None, given: str | None) -> None:
+        self.consumer = consumer
+        self.recorded = recorded
+        self.given = given
+        super().__init__(
+            f"consumer {consumer!r} is registered with identity {recorded!r}, not {given!r}: another query or job "
+            "reads under this name; use another consumer name, take the name over with reset=True (its "
+            f"acknowledged position is kept), or unregister it with `filechannel consumers DIR --remove {consumer}`"
+        )
+
+
+class ConsumerConflictError(ChannelError):
+    """An in-process take on a channel that registered external consumers read."""
+
+    def __init__(self, directory: str, consumers: list[str]) -> None:
+        self.directory = directory
+        self.consumers = list(consumers)
+        names = ", ".join(repr(c) for c in self.consumers)
+        first = self.consumers[0] if self.consumers else "NAME"
+        super().__init__(
+            f"channel {directory} has registered external consumers ({names}): an in-process take would remove "
+            "events they have not read (a re-read must give the same events); read through "
+            f"filechannel.ChannelReader, or unregister them with `filechannel consumers {directory} --remove {first}`"
+        )
+
+
+class DataLossError(ChannelError):
+    """Positions a reader asked for are gone: retired, acknowledged already, or never in the channel."""
+
+    def __init__(self, start: int, end: int, reason: str) -> None:
+        self.start = start
+        self.end = end
+        self.reason = reason
+        super().__init__(f"positions [{start}, {end}) are gone: {reason}")

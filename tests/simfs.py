@@ -476,6 +476,20 @@ class SimFS:
             return max(0, self.capacity - self._used())
         return 1 << 40
 
+    def stat_token(self, path: str) -> tuple[int, int, int, int]:
+        """Return a token that changes exactly when the file or the directory's entries change.
+
+        The second item hashes the contents (a file's bytes, a directory's names and
+        nodes); the times are 0: a simulated file system has no clock granularity to
+        distrust.
+        """
+        node = self._lookup(path)
+        if node is None:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+        if isinstance(node, _File):
+            return id(node), hash(bytes(node.data)), 0, 0
+        return id(node), hash(tuple(sorted((k, id(v)) for k, v in node.entries.items()))), 0, 0
+
     # -- inspection (tests) -------------------------------------------------------------------
 
     def read(self, path: str) -> bytes:

@@ -1,0 +1,368 @@
+"""The consumer registry: named external consumers and their durable acknowledgements.
+
+This module owns ``DIR/consumers/``: one ``<name>.ack`` file per registered
+consumer (a reader in any process, see ``ChannelReader``), holding the
+position below which that consumer has processed every event. It knows
+nothing of queues or transactions: the owning channel reads the registry and
+turns the lowest acknowledgement into a committed take (``FileChannel.apply_acks``).
+
+Each file is a checksummed one-line JSON object (:func:`filechannel.log.encode_meta`)::
+
+    {"acked":17,"identity":"query-1","name":"q","registered_ns":...,"version":1}
+    crc32:xxxxxxxx
+
+Every write is atomic and durable when it returns, all through the ``_fs``
+seam: a temporary file (``.<name>.ack.tmp-<pid>-<ns>``, never read), fsync,
+rename over ``<name>.ack``, fsync of ``consumers/`` (whose own entry in the
+channel directory is fsynced when it is created). A crash leaves the old
+file or the new one, never a mix; a leftover temporary file is ignored and
+deleted by the next registration of that name.
+
+One process writes a given consumer's file at a time (the reader that owns
+the name); acknowledgements are monotone and idempotent, so a repeated or
+late ``ack`` changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ._fs import FS, read_file
+from .errors import ChannelError, ConfigError, ConsumerIdentityError, CorruptLogError, FormatError
+from .log import decode_meta, encode_meta
+
+__all__ = ["CONSUMERS_DIR", "ConsumerState", "ConsumerStore", "validate_name"]
+
+logger = logging.getLogger(__name__)
+
+CONSUMERS_DIR = "consumers"
+ACK_SUFFIX = ".ack"
+MAX_NAME_LEN = 100
+_NAME_RE = re.compile(r"[A-Za-z0-9._-]+")
+_TMP_MARK = ".tmp-"
+# A directory token whose times are this recent may not show a change made in
+# the same timestamp tick (coarse file-system clocks), so it is not trusted.
+_RACY_NS = 2_000_000_000
+_REMEDY = "unregister it with `filechannel consumers DIR --remove {name}` (its reader then registers again)"
+
+
+@dataclass(frozen=True)
+class ConsumerState:
+    """One registered consumer, as its ``.ack`` file records it.
+
+    Attributes:
+        name: The consumer's name (``[A-Za-z0-9._-]``, at most 100 characters).
+        identity: A token of the query or job that reads under this name, or None.
+        acked: Every position below this one has been processed by the consumer.
+        registered_ns: When the consumer was first registered (``time.time_ns()``).
+    """
+
+    name: str
+    identity: str | None
+    acked: int
+    registered_ns: int
+
+
+def validate_name(name: object) -> str:
+    """Return ``name`` if it is a valid consumer name.
+
+    Args:
+        name: The candidate: a non-empty str of ``A-Z a-z 0-9 . _ -``, at most 100 characters.
+
+    Returns:
+        The name, unchanged.
+
+    Raises:
+        ConfigError: The name is not a str, is empty, too long or has another character.
+    """
+    if not isinstance(name, str):
+        raise ConfigError("consumer", f"a consumer name must be a str, got {type(name).__name__}")
+    if not name:
+        raise ConfigError("consumer", "a consumer name must not be empty")
+    if len(name) > MAX_NAME_LEN:
+        raise ConfigError("consumer", f"a consumer name has at most {MAX_NAME_LEN} characters, got {len(name)}")
+    if not _NAME_RE.fullmatch(name):
+        raise ConfigError("consumer", f"{name!r}: a consumer name may only hold A-Z, a-z, 0-9, '.', '_' and '-'")
+    return name
+
+
+def _check_position(value: object, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{what} must be an int position, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{what} must be a position >= 0, got {value}")
+    return value
+
+
+def _check_identity(identity: object) -> str | None:
+    if identity is not None and not isinstance(identity, str):
+        raise TypeError(f"identity must be a str or None, got {type(identity).__name__}")
+    return identity
+
+
+class ConsumerStore:
+    """The consumers registered on one channel directory (``DIR/consumers/*.ack``).
+
+    Safe to use from several threads; several processes may read the registry
+    while one process writes a given consumer's file.
+
+    Args:
+        fs: The I/O seam (tests pass a simulated file system).
+        directory: The channel directory.
+    """
+
+    def __init__(self, fs: FS, directory: str) -> None:
+        self.fs = fs
+        self.directory = os.fspath(directory)
+        self.path = os.path.join(self.directory, CONSUMERS_DIR)
+        self._lock = threading.Lock()
+        self._cache: tuple[tuple[int, int, int, int] | None, dict[str, ConsumerState]] | None = None
+
+    def file_path(self, name: str) -> str:
+        """Return the path of consumer ``name``'s ``.ack`` file."""
+        return os.path.join(self.path, name + ACK_SUFFIX)
+
+    # -- reading -------------------------------------------------------------------------
+
+    def list(self) -> dict[str, ConsumerState]:
+        """Return every registered consumer, by name (temporary files are ignored).
+
+        Raises:
+            CorruptLogError: An ``.ack`` file does not decode; the error names it.
+        """
+        try:
+            names = self.fs.listdir(self.path)
+        except FileNotFoundError:
+            return {}
+        out: dict[str, ConsumerState] = {}
+        for entry in sorted(names):
+            if not entry.endswith(ACK_SUFFIX) or _TMP_MARK in entry:
+                continue
+            name = entry[: -len(ACK_SUFFIX)]
+            if not name or len(name) > MAX_NAME_LEN or not _NAME_RE.fullmatch(name):
+                continue  # not a name this module writes
+            state = self._read(name)
+            if state is not None:
+                out[name] = state
+        return out
+
+    def get(self, name: str) -> ConsumerState | None:
+        """Return consumer ``name``, or None if it is not registered.
+
+        Raises:
+            ConfigError: ``name`` is not a valid consumer name.
+            CorruptLogError: Its ``.ack`` file does not decode.
+        """
+        return self._read(validate_name(name))
+
+    def mtime_token(self) -> tuple[int, int, int, int] | None:
+        """Return a token that changes when a consumer file is added, replaced or removed.
+
+        One ``stat`` of ``DIR/consumers``; None while that directory does not exist.
+        Within the file system's timestamp granularity two changes may share a
+        token: :meth:`cached_list` distrusts recent tokens for that reason.
+        """
+        try:
+            return self.fs.stat_token(self.path)
+        except FileNotFoundError:
+            return None
+
+    def cached_list(self) -> dict[str, ConsumerState]:
+        """Return :meth:`list`, re-read only when :meth:`mtime_token` changed.
+
+        Costs one ``stat`` while the registry is unchanged. A token whose times
+        are within 2 s of now is not trusted (a change in the same timestamp
+        tick would not show), so the files are read again until it settles.
+        The returned dict is shared: do not modify it.
+
+        Raises:
+            CorruptLogError: An ``.ack`` file does not decode.
+        """
+        token = self.mtime_token()
+        cache = self._cache
+        if cache is not None and cache[0] == token:
+            return cache[1]
+        states = self.list()
+        if token is None or max(token[2], token[3]) <= time.time_ns() - _RACY_NS:
+            self._cache = (token, states)
+        return states
+
+    def _read(self, name: str) -> ConsumerState | None:
+        path = self.file_path(name)
+        try:
+            buf = read_file(self.fs, path)
+        except FileNotFoundError:
+            return None
+        try:
+            obj = decode_meta(buf, f"consumer {name}")
+            return _state_of(name, obj)
+        except FormatError as exc:
+            raise CorruptLogError(path, exc.offset, exc.reason, _REMEDY.format(name=name)) from exc
+
+    # -- writing -------------------------------------------------------------------------
+
+    def register(self, name: str, identity: str | None, start: int, reset: bool = False) -> ConsumerState:
+        """Register consumer ``name`` (durably), or return it if it is registered already.
+
+        A new consumer starts with ``acked=start``; an existing one keeps its
+        acknowledged position (``start`` is then ignored). An existing consumer
+        recorded without an identity adopts ``identity``.
+
+        Args:
+            name: The consumer name.
+            identity: A token of the query or job reading under this name, or None.
+            start: The acknowledged position of a new consumer (usually the channel's head).
+            reset: Replace a different recorded identity instead of refusing it.
+
+        Returns:
+            The consumer as recorded.
+
+        Raises:
+            ConfigError: ``name`` is not a valid consumer name.
+            ConsumerIdentityError: The consumer is registered with another identity and ``reset`` is False.
+            CorruptLogError: Its existing ``.ack`` file does not decode.
+            OSError: Writing the file failed (nothing changed).
+        """
+        validate_name(name)
+        _check_identity(identity)
+        _check_position(start, "start")
+        with self._lock:
+            cur = self._read(name)
+            if cur is None:
+                state = ConsumerState(name, identity, start, time.time_ns())
+                self._write(state)
+                logger.info("registered consumer %s (identity %r) at position %d", name, identity, start)
+                self._clean_temporaries(name)
+                return state
+            if identity is None or cur.identity == identity:
+                return cur
+            if cur.identity is not None and not reset:
+                raise ConsumerIdentityError(name, cur.identity, identity)
+            if cur.identity is not None:
+                logger.warning("consumer %s: identity %r replaced by %r (reset)", name, cur.identity, identity)
+            state = ConsumerState(name, identity, cur.acked, cur.registered_ns)
+            self._write(state)
+            self._clean_temporaries(name)
+            return state
+
+    def ack(self, name: str, identity: str | None, end: int) -> int:
+        """Record durably that consumer ``name`` has processed every position below ``end``.
+
+        Monotone and idempotent: an ``end`` at or below the recorded one writes
+        nothing and returns the recorded one.
+
+        Args:
+            name: The consumer name.
+            identity: The identity it registered with (None skips the check).
+            end: The first position not processed.
+
+        Returns:
+            The acknowledged position now recorded.
+
+        Raises:
+            ConfigError: ``name`` is not a valid consumer name.
+            ChannelError: The consumer is not registered.
+            ConsumerIdentityError: The consumer is registered with another identity.
+            CorruptLogError: Its ``.ack`` file does not decode.
+            OSError: Writing the file failed (the previous acknowledgement stands).
+        """
+        validate_name(name)
+        _check_identity(identity)
+        _check_position(end, "end")
+        with self._lock:
+            cur = self._read(name)
+            if cur is None:
+                raise ChannelError(
+                    f"consumer {name!r} is not registered on {self.directory} (it was removed, or never "
+                    "registered): open a ChannelReader with this consumer name to register it"
+                )
+            if identity is not None and cur.identity is not None and identity != cur.identity:
+                raise ConsumerIdentityError(name, cur.identity, identity)
+            if end <= cur.acked:
+                return cur.acked
+            self._write(ConsumerState(name, cur.identity or identity, end, cur.registered_ns))
+            return end
+
+    def remove(self, name: str) -> bool:
+        """Unregister consumer ``name`` durably; return whether it was registered.
+
+        Raises:
+            ConfigError: ``name`` is not a valid consumer name.
+            OSError: Removing the file failed.
+        """
+        validate_name(name)
+        with self._lock:
+            path = self.file_path(name)
+            if not self.fs.exists(path):
+                return False
+            self.fs.unlink(path)
+            self.fs.fsync_dir(self.path)
+            self._clean_temporaries(name)
+            logger.info("unregistered consumer %s", name)
+            return True
+
+    def _write(self, state: ConsumerState) -> None:
+        fs = self.fs
+        if not fs.isdir(self.path):
+            fs.makedirs(self.path)
+            fs.fsync_dir(self.directory)
+        data = encode_meta(
+            {
+                "name": state.name,
+                "identity": state.identity,
+                "acked": state.acked,
+                "registered_ns": state.registered_ns,
+                "version": 1,
+            }
+        )
+        tmp = os.path.join(self.path, f".{state.name}{ACK_SUFFIX}{_TMP_MARK}{os.getpid()}-{time.time_ns()}")
+        fd = fs.create(tmp)
+        try:
+            fs.pwrite_all(fd, data, 0)
+            fs.fsync(fd)
+        finally:
+            fs.close(fd)
+        fs.replace(tmp, self.file_path(state.name))
+        fs.fsync_dir(self.path)
+
+    def _clean_temporaries(self, name: str) -> None:
+        """Delete temporary files a crash left behind while writing ``name``'s file."""
+        prefix = f".{name}{ACK_SUFFIX}{_TMP_MARK}"
+        try:
+            left = [e for e in self.fs.listdir(self.path) if e.startswith(prefix)]
+        except FileNotFoundError:
+            return
+        for e in left:
+            try:
+                self.fs.unlink(os.path.join(self.path, e))
+            except FileNotFoundError:
+                pass
+
+
+def _state_of(name: str, obj: dict[str, Any]) -> ConsumerState:
+    """Return the state an ``.ack`` file's object records.
+
+    Raises:
+        FormatError: A field is missing or of the wrong type, or the name differs from the file's.
+    """
+    if obj.get("version") != 1:
+        raise FormatError(0, f"consumer {name}: unsupported version {obj.get('version')!r}")
+    if obj.get("name") != name:
+        raise FormatError(0, f"consumer {name}: the file records the name {obj.get('name')!r}")
+    identity = obj.get("identity")
+    if identity is not None and not isinstance(identity, str):
+        raise FormatError(0, f"consumer {name}: identity is not a string")
+    return ConsumerState(name, identity, _count_field(obj, name, "acked"), _count_field(obj, name, "registered_ns"))
+
+
+def _count_field(obj: dict[str, Any], name: str, key: str) -> int:
+    v = obj.get(key)
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise FormatError(0, f"consumer {name}: {key} is not an int >= 0")
+    return v
