@@ -104,6 +104,22 @@ class EventQueue:
                 self._maybe_compact()
         return out
 
+    def count_below(self, position: int) -> int:
+        """Return how many queued entries have a position below ``position``."""
+        k = bisect_left(self._pos, position, self._head) - self._head
+        return k + sum(1 for e in self._returned if e[0] < position)
+
+    def first_at_or_after(self, position: int) -> Entry | None:
+        """Return the queued entry with the smallest position >= ``position``, or None."""
+        best: Entry | None = None
+        i = bisect_left(self._pos, position, self._head)
+        if i < len(self._pos):
+            best = (self._pos[i], self._fid[i], self._off[i], self._size[i])
+        for e in self._returned:
+            if e[0] >= position and (best is None or e[0] < best[0]):
+                best = e
+        return best
+
     def __contains__(self, position: object) -> bool:
         """Return whether ``position`` is queued."""
         if not isinstance(position, int):

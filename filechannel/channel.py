@@ -28,9 +28,12 @@ from ._fs import DEFAULT_FS, FS
 from ._queue import Entry, EventQueue
 from .checkpoint import CheckpointStore, Snapshot
 from .config import ChannelConfig
+from .consumers import ConsumerStore
 from .errors import (
     ChannelClosedError,
+    ChannelError,
     ChannelFullError,
+    ConsumerConflictError,
     CorruptLogError,
     EventTooLargeError,
     FormatError,
@@ -41,6 +44,7 @@ from .errors import (
 from .log import INF_WOID, CommitResult, CorruptionReport, Log, LogRecord, merge_ranges, ranges_of
 
 CHECKPOINT_DIR = "checkpoints"
+_ACK_CHUNK = 1_000_000  # most events one take-only commit of acknowledgements holds
 
 logger = logging.getLogger(__name__)
 
@@ -284,6 +288,7 @@ class Transaction:
             TransactionCapacityError: More than ``transaction_capacity`` takes.
             TransactionStateError: The transaction is no longer open.
             ChannelClosedError: The channel is closed.
+            ConsumerConflictError: External consumers are registered on the channel.
             CorruptLogError: The event's record no longer verifies on disk.
         """
         evs = self.take_batch(1, timeout)
@@ -301,12 +306,19 @@ class Transaction:
             TransactionCapacityError: More than ``transaction_capacity`` takes.
             TransactionStateError: The transaction is no longer open.
             ChannelClosedError: The channel is closed.
-            CorruptLogError: An event's record no longer verifies on disk.
+            ConsumerConflictError: External consumers are registered on the channel
+                (they read through ``ChannelReader``; in-process takes would remove
+                events they have not read).
+            CorruptLogError: An event's record no longer verifies on disk, or a
+                consumer's ``.ack`` file does not decode.
         """
         if not isinstance(max_events, int) or isinstance(max_events, bool) or max_events <= 0:
             raise ValueError(f"max_events must be a positive int, got {max_events!r}")
         if self.state is not OPEN:
             self._advance("take")
+        consumers = self._ch._consumers.cached_list()  # one stat while the registry is unchanged
+        if consumers:
+            raise ConsumerConflictError(self._ch.directory, sorted(consumers))
         cap = self._ch.config.transaction_capacity
         room = cap - len(self._taken)
         if room <= 0:
@@ -512,6 +524,10 @@ class FileChannel:
         self._ckpt_lock = threading.Lock()
         self._ckpt_thread: threading.Thread | None = None
         self._ckpt_stop = threading.Event()
+        self._ack_lock = threading.Lock()
+        self._ack_thread: threading.Thread | None = None
+        self._ack_stop = threading.Event()
+        self._registry_problem: str | None = None
         self._ckpt_stats: dict[str, Any] = {
             "checkpoints_written": 0,
             "checkpoint_failures": 0,
@@ -537,6 +553,7 @@ class FileChannel:
                 "cache_hits",
                 "disk_reads",
                 "damaged_events_dropped",
+                "acked_events_taken",
             ),
             0,
         )
@@ -545,6 +562,7 @@ class FileChannel:
         self._store = CheckpointStore(
             self._fs, os.path.join(self.directory, CHECKPOINT_DIR), self.config.backup_checkpoint_dir
         )
+        self._consumers = ConsumerStore(self._fs, self.directory)
         self._log, self._queue = self._recover()
         self.replay_seconds = time.monotonic() - t0
         used = self._log.recovered_from
@@ -561,9 +579,18 @@ class FileChannel:
                 "queued": len(self._queue),
             }
         )
+        try:
+            # Acknowledgements written while no owner ran take effect now.
+            self._apply_acks(strict=False)
+        except BaseException:
+            self._log.close()
+            raise
         if background and self.config.checkpoint_interval > 0:
             self._ckpt_thread = threading.Thread(target=self._ckpt_loop, name="filechannel-checkpoint", daemon=True)
             self._ckpt_thread.start()
+        if background and self.config.ack_interval > 0:
+            self._ack_thread = threading.Thread(target=self._ack_loop, name="filechannel-acks", daemon=True)
+            self._ack_thread.start()
         logger.info(
             "opened %s: %d events queued, replay took %.3f s", self.directory, len(self._queue), self.replay_seconds
         )
@@ -612,8 +639,30 @@ class FileChannel:
         return len(self._queue)
 
     def stats(self) -> dict[str, Any]:
-        """Return counters: puts, takes, commits, rollbacks, fsyncs, bytes, files, and more."""
+        """Return counters: puts, takes, commits, rollbacks, fsyncs, bytes, files, and more.
+
+        ``consumers`` maps each registered external consumer to its ``acked``
+        position, ``lag_events`` (queued events at or after it), ``identity`` and
+        ``oldest_file`` (the data file holding its oldest unacknowledged queued
+        event, which it keeps from retiring; None when it has none);
+        ``consumers_problem`` says why the registry could not be read, or is None.
+        """
+        try:
+            registry = self._consumers.cached_list()
+            problem = None
+        except CorruptLogError as exc:
+            registry, problem = {}, str(exc)
         with self._lock:
+            q = self._queue
+            consumers: dict[str, Any] = {}
+            for name, c in registry.items():
+                first = q.first_at_or_after(c.acked)
+                consumers[name] = {
+                    "acked": c.acked,
+                    "lag_events": len(q) - q.count_below(c.acked),
+                    "identity": c.identity,
+                    "oldest_file": None if first is None else self._log.file_path(first[1]),
+                }
             out: dict[str, Any] = dict(self._counters)
             out.update(
                 queue_size=len(self._queue),
@@ -630,6 +679,8 @@ class FileChannel:
                 recovery_source=self.recovery_source,
                 checkpoint_fallbacks=len(self.checkpoint_fallbacks),
                 open_transactions=len(self._open_txns),
+                consumers=consumers,
+                consumers_problem=problem,
             )
             out.update(self._ckpt_stats)
         out.update(self._log.stats())
@@ -696,6 +747,86 @@ class FileChannel:
                 self._take_targets.setdefault(res.file_id, set()).update(files)
 
         self._log.commit(self._log.new_txn_id(), [], merged, note)
+
+    # -- external consumers ----------------------------------------------------------------
+
+    def apply_acks(self) -> int:
+        """Turn the external consumers' acknowledgements into committed takes now.
+
+        When consumers are registered (``DIR/consumers``, see ``ChannelReader``),
+        every queued event below the lowest acknowledged position is taken in a
+        take-only commit (not limited by ``transaction_capacity``), durable per
+        the ``fsync`` policy, and data files then retire as after any take. The
+        channel does this on its own at open, every ``ack_interval`` seconds and
+        on close.
+
+        Returns:
+            How many events were taken.
+
+        Raises:
+            ChannelClosedError: The channel is closed or has failed.
+            CorruptLogError: A consumer's ``.ack`` file does not decode (nothing is taken).
+            OSError: The commit failed; the events stay queued.
+        """
+        self._check_open()
+        return self._apply_acks(strict=True)
+
+    def _apply_acks(self, strict: bool) -> int:
+        """Take every queued event below the lowest acknowledgement; see :meth:`apply_acks`.
+
+        ``strict=False`` (open, close, the background thread) logs an unreadable
+        registry once as an ERROR and takes nothing, instead of raising.
+
+        Raises:
+            CorruptLogError: ``strict`` and a consumer's ``.ack`` file does not decode.
+            OSError: The commit failed.
+        """
+        with self._ack_lock:
+            try:
+                registry = self._consumers.cached_list()
+            except CorruptLogError as exc:
+                if strict:
+                    raise
+                if str(exc) != self._registry_problem:
+                    logger.error("consumer acknowledgements not applied: %s", exc)
+                self._registry_problem = str(exc)
+                return 0
+            self._registry_problem = None
+            if not registry:
+                return 0
+            low = min(c.acked for c in registry.values())
+            total = 0
+            while True:
+                with self._lock:
+                    if not self._queue.count_below(low):
+                        break
+                tx = Transaction(self)
+                with self._lock:
+                    # Like _pop: the entries join the transaction inside the lock (a checkpoint reads them).
+                    entries = self._queue.pop(min(self._queue.count_below(low), _ACK_CHUNK))
+                    tx._taken.extend(entries)
+                    self._inflight_takes += len(entries)
+                    if self._cache:
+                        for e in entries:
+                            c = self._cache.pop(e[0], None)
+                            if c is not None:
+                                self._cache_bytes -= len(c[0]) + _CACHE_OVERHEAD
+                tx.commit()  # a failure returns the entries to the queue and raises
+                total += len(entries)
+                self._count("acked_events_taken", len(entries))
+            if total:
+                logger.debug("applied consumer acknowledgements below position %d: %d events taken", low, total)
+            return total
+
+    def _ack_loop(self) -> None:
+        interval = self.config.ack_interval
+        while not self._ack_stop.wait(interval):
+            if self._closed or self._log.failed is not None:
+                return
+            try:
+                self._apply_acks(strict=False)
+            except Exception:  # the next interval tries again; the acknowledgements stay on disk
+                logger.exception("applying consumer acknowledgements failed")
 
     # -- checkpoints ------------------------------------------------------------------------
 
@@ -774,11 +905,19 @@ class FileChannel:
         return to the queue on the next open.
         """
         self._ckpt_stop.set()
+        self._ack_stop.set()
         if self._ckpt_thread is not None:
             self._ckpt_thread.join()
+        if self._ack_thread is not None:
+            self._ack_thread.join()
         with self._ckpt_lock:
             if self._closed:
                 return
+            if self._log.failed is None:
+                try:
+                    self._apply_acks(strict=False)
+                except (OSError, ChannelError) as exc:
+                    logger.warning("applying consumer acknowledgements on close failed (%s); the next open does", exc)
             unchanged = self._ckpt_stats["last_checkpoint_woid"] == self._log.last_woid and not self._open_txns
             if self._log.failed is None and not unchanged:
                 try:

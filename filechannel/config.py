@@ -59,6 +59,10 @@ class ChannelConfig:
             the newest in ``<dir>/checkpoints``).
         replay: ``"checkpoint"`` (default) restarts from the newest valid checkpoint;
             ``"full"`` ignores checkpoints and replays every data file.
+        ack_interval: Seconds between polls of the external consumers' acknowledgements
+            by a background thread, which turns them into committed takes; 0 disables
+            the thread (acknowledgements are still applied at open, on close and by
+            ``apply_acks()``).
     """
 
     capacity: int = 1_000_000
@@ -76,6 +80,7 @@ class ChannelConfig:
     checkpoint_interval: float = 30.0
     backup_checkpoint_dir: str | None = None
     replay: str = "checkpoint"
+    ack_interval: float = 0.5
 
     def __post_init__(self) -> None:
         """Check every option; raise ConfigError for the first bad one."""
@@ -125,6 +130,8 @@ class ChannelConfig:
             raise ConfigError(
                 "checkpoint_interval", f"must be a number of seconds >= 0, got {self.checkpoint_interval!r}"
             )
+        if not _is_number(self.ack_interval) or self.ack_interval < 0:
+            raise ConfigError("ack_interval", f"must be a number of seconds >= 0, got {self.ack_interval!r}")
         if self.backup_checkpoint_dir is not None and (
             not isinstance(self.backup_checkpoint_dir, str) or not self.backup_checkpoint_dir
         ):
