@@ -1,4 +1,4 @@
-"""The ``filechannel`` command: put, take, stat, dump, verify.
+"""The ``filechannel`` command: put, take, stat, dump, verify, checkpoint, consumers.
 
 This is the only module that prints. Every ``ChannelError`` and ``OSError``
 becomes one line on stderr and a non-zero exit status, never a traceback.
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import bisect
 import json
 import logging
 import os
@@ -27,6 +28,7 @@ from ._version import __version__
 from .channel import CHECKPOINT_DIR, FileChannel, VerifyResult, read_event, replay_queue, verify_channel
 from .checkpoint import CheckpointStore
 from .config import ChannelConfig
+from .consumers import ConsumerState, ConsumerStore, validate_name
 from .errors import ChannelError, ConfigError, CorruptLogError, NotAChannelError
 from .log import CHANNEL_FILE, LOCK_FILE, Log, format_ranges
 
@@ -372,6 +374,20 @@ def cmd_stat(args: argparse.Namespace) -> int:
         }
     finally:
         log.close()
+    try:
+        registry = ConsumerStore(DEFAULT_FS, args.dir).list()
+    except CorruptLogError as exc:
+        registry = {}
+        info["consumers_problem"] = str(exc)
+    positions = [e[0] for e in entries]
+    info["consumers"] = {
+        name: {
+            "acked": c.acked,
+            "identity": c.identity,
+            "lag_events": len(positions) - bisect.bisect_left(positions, c.acked),
+        }
+        for name, c in registry.items()
+    }
     if args.json:
         print(json.dumps(info))
     else:
@@ -380,6 +396,11 @@ def cmd_stat(args: argparse.Namespace) -> int:
                 print(f"files: {len(v)}")
                 for f in v:
                     print(f"  {f['path']}  {f['bytes']} bytes")
+            elif k == "consumers":
+                print(f"consumers: {len(v)}")
+                for name, c in v.items():
+                    ident = c["identity"] or "-"
+                    print(f"  {name}: acked {c['acked']}, lag {c['lag_events']} events, identity {ident}")
             elif isinstance(v, dict):
                 print(f"{k}:")
                 for k2, v2 in v.items():
@@ -387,6 +408,66 @@ def cmd_stat(args: argparse.Namespace) -> int:
             else:
                 print(f"{k}: {v}")
     return 0
+
+
+def cmd_consumers(args: argparse.Namespace) -> int:
+    """List the external consumers with their acknowledged positions and lag, or remove one."""
+    _existing(args.dir)
+    store = ConsumerStore(DEFAULT_FS, args.dir)
+    if args.remove is not None:
+        try:
+            name = validate_name(args.remove)
+        except ConfigError as exc:
+            raise ChannelError(f"--remove {args.remove!r}: {exc.reason}") from exc
+        try:
+            before: ConsumerState | None = store.get(name)
+        except CorruptLogError:
+            before = None  # a damaged file is removed all the same
+        if not store.remove(name):
+            known = ", ".join(_consumer_names(store)) or "none"
+            raise ChannelError(f"{args.dir}: no consumer named {name!r} (registered: {known})")
+        where = f" (it had acknowledged up to position {before.acked})" if before is not None else ""
+        print(f"removed consumer {name}{where}; the owner no longer waits for it")
+        return 0
+    registry = store.list()
+    next_position = _next_position(args.dir) if registry else None
+    rows = [
+        {
+            "name": c.name,
+            "identity": c.identity,
+            "acked": c.acked,
+            "lag_events": max(0, next_position - c.acked) if next_position is not None else 0,
+            "registered_ns": c.registered_ns,
+        }
+        for c in registry.values()
+    ]
+    if args.json:
+        print(json.dumps({"directory": args.dir, "next_position": next_position, "consumers": rows}))
+        return 0
+    if not rows:
+        print(f"{args.dir}: no consumers registered")
+        return 0
+    print(f"{'NAME':<20} {'ACKED':>12} {'LAG':>12}  IDENTITY")
+    for r in rows:
+        print(f"{r['name']:<20} {r['acked']:>12} {r['lag_events']:>12}  {r['identity'] or '-'}")
+    return 0
+
+
+def _consumer_names(store: ConsumerStore) -> list[str]:
+    """Return the registered consumer names, even when a file is damaged."""
+    try:
+        return sorted(store.list())
+    except CorruptLogError:
+        return []
+
+
+def _next_position(directory: str) -> int:
+    """Return the channel's next position as its files say now (read-only; lenient about damage)."""
+    log = Log(directory, ChannelConfig(on_corruption="skip"), readonly=True, checkpoints=_store(directory))
+    try:
+        return log.next_position
+    finally:
+        log.close()
 
 
 def _checkpoint_info(log: Log) -> dict[str, Any] | None:
@@ -583,6 +664,18 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("dir", help="channel directory")
     sp.add_argument("--json", action="store_true", help="print one JSON object")
     sp.set_defaults(func=cmd_stat)
+
+    sp = sub.add_parser(
+        "consumers", help="list external consumers (acknowledged position, lag), or remove one", epilog=_EPILOG
+    )
+    sp.add_argument("dir", help="channel directory")
+    sp.add_argument("--json", action="store_true", help="print one JSON object")
+    sp.add_argument(
+        "--remove",
+        metavar="NAME",
+        help="unregister consumer NAME: the owner stops waiting for its acknowledgements",
+    )
+    sp.set_defaults(func=cmd_consumers)
 
     sp = sub.add_parser("checkpoint", help="write a checkpoint now (fast restart)", epilog=_EPILOG)
     sp.add_argument("dir", help="channel directory")
