@@ -1,7 +1,9 @@
 """Crash at every persistence point of small workloads, in several ways, and recover.
 
 Each workload (2-6 transactions mixing put, take, commit and rollback, a file
-roll with ``max_file_size=4096``, a retirement, a checkpoint, a clean reopen)
+roll with ``max_file_size=4096``, a retirement, a checkpoint, a clean reopen,
+an external consumer's registration and acknowledgements and the owner
+applying them)
 runs once on a :class:`SimFS` that snapshots itself after every mutating call.
 For every snapshot and every crash variant (a mode and a seed, see simfs.py)
 the post-crash file system is rebuilt and the channel reopened, and the oracle
@@ -13,6 +15,11 @@ checks that:
   event keeps its position, and recovery raises nothing;
 * with ``fsync="interval"``, the recovered state is a prefix of the commit
   order that includes every commit made durable by ``sync()``;
+* with an external consumer: its ``.ack`` file holds the last acknowledgement
+  that returned, or the one in flight (none before its registration returned,
+  none once its removal returned), and the recovered queue is the model's
+  minus the positions below that durable acknowledgement (recovery applies an
+  acknowledgement that was written but not yet applied);
 * the recovered channel accepts a new commit at a fresh position, and a clean
   reopen shows the same state;
 * recovery is idempotent: a crash at any point *during* recovery, followed by
@@ -34,8 +41,11 @@ import pytest
 from simfs import MUTATING_OPS, SimFS
 
 import filechannel
+from filechannel.channel import read_event
+from filechannel.consumers import ConsumerStore
 
 DIR = "/sim/ch"
+CONSUMER = "q"
 BASE_OPTS: dict[str, Any] = {"background": False, "minimum_required_space": 0, "max_file_size": 4096}
 
 VARIANTS: list[tuple[str, int]] = (
@@ -90,6 +100,7 @@ class Snap:
     inflight: Effect | None
     durable_upto: int  # with fsync="interval": effects[:n] were made durable by sync()
     op: str
+    acks: frozenset[int | None] = frozenset({None})  # what CONSUMER's .ack file may hold (None: no file)
 
 
 class Driver:
@@ -105,13 +116,15 @@ class Driver:
         self.queue: list[tuple[int, bytes]] = []  # the model's queue
         self.next_position = 0
         self.counter = 0
+        self.acks: frozenset[int | None] = frozenset({None})
+        self.ack_mark: int | None = None  # CONSUMER's acknowledgement, once registered
         fs.on_op = self._hook
         self.ch = filechannel.open(DIR, fs=fs, **opts)
 
     def _hook(self, op: str, path: str) -> None:
         if op in MUTATING_OPS:
             self.snaps.append(
-                Snap(self.fs.snapshot(), tuple(self.acked), self.inflight, self.durable_upto, f"{op} {path}")
+                Snap(self.fs.snapshot(), tuple(self.acked), self.inflight, self.durable_upto, f"{op} {path}", self.acks)
             )
 
     def body(self, size: int) -> bytes:
@@ -149,9 +162,52 @@ class Driver:
             self.ch.checkpoint()
 
     def reopen(self) -> None:
+        self.inflight = self._ack_effect()  # close applies acknowledgements
         self.ch.close()
+        self._applied()
         self.durable_upto = len(self.acked)
         self.ch = filechannel.open(DIR, fs=self.fs, **self.opts)
+        assert self.ch.stats()["acked_events_taken"] == 0  # close applied them all
+
+    # -- an external consumer (what a ChannelReader in another process writes) --------
+
+    def _store(self) -> ConsumerStore:
+        return ConsumerStore(self.fs, DIR)
+
+    def register(self, start: int) -> None:
+        self.acks = frozenset({None, start})
+        self._store().register(CONSUMER, "query-1", start)
+        self.acks = frozenset({start})
+        self.ack_mark = start
+
+    def ack(self, end: int) -> None:
+        assert self.ack_mark is not None
+        self.acks = frozenset({self.ack_mark, end})
+        self.ack_mark = self._store().ack(CONSUMER, "query-1", end)
+        self.acks = frozenset({self.ack_mark})
+
+    def remove_consumer(self) -> None:
+        self.acks = frozenset({self.ack_mark, None})
+        assert self._store().remove(CONSUMER)
+        self.acks = frozenset({None})
+        self.ack_mark = None
+
+    def _ack_effect(self) -> Effect | None:
+        if self.ack_mark is None:
+            return None
+        return Effect(takes=[p for p, _ in self.queue if p < self.ack_mark])
+
+    def _applied(self) -> None:
+        eff, self.inflight = self.inflight, None
+        if eff is not None and eff.takes:
+            self.acked.append(eff)
+            self.queue = apply_effects(self.acked)
+
+    def apply_acks(self) -> None:
+        self.inflight = self._ack_effect()
+        n = self.ch.apply_acks()
+        assert n == (len(self.inflight.takes) if self.inflight is not None else 0)
+        self._applied()
 
     def finish(self) -> list[Snap]:
         self.ch.close()
@@ -173,9 +229,22 @@ def state_key(fs: SimFS) -> str:
 def drain(ch: filechannel.FileChannel) -> list[tuple[int, bytes]]:
     """Read the whole queue without changing it (take all, roll back)."""
     tx = ch.transaction()
-    evs = tx.take_batch(100_000)
+    try:
+        evs = tx.take_batch(100_000)
+    except filechannel.ConsumerConflictError:
+        # Takes are refused while an external consumer is registered: read the queue as they would.
+        tx.rollback()
+        with ch._lock:
+            entries = list(ch._queue)
+        return [(e[0], read_event(ch._log, e)[0]) for e in entries]
     tx.rollback()
     return [(e.position, e.body) for e in evs]
+
+
+def durable_ack(fs: SimFS) -> int | None:
+    """CONSUMER's acknowledgement as the (crashed) file system holds it, or None."""
+    st = ConsumerStore(fs, DIR).get(CONSUMER)
+    return None if st is None else st.acked
 
 
 def recover(fs: SimFS, opts: dict[str, Any]) -> list[tuple[int, bytes]]:
@@ -201,6 +270,11 @@ def allowed_states(snap: Snap, mode: str) -> list[list[tuple[int, bytes]]]:
 def check_crash_state(crashed: SimFS, snap: Snap, opts: dict[str, Any], nested: bool) -> None:
     mode = opts.get("fsync", "commit")
     allowed = allowed_states(snap, mode)
+    ack = durable_ack(crashed)
+    assert ack in snap.acks, f"the ack file holds {ack}, expected one of {set(snap.acks)} after {snap.op}"
+    if ack is not None:
+        # Recovery applies a durable acknowledgement that was not applied yet.
+        allowed = [[(p, b) for p, b in state if p >= ack] for state in allowed]
     # 1. recover, recording the recovery itself so we can crash inside it
     rec_snaps: list[SimFS] = []
     if nested:
@@ -250,7 +324,10 @@ def run_crash_points(workload: Callable[[Driver], None], opts: dict[str, Any], d
             crashed = snap.fs.crash(seed * 7919 + i, vmode)
             TOTALS["variants"] += 1
             # The same bytes must be checked again when the oracle differs.
-            key = f"{state_key(crashed)}/{len(snap.acked)}/{snap.inflight is not None}/{snap.durable_upto}"
+            key = (
+                f"{state_key(crashed)}/{len(snap.acked)}/{snap.inflight is not None}/{snap.durable_upto}/"
+                f"{sorted(snap.acks, key=str)}"
+            )
             if key in seen:
                 continue
             seen.add(key)
@@ -316,6 +393,24 @@ def w_upgrade_data_dirs(d: Driver) -> None:
     d.txn(takes=1, puts=[200])
 
 
+def w_consumer_acks(d: Driver) -> None:
+    # An external consumer registers, acknowledges, and the owner turns its acks into takes:
+    # by apply_acks(), by close() (an ack written while the owner runs) and after an unregistration.
+    d.txn(puts=[900, 900, 900])
+    d.txn(puts=[900, 900])  # rolls to a second file
+    d.register(start=0)  # consumers/ created, q.ack written
+    d.ack(2)
+    d.apply_acks()  # a take-only commit of positions 0, 1
+    d.ack(4)  # written, not applied: close applies it, and the first file retires
+    d.reopen()
+    d.txn(puts=[300, 300])
+    d.ack(6)
+    d.apply_acks()
+    d.ack(7)  # written, never applied: the consumer is removed first
+    d.remove_consumer()
+    d.txn(takes=1)  # in-process takes work again
+
+
 COMMIT = dict(BASE_OPTS)
 INTERVAL = dict(BASE_OPTS, fsync="interval", fsync_interval=3600.0)
 
@@ -328,6 +423,8 @@ CASES = [
     pytest.param(w_interval, INTERVAL, "posix", 40, id="interval-posix"),
     pytest.param(w_basic, dict(COMMIT, data_dirs=["/sim/disk2"]), "posix", 40, id="external-data-dir-posix"),
     pytest.param(w_upgrade_data_dirs, COMMIT, "posix", 30, id="upgrade-data-dirs-posix"),
+    pytest.param(w_consumer_acks, COMMIT, "posix", 60, id="consumer-acks-posix"),
+    pytest.param(w_consumer_acks, COMMIT, "ext4", 30, id="consumer-acks-ext4"),
 ]
 
 
