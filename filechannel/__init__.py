@@ -48,12 +48,14 @@ from .errors import (
     TransactionStateError,
 )
 from .log import Log
+from .reader import ChannelReader, Segment, read_segment
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
     "ChannelClosedError",
     "ChannelConfig",
+    "ChannelReader",
     "ChannelCopyError",
     "ChannelError",
     "ChannelFullError",
@@ -70,12 +72,14 @@ __all__ = [
     "FormatError",
     "InvalidEventError",
     "Log",
+    "Segment",
     "NotAChannelError",
     "Transaction",
     "TransactionCapacityError",
     "TransactionStateError",
     "__version__",
     "open",
+    "read_segment",
 ]
 
 

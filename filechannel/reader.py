@@ -1,0 +1,605 @@
+"""ChannelReader: read a channel from any process, without a lock, and acknowledge what was consumed.
+
+This module owns the read-only, cross-process view of a channel: it loads the
+newest checkpoint and replays the log after it (the same recovery, read-only,
+that an open performs), then follows the data files as the owner appends,
+rolls and retires them, scanning only the bytes that are new with the one
+parser in ``scan.py``. It never writes, truncates or moves a data file or a
+checkpoint and takes no lock; the only files it writes are its consumer's
+registration and acknowledgements (``consumers.py``), which the owning
+channel turns into committed takes.
+
+Visibility follows the owner's durability rules: a transaction is visible once
+its batch (BATCH_END) verifies; a torn or partly written batch at the tail of
+a live file is "not yet", never damage. Damage to acknowledged data follows
+``on_corruption`` like everywhere else.
+
+A reader is picklable: it holds only its arguments until first used, and
+reopens what it needs lazily (Spark pickles the planner's copy to executors).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from array import array
+from bisect import bisect_left
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from . import format as fmt
+from ._fs import DEFAULT_FS, FS
+from .channel import CHECKPOINT_DIR, Event, replay_queue
+from .checkpoint import CheckpointStore
+from .config import CORRUPTION_POLICIES, ChannelConfig
+from .consumers import ConsumerStore, validate_name
+from .errors import ChannelError, ConfigError, CorruptLogError, DataLossError, FormatError
+from .log import Log
+from .scan import SEG_RE, CorruptionReport, LogRecord, Scanner, segment_name
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SEGMENT_BYTES = 8 << 20
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Where a run of committed events lies in one data file: picklable, self-contained.
+
+    :func:`read_segment` reads it with one ``pread`` and checks every record,
+    without replaying the log. ``positions``, ``offsets`` (relative to
+    ``offset``) and ``sizes`` are parallel.
+    """
+
+    path: str
+    file_id: int
+    channel_id: bytes
+    crc_kind: int
+    offset: int
+    length: int
+    positions: tuple[int, ...]
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+
+    @property
+    def start(self) -> int:
+        """The first position in the segment."""
+        return self.positions[0]
+
+    @property
+    def end(self) -> int:
+        """One past the last position in the segment."""
+        return self.positions[-1] + 1
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+
+def read_segment(segment: Segment, *, fs: FS | None = None) -> list[Event]:
+    """Read the events a :class:`Segment` describes, checking every record's checksum.
+
+    Raises:
+        DataLossError: The data file is gone (retired after the events were acknowledged).
+        CorruptLogError: A record there does not verify.
+    """
+    fs = fs or DEFAULT_FS
+    try:
+        fd = fs.open_read(segment.path)
+    except FileNotFoundError as exc:
+        raise DataLossError(
+            segment.start, segment.end, f"data file {segment.path} is gone (retired after an acknowledgement)"
+        ) from exc
+    try:
+        buf = fs.pread(fd, segment.length, segment.offset)
+    finally:
+        fs.close(fd)
+    seed = fmt.file_seed(segment.crc_kind, segment.channel_id, segment.file_id)
+    out: list[Event] = []
+    for p, rel, size in zip(segment.positions, segment.offsets, segment.sizes, strict=True):
+        out.append(_decode_put(buf, rel, size, seed, segment.crc_kind, segment.path, segment.offset + rel, p))
+    return out
+
+
+def _decode_put(buf: bytes, rel: int, size: int, seed: int, kind: int, path: str, offset: int, position: int) -> Event:
+    try:
+        rec = fmt.decode_record(buf, rel, seed, kind, 0xFFFF_FFFF)
+        if not isinstance(rec, fmt.Record) or rec.size != size or rec.op != fmt.PUT:
+            raise FormatError(0, "no PUT record of the expected size there")
+        body, headers = fmt.decode_event(rec.payload)
+    except FormatError as exc:
+        raise CorruptLogError(path, offset, f"event at position {position}: {exc.reason}") from exc
+    return Event(body, headers, position)
+
+
+class _Index:
+    """Committed events known to the reader: four position-ordered ``array('q')`` columns."""
+
+    __slots__ = ("fid", "off", "pos", "size")
+
+    def __init__(self) -> None:
+        self.pos = array("q")
+        self.fid = array("q")
+        self.off = array("q")
+        self.size = array("q")
+
+    def __len__(self) -> int:
+        return len(self.pos)
+
+    def add(self, position: int, file_id: int, offset: int, size: int) -> None:
+        pos = self.pos
+        if not pos or position > pos[-1]:
+            pos.append(position)
+            self.fid.append(file_id)
+            self.off.append(offset)
+            self.size.append(size)
+            return
+        i = bisect_left(pos, position)
+        if i < len(pos) and pos[i] == position:
+            return  # already known (replay is idempotent by position)
+        pos.insert(i, position)
+        self.fid.insert(i, file_id)
+        self.off.insert(i, offset)
+        self.size.insert(i, size)
+
+    def remove(self, first: int, count: int) -> None:
+        pos = self.pos
+        i = bisect_left(pos, first)
+        j = bisect_left(pos, first + count)
+        if j > i:
+            for col in (self.pos, self.fid, self.off, self.size):
+                del col[i:j]
+
+    def span(self, start: int, end: int) -> tuple[int, int]:
+        return bisect_left(self.pos, start), bisect_left(self.pos, end)
+
+    def head(self) -> int | None:
+        return self.pos[0] if self.pos else None
+
+
+class _FileState:
+    """What the reader knows of one live data file."""
+
+    __slots__ = ("dir_index", "end", "header", "path")
+
+    def __init__(self, dir_index: int, path: str, header: fmt.FileHeader, end: int) -> None:
+        self.dir_index = dir_index
+        self.path = path
+        self.header = header
+        self.end = end  # offset after the last verified batch read
+
+
+class _Follower:
+    """The reader's live state: the index, the files, and the scan context for new bytes."""
+
+    def __init__(self, reader: ChannelReader) -> None:
+        self.fs = reader._fs
+        self.directory = reader.directory
+        self.config = ChannelConfig(on_corruption=reader.on_corruption)
+        store = CheckpointStore(self.fs, os.path.join(self.directory, CHECKPOINT_DIR))
+        log = Log(self.directory, self.config, fs=self.fs, readonly=True, checkpoints=store)
+        try:
+            q, _, _ = replay_queue(log, log.base_snapshot)
+            self.channel_id = log.channel_id
+            self.crc_kind = log.crc_kind
+            self.max_payload = log.max_payload
+            self.data_dirs = list(log.data_dirs)
+            self.corruption: list[CorruptionReport] = list(log.corruption)
+            self.index = _Index()
+            for p, f, o, s in q:
+                self.index.add(p, f, o, s)
+            self.files: dict[int, _FileState] = {}
+            for fid in log.file_ids():
+                path = log.file_path(fid)
+                header = self._read_header(path, fid)
+                if header is None:
+                    continue
+                self.files[fid] = _FileState(
+                    self.data_dirs.index(os.path.dirname(path)), path, header, log._file_end[fid]
+                )
+            # New records in a directory have write-order ids above everything read so far
+            # (with one directory, above the log's last id; with several, the scanner's
+            # per-file floor is the file header's base id).
+            single = len(self.data_dirs) == 1
+            self.last_woid = [log.last_woid if single else 0 for _ in self.data_dirs]
+            self.visible_end = log.next_position
+        finally:
+            log.close()
+        self.retired: set[int] = set()
+        self.lock = threading.Lock()
+
+    # ScanContext for the scanner ------------------------------------------------------
+
+    def report_corruption(self, report: CorruptionReport) -> None:
+        self.corruption.append(report)
+        logger.error("on_corruption='skip': %s", report.describe())
+
+    def note_torn_tail(self, path: str, start: int, size: int, reason: str) -> None:
+        """A partly written batch at the tail of a live file: not yet visible, not damage."""
+
+    # following ---------------------------------------------------------------------------
+
+    def _read_header(self, path: str, fid: int) -> fmt.FileHeader | None:
+        try:
+            fd = self.fs.open_read(path)
+        except FileNotFoundError:
+            return None
+        try:
+            head = self.fs.pread(fd, fmt.MAX_HEADER_LEN, 0)
+        finally:
+            self.fs.close(fd)
+        try:
+            h = fmt.decode_file_header(head)
+        except FormatError as exc:
+            raise CorruptLogError(path, exc.offset, f"data file header: {exc.reason}") from exc
+        if not isinstance(h, fmt.FileHeader):
+            return None  # being created: its header is not complete yet
+        if h.channel_id != self.channel_id or h.file_id != fid:
+            raise CorruptLogError(path, 16, "data file does not belong to this channel")
+        return h
+
+    def refresh(self) -> None:
+        """Read what the owner appended since the last call (only files that changed)."""
+        with self.lock:
+            for i, d in enumerate(self.data_dirs):
+                try:
+                    names = tuple(sorted(n for n in self.fs.listdir(d) if SEG_RE.match(n)))
+                except FileNotFoundError:
+                    names = ()
+                ids = [int(n[4:20], 16) for n in names]
+                known = [f for f, st in self.files.items() if st.dir_index == i]
+                newest = max(known, default=0)
+                for fid in sorted(f for f in ids if f > newest and f not in self.retired):
+                    path = os.path.join(d, segment_name(fid))
+                    header = self._read_header(path, fid)
+                    if header is None:
+                        break  # being created; the next call reads it
+                    self.files[fid] = _FileState(i, path, header, header.header_len)
+                # Only the newest file of a directory grows; the one before it may have
+                # received its last batch before the roll. Older files are sealed.
+                present = set(ids)
+                for fid in sorted(f for f in self.files if self.files[f].dir_index == i and f >= newest):
+                    st = self.files[fid]
+                    size = self._size(st.path) if fid in present else None
+                    if size is None or size <= st.end:
+                        continue
+                    self._scan(fid, st, size)
+
+    def _size(self, path: str) -> int | None:
+        try:
+            fd = self.fs.open_read(path)
+        except FileNotFoundError:
+            return None
+        try:
+            return self.fs.size(fd)
+        finally:
+            self.fs.close(fd)
+
+    def _scan(self, fid: int, st: _FileState, size: int) -> None:
+        fd = self.fs.open_read(st.path)
+        try:
+            buf = self.fs.pread(fd, size - st.end, st.end)
+        finally:
+            self.fs.close(fd)
+        prev = self.last_woid[st.dir_index]
+        s = Scanner(self, st.path, fid, buf, st.header, base=st.end).scan(True, prev, st.end)
+        st.end = s.end
+        if s.records:
+            self.last_woid[st.dir_index] = max(prev, s.last_woid)
+            self._apply(s.records)
+
+    def _apply(self, records: list[LogRecord]) -> None:
+        puts: dict[int, list[tuple[int, int, int]]] = {}
+        takes: dict[int, list[tuple[int, int]]] = {}
+        for r in records:
+            if r.op == fmt.PUT:
+                puts.setdefault(r.txn_id, []).append((r.file_id, r.offset, r.size))
+            elif r.op == fmt.TAKE:
+                takes[r.txn_id] = fmt.decode_take(r.payload)
+            elif r.op == fmt.COMMIT:
+                first, n, _ = fmt.decode_commit(r.payload)
+                for i, (f, o, s) in enumerate(puts.pop(r.txn_id, [])[:n]):
+                    self.index.add(first + i, f, o, s)
+                for a, c in takes.pop(r.txn_id, []):
+                    self.index.remove(a, c)
+                self.visible_end = max(self.visible_end, first + n)
+            elif r.op == fmt.ROLLBACK:
+                puts.pop(r.txn_id, None)
+                takes.pop(r.txn_id, None)
+            elif r.op == fmt.RETIRE:
+                gone = fmt.decode_retire(r.payload)
+                self.files.pop(gone, None)
+                self.retired.add(gone)
+
+
+class ChannelReader:
+    """A read-only view of a channel, for any process, with durable acknowledgements.
+
+    Args:
+        directory: The channel directory.
+        consumer: A consumer name (registered durably on first use; the owner
+            takes an event once every registered consumer acknowledged it), or
+            None for a view that registers nothing and cannot acknowledge.
+        identity: A token recorded with the consumer (a query id, say); a
+            different identity for the same name is refused unless ``reset``.
+        reset: Replace a consumer's recorded identity (its acknowledged mark stays).
+        on_corruption: ``"fail"`` (default) or ``"skip"`` for damaged events.
+
+    Raises:
+        ConfigError: A bad consumer name or option (checked at once).
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        consumer: str | None = None,
+        *,
+        identity: str | None = None,
+        reset: bool = False,
+        on_corruption: str = "fail",
+        fs: FS | None = None,
+    ) -> None:
+        self.directory = os.fspath(directory)
+        self.consumer = validate_name(consumer) if consumer is not None else None
+        if identity is not None and not isinstance(identity, str):
+            raise ConfigError("identity", f"must be a str, got {identity!r}")
+        if on_corruption not in CORRUPTION_POLICIES:
+            raise ConfigError("on_corruption", f"must be one of {CORRUPTION_POLICIES}, got {on_corruption!r}")
+        self.identity = identity
+        self.reset = reset
+        self.on_corruption = on_corruption
+        self._fs = fs or DEFAULT_FS
+        self._follower: _Follower | None = None
+        self._acked: int | None = None
+        self._closed = False
+
+    # pickling: arguments only; everything else reopens lazily ------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_follower"] = None
+        state["_fs"] = None if self._fs is DEFAULT_FS else self._fs
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self._fs is None:
+            self._fs = DEFAULT_FS
+
+    def _state(self) -> _Follower:
+        if self._closed:
+            raise ChannelError("the reader is closed")
+        f = self._follower
+        if f is None:
+            f = self._follower = _Follower(self)
+            if self.consumer is not None:
+                store = ConsumerStore(self._fs, self.directory)
+                start = f.index.head()
+                st = store.register(
+                    self.consumer, self.identity, f.visible_end if start is None else start, reset=self.reset
+                )
+                self._acked = st.acked
+        return f
+
+    # the API --------------------------------------------------------------------------------
+
+    @property
+    def acked(self) -> int | None:
+        """This consumer's acknowledged mark (every position below it is done), or None for a view."""
+        if self.consumer is None:
+            return None
+        self._state()
+        return self._acked
+
+    def _start(self, f: _Follower) -> int:
+        if self._acked is not None:
+            return self._acked
+        head = f.index.head()
+        return f.visible_end if head is None else head
+
+    def available(self) -> tuple[int, int]:
+        """Return ``[start, end)``: the positions committed and not yet acknowledged by this consumer.
+
+        Cheap on a quiet channel: it lists the data directories and reads only
+        bytes appended since the last call.
+
+        Raises:
+            CorruptLogError: Damage found in newly written data (``on_corruption="fail"``).
+        """
+        f = self._state()
+        f.refresh()
+        start = self._start(f)
+        end = f.visible_end
+        if len(f.data_dirs) > 1:
+            # With several data directories a later position can be visible before an
+            # earlier one is written: stop at the first position not yet seen.
+            i, j = f.index.span(start, end)
+            pos = f.index.pos
+            k = i
+            while k < j and pos[k] == start + (k - i):
+                k += 1
+            end = start + (k - i)
+        return start, max(start, end)
+
+    def read(self, start: int, end: int, limit: int | None = None) -> list[Event]:
+        """Return the committed events with positions in ``[start, end)``, in order.
+
+        The same call returns the same events after a crash or restart of
+        either process. Positions the channel never held (a failed commit's) are
+        simply absent.
+
+        Raises:
+            DataLossError: ``start`` is below this consumer's acknowledged mark (or
+                below what the channel still holds), or ``end`` is beyond what it holds.
+            CorruptLogError: An event's record is damaged (``on_corruption="fail"``).
+        """
+        _check_range(start, end)
+        if limit is not None and (not isinstance(limit, int) or limit <= 0):
+            raise ValueError(f"limit must be a positive int, got {limit!r}")
+        f = self._state()
+        if end > f.visible_end:
+            f.refresh()
+        self._check_held(f, start, end)
+        out: list[Event] = []
+        for attempt in range(2):
+            try:
+                out = self._read_entries(f, start, end, limit)
+                break
+            except FileNotFoundError:
+                if attempt:
+                    raise DataLossError(start, end, "a data file was retired while it was read") from None
+                f.refresh()
+                self._check_held(f, start, end)
+        return out
+
+    def _check_held(self, f: _Follower, start: int, end: int) -> None:
+        if end > f.visible_end:
+            raise DataLossError(
+                f.visible_end,
+                end,
+                f"the channel holds positions below {f.visible_end} only (restored from an older copy?)",
+            )
+        low = self._start(f) if self._acked is not None else f.index.head()
+        if low is not None and start < low and start < end:
+            i, _ = f.index.span(start, end)
+            if self._acked is not None or i == 0:
+                why = "below this consumer's acknowledged mark" if self._acked is not None else "already taken"
+                raise DataLossError(start, min(end, low), f"positions {why}")
+
+    def _read_entries(self, f: _Follower, start: int, end: int, limit: int | None) -> list[Event]:
+        idx = f.index
+        i, j = idx.span(start, end)
+        if limit is not None:
+            j = min(j, i + limit)
+        out: list[Event] = []
+        fds: dict[int, int] = {}
+        try:
+            for k in range(i, j):
+                fid, off, size, p = idx.fid[k], idx.off[k], idx.size[k], idx.pos[k]
+                st = f.files.get(fid)
+                path = st.path if st is not None else os.path.join(f.data_dirs[0], segment_name(fid))
+                fd = fds.get(fid)
+                if fd is None:
+                    fd = fds[fid] = self._fs.open_read(path)
+                buf = self._fs.pread(fd, size, off)
+                seed = fmt.file_seed(f.crc_kind, f.channel_id, fid)
+                try:
+                    out.append(_decode_put(buf, 0, size, seed, f.crc_kind, path, off, p))
+                except CorruptLogError as exc:
+                    if self.on_corruption != "skip":
+                        raise
+                    f.report_corruption(
+                        CorruptionReport(exc.path, exc.offset, exc.reason, 0, lost_positions=[(p, p + 1)], file_id=fid)
+                    )
+        finally:
+            for fd in fds.values():
+                self._fs.close(fd)
+        return out
+
+    def segments(self, start: int, end: int, max_bytes: int = DEFAULT_SEGMENT_BYTES) -> list[Segment]:
+        """Describe where the events of ``[start, end)`` lie, for :func:`read_segment` in other processes.
+
+        Each segment covers consecutive events of one data file whose bytes
+        span at most ``max_bytes`` (a single larger event gets a segment alone).
+
+        Raises:
+            DataLossError: As for :meth:`read`.
+        """
+        _check_range(start, end)
+        if not isinstance(max_bytes, int) or max_bytes <= 0:
+            raise ValueError(f"max_bytes must be a positive int, got {max_bytes!r}")
+        f = self._state()
+        if end > f.visible_end:
+            f.refresh()
+        self._check_held(f, start, end)
+        idx = f.index
+        i, j = idx.span(start, end)
+        out: list[Segment] = []
+        k = i
+        while k < j:
+            fid = idx.fid[k]
+            first_off = idx.off[k]
+            m = k + 1
+            while m < j and idx.fid[m] == fid and idx.off[m] > idx.off[m - 1]:
+                if idx.off[m] + idx.size[m] - first_off > max_bytes:
+                    break
+                m += 1
+            last = m - 1
+            st = f.files.get(fid)
+            path = st.path if st is not None else os.path.join(f.data_dirs[0], segment_name(fid))
+            out.append(
+                Segment(
+                    path,
+                    fid,
+                    f.channel_id,
+                    f.crc_kind,
+                    first_off,
+                    idx.off[last] + idx.size[last] - first_off,
+                    tuple(idx.pos[k:m]),
+                    tuple(o - first_off for o in idx.off[k:m]),
+                    tuple(idx.size[k:m]),
+                )
+            )
+            k = m
+        return out
+
+    def ack(self, end: int) -> int:
+        """Record durably that this consumer has processed every position below ``end``.
+
+        Idempotent; an ``end`` at or below the last acknowledgement is ignored.
+        The owning channel turns acknowledgements into committed takes.
+
+        Returns:
+            The acknowledged mark after the call.
+
+        Raises:
+            ChannelError: This reader is a view (``consumer=None``), or ``end`` is
+                beyond what is available.
+            ConsumerIdentityError: Another identity took over this consumer name.
+        """
+        if self.consumer is None:
+            raise ChannelError("a ChannelReader without a consumer name is a view and cannot acknowledge")
+        if not isinstance(end, int) or isinstance(end, bool):
+            raise ValueError(f"end must be an int, got {end!r}")
+        f = self._state()
+        assert self._acked is not None
+        if end <= self._acked:
+            return self._acked
+        if end > f.visible_end:
+            f.refresh()
+            if end > f.visible_end:
+                raise ChannelError(
+                    f"cannot acknowledge up to {end}: only positions below {f.visible_end} are committed"
+                )
+        self._acked = ConsumerStore(self._fs, self.directory).ack(self.consumer, self.identity, end)
+        return self._acked
+
+    @property
+    def corruption(self) -> list[CorruptionReport]:
+        """Damage this reader met (with ``on_corruption="skip"``), as reports."""
+        return list(self._follower.corruption) if self._follower is not None else []
+
+    def close(self) -> None:
+        """Forget the loaded state (nothing to flush: acknowledgements are durable when ack returns)."""
+        self._follower = None
+        self._closed = True
+
+    def __enter__(self) -> ChannelReader:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<ChannelReader {self.directory!r} consumer={self.consumer!r}>"
+
+
+def _check_range(start: int, end: int) -> None:
+    for name, v in (("start", start), ("end", end)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+    if end < start:
+        raise ValueError(f"end {end} is below start {start}")
