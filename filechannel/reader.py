@@ -220,7 +220,8 @@ class _Follower:
 
     # following ---------------------------------------------------------------------------
 
-    def _read_header(self, path: str, fid: int) -> fmt.FileHeader | None:
+    def _read_header(self, path: str, fid: int, newest: bool = False) -> fmt.FileHeader | None:
+        """Read a data file's header; None while the owner is still creating it (or it is gone)."""
         try:
             fd = self.fs.open_read(path)
         except FileNotFoundError:
@@ -232,6 +233,8 @@ class _Follower:
         try:
             h = fmt.decode_file_header(head)
         except FormatError as exc:
+            if newest:
+                return None  # the owner may be writing it right now; a later call sees it whole
             raise CorruptLogError(path, exc.offset, f"data file header: {exc.reason}") from exc
         if not isinstance(h, fmt.FileHeader):
             return None  # being created: its header is not complete yet
@@ -250,9 +253,10 @@ class _Follower:
                 ids = [int(n[4:20], 16) for n in names]
                 known = [f for f, st in self.files.items() if st.dir_index == i]
                 newest = max(known, default=0)
-                for fid in sorted(f for f in ids if f > newest and f not in self.retired):
+                fresh = sorted(f for f in ids if f > newest and f not in self.retired)
+                for fid in fresh:
                     path = os.path.join(d, segment_name(fid))
-                    header = self._read_header(path, fid)
+                    header = self._read_header(path, fid, newest=fid == fresh[-1])
                     if header is None:
                         break  # being created; the next call reads it
                     self.files[fid] = _FileState(i, path, header, header.header_len)
@@ -372,7 +376,16 @@ class ChannelReader:
             raise ChannelError("the reader is closed")
         f = self._follower
         if f is None:
-            f = self._follower = _Follower(self)
+            for attempt in range(3):
+                try:
+                    f = _Follower(self)
+                    break
+                except FileNotFoundError:
+                    # The owner retired a file while this reader was loading: load again.
+                    if attempt == 2:
+                        raise
+            assert f is not None
+            self._follower = f
             if self.consumer is not None:
                 store = ConsumerStore(self._fs, self.directory)
                 start = f.index.head()
