@@ -1,4 +1,4 @@
-"""Docs execute: every CLI command has help and is in docs/cli.md; the README quick start runs."""
+"""Docs execute: every CLI command has help and is in docs/cli.md; the README examples run."""
 
 from __future__ import annotations
 
@@ -84,3 +84,16 @@ def test_docs_exist_and_are_linked() -> None:
     for name in ("cli.md", "format.md", "design.md"):
         assert (ROOT / "docs" / name).is_file()
         assert f"docs/{name}" in README
+
+
+def test_readme_reader_example_runs(tmp_path: Path) -> None:
+    section = README.split("## Reading from another process", 1)[1].split("\n## ", 1)[0]
+    m = re.search(r"```python\n(.*?)```", section, flags=re.S)
+    assert m, "README reader section has no python block"
+    code = m.group(1)
+    assert "/var/lib/myapp/channel" in code
+    code = code.replace("/var/lib/myapp/channel", str(tmp_path / "channel"))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+    assert out.getvalue().splitlines() == ["0 b'a'", "1 b'b'", "2 b'c'", "0", "3 5 [b'd', b'e']", "gone 0 3"]
