@@ -15,8 +15,9 @@ Every write is atomic and durable when it returns, all through the ``_fs``
 seam: a temporary file (``.<name>.ack.tmp-<pid>-<ns>``, never read), fsync,
 rename over ``<name>.ack``, fsync of ``consumers/`` (whose own entry in the
 channel directory is fsynced when it is created). A crash leaves the old
-file or the new one, never a mix; a leftover temporary file is ignored and
-deleted by the next registration of that name.
+file or the new one, never a mix; a leftover temporary file is ignored, and
+deleted by the next registration of that name once it is a minute old (a
+younger one may be another process's write in progress) or by its removal.
 
 One process writes a given consumer's file at a time (the reader that owns
 the name); acknowledgements are monotone and idempotent, so a repeated or
@@ -49,6 +50,7 @@ _TMP_MARK = ".tmp-"
 # A directory token whose times are this recent may not show a change made in
 # the same timestamp tick (coarse file-system clocks), so it is not trusted.
 _RACY_NS = 2_000_000_000
+_STALE_TMP_NS = 60_000_000_000  # a temporary file this old is no write in progress
 _REMEDY = "unregister it with `filechannel consumers DIR --remove {name}` (its reader then registers again)"
 
 
@@ -233,14 +235,15 @@ class ConsumerStore:
         _check_identity(identity)
         _check_position(start, "start")
         with self._lock:
+            self._clean_temporaries(name, older_than_ns=_STALE_TMP_NS)
             cur = self._read(name)
             if cur is None:
                 state = ConsumerState(name, identity, start, time.time_ns())
                 self._write(state)
                 logger.info("registered consumer %s (identity %r) at position %d", name, identity, start)
-                self._clean_temporaries(name)
                 return state
             if identity is None or cur.identity == identity:
+                self._clean_temporaries(name)  # a kill in the middle of an ack leaves one behind
                 return cur
             if cur.identity is not None and not reset:
                 raise ConsumerIdentityError(name, cur.identity, identity)
@@ -248,7 +251,6 @@ class ConsumerStore:
                 logger.warning("consumer %s: identity %r replaced by %r (reset)", name, cur.identity, identity)
             state = ConsumerState(name, identity, cur.acked, cur.registered_ns)
             self._write(state)
-            self._clean_temporaries(name)
             return state
 
     def ack(self, name: str, identity: str | None, end: int) -> int:
@@ -331,14 +333,23 @@ class ConsumerStore:
         fs.replace(tmp, self.file_path(state.name))
         fs.fsync_dir(self.path)
 
-    def _clean_temporaries(self, name: str) -> None:
-        """Delete temporary files a crash left behind while writing ``name``'s file."""
+    def _clean_temporaries(self, name: str, older_than_ns: int = 0) -> None:
+        """Delete temporary files a crash left behind while writing ``name``'s file.
+
+        With ``older_than_ns``, only those whose name says they were created at
+        least that long ago (a younger one may be a write in progress elsewhere).
+        """
         prefix = f".{name}{ACK_SUFFIX}{_TMP_MARK}"
         try:
             left = [e for e in self.fs.listdir(self.path) if e.startswith(prefix)]
         except FileNotFoundError:
             return
+        now = time.time_ns()
         for e in left:
+            if older_than_ns:
+                created = e[len(prefix) :].rpartition("-")[2]
+                if created.isdigit() and now - int(created) < older_than_ns:
+                    continue
             try:
                 self.fs.unlink(os.path.join(self.path, e))
             except FileNotFoundError:

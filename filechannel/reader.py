@@ -206,6 +206,11 @@ class _Follower:
             self.visible_end = log.next_position
         finally:
             log.close()
+        # What recovery read of each directory's newest file may not be synced yet either.
+        for d in range(len(self.data_dirs)):
+            newest = max((f for f, st in self.files.items() if st.dir_index == d), default=None)
+            if newest is not None:
+                self._sync(self.files[newest].path)
         self.retired: set[int] = set()
         self.lock = threading.Lock()
 
@@ -270,6 +275,16 @@ class _Follower:
                         continue
                     self._scan(fid, st, size)
 
+    def _sync(self, path: str) -> None:
+        try:
+            fd = self.fs.open_read(path)
+        except FileNotFoundError:
+            return  # retired meanwhile: it held nothing this reader shows
+        try:
+            self.fs.fdatasync(fd)
+        finally:
+            self.fs.close(fd)
+
     def _size(self, path: str) -> int | None:
         try:
             fd = self.fs.open_read(path)
@@ -284,10 +299,15 @@ class _Follower:
         fd = self.fs.open_read(st.path)
         try:
             buf = self.fs.pread(fd, size - st.end, st.end)
+            prev = self.last_woid[st.dir_index]
+            s = Scanner(self, st.path, fid, buf, st.header, base=st.end).scan(True, prev, st.end)
+            if s.records:
+                # Show only what is durable: the owner may not have synced these bytes yet
+                # (the moment between its write and its fdatasync, or fsync="interval"). An
+                # event a power cut could still erase must never be read, let alone acked.
+                self.fs.fdatasync(fd)
         finally:
             self.fs.close(fd)
-        prev = self.last_woid[st.dir_index]
-        s = Scanner(self, st.path, fid, buf, st.header, base=st.end).scan(True, prev, st.end)
         st.end = s.end
         if s.records:
             self.last_woid[st.dir_index] = max(prev, s.last_woid)

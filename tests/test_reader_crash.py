@@ -193,12 +193,9 @@ def test_kill_between_ack_and_the_owner_applying_it(tmp_path: Path, owner: str) 
 
 
 def test_a_restarted_reader_deletes_the_temporary_file_a_kill_mid_ack_left(tmp_path: Path) -> None:
-    # LIBRARY BUG (fails today): consumers.py and docs/format.md say a leftover
-    # ``.<name>.ack.tmp-<pid>-<ns>`` is deleted by the next registration of that name, but
-    # ConsumerStore.register() returns early for an existing consumer with the same identity
-    # and cleans only on a first registration or an identity change. A reader killed during
-    # ack() and restarted (the usual case) never deletes it: the crash loop below leaves one
-    # file per kill that landed in an ack.
+    # A leftover ``.<name>.ack.tmp-<pid>-<ns>`` (a kill in the middle of ack()) is deleted by
+    # the next registration of that name, also when the consumer is already registered (the
+    # usual case: the same reader restarting).
     d = str(tmp_path / "ch")
     _make_channel(d, 20, 5)
     consumers = Path(d, "consumers")
@@ -378,12 +375,11 @@ SIM_DIR = "/sim/ch"
 
 @pytest.mark.parametrize("fsync", ["commit", "interval"])
 def test_power_cut_after_a_reader_acked_unsynced_events_loses_no_later_event(fsync: str) -> None:
-    # LIBRARY BUG (fails today): a reader sees a batch as soon as its bytes verify in the file,
-    # which is before the owner's fdatasync (with fsync="commit": between the batch's pwrite and
-    # its fdatasync; with fsync="interval": for up to fsync_interval). Its ack is durable at once.
-    # After a power cut the batch is gone and recovery hands its positions out again; the stale
-    # durable mark is above the recovered next_position, so apply_acks() takes the new, committed
-    # events at those positions, which no consumer ever read: silent loss of acknowledged commits.
+    # A reader may find a batch in the file before the owner's fdatasync (with fsync="commit":
+    # between the batch's pwrite and its fdatasync; with fsync="interval": for up to
+    # fsync_interval). Were it shown and acked before it is durable, a power cut would take it
+    # back, recovery would hand its positions out again, and the stale durable ack would make
+    # apply_acks() take new events no consumer read. The reader syncs before it shows.
     fs = SimFS()
     fs.makedirs(SIM_DIR)
     fs.fsync_dir("/sim")
