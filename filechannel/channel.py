@@ -580,6 +580,7 @@ class FileChannel:
             }
         )
         try:
+            self._keep_acknowledged_positions()
             # Acknowledgements written while no owner ran take effect now.
             self._apply_acks(strict=False)
         except BaseException:
@@ -817,6 +818,40 @@ class FileChannel:
             if total:
                 logger.debug("applied consumer acknowledgements below position %d: %d events taken", low, total)
             return total
+
+    def _keep_acknowledged_positions(self) -> None:
+        """Never hand out again a position an external consumer acknowledged.
+
+        A reader can see a batch once its bytes verify in the file, before the
+        owner's fsync; if a power cut then loses the batch, recovery would assign
+        its positions again, and the consumer's durable mark (above them) would
+        make the owner take new events nobody read. So the next position starts
+        at or above every recorded acknowledgement: the lost positions become a
+        gap, like those of a failed commit.
+        """
+        try:
+            registry = self._consumers.cached_list()
+        except CorruptLogError:
+            return  # reported by _apply_acks; such a consumer pins everything anyway
+        if not registry:
+            return
+        top = max(registry.values(), key=lambda c: c.acked)
+        log = self._log
+        with log._seq_lock:
+            lost = log._next_position
+            if top.acked <= lost:
+                return
+            log._next_position = top.acked
+        logger.warning(
+            "consumer %s acknowledged positions up to %d, but the channel recovered positions below %d only "
+            "(a crash lost events the consumer had read before they were durable); positions [%d, %d) are "
+            "skipped so that no acknowledged position is assigned to a new event",
+            top.name,
+            top.acked,
+            lost,
+            lost,
+            top.acked,
+        )
 
     def _ack_loop(self) -> None:
         interval = self.config.ack_interval

@@ -235,6 +235,7 @@ class ConsumerStore:
         _check_identity(identity)
         _check_position(start, "start")
         with self._lock:
+            # A reader killed in the middle of an ack leaves a temporary file; its restart sweeps it.
             self._clean_temporaries(name, older_than_ns=_STALE_TMP_NS)
             cur = self._read(name)
             if cur is None:
@@ -243,7 +244,6 @@ class ConsumerStore:
                 logger.info("registered consumer %s (identity %r) at position %d", name, identity, start)
                 return state
             if identity is None or cur.identity == identity:
-                self._clean_temporaries(name)  # a kill in the middle of an ack leaves one behind
                 return cur
             if cur.identity is not None and not reset:
                 raise ConsumerIdentityError(name, cur.identity, identity)

@@ -195,6 +195,20 @@ def test_temporary_files_are_ignored_and_cleaned(sim: SimFS) -> None:
     assert sorted(sim.listdir(SIM_DIR + "/consumers")) == ["README", "q.ack", "r.ack"]
 
 
+def test_a_reregistration_deletes_stale_temporary_files_only(sim: SimFS) -> None:
+    store = ConsumerStore(sim, SIM_DIR)
+    store.register("q", "id", 0)
+    old = f".q.ack.tmp-999999-{time.time_ns() - 61 * 10**9}"  # left by a process killed mid-ack
+    young = f".q.ack.tmp-999998-{time.time_ns()}"  # another process's write in progress, maybe
+    other = ".r.ack.tmp-999999-1"
+    for n in (old, young, other):
+        sim.write(f"{SIM_DIR}/consumers/{n}", b"{")
+    assert store.register("q", "id", 0).acked == 0  # already registered: returns it, and cleans
+    assert sorted(sim.listdir(SIM_DIR + "/consumers")) == sorted([young, other, "q.ack"])
+    assert store.remove("q")  # removal deletes every temporary file of the name
+    assert sim.listdir(SIM_DIR + "/consumers") == [other]
+
+
 @pytest.mark.parametrize("name", ["q", "a.b_c-D9", "x" * 100, "-", "..."])
 def test_valid_names(name: str) -> None:
     assert validate_name(name) == name
@@ -395,6 +409,32 @@ def test_apply_acks_with_an_empty_or_lagging_queue(chan_dir: str) -> None:
         assert ch.stats()["consumers"]["q"] == {"acked": 50, "lag_events": 0, "identity": None, "oldest_file": None}
     with pytest.raises(filechannel.ChannelClosedError):
         ch.apply_acks()
+
+
+def test_an_acknowledged_position_is_never_assigned_again(chan_dir: str, caplog: pytest.LogCaptureFixture) -> None:
+    # What a power cut after a reader acknowledged a batch the owner had not synced leaves:
+    # a durable mark above the recovered next position.
+    with filechannel.open(chan_dir, **OPTS) as ch:
+        _fill(ch, 5)
+    store = ConsumerStore(DEFAULT_FS, chan_dir)
+    store.register("q", None, 0)
+    store.register("r", None, 0)
+    store.ack("q", None, 9)
+    store.ack("r", None, 5)
+    with caplog.at_level(logging.WARNING, logger="filechannel"):
+        ch = filechannel.open(chan_dir, **OPTS)
+    try:
+        assert "positions [5, 9) are skipped" in caplog.text
+        assert ch.stats()["next_position"] == 9
+        assert _queued(ch) == []  # r acknowledged all five
+        _fill(ch, 2)
+        assert _queued(ch) == [9, 10]
+        assert ch.apply_acks() == 0  # nobody read the new events: nothing is taken
+    finally:
+        ch.close()
+    with filechannel.open(chan_dir, **OPTS) as ch:
+        assert _queued(ch) == [9, 10]
+        assert _bodies(ch) == [b"0000:" + b"x" * 495, b"0001:" + b"x" * 495]
 
 
 def test_without_consumers_nothing_changes(chan_dir: str) -> None:
