@@ -372,22 +372,9 @@ def cmd_stat(args: argparse.Namespace) -> int:
             "checkpoint": _checkpoint_info(log),
             "last_open": _store(args.dir).last_open(),
         }
+        info.update(_consumers_info(args.dir, log, entries))
     finally:
         log.close()
-    try:
-        registry = ConsumerStore(DEFAULT_FS, args.dir).list()
-    except CorruptLogError as exc:
-        registry = {}
-        info["consumers_problem"] = str(exc)
-    positions = [e[0] for e in entries]
-    info["consumers"] = {
-        name: {
-            "acked": c.acked,
-            "identity": c.identity,
-            "lag_events": len(positions) - bisect.bisect_left(positions, c.acked),
-        }
-        for name, c in registry.items()
-    }
     if args.json:
         print(json.dumps(info))
     else:
@@ -400,7 +387,10 @@ def cmd_stat(args: argparse.Namespace) -> int:
                 print(f"consumers: {len(v)}")
                 for name, c in v.items():
                     ident = c["identity"] or "-"
-                    print(f"  {name}: acked {c['acked']}, lag {c['lag_events']} events, identity {ident}")
+                    print(
+                        f"  {name}: acked {c['acked']}, lag {c['lag_events']} events ({c['lag_bytes']} bytes), "
+                        f"identity {ident}, oldest file {c['oldest_file'] or '-'}"
+                    )
             elif isinstance(v, dict):
                 print(f"{k}:")
                 for k2, v2 in v.items():
@@ -408,6 +398,33 @@ def cmd_stat(args: argparse.Namespace) -> int:
             else:
                 print(f"{k}: {v}")
     return 0
+
+
+def _consumers_info(directory: str, log: Log, entries: list[tuple[int, int, int, int]]) -> dict[str, Any]:
+    """Return ``consumers`` (and ``consumers_problem`` if the registry is damaged) for ``stat``.
+
+    Per consumer: its acknowledged position, identity, the queued events and bytes at or
+    after it, and the data file of the oldest of them (which it keeps from retiring).
+    """
+    out: dict[str, Any] = {}
+    try:
+        registry = ConsumerStore(DEFAULT_FS, directory).list()
+    except CorruptLogError as exc:
+        registry = {}
+        out["consumers_problem"] = str(exc)
+    positions = [e[0] for e in entries]
+    consumers: dict[str, Any] = {}
+    for name, c in registry.items():
+        i = bisect.bisect_left(positions, c.acked)
+        consumers[name] = {
+            "acked": c.acked,
+            "identity": c.identity,
+            "lag_events": len(entries) - i,
+            "lag_bytes": sum(e[3] for e in entries[i:]),
+            "oldest_file": log.file_path(entries[i][1]) if i < len(entries) else None,
+        }
+    out["consumers"] = consumers
+    return out
 
 
 def cmd_consumers(args: argparse.Namespace) -> int:
