@@ -412,6 +412,11 @@ def test_missing_middle_file_is_refused(built: Built) -> None:
         # the default replay refuses too
         with pytest.raises(filechannel.CorruptLogError):
             open_state(fs, replay="checkpoint")
+        # accepting the loss: verify and a skip-mode open report the same positions, and they are
+        # exactly the queued events the missing file held
+        assert_verify_agrees_with_open(fs, f"without {victim}")
+        got, ch = open_state(fs, on_corruption="skip")
+        assert_loss_reported_exactly(got, ch.stats(), built.full, built.all_events, f"without {victim}")
 
 
 def test_swapped_files_are_refused(built: Built) -> None:
