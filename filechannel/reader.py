@@ -212,7 +212,7 @@ class _Follower:
             if newest is not None:
                 self._sync(self.files[newest].path)
         self.retired: set[int] = set()
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # one reader may be shared by threads: refresh and lookups exclude each other
 
     # ScanContext for the scanner ------------------------------------------------------
 
@@ -477,7 +477,8 @@ class ChannelReader:
         out: list[Event] = []
         for attempt in range(2):
             try:
-                out = self._read_entries(f, start, end, limit)
+                with f.lock:
+                    out = self._read_entries(f, start, end, limit)
                 break
             except FileNotFoundError:
                 if attempt:
@@ -545,7 +546,11 @@ class ChannelReader:
         f = self._state()
         if end > f.visible_end:
             f.refresh()
-        self._check_held(f, start, end)
+        with f.lock:
+            self._check_held(f, start, end)
+            return self._segments(f, start, end, max_bytes)
+
+    def _segments(self, f: _Follower, start: int, end: int, max_bytes: int) -> list[Segment]:
         idx = f.index
         i, j = idx.span(start, end)
         out: list[Segment] = []
