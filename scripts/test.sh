@@ -4,7 +4,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-bash scripts/venv.sh dev
+bash scripts/venv.sh dev,spark
 .venv/bin/ruff check filechannel tests bench examples
 .venv/bin/ruff format --check filechannel tests bench examples
 .venv/bin/mypy

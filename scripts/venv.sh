@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Create (or reuse) .venv and install filechannel with the given extras.
-# Usage: source scripts/venv.sh [extras]   (extras default: dev)
+# Usage: bash scripts/venv.sh [extras]   (a comma list, e.g. dev,spark; default: dev)
+# One stamp per extra (.venv/.installed-<extra>): a later call asking for any
+# subset of what is installed (and no newer setup.cfg) installs nothing.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 extras="${1:-dev}"
@@ -8,8 +10,17 @@ py="${PYTHON:-python3}"
 if [ ! -x "$root/.venv/bin/python" ]; then
   "$py" -m venv "$root/.venv"
 fi
-stamp="$root/.venv/.installed-$extras"
-if [ ! -f "$stamp" ] || [ "$root/setup.cfg" -nt "$stamp" ]; then
+IFS=',' read -r -a wanted <<<"$extras"
+missing=0
+for extra in "${wanted[@]}"; do
+  stamp="$root/.venv/.installed-$extra"
+  if [ ! -f "$stamp" ] || [ "$root/setup.cfg" -nt "$stamp" ]; then
+    missing=1
+  fi
+done
+if [ "$missing" = 1 ]; then
   "$root/.venv/bin/python" -m pip install -q --disable-pip-version-check -e "$root[$extras]"
-  touch "$stamp"
+  for extra in "${wanted[@]}"; do
+    touch "$root/.venv/.installed-$extra"
+  done
 fi
