@@ -1,0 +1,842 @@
+"""The main job, end to end: a producer feeds a channel, Spark streams it into Parquet, both crash.
+
+One command (``scripts/demo.sh``, or ``python examples/pipeline.py [WORKDIR]``)
+runs, in separate processes:
+
+1. a **producer** that puts numbered events into a channel at a steady rate, in
+   transactions of varying size, rolling some back; after each commit returns
+   it appends the committed sequence numbers to a ledger (``WORKDIR/ledger``);
+2. a **Spark Structured Streaming query** (``local[2]``) in its own driver
+   process, reading the channel with ``maxEventsPerTrigger`` into a Parquet
+   table with a checkpoint (the file sink is exactly-once);
+3. mid-stream the driver and its JVM are killed with SIGKILL (the whole
+   process group) and restarted on the same checkpoint; then the producer is
+   killed with SIGKILL and restarted: it recovers the channel, settles the
+   transaction it was committing from what the channel holds, and continues
+   the sequence;
+4. the producer stops, the query stops, and a final ``availableNow`` run
+   drains what is left; then the table is checked against the ledger and the
+   run prints ``produced N, delivered N, duplicated 0, lost 0`` and shows the
+   table through Spark.
+
+The exit status is 0 only when nothing was lost, duplicated, or delivered that
+was never committed (a rolled-back event), every body and header is byte for
+byte what was put, and no process of the run is left behind.
+
+The subcommands ``producer``, ``query`` and ``final`` are the child processes;
+the orchestrator (no subcommand) starts them. Every size is an option:
+``python examples/pipeline.py --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, TextIO
+from urllib.parse import unquote, urlparse
+
+REGIONS = ("eu-west", "us-east", "ap-south", "sa-east")
+CONSUMER = "parquet-table"
+LEDGER = "ledger"
+
+
+def _log(msg: str) -> None:
+    print(f"[pipeline] {msg}", flush=True)
+
+
+# ------------------------------------------------------------------------------------------
+# The events: everything about event number `seq` follows from `seq`, so the check can
+# compare every delivered body and header byte for byte.
+
+
+def body_of(seq: int, size: int) -> bytes:
+    """The body of event ``seq``: its number, then ``size`` bytes in all of a pattern drawn from it."""
+    head = b"%012d|" % seq
+    pad = hashlib.blake2b(seq.to_bytes(8, "little"), digest_size=32).hexdigest().encode()
+    need = max(0, size - len(head))
+    return head + (pad * (need // len(pad) + 1))[:need]
+
+
+def region_of(seq: int) -> str:
+    """The ``region`` header of event ``seq``."""
+    return REGIONS[(seq * 2654435761 >> 7) % len(REGIONS)]
+
+
+def seq_of(body: bytes) -> int:
+    """The sequence number at the start of a body."""
+    return int(body[:12])
+
+
+# ------------------------------------------------------------------------------------------
+# The ledger: what the producer committed, rolled back or could not settle, one line each.
+#
+#   S <next_position>            a producer started (the channel's next position after recovery)
+#   B <first> <last>             about to commit (or roll back) events first..last
+#   C <first> <last> <next_pos>  committed: commit() returned (next_pos: the channel's next position)
+#   R <first> <last>             rolled back
+#   X <first> <last>             a killed producer's B that the channel shows was not committed
+
+
+class Ledger:
+    """The parsed ledger: committed and not-committed ranges (inclusive), followed incrementally."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self.committed: list[tuple[int, int]] = []
+        self.dropped: list[tuple[int, int]] = []  # rolled back, or never committed
+        self.in_doubt: tuple[int, int] | None = None
+        self.last_position = 0
+        self.next_seq = 0
+        self.produced = 0
+        self.rollbacks = 0
+        self._offset = 0
+
+    def poll(self) -> Ledger:
+        """Read the lines appended since the last call (only whole lines)."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return self
+        end = data.rfind(b"\n") + 1
+        self._offset += end
+        for line in data[:end].decode("ascii", "replace").splitlines():
+            self._apply(line.split())
+        return self
+
+    def _apply(self, parts: list[str]) -> None:
+        if not parts or not all(p.isdigit() for p in parts[1:]):
+            return
+        kind, nums = parts[0], [int(p) for p in parts[1:]]
+        if kind == "S" and len(nums) == 1:
+            self.last_position = nums[0]
+        elif kind == "B" and len(nums) == 2:
+            self.in_doubt = (nums[0], nums[1])
+            self.next_seq = max(self.next_seq, nums[1] + 1)
+        elif kind == "C" and len(nums) == 3:
+            self.committed.append((nums[0], nums[1]))
+            self.produced += nums[1] - nums[0] + 1
+            self.last_position = nums[2]
+            self.in_doubt = None
+        elif kind in ("R", "X") and len(nums) == 2:
+            self.dropped.append((nums[0], nums[1]))
+            self.rollbacks += kind == "R"
+            self.in_doubt = None
+
+
+# ------------------------------------------------------------------------------------------
+# The producer process.
+
+
+def run_producer(args: argparse.Namespace) -> int:
+    """Put events at ``args.rate`` per second until SIGTERM; log every outcome to the ledger."""
+    import filechannel
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    work = Path(args.workdir)
+    t0 = time.monotonic()
+    ch = filechannel.open(work / "channel", max_file_size=args.file_size, checkpoint_interval=5.0, ack_interval=0.5)
+    opened = time.monotonic() - t0
+    ledger = Ledger(work / LEDGER).poll()
+    st = ch.stats()
+    pos = st["next_position"]
+    with open(work / LEDGER, "a", encoding="ascii") as out:
+        if ledger._offset != os.path.getsize(work / LEDGER):
+            out.write("\n")  # a line cut short by a kill: end it, the parser skips it
+        settled = "none"
+        if ledger.in_doubt is not None:
+            first, last = ledger.in_doubt
+            # Only this producer puts: the transaction committed iff the channel's next
+            # position moved past the one recorded after the previous commit.
+            if pos > ledger.last_position:
+                out.write(f"C {first} {last} {pos}\n")
+                settled = f"events {first}..{last} committed"
+            else:
+                out.write(f"X {first} {last}\n")
+                settled = f"events {first}..{last} not committed"
+        out.write(f"S {pos}\n")
+        out.flush()
+        print(
+            f"recovered in {opened:.2f} s: {st['queue_size']} events queued, next position {pos}, "
+            f"transaction in flight at the kill: {settled}; continuing at event {ledger.next_seq}",
+            flush=True,
+        )
+        rng = random.Random(args.seed * 1000 + ledger.next_seq)
+        seq = ledger.next_seq
+        run = args.run
+        put = 0
+        start = time.monotonic()
+        while not stop.is_set():
+            n = rng.randint(max(1, args.batch // 2), args.batch * 3 // 2)
+            rollback = rng.random() < args.rollback
+            out.write(f"B {seq} {seq + n - 1}\n")
+            out.flush()
+            tx = ch.transaction()
+            for s in range(seq, seq + n):
+                tx.put(body_of(s, args.event_size), headers={"region": region_of(s), "producer": run})
+                put += 1
+                if put % 25 == 0:  # a steady rate: the transaction stays open while it fills
+                    delay = start + put / args.rate - time.monotonic()
+                    if delay > 0:
+                        time.sleep(delay)
+            if rollback:
+                tx.rollback()
+                out.write(f"R {seq} {seq + n - 1}\n")
+            else:
+                tx.commit()
+                out.write(f"C {seq} {seq + n - 1} {ch.stats()['next_position']}\n")
+            out.flush()
+            seq += n
+    ch.close()
+    print(f"stopped at event {seq}", flush=True)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------
+# The Spark driver processes.
+
+
+def spark_session(app: str, register: bool = True) -> Any:
+    """A local[2] session (UI off, one shuffle partition) with the filechannel source registered."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName(app)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "1")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    if register:
+        from filechannel.spark import register as register_source
+
+        register_source(spark)
+    return spark
+
+
+def start_query(spark: Any, args: argparse.Namespace, available_now: bool) -> Any:
+    """Start the channel -> Parquet query on the run's checkpoint."""
+    work = Path(args.workdir)
+    events = (
+        spark.readStream.format("filechannel")
+        .option("consumer", CONSUMER)
+        .option("maxEventsPerTrigger", args.max_events)
+        .load(str(work / "channel"))
+    )
+    w = (
+        events.writeStream.format("parquet")
+        .option("path", str(work / "table"))
+        .option("checkpointLocation", str(work / "checkpoint"))
+        .queryName("channel_to_parquet")
+    )
+    w = w.trigger(availableNow=True) if available_now else w.trigger(processingTime=f"{args.trigger} seconds")
+    return w.start()
+
+
+def reader_loop(args: argparse.Namespace, stop: threading.Event, drain: bool) -> int:
+    """Stand-in for the Spark query (``--engine reader``): ChannelReader -> one Parquet file a batch.
+
+    Exactly-once by construction of the file names: a batch's file is named by
+    its position range and renamed into place before the acknowledgement; a
+    restart resumes after the last file written.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from filechannel import ChannelReader
+
+    table = Path(args.workdir) / "table"
+    table.mkdir(exist_ok=True)
+    done = max((int(p.name.split("-")[2].split(".")[0]) for p in table.glob("part-*.parquet")), default=0)
+    reader = ChannelReader(Path(args.workdir) / "channel", consumer=CONSUMER)
+    moved = 0
+    while not stop.is_set():
+        start, end = reader.available()
+        start = max(start, done)
+        end = min(end, start + args.max_events)
+        if end <= start:
+            if drain:
+                break
+            stop.wait(args.trigger)
+            continue
+        evs = reader.read(start, end)
+        t = pa.table(
+            {
+                "position": pa.array([e.position for e in evs], pa.int64()),
+                "body": pa.array([e.body for e in evs], pa.binary()),
+                "headers": pa.array([list(e.headers.items()) for e in evs], pa.map_(pa.string(), pa.string())),
+            }
+        )
+        tmp = table / f".tmp-{start}"
+        pq.write_table(t, tmp)
+        tmp.replace(table / f"part-{start:012d}-{end:012d}.parquet")
+        reader.ack(end)
+        done = end
+        moved += len(evs)
+        ckpt = Path(args.workdir) / "checkpoint" / "commits"
+        ckpt.mkdir(parents=True, exist_ok=True)
+        (ckpt / str(len(list(ckpt.iterdir())))).touch()
+    return moved
+
+
+def run_query(args: argparse.Namespace) -> int:
+    """Run the streaming query until SIGTERM (then stop it cleanly)."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    if args.engine == "reader":
+        reader_loop(args, stop, drain=False)
+        return 0
+    spark = spark_session("filechannel-pipeline")
+    q = start_query(spark, args, available_now=False)
+    print(f"query {q.id} started", flush=True)
+    while not stop.is_set():
+        if q.awaitTermination(0.5):
+            break  # the query failed (the exception is raised below)
+    if q.exception() is not None:
+        raise q.exception()
+    q.stop()
+    spark.stop()
+    return 0
+
+
+def run_final(args: argparse.Namespace) -> int:
+    """Drain what is left with availableNow, check the table against the ledger, show it."""
+    work = Path(args.workdir)
+    spark = spark_session("filechannel-pipeline-final", register=args.engine == "spark")
+    t0 = time.monotonic()
+    before = _commits(work / "checkpoint")
+    if args.engine == "reader":
+        rows = reader_loop(args, threading.Event(), drain=True)
+    else:
+        q = start_query(spark, args, available_now=True)
+        q.awaitTermination()
+        if q.exception() is not None:
+            raise q.exception()
+        rows = sum(int(p["numInputRows"]) for p in q.recentProgress)
+    batches = _commits(work / "checkpoint") - before
+    _log(f"final drain (availableNow): {batches} micro-batches, {rows:,} events in {time.monotonic() - t0:.1f} s")
+    result = verify(work)
+    ok = report(result)
+
+    from pyspark.sql import functions as F
+
+    table = spark.read.parquet(str(work / "table"))
+    n = table.count()
+    if n != result["rows"]:
+        _log(f"FAIL: Spark reads {n:,} rows from the table, the check read {result['rows']:,}")
+        ok = False
+    print(f"\nThe Parquet table through Spark ({n:,} rows), a few rows:", flush=True)
+    (
+        table.orderBy("position")
+        .select("position", F.expr("substring(cast(body as string), 1, 28)").alias("body"), "headers")
+        .show(5, truncate=False)
+    )
+    print("Events per region:", flush=True)
+    table.groupBy(F.col("headers")["region"].alias("region")).count().orderBy("region").show(truncate=False)
+    print("Events per producer run:", flush=True)
+    table.groupBy(F.col("headers")["producer"].alias("producer")).count().orderBy("producer").show(truncate=False)
+    spark.stop()
+    return 0 if ok else 1
+
+
+# ------------------------------------------------------------------------------------------
+# The table as the file sink committed it: the files its _spark_metadata log lists (a
+# batch killed mid-write may leave files it never committed; readers ignore them).
+
+
+def table_files(table: Path) -> list[Path]:
+    """The Parquet files of the committed batches (every file when there is no sink log)."""
+    meta = table / "_spark_metadata"
+    if not meta.is_dir():
+        return sorted(table.glob("*.parquet")) if table.is_dir() else []
+    logs: dict[int, Path] = {}
+    compact = -1
+    for p in meta.iterdir():
+        name = p.name
+        if name.startswith("."):
+            continue
+        stem = name.removesuffix(".compact")
+        if not stem.isdigit():
+            continue
+        logs[int(stem)] = p
+        if name.endswith(".compact"):
+            compact = max(compact, int(stem))
+    files: dict[str, None] = {}
+    for batch in sorted(b for b in logs if b >= compact):
+        lines = logs[batch].read_text().splitlines()
+        for line in lines[1:]:
+            entry = json.loads(line)
+            path = unquote(urlparse(entry["path"]).path)
+            if entry.get("action", "add") == "delete":
+                files.pop(path, None)
+            else:
+                files[path] = None
+    return [Path(p) for p in files]
+
+
+def _commits(checkpoint: Path) -> int:
+    d = checkpoint / "commits"
+    return sum(1 for p in d.iterdir() if p.name.isdigit()) if d.is_dir() else 0
+
+
+def _batch_in_flight(checkpoint: Path) -> bool:
+    """True when the query logged a batch's offsets and has not committed it yet."""
+
+    def ids(d: Path) -> set[int]:
+        return {int(p.name) for p in d.iterdir() if p.name.isdigit()} if d.is_dir() else set()
+
+    offsets = ids(checkpoint / "offsets")
+    return bool(offsets) and max(offsets) not in ids(checkpoint / "commits")
+
+
+class Monitor:
+    """Produced (from the ledger) and delivered (from the table) counts, followed incrementally."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.ledger = Ledger(workdir / LEDGER)
+        self._rows: dict[Path, int] = {}
+        self.delivered = 0
+        self.phase = "starting"
+        self.t0 = time.monotonic()
+        self.lock = threading.Lock()
+
+    def poll(self) -> None:
+        """Refresh both counts."""
+        import pyarrow.parquet as pq
+
+        with self.lock:
+            self.ledger.poll()
+            total = 0
+            for f in table_files(self.workdir / "table"):
+                n = self._rows.get(f)
+                if n is None:
+                    try:
+                        n = self._rows[f] = pq.read_metadata(f).num_rows
+                    except (OSError, ValueError):
+                        n = 0
+                total += n
+            self.delivered = total
+
+    def line(self) -> str:
+        """The progress line."""
+        return (
+            f"[{time.monotonic() - self.t0:5.1f}s] {self.phase:<34} produced {self.ledger.produced:>9,}  "
+            f"delivered {self.delivered:>9,}  batches {_commits(self.workdir / 'checkpoint'):>4}"
+        )
+
+
+# ------------------------------------------------------------------------------------------
+# The check.
+
+
+def verify(workdir: str | os.PathLike[str]) -> dict[str, Any]:
+    """Compare the committed table with the ledger, event by event."""
+    import pyarrow.parquet as pq
+
+    work = Path(workdir)
+    ledger = Ledger(work / LEDGER).poll()
+    args = json.loads((work / "options.json").read_text())
+    produced: set[int] = set()
+    for a, b in ledger.committed:
+        produced.update(range(a, b + 1))
+    seen: set[int] = set()
+    positions: set[int] = set()
+    dup = rows = bad = 0
+    for f in table_files(work / "table"):
+        t = pq.read_table(f, columns=["position", "body", "headers"])
+        cols = (t.column("position").to_pylist(), t.column("body").to_pylist(), t.column("headers").to_pylist())
+        for pos, body, headers in zip(*cols, strict=True):
+            rows += 1
+            seq = seq_of(body)
+            if seq in seen:
+                dup += 1
+            seen.add(seq)
+            positions.add(pos)
+            hdrs = dict(headers)
+            if body != body_of(seq, args["event_size"]) or hdrs.get("region") != region_of(seq):
+                bad += 1
+    dropped = sum(b - a + 1 for a, b in ledger.dropped)
+    return {
+        "produced": len(produced),
+        "delivered": len(seen & produced),
+        "rows": rows,
+        "duplicated": dup,
+        "lost": len(produced - seen),
+        "never_committed": len(seen - produced),
+        "same_position_twice": rows - len(positions) - dup,
+        "damaged": bad,
+        "rolled_back": dropped,
+        "rollbacks": ledger.rollbacks,
+    }
+
+
+def report(r: dict[str, Any]) -> bool:
+    """Print the verdict; True when every count that must be 0 is 0."""
+    print(
+        f"produced {r['produced']}, delivered {r['delivered']}, duplicated {r['duplicated']}, lost {r['lost']}",
+        flush=True,
+    )
+    _log(
+        f"rolled back or never committed: {r['rolled_back']:,} events ({r['rollbacks']} rollbacks), "
+        f"of which in the table: {r['never_committed']}; bodies or headers not as put: {r['damaged']}"
+    )
+    return not (r["duplicated"] or r["lost"] or r["never_committed"] or r["damaged"] or r["same_position_twice"])
+
+
+# ------------------------------------------------------------------------------------------
+# The orchestrator.
+
+
+def _session_pids(sid: int) -> list[int]:
+    """Every live process in session ``sid`` (a child started with start_new_session leads one)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # fields[0] is the state, [3] the session id
+        if int(fields[3]) == sid and fields[0] != "Z":
+            out.append(int(d))
+    return out
+
+
+def _cmd(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return "?"
+    name = os.path.basename(argv[0].decode(errors="replace"))
+    if name == "java":
+        return "java"
+    return " ".join(a.decode(errors="replace") for a in argv[1:4] if a).replace(str(Path(__file__).parent), "")
+
+
+class Child:
+    """A child process in its own session, with its output in a log file."""
+
+    def __init__(self, name: str, argv: list[str], log: Path, stdout: TextIO | int | None = None) -> None:
+        self.name = name
+        self.log = log
+        self._out = open(log, "w")  # noqa: SIM115 - closed in reap()
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=stdout or self._out,
+            stderr=self._out,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            text=True,
+        )
+        self.pid = self.proc.pid
+
+    def kill9(self) -> str:
+        """SIGKILL the process group, then wait until nothing of the session is left."""
+        described = sorted(_cmd(p) for p in _session_pids(self.pid))
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signal.SIGKILL)
+        self.proc.wait()
+        left = self.reap(10.0)
+        kinds: dict[str, int] = {}
+        for c in described:
+            key = "java" if c == "java" else ("python worker" if "pyspark" in c else "python")
+            kinds[key] = kinds.get(key, 0) + 1
+        what = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+        return f"{len(described)} processes ({what}); left afterwards: {left}"
+
+    def reap(self, timeout: float) -> int:
+        """Wait for every process of the session to end; SIGKILL stragglers; return how many there were."""
+        deadline = time.monotonic() + timeout
+        while _session_pids(self.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = _session_pids(self.pid)
+        for p in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+        self._out.close()
+        return len(left)
+
+    def stop(self, timeout: float) -> int:
+        """SIGTERM, wait (SIGKILL after ``timeout``); return the exit status."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGTERM)
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            _log(f"{self.name} did not stop within {timeout:.0f} s: SIGKILL")
+            os.killpg(self.pid, signal.SIGKILL)
+            rc = self.proc.wait()
+        self.reap(10.0)
+        return rc
+
+    def tail(self, lines: int = 30) -> str:
+        """The end of the child's log."""
+        self._out.flush()
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+class Orchestrator:
+    """Runs the scenario; every wait is bounded and checks that the children are alive."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.work = Path(args.workdir).resolve()
+        self.mon = Monitor(self.work)
+        self.children: list[Child] = []
+        self.producer_runs = 0
+        self.driver_runs = 0
+        self.tty = sys.stderr.isatty()
+        self._stop_progress = threading.Event()
+        self._say = threading.Lock()
+
+    def say(self, msg: str, prefix: bool = True) -> None:
+        """Print a line (over the progress line on a terminal)."""
+        with self._say:
+            if self.tty:
+                sys.stderr.write("\r\x1b[K")
+                sys.stderr.flush()
+            print(f"[pipeline] {msg}" if prefix else msg, flush=True)
+
+    # -- children -----------------------------------------------------------------------
+
+    def _argv(self, role: str, *extra: str) -> list[str]:
+        a = self.args
+        return [
+            sys.executable,
+            os.path.abspath(__file__),
+            str(self.work),
+            *("--role", role, "--engine", a.engine),
+            *("--rate", str(a.rate), "--batch", str(a.batch), "--rollback", str(a.rollback)),
+            *("--event-size", str(a.event_size), "--file-size", str(a.file_size), "--seed", str(a.seed)),
+            *("--max-events", str(a.max_events), "--trigger", str(a.trigger)),
+            *extra,
+        ]
+
+    def start_producer(self) -> Child:
+        """Start the next producer run and wait until it has recovered the channel."""
+        self.producer_runs += 1
+        n = self.producer_runs
+        log = self.work / "logs" / f"producer-{n}.log"
+        c = Child(f"producer #{n}", self._argv("producer", "--run", f"run-{n}"), log)
+        self.children.append(c)
+        line = self.wait_for(lambda: _first_line(log, "recovered"), 60, f"producer #{n} to open the channel", c)
+        self.say(f"producer #{n} (pid {c.pid}) {line}")
+        return c
+
+    def start_driver(self) -> Child:
+        """Start the next Spark driver process on the run's checkpoint."""
+        self.driver_runs += 1
+        n = self.driver_runs
+        c = Child(f"Spark driver #{n}", self._argv("query"), self.work / "logs" / f"driver-{n}.log")
+        self.children.append(c)
+        self.say(f"Spark driver #{n} started (pid {c.pid}): local[2], maxEventsPerTrigger={self.args.max_events}")
+        return c
+
+    def wait_for(self, cond: Any, timeout: float, what: str, *watch: Child) -> Any:
+        """Poll ``cond`` until it is true; fail if a watched child exits or ``timeout`` passes."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.mon.poll()
+            got = cond()
+            if got:
+                return got
+            for c in watch:
+                if c.proc.poll() is not None:
+                    rc = c.proc.returncode
+                    raise RuntimeError(f"{c.name} exited with {rc} while waiting for {what}:\n{c.tail()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
+            time.sleep(0.2)
+
+    # -- progress -----------------------------------------------------------------------
+
+    def _progress(self) -> None:
+        every = 1.0 if self.tty else self.args.progress
+        while not self._stop_progress.wait(every):
+            self.mon.poll()
+            line = self.mon.line()
+            with self._say:
+                sys.stderr.write(f"\r{line}\x1b[K" if self.tty else line + "\n")
+                sys.stderr.flush()
+
+    def phase(self, name: str) -> None:
+        """Name what is happening, for the progress line."""
+        self.mon.phase = name
+
+    # -- the scenario -------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Run the scenario in a fresh work directory; on any failure, kill every child."""
+        a = self.args
+        shutil.rmtree(self.work, ignore_errors=True)
+        (self.work / "logs").mkdir(parents=True)
+        (self.work / "options.json").write_text(json.dumps(vars(a)))
+        self.say(
+            f"work directory {self.work}: channel/, table/ (Parquet), checkpoint/, ledger, logs/; "
+            f"producer {a.rate:,} events/s of {a.event_size} B, ~{a.batch} per transaction, "
+            f"{a.rollback:.0%} rolled back"
+        )
+        progress = threading.Thread(target=self._progress, daemon=True)
+        progress.start()
+        try:
+            rc = self.scenario()
+        except BaseException:
+            self._stop_progress.set()
+            for c in self.children:
+                if c.proc.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(c.pid, signal.SIGKILL)
+                c.reap(10.0)
+            raise
+        self._stop_progress.set()
+        progress.join()
+        if self.tty:
+            sys.stderr.write("\r\x1b[K")
+        return rc
+
+    def scenario(self) -> int:
+        """Producer, driver, kill -9 of the driver, restart, kill -9 of the producer, drain, check."""
+        a = self.args
+        mon = self.mon
+        self.phase("producer starting")
+        producer = self.start_producer()
+
+        self.phase("driver #1: JVM start")
+        driver = self.start_driver()
+        self.wait_for(lambda: mon.delivered > 0, 180, "the first micro-batch", driver, producer)
+        t = time.monotonic()
+        self.say(f"driver #1: first micro-batch committed, {mon.delivered:,} events in the table")
+        self.phase("driver #1: streaming")
+        self.wait_for(lambda: time.monotonic() - t > a.phase_seconds, a.phase_seconds + 5, "streaming", driver)
+        self.phase("driver #1: waiting for a batch")
+        mid = self.wait_for(
+            lambda: _batch_in_flight(self.work / "checkpoint") or time.monotonic() - t > a.phase_seconds + 10,
+            30,
+            "a micro-batch in flight",
+            driver,
+        )
+        mid = _batch_in_flight(self.work / "checkpoint") and mid
+        before = mon.delivered
+        what = driver.kill9()
+        self.phase("driver killed")
+        when = "in the middle of a micro-batch" if mid else "between micro-batches"
+        self.say(f"SIGKILL to Spark driver #1's process group {when} ({before:,} events delivered): {what}")
+
+        self.phase("driver #2: JVM start, recovery")
+        driver = self.start_driver()
+        self.wait_for(lambda: mon.delivered > before, 180, "the restarted query's first batch", driver, producer)
+        self.say(f"driver #2: recovered from the checkpoint; {mon.delivered:,} events in the table")
+        t = time.monotonic()
+        self.phase("driver #2: streaming")
+        self.wait_for(lambda: time.monotonic() - t > a.phase_seconds / 2, a.phase_seconds, "streaming", driver)
+        produced = mon.ledger.produced
+        what = producer.kill9()
+        self.phase("producer killed")
+        self.say(f"SIGKILL to producer #1 ({produced:,} events committed): {what}")
+        producer = self.start_producer()
+        t = time.monotonic()
+        self.phase("driver #2: streaming")
+        self.wait_for(lambda: time.monotonic() - t > a.phase_seconds / 2, a.phase_seconds, "streaming", driver)
+
+        self.phase("stopping producer and query")
+        rc = producer.stop(30)
+        mon.poll()
+        self.say(f"producer #2 stopped (exit {rc}): {mon.ledger.produced:,} events committed in all")
+        rc = driver.stop(60)
+        mon.poll()
+        self.say(f"Spark driver #2 stopped (SIGTERM, query.stop(); exit {rc}): {mon.delivered:,} events in the table")
+        if rc != 0:
+            self.say(f"FAIL: the query failed:\n{driver.tail()}")
+            return 1
+
+        self.phase("final drain (availableNow)")
+        final = Child("final run", self._argv("final"), self.work / "logs" / "final.log", stdout=subprocess.PIPE)
+        self.children.append(final)
+        assert final.proc.stdout is not None
+        for line in final.proc.stdout:
+            if line.startswith("[pipeline] final drain"):
+                self.phase("checking the table")
+            self.say(line.rstrip("\n"), prefix=False)
+        rc = final.proc.wait()
+        left = final.reap(10.0)
+        self._stop_progress.set()
+        if rc not in (0, 1):
+            self.say(f"FAIL: the final run exited with {rc}:\n{final.tail()}")
+            return 1
+        stray = sum(len(_session_pids(c.pid)) for c in self.children) + left
+        if stray:
+            self.say(f"FAIL: {stray} processes of the run were still alive at the end")
+            return 1
+        total = time.monotonic() - mon.t0
+        self.say(f"{'OK' if rc == 0 else 'FAIL'}: no process of the run left; {total:.0f} s in all")
+        return rc
+
+
+def _first_line(path: Path, prefix: str) -> str | None:
+    try:
+        for line in path.read_text(errors="replace").splitlines():
+            if line.startswith(prefix):
+                return line
+    except FileNotFoundError:
+        pass
+    return None
+
+
+# ------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (the same options for the orchestrator and its children)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("workdir", nargs="?", default="demo-work", help="wiped first (default: ./demo-work)")
+    p.add_argument("--rate", type=int, default=3000, help="events per second put by the producer (3000)")
+    p.add_argument("--batch", type=int, default=200, help="mean events per transaction (200)")
+    p.add_argument("--rollback", type=float, default=0.1, help="fraction of transactions rolled back (0.1)")
+    p.add_argument("--event-size", type=int, default=100, help="body bytes (100)")
+    p.add_argument("--file-size", type=int, default=4 << 20, help="channel data file size (4 MiB)")
+    p.add_argument("--max-events", type=int, default=5000, help="maxEventsPerTrigger (5000)")
+    p.add_argument("--trigger", type=float, default=1.0, help="processing-time trigger, seconds (1)")
+    p.add_argument("--phase-seconds", type=float, default=15.0, help="streaming time before each kill (15)")
+    p.add_argument("--progress", type=float, default=5.0, help="seconds between progress lines off a terminal (5)")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--engine", choices=("spark", "reader"), default="spark", help=argparse.SUPPRESS)
+    p.add_argument("--role", choices=("producer", "query", "final"), help=argparse.SUPPRESS)
+    p.add_argument("--run", default="run-1", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Dispatch to the orchestrator or one of its child processes."""
+    args = parse_args(argv)
+    if args.role == "producer":
+        return run_producer(args)
+    if args.role == "query":
+        return run_query(args)
+    if args.role == "final":
+        return run_final(args)
+    return Orchestrator(args).run()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
