@@ -35,3 +35,28 @@ def test_quick_bench_prints_json_lines(tmp_path: Path) -> None:
     assert any(r["workload"].startswith("memory at") for r in results)
     assert any(r.get("type") == "target" for r in lines)
     assert list((tmp_path / "out").glob("results-*.jsonl"))
+
+
+@pytest.mark.slow
+def test_quick_reader_bench_prints_json_lines() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.reader", "--quick", "--n", "400", "--calls", "300"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    results = [r for r in lines if "workload" in r]
+    assert results, out.stdout[-2000:]
+    for r in results:
+        for key in ("machine", "workload", "system", "event_size", "fsync", "median", "min", "max", "repeats", "unit"):
+            assert key in r, (key, r)
+        assert r["min"] <= r["median"] <= r["max"]
+    workloads = {r["workload"] for r in results}
+    assert {"put x100", "take x100", "follow x100", "catch-up", "read all", "available() idle"} <= workloads
+    units = {r["unit"] for r in results}
+    assert {"events/s", "us", "x"} <= units
+    assert any(r.get("type") == "run" for r in lines)
