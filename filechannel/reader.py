@@ -271,7 +271,7 @@ class _Follower:
                 for fid in sorted(f for f in self.files if self.files[f].dir_index == i and f >= newest):
                     st = self.files[fid]
                     size = self._size(st.path) if fid in present else None
-                    if size is None or size <= st.end:
+                    if size is None or size <= st.end or self._nothing_new(st):
                         continue
                     self._scan(fid, st, size)
 
@@ -284,6 +284,23 @@ class _Follower:
             self.fs.fdatasync(fd)
         finally:
             self.fs.close(fd)
+
+    def _nothing_new(self, st: _FileState) -> bool:
+        """Whether the bytes after the last verified batch are still the writer's zero fill.
+
+        The owner zero-fills its file ahead of the last write, so the size alone
+        does not say whether anything was appended: the first bytes where the
+        next record would start do (a record never starts with a zero byte).
+        """
+        try:
+            fd = self.fs.open_read(st.path)
+        except FileNotFoundError:
+            return True
+        try:
+            head = self.fs.pread(fd, 8, st.end)
+        finally:
+            self.fs.close(fd)
+        return not head.strip(b"\0")
 
     def _size(self, path: str) -> int | None:
         try:
