@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import format as fmt
+from .errors import ChannelFullError
 from .scan import BATCH_END_SIZE, segment_name
 
 if TYPE_CHECKING:
@@ -402,6 +403,12 @@ class Writer:
                 next_txn_id=log._peek_txn_id(),
                 created_ns=time.time_ns(),
                 live_files=tuple(self.live),
+            )
+        if header.header_len > 0xFFFF:
+            # The header lists every live file of the directory in 16 bits of length.
+            raise ChannelFullError(
+                f"{len(self.live)} live data files in {self.path}: a new one cannot list them all; old events "
+                "(or a lagging consumer) pin them: take or acknowledge them, or raise max_file_size"
             )
         data = fmt.encode_file_header(header)
         path = self._path(file_id)

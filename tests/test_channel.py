@@ -1043,3 +1043,25 @@ def test_new_errors_are_exported() -> None:
     for name in ("InvalidEventError", "EventTooLargeError"):
         assert name in filechannel.__all__
         assert issubclass(getattr(filechannel, name), filechannel.ChannelError)
+
+
+def test_too_many_live_files_is_a_clear_error_and_the_channel_stays_usable(
+    chan_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from filechannel import format as fmt_mod
+
+    with filechannel.open(chan_dir, minimum_required_space=0, background=False, max_file_size=4096) as ch:
+        for _ in range(4):
+            with ch.transaction() as tx:
+                tx.put(b"x" * 3000)  # one file each: every file stays live
+        real = fmt_mod.FileHeader.header_len
+        monkeypatch.setattr(
+            fmt_mod.FileHeader, "header_len", property(lambda h: 0x10000 if h.live_files else real.fget(h))
+        )  # type: ignore[attr-defined]
+        tx = ch.transaction()
+        tx.put(b"y" * 3000)
+        with pytest.raises(filechannel.ChannelFullError, match="raise max_file_size"):
+            tx.commit()
+        monkeypatch.undo()
+        with ch.transaction() as tx2:
+            assert len(tx2.take_batch(10)) == 4
