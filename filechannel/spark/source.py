@@ -1,0 +1,571 @@
+"""The ``filechannel`` Spark data source: batch and exactly-once streaming reads of channel directories.
+
+This module owns the mapping between Spark's Python Data Source API
+(PySpark 4.2+) and :class:`filechannel.ChannelReader`; the sink lives in
+:mod:`filechannel.spark.sink`. :func:`register` makes the short name
+``"filechannel"`` available in a session::
+
+    spark.readStream.format("filechannel").option("consumer", "q1").load(DIR)   # a stream
+    spark.read.format("filechannel").load(DIR)                                  # a snapshot
+
+Rows: ``position long, body binary, headers map<string,string>`` (plus
+``channel string``, the directory, when several directories are read as one).
+
+Options (case-insensitive):
+
+``path``
+    The channel directory (what ``load(DIR)`` sets), or several separated by
+    commas, read as one stream with one position per channel.
+``consumer`` (streaming; required)
+    The consumer name this query reads and acknowledges under
+    (``DIR/consumers/<name>.ack``). PySpark does not tell a Python source its
+    checkpoint location or query id, so the name cannot be derived from them.
+``maxEventsPerTrigger`` (streaming)
+    No micro-batch holds more events (``ReadMaxRows``). Default: no limit.
+``maxPartitionBytes``
+    A partition (one Spark task) covers consecutive events of one data file
+    spanning at most this many bytes (default 4 MiB).
+``resetConsumer`` (streaming; ``true``/``false``)
+    Take over a consumer name registered by another query, e.g. after the
+    Spark checkpoint was lost: reading resumes at the consumer's acknowledged
+    position.
+
+Offsets are ``{"positions": {"<channel id>": N, ...}, "query": "<token>"}``:
+every position below N was delivered, for each channel (keyed by the
+channel's id, in sorted order, so a checkpoint is refused on another channel);
+the token names the query (made when its checkpoint is new, then carried by
+every offset in that checkpoint) and is the consumer's recorded identity, so a
+second query or a lost checkpoint cannot silently share a consumer. Spark
+compares offsets as JSON strings: they are always built by :func:`_offset`.
+
+Which process runs what (see docs): ``initialOffset``, ``latestOffset``,
+``partitions``, ``commit`` run in one long-lived source-runner process per
+query, which holds the :class:`ChannelReader` s (no lock: readers are
+lock-free); ``__init__`` also runs in a planner process whose instance is
+pickled to the executors, so it only parses options. Executors read each
+partition with :func:`filechannel.read_segment` (one ``pread``, every record
+checked), never replaying the log. ``commit(end)`` acknowledges ``end``
+(cumulative, idempotent); Spark calls it one micro-batch late, so after a stop
+the consumer's acknowledgement trails the query's checkpoint by at most one
+micro-batch, which the restarted query acknowledges first.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+
+from filechannel._fs import DEFAULT_FS, read_file
+from filechannel.consumers import ConsumerStore, validate_name
+from filechannel.errors import (
+    ChannelError,
+    ConfigError,
+    ConsumerIdentityError,
+    CorruptLogError,
+    DataLossError,
+    FormatError,
+    NotAChannelError,
+)
+from filechannel.log import CHANNEL_FILE, decode_channel_file
+from filechannel.reader import ChannelReader, Segment, read_segment
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter
+    from pyspark.sql.types import StructType
+
+__all__ = [
+    "SCHEMA",
+    "CheckpointMismatchError",
+    "FileChannelBatchReader",
+    "FileChannelDataSource",
+    "FileChannelStreamReader",
+    "SourceOptions",
+    "register",
+]
+
+logger = logging.getLogger(__name__)
+
+SCHEMA = "position long, body binary, headers map<string,string>"
+MULTI_SCHEMA = SCHEMA + ", channel string"
+DEFAULT_PARTITION_BYTES = 4 << 20
+IDENTITY_PREFIX = "spark-query:"
+
+_STREAM_ONLY = ("consumer", "maxeventspertrigger", "resetconsumer")
+_KNOWN = {"path", "paths", "maxpartitionbytes", *_STREAM_ONLY}
+
+
+class CheckpointMismatchError(ChannelError):
+    """A streaming query's Spark checkpoint does not belong to the channel or the consumer it reads."""
+
+
+def register(spark: SparkSession) -> None:
+    """Register the ``filechannel`` data source in ``spark`` (once per session).
+
+    The Python workers must import ``filechannel`` and ``pyarrow``: run the
+    session with ``PYSPARK_PYTHON`` pointing at the interpreter that has them.
+    """
+    spark.dataSource.register(FileChannelDataSource)
+
+
+# -- options --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """The parsed read options (picklable; see the module docstring for their meaning)."""
+
+    paths: tuple[str, ...]
+    consumer: str | None = None
+    max_events: int | None = None
+    partition_bytes: int = DEFAULT_PARTITION_BYTES
+    reset: bool = False
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
+        """Check ``options`` (as Spark passes them) and return them parsed.
+
+        Raises:
+            ConfigError: An option is unknown, missing or invalid; the message names it.
+        """
+        opts = {str(k).lower(): str(v) for k, v in options.items()}
+        unknown = sorted(set(opts) - _KNOWN)
+        if unknown:
+            raise ConfigError(
+                unknown[0],
+                "the filechannel source has no such option (it knows path, consumer, maxEventsPerTrigger, "
+                "maxPartitionBytes, resetConsumer)",
+            )
+        raw: list[str] = []
+        if "paths" in opts:  # DataFrameReader.load([a, b]) passes a JSON list
+            try:
+                listed = json.loads(opts["paths"])
+            except ValueError:
+                listed = [opts["paths"]]
+            raw.extend(str(p) for p in (listed if isinstance(listed, list) else [listed]))
+        if "path" in opts:
+            raw.append(opts["path"])
+        paths = [p.strip() for r in raw for p in r.split(",") if p.strip()]
+        if not paths:
+            raise ConfigError("path", "no channel directory: use .load(DIR) or .option('path', DIR)")
+        paths = [os.path.abspath(p) for p in paths]
+        if len(set(paths)) != len(paths):
+            raise ConfigError("path", f"a directory is listed twice in {paths}")
+        if not streaming:
+            return cls(tuple(paths), partition_bytes=_positive(opts, "maxPartitionBytes", DEFAULT_PARTITION_BYTES))
+        if "consumer" not in opts:
+            raise ConfigError(
+                "consumer",
+                "a streaming read needs .option('consumer', NAME): the name this query acknowledges under "
+                "(one per query; PySpark does not tell a Python source its checkpoint location to derive it)",
+            )
+        reset = opts.get("resetconsumer", "false").lower()
+        if reset not in ("true", "false"):
+            raise ConfigError("resetConsumer", f"must be true or false, got {opts['resetconsumer']!r}")
+        return cls(
+            tuple(paths),
+            consumer=validate_name(opts["consumer"]),
+            max_events=_positive(opts, "maxEventsPerTrigger", None),
+            partition_bytes=_positive(opts, "maxPartitionBytes", DEFAULT_PARTITION_BYTES),
+            reset=reset == "true",
+        )
+
+    @property
+    def multi(self) -> bool:
+        """Whether several channels are read as one (the rows then carry a ``channel`` column)."""
+        return len(self.paths) > 1
+
+
+def _positive(opts: Mapping[str, str], name: str, default: int | None) -> Any:
+    value = opts.get(name.lower())
+    if value is None:
+        return default
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise ConfigError(name, f"must be a positive integer, got {value!r}")
+    return n
+
+
+def _channel_id(path: str) -> str:
+    """Return the id (hex) of the channel in ``path``, reading its ``CHANNEL`` file.
+
+    Raises:
+        NotAChannelError: ``path`` is missing or is not a channel directory.
+        CorruptLogError: The ``CHANNEL`` file does not decode.
+    """
+    if not os.path.isdir(path):
+        raise NotAChannelError(path, "no such directory" if not os.path.exists(path) else "not a directory")
+    chan = os.path.join(path, CHANNEL_FILE)
+    try:
+        data = read_file(DEFAULT_FS, chan)
+    except FileNotFoundError:
+        raise NotAChannelError(path, "no CHANNEL file (create a channel with filechannel.open)") from None
+    try:
+        return decode_channel_file(data)[0].hex()
+    except FormatError as exc:
+        raise CorruptLogError(chan, exc.offset, exc.reason) from exc
+
+
+# -- offsets --------------------------------------------------------------------------------
+
+
+def _offset(positions: Mapping[str, int], query: str) -> dict[str, Any]:
+    """The one way an offset is built: canonical, since Spark compares offsets as JSON strings."""
+    return {"positions": {cid: int(positions[cid]) for cid in sorted(positions)}, "query": query}
+
+
+def _parse_offset(offset: object) -> tuple[dict[str, int], str]:
+    """Return ``(positions by channel id, query token)`` of an offset this source made.
+
+    Raises:
+        CheckpointMismatchError: It is not such an offset (a checkpoint of another source?).
+    """
+    if isinstance(offset, dict) and set(offset) == {"positions", "query"}:
+        pos, query = offset["positions"], offset["query"]
+        if (
+            isinstance(pos, dict)
+            and pos
+            and isinstance(query, str)
+            and all(isinstance(k, str) and type(v) is int and v >= 0 for k, v in pos.items())
+        ):
+            return dict(pos), query
+    raise CheckpointMismatchError(
+        f"filechannel source: the offset {json.dumps(offset)} in this query's checkpoint was not made by "
+        "the filechannel source: the checkpoint belongs to another query; give this query its own checkpoint"
+    )
+
+
+def _share(avail: Mapping[str, int], n: int) -> dict[str, int]:
+    """Split at most ``n`` events among channels fairly (water-filling), never above what each has."""
+    out: dict[str, int] = {}
+    left = n
+    items = sorted(avail.items(), key=lambda kv: (kv[1], kv[0]))
+    for i, (cid, a) in enumerate(items):
+        take = min(a, left // (len(items) - i))
+        out[cid] = take
+        left -= take
+    return out
+
+
+# -- partitions and rows ----------------------------------------------------------------------
+
+
+class SegmentPartition(InputPartition):
+    """One Spark task: a :class:`Segment` of one channel (and its directory, for the ``channel`` column)."""
+
+    def __init__(self, segment: Segment, channel: str | None) -> None:
+        super().__init__((segment.path, segment.start, segment.end))
+        self.segment = segment
+        self.channel = channel
+
+
+def _rows(partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    assert isinstance(partition, SegmentPartition)
+    events = read_segment(partition.segment)
+    if partition.channel is None:
+        for ev in events:
+            yield (ev.position, ev.body, dict(ev.headers))
+    else:
+        label = partition.channel
+        for ev in events:
+            yield (ev.position, ev.body, dict(ev.headers), label)
+
+
+def _partitions(segments: Sequence[Segment], channel: str | None) -> list[InputPartition]:
+    return [SegmentPartition(s, channel) for s in segments]
+
+
+def _lost(path: str, exc: DataLossError, hint: str) -> DataLossError:
+    return DataLossError(exc.start, exc.end, f"channel {path}: {exc.reason}; {hint}")
+
+
+_AHEAD_HINT = (
+    "this query's Spark checkpoint has delivered positions the channel does not hold: was the channel directory "
+    "restored from an older copy or replaced? Nothing is clamped silently; to accept the loss, start the query on "
+    "a new checkpoint"
+)
+_BEHIND_HINT = (
+    "this query's Spark checkpoint is older than what its consumer acknowledged (a checkpoint restored from an "
+    "older copy?), so those events cannot be delivered again; to accept it, start the query on a new checkpoint"
+)
+
+
+# -- the data source ------------------------------------------------------------------------
+
+
+class FileChannelDataSource(DataSource):
+    """The Spark data source registered as ``"filechannel"`` (see the module docstring for options)."""
+
+    @classmethod
+    def name(cls) -> str:
+        """Return the short name used in ``format("filechannel")``."""
+        return "filechannel"
+
+    def schema(self) -> str:
+        """Return ``position long, body binary, headers map<string,string>`` (+ ``channel string``)."""
+        try:
+            multi = SourceOptions.parse(self.options, streaming=False).multi
+        except ConfigError:
+            multi = False  # reported by reader() or streamReader(), which Spark calls next
+        return MULTI_SCHEMA if multi else SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        """Return a batch reader: the committed, untaken events at the moment of planning."""
+        return FileChannelBatchReader(SourceOptions.parse(self.options, streaming=False))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        """Return an exactly-once stream reader (with admission control and ``availableNow``)."""
+        return FileChannelStreamReader(SourceOptions.parse(self.options, streaming=True))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        """Return the batch sink (``df.write.format("filechannel")``): see :mod:`filechannel.spark.sink`."""
+        from .sink import FileChannelBatchWriter
+
+        return FileChannelBatchWriter(self.options, schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        """Return the streaming sink (``writeStream.format("filechannel")``): see :mod:`filechannel.spark.sink`."""
+        from .sink import FileChannelStreamWriter
+
+        return FileChannelStreamWriter(self.options, schema)
+
+
+class FileChannelBatchReader(DataSourceReader):
+    """A snapshot: the committed events the channel still holds, read through a view; acknowledges nothing."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> Sequence[InputPartition]:
+        """Plan the snapshot: one partition per segment (runs in the planner process)."""
+        out: list[InputPartition] = []
+        for path in self.options.paths:
+            _channel_id(path)  # a clear error for a missing directory
+            with ChannelReader(path) as view:
+                start, end = view.available()
+                segments = view.segments(start, end, self.options.partition_bytes) if end > start else []
+            out.extend(_partitions(segments, path if self.options.multi else None))
+        return out
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        """Read one partition's events (runs on an executor)."""
+        if partition.value is None:  # Spark's placeholder when there are no partitions
+            return iter(())
+        return _rows(partition)
+
+
+class FileChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """An exactly-once micro-batch reader of one or more channels under one consumer name.
+
+    ``__init__`` only keeps the options: it runs in two processes and the
+    planner's copy is pickled to the executors. Readers are opened lazily in the
+    source-runner process, by the first driver-side call.
+    """
+
+    def __init__(self, options: SourceOptions) -> None:
+        assert options.consumer is not None
+        self.options = options
+        self.consumer: str = options.consumer
+        self._ids: dict[str, str] | None = None  # channel id -> directory
+        self._readers: dict[str, ChannelReader] = {}
+        self._query: str | None = None  # the token this process reads under
+        self._new_query: str | None = None  # the token initialOffset made
+        self._target: dict[str, int] | None = None  # availableNow: the ends at prepare time
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_readers"] = {}
+        return state
+
+    # -- the runner's state ------------------------------------------------------------------
+
+    def _channels(self) -> dict[str, str]:
+        if self._ids is None:
+            ids: dict[str, str] = {}
+            for path in self.options.paths:
+                cid = _channel_id(path)
+                if cid in ids:
+                    raise ConfigError("path", f"{ids[cid]} and {path} are the same channel (id {cid})")
+                ids[cid] = path
+            self._ids = ids
+        return self._ids
+
+    def _check(self, positions: Mapping[str, int]) -> dict[str, str]:
+        ids = self._channels()
+        if set(positions) != set(ids):
+            theirs = ", ".join(sorted(positions)) or "none"
+            ours = ", ".join(f"{cid} ({ids[cid]})" for cid in sorted(ids))
+            raise CheckpointMismatchError(
+                f"filechannel source: this query's Spark checkpoint belongs to channel(s) {theirs}, but it reads "
+                f"{ours}: a checkpoint follows one set of channels; give this query its own checkpoint location"
+            )
+        return ids
+
+    @contextmanager
+    def _identity(self, path: str) -> Iterator[None]:
+        try:
+            yield
+        except ConsumerIdentityError as exc:
+            raise CheckpointMismatchError(
+                f"filechannel source: consumer {self.consumer!r} of channel {path} belongs to another query "
+                f"(identity {exc.recorded!r}; this query is {exc.given!r}): either this query's Spark checkpoint "
+                "is not the one that consumer was reading with (lost, deleted or moved: a new checkpoint starts a "
+                "new query), or a second query reads under the same name. Give a second query its own "
+                "option('consumer', NAME); or, to continue under this name from its acknowledged position, set "
+                "option('resetConsumer', 'true') (events the old query delivered after its last "
+                "acknowledgement, at most its last micro-batch, are delivered again)"
+            ) from exc
+
+    def _reader(self, cid: str, query: str) -> ChannelReader:
+        if self._query is None:
+            self._query = query
+        elif query != self._query:
+            raise CheckpointMismatchError(
+                f"filechannel source: offsets of two queries ({self._query!r} and {query!r}) in one checkpoint"
+            )
+        r = self._readers.get(cid)
+        if r is None:
+            path = self._channels()[cid]
+            r = ChannelReader(path, self.consumer, identity=IDENTITY_PREFIX + query, reset=self.options.reset)
+            with self._identity(path):
+                r.acked  # noqa: B018  (registers the consumer, or checks its identity, now)
+            self._readers[cid] = r
+        return r
+
+    # -- Spark's calls (source runner) ---------------------------------------------------------
+
+    def initialOffset(self) -> dict[str, Any]:
+        """Start a new query at each channel's acknowledged position (the head for a new consumer)."""
+        query = self._new_query or self._query or uuid.uuid4().hex[:16]
+        self._new_query = query
+        positions: dict[str, int] = {}
+        for cid, path in self._channels().items():
+            r = self._readers.get(cid)
+            if r is not None:
+                positions[cid] = r.available()[0]
+                continue
+            cur = ConsumerStore(DEFAULT_FS, path).list().get(self.consumer)
+            if cur is not None:
+                # Registered already: by this query before a crash in its first micro-batch (Spark then
+                # replays that batch with the logged end, whose token is the recorded one), or by
+                # another query (refused as soon as this one reads).
+                positions[cid] = cur.acked
+            else:
+                positions[cid] = self._reader(cid, query).available()[0]
+        return _offset(positions, query)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        """``ReadMaxRows(maxEventsPerTrigger)`` if the option is set, else ``ReadAllAvailable``."""
+        if self.options.max_events is None:
+            return ReadAllAvailable()
+        return ReadMaxRows(self.options.max_events)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Record each channel's committed end now: an ``availableNow`` query stops there."""
+        target: dict[str, int] = {}
+        for cid, path in self._channels().items():
+            with ChannelReader(path) as view:
+                target[cid] = view.available()[1]
+        self._target = target
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        """Return the end of the next micro-batch: what is committed, within ``limit`` and the availableNow end.
+
+        Raises:
+            DataLossError: ``start`` is beyond what a channel holds or below its acknowledged position.
+        """
+        positions, query = _parse_offset(start)
+        ids = self._check(positions)
+        avail: dict[str, int] = {}
+        for cid, s in positions.items():
+            path = ids[cid]
+            r = self._reader(cid, query)
+            with self._identity(path):
+                acked, end = r.available()
+            if s > end:
+                raise _lost(path, DataLossError(end, s, f"the channel holds positions below {end} only"), _AHEAD_HINT)
+            if s < acked:
+                raise _lost(
+                    path, DataLossError(s, acked, f"consumer {self.consumer!r} acknowledged them already"), _BEHIND_HINT
+                )
+            if self._target is not None:
+                end = min(end, self._target[cid])
+            avail[cid] = max(0, end - s)
+        take = _share(avail, limit.max_rows) if isinstance(limit, ReadMaxRows) else avail
+        return _offset({cid: s + take[cid] for cid, s in positions.items()}, query)
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        """Split ``[start, end)`` into one partition per segment: the same for the same range, after any restart.
+
+        Raises:
+            DataLossError: The range is no longer (or not) in the channel.
+        """
+        first, _ = _parse_offset(start)
+        last, query = _parse_offset(end)  # the end's token is the recorded one (see initialOffset)
+        ids = self._check(last)
+        self._check(first)
+        out: list[InputPartition] = []
+        for cid in sorted(last):
+            s, e = first[cid], last[cid]
+            if e < s:
+                raise CheckpointMismatchError(
+                    f"filechannel source: the micro-batch end {end} is below its start {start}"
+                )
+            if e == s:
+                continue
+            path = ids[cid]
+            r = self._reader(cid, query)
+            try:
+                with self._identity(path):
+                    segments = r.segments(s, e, self.options.partition_bytes)
+            except DataLossError as exc:
+                acked, visible = r.available()
+                hint = _AHEAD_HINT if e > visible else _BEHIND_HINT if s < acked else "a data file holding them is gone"
+                raise _lost(path, exc, hint) from exc
+            out.extend(_partitions(segments, path if self.options.multi else None))
+        return out
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        """Read one partition's events (runs on an executor, from the pickled planner copy)."""
+        return _rows(partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Acknowledge every position below ``end`` (cumulative and idempotent; Spark calls it a batch late).
+
+        Raises:
+            DataLossError: ``end`` is beyond what a channel holds.
+            CheckpointMismatchError: Another query took the consumer name over.
+        """
+        positions, query = _parse_offset(end)
+        ids = self._check(positions)
+        for cid, p in sorted(positions.items()):
+            r = self._reader(cid, query)
+            with self._identity(ids[cid]):
+                try:
+                    r.ack(p)
+                except ConsumerIdentityError:
+                    raise
+                except ChannelError as exc:
+                    visible = r.available()[1]
+                    if p <= visible:
+                        raise
+                    loss = DataLossError(visible, p, f"the channel holds positions below {visible} only")
+                    raise _lost(ids[cid], loss, _AHEAD_HINT) from exc
+
+    def stop(self) -> None:
+        """Forget the readers (Spark rarely calls this; nothing depends on it)."""
+        for r in self._readers.values():
+            r.close()
+        self._readers.clear()
