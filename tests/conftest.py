@@ -15,6 +15,10 @@ from hypothesis import HealthCheck, settings
 
 import filechannel
 
+# The shared SparkSession fixture ``spark``: importing the plugin imports neither PySpark nor Java;
+# a session starts only when a test asks for it.
+pytest_plugins = ["spark_session"]
+
 settings.register_profile(
     "ci", derandomize=True, max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
