@@ -1,0 +1,1227 @@
+"""The Spark sink: DataFrame rows into a channel, one transaction per micro-batch, exactly once per batch id.
+
+This module owns the write side of the ``filechannel`` Spark data source:
+
+* :class:`FileChannelStreamWriter` (``df.writeStream.format("filechannel")``) and
+  :class:`FileChannelBatchWriter` (``df.write.format("filechannel")``), which
+  Spark constructs with the query's options and the DataFrame's schema;
+* the staging area ``DIR/spark-sink/staging/``: each Spark task writes its rows
+  to one staged file there (atomic and durable before the task returns), and
+  reports the file in its commit message;
+* the per-query state ``DIR/spark-sink/queries/<query>.state`` (the last batch
+  id committed, and the intent of the batch being committed), and the commit
+  protocol that puts a batch's staged rows in one channel transaction exactly
+  once per (query, batch id), across crashes at any point (:class:`SinkCommitter`).
+
+It must not hold the channel open across tasks or batches (a channel has one
+owning process, ``flock``): executors only write staged files; the commit opens
+the channel, commits and closes it. Every durability call goes through the
+``_fs`` seam, so the commit protocol is crash-tested on a simulated file system
+without Spark. See docs/spark.md ("Sink") for the options and the argument for
+exactly once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import re
+import struct
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.types import BinaryType, MapType, StringType, StructType
+
+from filechannel import format as fmt
+from filechannel._fs import DEFAULT_FS, FS, read_file
+from filechannel.channel import FileChannel, open_channel
+from filechannel.config import ChannelConfig
+from filechannel.consumers import ConsumerStore
+from filechannel.errors import (
+    ChannelError,
+    ChannelLockedError,
+    ConfigError,
+    CorruptLogError,
+    EventTooLargeError,
+    FormatError,
+    InvalidEventError,
+    TransactionCapacityError,
+)
+from filechannel.log import CHANNEL_FILE, decode_meta, encode_meta
+from filechannel.reader import ChannelReader
+
+__all__ = [
+    "HEADER_BATCH",
+    "HEADER_QUERY",
+    "BatchOutcome",
+    "FileChannelBatchWriter",
+    "FileChannelStreamWriter",
+    "Pending",
+    "QueryState",
+    "SinkCommitter",
+    "SinkLockedError",
+    "SinkOptions",
+    "StagedFiles",
+    "TaskInfo",
+    "read_staged",
+    "stage_events",
+]
+
+logger = logging.getLogger(__name__)
+
+SINK_DIR = "spark-sink"
+STAGING_DIR = "staging"
+QUERIES_DIR = "queries"
+HEADER_QUERY = "spark.query"
+"""Header put on every event a streaming query's sink writes: the query's id."""
+HEADER_BATCH = "spark.batch_id"
+"""Header put on every event a streaming query's sink writes: the micro-batch id (decimal)."""
+
+DEFAULT_LOCK_TIMEOUT = 30.0
+DEFAULT_STALE_STAGING = 86_400.0
+_STAGE_MAGIC = b"FCSTAGE1"
+_STAGE_SUFFIX = ".stage"
+_TMP_PREFIX = ".tmp."
+_TRAILER = struct.Struct("<QI")  # row count, CRC-32 (zlib) of everything before the CRC
+_U32 = struct.Struct("<I")
+_FLUSH_BYTES = 1 << 20
+_SLUG_RE = re.compile(r"[A-Za-z0-9-]{1,64}")
+_SINK_OPTIONS = ("path", "checkpointlocation", "locktimeout", "stalestagingseconds")
+_CHANNEL_PREFIX = "channel."
+_GUARD_PREFIX = "spark-sink."
+# Spark's local properties on a streaming query's tasks (StreamExecution.QUERY_ID_KEY,
+# MicroBatchExecution.BATCH_ID_KEY): the query id is the one in the checkpoint's metadata file.
+_QUERY_ID_PROPERTY = "sql.streaming.queryId"
+_BATCH_ID_PROPERTY = "streaming.sql.batchId"
+
+
+class SinkLockedError(ChannelLockedError):
+    """The sink could not open its channel: another process kept it open for the whole ``lockTimeout``."""
+
+    def __init__(self, path: str, waited: float, what: str) -> None:
+        super().__init__(path)
+        self.waited = waited
+        self.args = (
+            f"channel directory {path} stayed open by another process for {waited:.1f} s while the Spark sink "
+            f"tried to commit {what}: a channel has one owning process at a time. Close the other owner (a "
+            "reader in another process can use filechannel.ChannelReader, which takes no lock), or raise the "
+            "sink's lockTimeout option. Nothing of this batch was written; a restarted query commits it again.",
+        )
+
+
+# --------------------------------------------------------------------------
+# options
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    """The sink's options, parsed from Spark's (case-insensitive, string-valued) options.
+
+    Attributes:
+        path: The channel directory (option ``path``, or ``save(path)`` / ``start(path)``).
+        channel: Channel options from ``channel.<name>`` options, converted to
+            their types and validated by :class:`~filechannel.ChannelConfig`.
+        lock_timeout: Seconds a commit retries while another process holds the channel.
+        stale_staging: Seconds after which a staged file nobody committed is swept.
+        checkpoint_location: The query's ``checkpointLocation`` option, if given (used
+            only when a task could not tell the query id).
+    """
+
+    path: str
+    channel: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT
+    stale_staging: float = DEFAULT_STALE_STAGING
+    checkpoint_location: str | None = None
+
+    @classmethod
+    def from_spark(cls, options: Mapping[str, str]) -> SinkOptions:
+        """Parse and validate Spark options.
+
+        Raises:
+            ConfigError: ``path`` is missing, an option is unknown, or a value is invalid
+                (``.option`` names the Spark option, e.g. ``channel.capacity``).
+        """
+        opts = {str(k).lower(): v for k, v in options.items()}
+        channel: dict[str, Any] = {}
+        for key, value in opts.items():
+            if key.startswith(_CHANNEL_PREFIX):
+                channel[key[len(_CHANNEL_PREFIX) :]] = value
+            elif key not in _SINK_OPTIONS:
+                raise ConfigError(
+                    key,
+                    "unknown option of the filechannel sink (known: path, checkpointLocation, lockTimeout, "
+                    "staleStagingSeconds, and channel.<name> for any channel option such as channel.capacity)",
+                )
+        path = opts.get("path")
+        if not path:
+            raise ConfigError("path", "the filechannel sink needs the channel directory: .option('path', DIR)")
+        converted = _channel_options(channel)
+        return cls(
+            path=os.path.abspath(str(path)),
+            channel=converted,
+            lock_timeout=_seconds(opts, "locktimeout", "lockTimeout", DEFAULT_LOCK_TIMEOUT),
+            stale_staging=_seconds(opts, "stalestagingseconds", "staleStagingSeconds", DEFAULT_STALE_STAGING),
+            checkpoint_location=opts.get("checkpointlocation") or None,
+        )
+
+    def config(self) -> ChannelConfig:
+        """Return the channel configuration these options give (see :func:`_config`)."""
+        return _config(self.channel)
+
+    @property
+    def sink_dir(self) -> str:
+        """``DIR/spark-sink``."""
+        return os.path.join(self.path, SINK_DIR)
+
+    @property
+    def staging_dir(self) -> str:
+        """``DIR/spark-sink/staging``: one file per successful task attempt until its batch commits."""
+        return os.path.join(self.path, SINK_DIR, STAGING_DIR)
+
+    @property
+    def queries_dir(self) -> str:
+        """``DIR/spark-sink/queries``: one state file per streaming query."""
+        return os.path.join(self.path, SINK_DIR, QUERIES_DIR)
+
+
+def _seconds(opts: Mapping[str, Any], key: str, name: str, default: float) -> float:
+    raw = opts.get(key)
+    if raw is None:
+        return default
+    try:
+        v = float(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(name, f"must be a number of seconds, got {raw!r}") from None
+    if not v >= 0 or v == float("inf"):
+        raise ConfigError(name, f"must be a finite number of seconds >= 0, got {raw!r}")
+    return v
+
+
+def _config(channel: Mapping[str, Any]) -> ChannelConfig:
+    """The channel configuration of ``channel.<name>`` options.
+
+    ``transaction_capacity`` defaults to ``capacity`` here: the sink's own open
+    raises it to ``capacity`` anyway (a batch is one transaction), so a small
+    ``channel.capacity`` alone is valid.
+    """
+    opts = dict(channel)
+    if "transaction_capacity" not in opts:
+        opts["transaction_capacity"] = min(
+            ChannelConfig.transaction_capacity, opts.get("capacity", ChannelConfig.capacity)
+        )
+    return ChannelConfig.from_options(opts)
+
+
+def _channel_options(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """Convert ``channel.<name>`` string values to the types ChannelConfig expects, and validate them."""
+    known = {f.name: f for f in dataclasses.fields(ChannelConfig)}
+    out: dict[str, Any] = {}
+    for name, value in raw.items():
+        f = known.get(name)
+        if f is None:
+            raise ConfigError(_CHANNEL_PREFIX + name, f"unknown channel option (known: {', '.join(sorted(known))})")
+        if not isinstance(value, str):
+            out[name] = value
+            continue
+        text = value.strip()
+        default = f.default
+        try:
+            if name == "data_dirs":
+                out[name] = tuple(p.strip() for p in text.split(",") if p.strip())
+            elif name == "max_event_size" or (isinstance(default, int) and not isinstance(default, bool)):
+                out[name] = int(text)
+            elif isinstance(default, float):
+                out[name] = float(text)
+            else:
+                out[name] = text
+        except ValueError:
+            kind = "a float" if isinstance(default, float) else "an int"
+            raise ConfigError(_CHANNEL_PREFIX + name, f"must be {kind}, got {value!r}") from None
+    try:
+        _config(out)
+    except ConfigError as exc:
+        raise ConfigError(_CHANNEL_PREFIX + exc.option, exc.reason) from exc
+    return out
+
+
+# --------------------------------------------------------------------------
+# the input schema
+
+
+@dataclass(frozen=True)
+class _Columns:
+    """Which input columns hold the body and the headers."""
+
+    body: str
+    body_is_text: bool
+    headers: str | None
+
+
+def _check_schema(schema: StructType) -> _Columns:
+    """Return the body/headers columns of ``schema``.
+
+    Raises:
+        ConfigError: A column other than ``body``/``headers``, no ``body``, or a wrong type.
+    """
+    names = [f.name for f in schema.fields]
+    extra = [n for n in names if n not in ("body", "headers")]
+    if extra:
+        raise ConfigError(
+            "schema",
+            f"unexpected column(s) {', '.join(repr(n) for n in extra)}: the filechannel sink writes a `body` "
+            "column (binary or string) and an optional `headers` column (map<string,string>); select them, "
+            "e.g. df.select(col('value').alias('body'))",
+        )
+    if "body" not in names:
+        raise ConfigError("schema", "no `body` column: the filechannel sink needs `body` (binary or string)")
+    body = schema["body"].dataType
+    if not isinstance(body, (BinaryType, StringType)):
+        raise ConfigError("schema", f"column `body` must be binary or string, got {body.simpleString()}")
+    headers: str | None = None
+    if "headers" in names:
+        h = schema["headers"].dataType
+        if not (isinstance(h, MapType) and isinstance(h.keyType, StringType) and isinstance(h.valueType, StringType)):
+            raise ConfigError("schema", f"column `headers` must be map<string,string>, got {h.simpleString()}")
+        headers = "headers"
+    return _Columns("body", isinstance(body, StringType), headers)
+
+
+# --------------------------------------------------------------------------
+# staged files
+
+
+def _slug(query: str) -> str:
+    """A file-name-safe token for a query id (a Spark query id, a UUID, is used as it is)."""
+    if _SLUG_RE.fullmatch(query):
+        return query
+    return "h" + hashlib.sha256(query.encode("utf-8", "surrogatepass")).hexdigest()[:40]
+
+
+def _stream_prefix(query: str | None, batch_id: int | None) -> str:
+    q = _slug(query) if query else "unknown"
+    b = str(batch_id) if batch_id is not None else "x"
+    return f"q.{q}.b{b}."
+
+
+def _job_prefix(job: str) -> str:
+    return f"j.{job}."
+
+
+def _staged_name(prefix: str, partition: int, attempt: int) -> str:
+    return f"{prefix}p{partition}.a{attempt}.{os.getpid()}.{time.time_ns()}{_STAGE_SUFFIX}"
+
+
+def _created_ns(name: str) -> int | None:
+    """The creation time a staged (or temporary) file's name records, or None."""
+    if name.startswith(_TMP_PREFIX):
+        name = name[len(_TMP_PREFIX) :]
+    if not name.endswith(_STAGE_SUFFIX):
+        return None
+    parts = name[: -len(_STAGE_SUFFIX)].split(".")
+    return int(parts[-1]) if len(parts) > 2 and parts[-1].isdigit() else None
+
+
+def _ensure_dir(fs: FS, path: str) -> None:
+    """Create ``path`` (and missing parents) durably: each new entry's parent directory is fsynced."""
+    if fs.isdir(path):
+        return
+    parent = os.path.dirname(path)
+    if parent and parent != path:
+        _ensure_dir(fs, parent)
+    fs.makedirs(path)
+    fs.fsync_dir(parent)
+
+
+def _write_atomic(fs: FS, directory: str, name: str, data: bytes) -> None:
+    """Write ``directory/name`` atomically and durably: temporary file, fsync, rename, fsync of the directory."""
+    tmp = os.path.join(directory, f"{_TMP_PREFIX}{name}.{os.getpid()}.{time.time_ns()}")
+    fd = fs.create(tmp)
+    try:
+        fs.pwrite_all(fd, data, 0)
+        fs.fsync(fd)
+    finally:
+        fs.close(fd)
+    fs.replace(tmp, os.path.join(directory, name))
+    fs.fsync_dir(directory)
+
+
+class _StageFile:
+    """One staged file being written: ``FCSTAGE1``, then u32-length-prefixed event payloads, then a trailer."""
+
+    def __init__(self, fs: FS, directory: str, name: str) -> None:
+        self.fs = fs
+        self.directory = directory
+        self.name = name
+        self.tmp = os.path.join(directory, _TMP_PREFIX + name)
+        self.fd: int | None = fs.create(self.tmp)
+        self.offset = 0
+        self.crc = 0
+        self.count = 0
+        self.parts: list[bytes] = [_STAGE_MAGIC]
+        self.pending = len(_STAGE_MAGIC)
+
+    def add(self, payload: bytes) -> None:
+        self.parts.append(_U32.pack(len(payload)))
+        self.parts.append(payload)
+        self.pending += 4 + len(payload)
+        self.count += 1
+        if self.pending >= _FLUSH_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        data = b"".join(self.parts)
+        assert self.fd is not None
+        self.fs.pwrite_all(self.fd, data, self.offset)
+        self.crc = fmt.crc(fmt.CRC32_ZLIB, data, self.crc)
+        self.offset += len(data)
+        self.parts = []
+        self.pending = 0
+
+    def finish(self) -> int:
+        """Make the file durable under its final name; return its size."""
+        count = struct.pack("<Q", self.count)
+        self.parts.append(count)
+        self._flush()
+        assert self.fd is not None
+        self.fs.pwrite_all(self.fd, _U32.pack(self.crc), self.offset)
+        self.offset += 4
+        self.fs.fsync(self.fd)
+        self.fs.close(self.fd)
+        self.fd = None
+        self.fs.replace(self.tmp, os.path.join(self.directory, self.name))
+        self.fs.fsync_dir(self.directory)
+        return self.offset
+
+    def discard(self) -> None:
+        if self.fd is not None:
+            try:
+                self.fs.close(self.fd)
+            except OSError:
+                pass
+            self.fd = None
+        try:
+            self.fs.unlink(self.tmp)
+        except OSError:
+            pass
+
+
+def stage_events(
+    fs: FS,
+    directory: str,
+    name: str,
+    events: Iterable[tuple[bytes, Mapping[str, str] | None]],
+    max_event_size: int,
+    header_overhead: int = 0,
+) -> tuple[str | None, int, int]:
+    """Write events to a staged file ``directory/name``, durably, before returning.
+
+    No file is written when ``events`` is empty. A failure removes the partial file.
+
+    Args:
+        fs: The I/O seam.
+        directory: The staging directory (created if missing).
+        name: The staged file's name.
+        events: ``(body, headers)`` pairs.
+        max_event_size: The channel's limit; an event above it fails the task early.
+        header_overhead: Bytes the commit adds to every event (the sink's own headers).
+
+    Returns:
+        ``(name or None, rows, bytes)``.
+
+    Raises:
+        EventTooLargeError: An event exceeds ``max_event_size``.
+        InvalidEventError: A header is not valid text.
+        OSError: Writing failed.
+    """
+    staged: _StageFile | None = None
+    try:
+        for body, headers in events:
+            try:
+                payload = fmt.encode_event(body, headers)
+            except UnicodeEncodeError as exc:
+                raise InvalidEventError(f"a header of a row is not valid UTF-8 text: {exc}") from exc
+            size = len(payload) + header_overhead
+            if size > max_event_size:
+                raise EventTooLargeError(size, max_event_size)
+            if staged is None:
+                _ensure_dir(fs, directory)
+                staged = _StageFile(fs, directory, name)
+            staged.add(payload)
+        if staged is None:
+            return None, 0, 0
+        rows = staged.count
+        size = staged.finish()
+        return name, rows, size
+    except BaseException:
+        if staged is not None:
+            staged.discard()
+        raise
+
+
+def read_staged(fs: FS, path: str) -> list[bytes]:
+    """Return the event payloads of a staged file, checking its framing, count and checksum.
+
+    Raises:
+        FileNotFoundError: The file does not exist.
+        CorruptLogError: The file is damaged.
+    """
+    buf = read_file(fs, path)
+    hint = "a staged file of a Spark task is damaged; restart the query: it runs the batch's tasks again"
+    if len(buf) < len(_STAGE_MAGIC) + _TRAILER.size or not buf.startswith(_STAGE_MAGIC):
+        raise CorruptLogError(path, 0, "not a staged file of the filechannel sink", hint)
+    body_end = len(buf) - _TRAILER.size
+    count, crc = _TRAILER.unpack_from(buf, body_end)
+    if fmt.crc(fmt.CRC32_ZLIB, memoryview(buf)[: body_end + 8]) != crc:
+        raise CorruptLogError(path, body_end, "checksum mismatch", hint)
+    out: list[bytes] = []
+    pos = len(_STAGE_MAGIC)
+    while pos < body_end:
+        if pos + 4 > body_end:
+            raise CorruptLogError(path, pos, "truncated row length", hint)
+        (n,) = _U32.unpack_from(buf, pos)
+        pos += 4
+        if pos + n > body_end:
+            raise CorruptLogError(path, pos, "row runs past the end", hint)
+        out.append(buf[pos : pos + n])
+        pos += n
+    if len(out) != count:
+        raise CorruptLogError(path, body_end, f"{len(out)} rows, the trailer says {count}", hint)
+    return out
+
+
+# --------------------------------------------------------------------------
+# commit messages and task identity
+
+
+@dataclass(frozen=True)
+class StagedFiles(WriterCommitMessage):
+    """A task's commit message: the files it staged (names in the staging directory) and what they hold.
+
+    Attributes:
+        files: Staged file names (none for an empty partition).
+        rows: Rows in them.
+        nbytes: Bytes in them.
+        query: The streaming query's id as the task saw it (None in a batch job).
+        batch_id: The micro-batch id as the task saw it (None in a batch job).
+        job: A batch job's id (None when streaming).
+    """
+
+    files: tuple[str, ...]
+    rows: int
+    nbytes: int
+    query: str | None = None
+    batch_id: int | None = None
+    job: str | None = None
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """What a Spark task knows about itself (from ``TaskContext``)."""
+
+    partition: int = 0
+    attempt: int = 0
+    query: str | None = None
+    batch_id: int | None = None
+
+
+def task_info() -> TaskInfo:
+    """Return the running Spark task's partition, attempt, query id and batch id (defaults outside a task)."""
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    if tc is None:
+        return TaskInfo()
+    query = tc.getLocalProperty(_QUERY_ID_PROPERTY) or None
+    batch = tc.getLocalProperty(_BATCH_ID_PROPERTY)
+    return TaskInfo(tc.partitionId(), tc.attemptNumber(), query, int(batch) if batch and batch.isdigit() else None)
+
+
+def _sink_headers(query: str, batch_id: int) -> dict[str, str]:
+    return {HEADER_QUERY: query, HEADER_BATCH: str(batch_id)}
+
+
+def _headers_overhead(headers: Mapping[str, str]) -> int:
+    return sum(8 + len(k.encode()) + len(v.encode()) for k, v in headers.items())
+
+
+# --------------------------------------------------------------------------
+# the per-query state
+
+
+@dataclass(frozen=True)
+class Pending:
+    """The intent of a batch being committed: where its events go.
+
+    Attributes:
+        batch_id: The micro-batch id.
+        first: The channel's next position when the batch's transaction began
+            (its first event's position, if it commits).
+        count: Events in the batch.
+    """
+
+    batch_id: int
+    first: int
+    count: int
+
+
+@dataclass(frozen=True)
+class QueryState:
+    """What the sink recorded for one streaming query.
+
+    Attributes:
+        query: The query id.
+        last_batch: The highest batch id known committed (-1: none).
+        pending: A batch whose commit began and whose outcome is not yet recorded.
+    """
+
+    query: str
+    last_batch: int = -1
+    pending: Pending | None = None
+
+
+class _StateStore:
+    """``DIR/spark-sink/queries/<slug>.state``: checksummed one-line JSON, replaced atomically."""
+
+    def __init__(self, fs: FS, options: SinkOptions) -> None:
+        self.fs = fs
+        self.dir = options.queries_dir
+
+    def path(self, query: str) -> str:
+        return os.path.join(self.dir, _slug(query) + ".state")
+
+    def load(self, query: str) -> QueryState:
+        path = self.path(query)
+        try:
+            buf = read_file(self.fs, path)
+        except FileNotFoundError:
+            return QueryState(query)
+        hint = (
+            "the Spark sink's state file of this query is damaged; it cannot tell which batches were "
+            "committed. Inspect the channel (events carry spark.query and spark.batch_id headers) before "
+            "deleting the file"
+        )
+        try:
+            obj = decode_meta(buf, f"sink state {path}")
+            if obj.get("version") != 1 or obj.get("query") != query:
+                raise FormatError(0, "unexpected version or query")
+            last = obj["last_batch"]
+            p = obj.get("pending")
+            pending = None if p is None else Pending(int(p["batch_id"]), int(p["first"]), int(p["count"]))
+            return QueryState(query, int(last), pending)
+        except FormatError as exc:
+            raise CorruptLogError(path, exc.offset, exc.reason, hint) from exc
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptLogError(path, 0, f"malformed state: {exc}", hint) from exc
+
+    def save(self, state: QueryState) -> None:
+        _ensure_dir(self.fs, self.dir)
+        obj: dict[str, Any] = {
+            "version": 1,
+            "query": state.query,
+            "last_batch": state.last_batch,
+            "pending": None if state.pending is None else dataclasses.asdict(state.pending),
+            "updated_ns": time.time_ns(),
+        }
+        _write_atomic(self.fs, self.dir, os.path.basename(self.path(state.query)), encode_meta(obj))
+
+
+def _guard_name(query: str) -> str:
+    return _GUARD_PREFIX + _slug(query)
+
+
+# --------------------------------------------------------------------------
+# the commit protocol
+
+
+@dataclass(frozen=True)
+class BatchOutcome:
+    """What :meth:`SinkCommitter.commit_batch` did.
+
+    Attributes:
+        committed: Whether this call put the batch's events in the channel.
+        rows: Events put by this call (0 when skipped).
+        first_position: The first event's position, when committed.
+        reason: ``"committed"``, ``"already committed"`` or ``"empty"``.
+    """
+
+    committed: bool
+    rows: int
+    first_position: int | None
+    reason: str
+
+
+class SinkCommitter:
+    """The driver side of the sink: puts staged rows into the channel, exactly once per (query, batch id).
+
+    Plain Python, no Spark: the writers call it from Spark's commit worker, and
+    tests call it directly (with a simulated file system through ``fs``).
+
+    Args:
+        options: The sink's options.
+        fs: The I/O seam.
+        sleep: Waits between attempts to open a locked channel (tests shorten it).
+    """
+
+    def __init__(self, options: SinkOptions, *, fs: FS | None = None, sleep: Callable[[float], None] = time.sleep):
+        self.options = options
+        self.fs = fs or DEFAULT_FS
+        self.sleep = sleep
+
+    # -- the channel ---------------------------------------------------------------------
+
+    def open_channel(self, what: str) -> FileChannel:
+        """Open the channel for the sink's own use, retrying while another process holds it.
+
+        The sink's open raises ``transaction_capacity`` to ``capacity``, so that
+        a batch is always one transaction.
+
+        Raises:
+            SinkLockedError: The channel stayed locked for ``lockTimeout`` seconds.
+            ConfigError: A channel option is invalid.
+            NotAChannelError: ``path`` is not a channel directory.
+        """
+        opts = dict(self.options.channel)
+        cfg = self.options.config()
+        opts["transaction_capacity"] = cfg.capacity
+        start = time.monotonic()
+        delay = 0.02
+        while True:
+            try:
+                return open_channel(self.options.path, fs=self.fs, background=False, **opts)
+            except ChannelLockedError:
+                waited = time.monotonic() - start
+                if waited >= self.options.lock_timeout:
+                    raise SinkLockedError(self.options.path, waited, what) from None
+                logger.debug("channel %s is locked; the sink retries in %.2f s", self.options.path, delay)
+                self.sleep(min(delay, max(0.0, self.options.lock_timeout - waited)))
+                delay = min(delay * 2, 1.0)
+
+    def ensure_channel(self) -> None:
+        """Create the channel if its directory holds none yet (so staged files never precede it).
+
+        Raises:
+            ConfigError: A channel option is invalid.
+            NotAChannelError: ``path`` exists and is not a channel directory.
+            SinkLockedError: The channel is being created by another process for too long.
+        """
+        if self.fs.exists(os.path.join(self.options.path, CHANNEL_FILE)):
+            return
+        self.open_channel("the channel's creation").close()
+
+    # -- streaming: one transaction per batch, exactly once --------------------------------
+
+    def commit_batch(self, query: str, batch_id: int, files: Sequence[str], rows: int | None = None) -> BatchOutcome:
+        """Put the staged rows of micro-batch ``batch_id`` of ``query`` in one transaction, unless done already.
+
+        The protocol (see docs/spark.md): with the channel open, settle a pending
+        intent left by an interrupted commit (from the channel itself: did the
+        events at the recorded position land, with this batch's headers?); skip
+        a batch id at or below the last committed one; otherwise pin the next
+        position P (a guard consumer), record the intent (batch, P, count), put
+        every row in one transaction (each event carries ``spark.query`` and
+        ``spark.batch_id``), make it durable, record the batch as committed, drop
+        the guard. Staged files of this query up to ``batch_id`` are deleted after.
+
+        Args:
+            query: The streaming query's id.
+            batch_id: The micro-batch id.
+            files: Staged file names of the batch's tasks.
+            rows: The rows the tasks reported (checked against the files), if known.
+
+        Returns:
+            What was done.
+
+        Raises:
+            SinkLockedError: The channel stayed locked for ``lockTimeout`` seconds.
+            CorruptLogError: A staged file or the query's state file is damaged.
+            ChannelError: A staged file is missing, or the channel refused the events
+                (``ChannelFullError``, ``EventTooLargeError``, ...); nothing of the batch is visible.
+            OSError: A write or fsync failed; nothing of the batch is visible, or all of it
+                (the next commit of this query finds out which).
+        """
+        if not files:
+            self._cleanup(query, batch_id)
+            return BatchOutcome(False, 0, None, "empty")
+        what = f"batch {batch_id} of query {query}"
+        ch = self.open_channel(what)
+        try:
+            store = _StateStore(self.fs, self.options)
+            state = self._settle(ch, store, store.load(query))
+            if batch_id <= state.last_batch:
+                logger.info("%s: already committed (last committed batch %d); skipped", what, state.last_batch)
+                outcome = BatchOutcome(False, 0, None, "already committed")
+            else:
+                outcome = self._put_batch(ch, store, state, batch_id, files, rows)
+        finally:
+            ch.close()
+        self._cleanup(query, batch_id)
+        return outcome
+
+    def _put_batch(
+        self,
+        ch: FileChannel,
+        store: _StateStore,
+        state: QueryState,
+        batch_id: int,
+        files: Sequence[str],
+        rows: int | None,
+    ) -> BatchOutcome:
+        query = state.query
+        payloads = self._read_files(files, rows, f"batch {batch_id} of query {query}")
+        count = len(payloads)
+        if count == 0:
+            return BatchOutcome(False, 0, None, "empty")
+        self._check_size(count, f"batch {batch_id}")
+        stats = ch.stats()
+        first = int(stats["next_position"])
+        head = stats["head_position"]
+        guards = ConsumerStore(self.fs, self.options.path)
+        # The guard is a consumer whose mark is the queue's head: the owner takes nothing at or
+        # above the lowest mark, so until the outcome is recorded every queued event, and the one
+        # at `first` in particular, stays readable and tells whether this transaction landed,
+        # whatever other producers and readers do. (A mark at `first` would acknowledge, and so
+        # let the owner take, every event below it.)
+        guards.register(
+            _guard_name(query), f"spark sink: query {query} batch {batch_id}", first if head is None else int(head)
+        )
+        store.save(QueryState(query, state.last_batch, Pending(batch_id, first, count)))
+        try:
+            with ch.transaction() as tx:
+                _put_all(tx, payloads, _sink_headers(query, batch_id))
+        except ChannelError:
+            # Refused before anything was written (full, an event too large, no disk space):
+            # settle now, so that the guard does not pin the channel until the next commit.
+            try:
+                self._settle(ch, store, store.load(query))
+            except (ChannelError, OSError) as exc:
+                logger.warning(
+                    "batch %d: could not settle after a failed commit (%s); the next commit does", batch_id, exc
+                )
+            raise
+        ch.sync()  # durable before it is recorded, whatever the fsync mode
+        end = int(ch.stats()["next_position"])
+        if end != first + count:  # pragma: no cover - the sink holds the only open of the channel
+            logger.warning(
+                "batch %d: expected positions [%d, %d), the channel is at %d", batch_id, first, first + count, end
+            )
+        store.save(QueryState(query, batch_id, None))
+        guards.remove(_guard_name(query))
+        logger.info(
+            "committed batch %d of query %s: %d events at positions [%d, %d)", batch_id, query, count, first, end
+        )
+        return BatchOutcome(True, count, first, "committed")
+
+    def _settle(self, ch: FileChannel, store: _StateStore, state: QueryState) -> QueryState:
+        """Decide a pending intent from the channel's recovered state, record it, drop the guard."""
+        guards = ConsumerStore(self.fs, self.options.path)
+        guard = _guard_name(state.query)
+        p = state.pending
+        if p is None:
+            if guards.get(guard) is not None:
+                guards.remove(guard)  # a crash before the intent was recorded, or after the outcome was
+            return state
+        landed = self._landed(ch, state.query, p)
+        settled = QueryState(state.query, max(state.last_batch, p.batch_id) if landed else state.last_batch, None)
+        logger.warning(
+            "query %s: the commit of batch %d was interrupted; the channel shows it %s",
+            state.query,
+            p.batch_id,
+            "landed (it is not put again)" if landed else "did not land (it is committed again when replayed)",
+        )
+        store.save(settled)
+        guards.remove(guard)
+        return settled
+
+    def _landed(self, ch: FileChannel, query: str, p: Pending) -> bool:
+        next_position = int(ch.stats()["next_position"])
+        if next_position < p.first + p.count:
+            return False  # had it landed, the channel would be past its last event
+        view = ChannelReader(self.options.path, fs=self.fs, on_corruption=ch.config.on_corruption)
+        try:
+            head, visible = view.available()
+            if visible <= p.first:
+                return False  # nothing at the intended position in the files
+            if p.first < head:
+                # Taken already: only possible if the guard consumer was removed by hand.
+                logger.warning(
+                    "query %s batch %d: position %d was taken before the sink could check it (was its guard "
+                    "consumer removed?); the channel is past the batch's positions, so it counts as committed",
+                    query,
+                    p.batch_id,
+                    p.first,
+                )
+                return True
+            events = view.read(p.first, p.first + 1)
+        finally:
+            view.close()
+        if not events or events[0].position != p.first:
+            return False  # a gap, or another writer's event, at the intended position
+        h = events[0].headers
+        return h.get(HEADER_QUERY) == query and h.get(HEADER_BATCH) == str(p.batch_id)
+
+    # -- batch jobs: one transaction, no replay -------------------------------------------
+
+    def commit_job(self, job: str, files: Sequence[str], rows: int | None = None) -> int:
+        """Put a batch job's staged rows in one transaction; return how many.
+
+        Raises:
+            SinkLockedError: The channel stayed locked for ``lockTimeout`` seconds.
+            CorruptLogError: A staged file is damaged.
+            ChannelError: A staged file is missing, or the channel refused the events.
+            OSError: A write or fsync failed.
+        """
+        what = f"batch job {job}"
+        count = 0
+        if files:
+            payloads = self._read_files(files, rows, what)
+            count = len(payloads)
+            if count:
+                self._check_size(count, what)
+                ch = self.open_channel(what)
+                try:
+                    with ch.transaction() as tx:
+                        _put_all(tx, payloads, {})
+                    ch.sync()
+                finally:
+                    ch.close()
+                logger.info("committed %s: %d events", what, count)
+        self.discard(_job_prefix(job), files)
+        self.sweep()
+        return count
+
+    # -- staged files ---------------------------------------------------------------------
+
+    def _read_files(self, files: Sequence[str], rows: int | None, what: str) -> list[bytes]:
+        payloads: list[bytes] = []
+        for name in files:
+            if os.path.basename(name) != name or not name.endswith(_STAGE_SUFFIX):
+                raise ChannelError(f"{what}: {name!r} is not a staged file name")
+            path = os.path.join(self.options.staging_dir, name)
+            try:
+                payloads += read_staged(self.fs, path)
+            except FileNotFoundError:
+                raise ChannelError(
+                    f"{what}: staged file {path} is missing (deleted by hand, or swept as older than "
+                    "staleStagingSeconds); restart the query: it runs the batch's tasks again"
+                ) from None
+        if rows is not None and rows != len(payloads):
+            raise ChannelError(f"{what}: the tasks reported {rows} rows, their staged files hold {len(payloads)}")
+        return payloads
+
+    def _check_size(self, count: int, what: str) -> None:
+        cap = self.options.config().capacity
+        if count > cap:
+            raise TransactionCapacityError(
+                f"{what} has {count} rows, more than the channel's capacity={cap}: one batch is one transaction; "
+                "make micro-batches smaller (e.g. maxEventsPerTrigger, maxFilesPerTrigger) or raise channel.capacity"
+            )
+
+    def discard(self, prefix: str | None, files: Iterable[str] = ()) -> int:
+        """Delete staged files: those named, and every one whose name starts with ``prefix``.
+
+        Returns:
+            How many were deleted.
+        """
+        directory = self.options.staging_dir
+        doomed = {f for f in files if os.path.basename(f) == f}
+        if prefix is not None:
+            for name in self._staged_names():
+                bare = name[len(_TMP_PREFIX) :] if name.startswith(_TMP_PREFIX) else name
+                if bare.startswith(prefix):
+                    doomed.add(name)
+        return self._unlink(directory, doomed)
+
+    def sweep(self, now_ns: int | None = None) -> int:
+        """Delete staged and temporary files older than ``staleStagingSeconds`` (a crashed task's, a failed job's).
+
+        Returns:
+            How many were deleted.
+        """
+        now = time.time_ns() if now_ns is None else now_ns
+        limit = int(self.options.stale_staging * 1e9)
+        doomed = set()
+        for name in self._staged_names():
+            created = _created_ns(name)
+            if created is not None and now - created >= limit:
+                doomed.add(name)
+        n = self._unlink(self.options.staging_dir, doomed)
+        if n:
+            logger.info("swept %d stale staged file(s) from %s", n, self.options.staging_dir)
+        return n
+
+    def _cleanup(self, query: str, batch_id: int) -> None:
+        """After a batch of ``query``: its staged files up to ``batch_id`` (every attempt) go, then stale ones."""
+        qprefix = f"q.{_slug(query)}.b"
+        doomed = set()
+        for name in self._staged_names():
+            bare = name[len(_TMP_PREFIX) :] if name.startswith(_TMP_PREFIX) else name
+            if bare.startswith(qprefix):
+                b = bare[len(qprefix) :].split(".", 1)[0]
+                if b.isdigit() and int(b) <= batch_id:
+                    doomed.add(name)
+        self._unlink(self.options.staging_dir, doomed)
+        self.sweep()
+
+    def _staged_names(self) -> list[str]:
+        try:
+            return sorted(self.fs.listdir(self.options.staging_dir))
+        except FileNotFoundError:
+            return []
+
+    def _unlink(self, directory: str, names: Iterable[str]) -> int:
+        n = 0
+        for name in sorted(names):
+            try:
+                self.fs.unlink(os.path.join(directory, name))
+                n += 1
+            except FileNotFoundError:
+                pass
+        # Not fsynced: a deletion a crash undoes is swept again; nothing reads a file of a finished batch.
+        return n
+
+
+def _put_all(tx: Any, payloads: list[bytes], extra: Mapping[str, str]) -> None:
+    """Put every payload's event, with ``extra`` headers added, in order (runs sharing headers in one put_many)."""
+    run_headers: Mapping[str, str] | None = None
+    run: list[bytes] = []
+    for payload in payloads:
+        try:
+            body, headers = fmt.decode_event(payload)
+        except FormatError as exc:  # pragma: no cover - read_staged checked the file's checksum
+            raise ChannelError(f"a staged event does not decode: {exc}") from exc
+        merged: Mapping[str, str] = {**headers, **extra} if headers else extra
+        if merged is not run_headers and merged != run_headers:
+            if run:
+                tx.put_many(run, headers=run_headers or None)
+            run_headers, run = merged, []
+        run.append(body)
+    if run:
+        tx.put_many(run, headers=run_headers or None)
+
+
+# --------------------------------------------------------------------------
+# the Spark writers
+
+
+def _arrow_events(
+    batches: Iterable[pa.RecordBatch], columns: _Columns
+) -> Iterator[tuple[bytes, Mapping[str, str] | None]]:
+    """Yield ``(body, headers)`` for each row of Arrow record batches."""
+    row = 0
+    for batch in batches:
+        bodies = batch.column(batch.schema.get_field_index(columns.body)).to_pylist()
+        maps = (
+            batch.column(batch.schema.get_field_index(columns.headers)).to_pylist()
+            if columns.headers is not None
+            else None
+        )
+        for i, body in enumerate(bodies):
+            if body is None:
+                raise InvalidEventError(f"row {row + i} of the task has a null body; filter nulls out first")
+            if isinstance(body, str):
+                body = body.encode("utf-8")
+            headers: dict[str, str] | None = None
+            if maps is not None and maps[i]:
+                headers = {}
+                for k, v in maps[i]:
+                    if v is None:
+                        raise InvalidEventError(
+                            f"row {row + i} of the task has a null value for header {k!r}; headers are strings"
+                        )
+                    headers[k] = v
+            yield body, headers
+        row += len(bodies)
+
+
+class _WriterBase:
+    """What both writers share: options, the input columns, staging a task's rows."""
+
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        self.options = SinkOptions.from_spark(options)
+        self.columns = _check_schema(schema)
+        self.max_event_size = self.options.config().max_event_size
+
+    def _committer(self) -> SinkCommitter:
+        return SinkCommitter(self.options)
+
+    def _stage(
+        self, batches: Iterable[pa.RecordBatch], prefix: str, info: TaskInfo, overhead: int
+    ) -> tuple[tuple[str, ...], int, int]:
+        name = _staged_name(prefix, info.partition, info.attempt)
+        staged, rows, size = stage_events(
+            DEFAULT_FS,
+            self.options.staging_dir,
+            name,
+            _arrow_events(batches, self.columns),
+            self.max_event_size,
+            overhead,
+        )
+        return ((staged,) if staged else ()), rows, size
+
+
+def _messages(messages: Sequence[WriterCommitMessage | None], what: str) -> list[StagedFiles]:
+    out = []
+    for i, m in enumerate(messages):
+        if m is None:
+            raise ChannelError(f"{what}: task {i} reported no commit message (it failed); the batch is not committed")
+        if not isinstance(m, StagedFiles):
+            raise ChannelError(f"{what}: task {i} sent a {type(m).__name__}, not StagedFiles")
+        out.append(m)
+    return out
+
+
+class FileChannelStreamWriter(_WriterBase, DataSourceStreamArrowWriter):
+    """The streaming sink: each micro-batch becomes one channel transaction, exactly once per batch id.
+
+    ``write`` runs in each task on an executor and stages the task's rows in
+    ``DIR/spark-sink/staging/`` (durable before it returns); ``commit`` runs on
+    the driver and hands the staged files to :meth:`SinkCommitter.commit_batch`.
+
+    Args:
+        options: Spark's options (see :class:`SinkOptions`).
+        schema: The DataFrame's schema: ``body`` (binary or string), optional ``headers``.
+
+    Raises:
+        ConfigError: A bad option or column (named in the message).
+        NotAChannelError: ``path`` exists and is not a channel directory.
+    """
+
+    def __init__(self, options: Mapping[str, str], schema: StructType, overwrite: bool = False) -> None:
+        if overwrite:
+            raise ConfigError("outputMode", "the filechannel sink only appends: use outputMode('append')")
+        super().__init__(options, schema)
+        self._committer().ensure_channel()
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedFiles:
+        """Stage this task's rows durably and return what was staged.
+
+        Raises:
+            EventTooLargeError: A row exceeds the channel's ``max_event_size``.
+            InvalidEventError: A null body or header value.
+            OSError: Writing the staged file failed.
+        """
+        info = task_info()
+        overhead = _headers_overhead(
+            _sink_headers(info.query or "x" * 64, 10**12 if info.batch_id is None else info.batch_id)
+        )
+        files, rows, size = self._stage(iterator, _stream_prefix(info.query, info.batch_id), info, overhead)
+        return StagedFiles(files, rows, size, query=info.query, batch_id=info.batch_id)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Commit micro-batch ``batchId``: all of its rows in one transaction, or nothing if it was committed before.
+
+        Raises:
+            SinkLockedError: Another process kept the channel open for ``lockTimeout`` seconds.
+            ChannelError: The batch cannot be committed (see :meth:`SinkCommitter.commit_batch`).
+        """
+        what = f"batch {batchId}"
+        msgs = _messages(messages, what)
+        files = [f for m in msgs for f in m.files]
+        rows = sum(m.rows for m in msgs)
+        query = self._query_of(msgs, batchId, required=bool(files))
+        if query is None:
+            return
+        self._committer().commit_batch(query, batchId, files, rows)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Delete the staged files of micro-batch ``batchId`` (failed tasks' files are found by name)."""
+        msgs = [m for m in messages if isinstance(m, StagedFiles)]
+        files = [f for m in msgs for f in m.files]
+        query = self._query_of(msgs, batchId, required=False)
+        prefix = _stream_prefix(query, batchId) if query is not None else None
+        n = self._committer().discard(prefix, files)
+        logger.info("aborted batch %d: %d staged file(s) deleted", batchId, n)
+
+    def _query_of(self, msgs: list[StagedFiles], batch_id: int, required: bool) -> str | None:
+        """The query's id: from the tasks (Spark's local property), else the checkpoint's metadata file."""
+        ids = {m.query for m in msgs if m.query}
+        if len(ids) > 1:
+            raise ChannelError(f"batch {batch_id}: tasks report different query ids {sorted(ids)}")
+        for m in msgs:
+            if m.batch_id is not None and m.batch_id != batch_id:
+                logger.warning("batch %d: a task reported batch id %d", batch_id, m.batch_id)
+        if ids:
+            return ids.pop()
+        query = _checkpoint_query_id(self.options.checkpoint_location)
+        if query is None and required:
+            raise ChannelError(
+                f"batch {batch_id}: cannot tell which streaming query this is (the tasks did not see Spark's "
+                f"{_QUERY_ID_PROPERTY!r} property); set .option('checkpointLocation', DIR) on a local path"
+            )
+        return query
+
+
+def _checkpoint_query_id(location: str | None) -> str | None:
+    """The query id recorded in ``<checkpointLocation>/metadata`` (local paths only), or None."""
+    if not location:
+        return None
+    path = location[len("file:") :] if location.startswith("file:") else location
+    if "://" in path:
+        return None
+    try:
+        with open(os.path.join(path, "metadata"), encoding="utf-8") as f:
+            obj = json.loads(f.readline())
+    except (OSError, ValueError):
+        return None
+    qid = obj.get("id") if isinstance(obj, dict) else None
+    return qid if isinstance(qid, str) and qid else None
+
+
+class FileChannelBatchWriter(_WriterBase, DataSourceArrowWriter):
+    """The batch sink (``df.write``): the whole job becomes one channel transaction.
+
+    A batch job has no batch id, so a job run twice puts its rows twice; within
+    one run, the rows are all visible or none.
+
+    Args:
+        options: Spark's options (see :class:`SinkOptions`).
+        schema: The DataFrame's schema: ``body`` (binary or string), optional ``headers``.
+        overwrite: ``mode("overwrite")``; refused (a channel is appended to).
+
+    Raises:
+        ConfigError: A bad option or column (named in the message), or ``overwrite``.
+        NotAChannelError: ``path`` exists and is not a channel directory.
+    """
+
+    def __init__(self, options: Mapping[str, str], schema: StructType, overwrite: bool = False) -> None:
+        if overwrite:
+            raise ConfigError("mode", "the filechannel sink only appends: use mode('append')")
+        super().__init__(options, schema)
+        self.job = uuid.uuid4().hex
+        self._committer().ensure_channel()
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedFiles:
+        """Stage this task's rows durably and return what was staged.
+
+        Raises:
+            EventTooLargeError: A row exceeds the channel's ``max_event_size``.
+            InvalidEventError: A null body or header value.
+            OSError: Writing the staged file failed.
+        """
+        info = task_info()
+        files, rows, size = self._stage(iterator, _job_prefix(self.job), info, 0)
+        return StagedFiles(files, rows, size, job=self.job)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Put every task's rows in one transaction.
+
+        Raises:
+            SinkLockedError: Another process kept the channel open for ``lockTimeout`` seconds.
+            ChannelError: The job cannot be committed (see :meth:`SinkCommitter.commit_job`).
+        """
+        msgs = _messages(messages, f"batch job {self.job}")
+        files = [f for m in msgs for f in m.files]
+        self._committer().commit_job(self.job, files, sum(m.rows for m in msgs))
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Delete the job's staged files."""
+        files = [f for m in messages if isinstance(m, StagedFiles) for f in m.files]
+        self._committer().discard(_job_prefix(self.job), files)
