@@ -98,3 +98,23 @@ def test_import_does_not_load_optional_dependencies() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == ""
+
+
+def test_filechannel_spark_without_pyspark_says_what_to_install() -> None:
+    """``import filechannel.spark`` with PySpark missing: an ImportError naming the extra; the core still imports."""
+    code = (
+        "import sys\n"
+        "class Missing:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'pyspark':\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, Missing())\n"
+        "import filechannel\n"
+        "try:\n"
+        "    import filechannel.spark\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "pip install 'filechannel[spark]'" in r.stdout

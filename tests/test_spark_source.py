@@ -207,18 +207,18 @@ def test_a_replayed_first_micro_batch_after_a_crash_is_delivered_once(spark: Any
 
 def test_follows_a_channel_that_rolls_and_retires_files_while_the_query_runs(spark: Any, tmp_path: Path) -> None:
     d, base = str(tmp_path / "ch"), tmp_path / "q"
-    ch = filechannel.open(d, max_file_size=16 * 1024, ack_interval=0.2, **OPTS)
+    ch = filechannel.open(d, max_file_size=8 * 1024, ack_interval=0.2, **OPTS)
     total = 0
     try:
         put(ch, 0, 40, size=500)
         total = 40
-        q = to_parquet(stream(spark, d, maxEventsPerTrigger=60), base)
-        stop = time.monotonic() + 6
-        while time.monotonic() < stop:  # a producer: about 1 MiB in 30-event transactions
-            put(ch, total, 30, size=500)
-            total += 30
+        q = to_parquet(stream(spark, d), base)
+        stop = time.monotonic() + 3
+        while time.monotonic() < stop:  # a producer: 5 KiB transactions, about 16 events a data file
+            put(ch, total, 10, size=500)
+            total += 10
             roll_back_one(ch)
-            time.sleep(0.1)
+            time.sleep(0.05)
         q.processAllAvailable()
         q.stop()
         assert delivered(spark, base) == expected(range(total), size=500)
@@ -326,6 +326,9 @@ def test_batch_read_equals_channel_reader_and_acknowledges_nothing(spark: Any, t
         consumers = os.path.join(d, "consumers")
         assert ch.size == 53
         assert not os.path.isdir(consumers) or not os.listdir(consumers)
+        # a schema of some of the columns, in another order
+        some = spark.read.format("filechannel").schema("body binary, position long").load(d)
+        assert [(r.body, r.position) for r in some.orderBy("position").collect()] == [(b, p) for p, b, _ in rows]
         empty = str(tmp_path / "empty")
         filechannel.open(empty, **OPTS).close()
         assert spark.read.format("filechannel").load(empty).count() == 0
