@@ -30,8 +30,10 @@ def java_problem() -> str | None:
     """Return one line saying why Java cannot run Spark here, or None if it can."""
     home = os.environ.get("JAVA_HOME")
     java = os.path.join(home, "bin", "java") if home else shutil.which("java")
-    if not java or not os.access(java, os.X_OK):
-        return f"{JAVA_NEEDED}: no `java` found (PATH or JAVA_HOME); install a JDK 17+ (e.g. openjdk-17-jre-headless)"
+    if home and not os.access(java or "", os.X_OK):
+        return f"{JAVA_NEEDED}: JAVA_HOME={home} has no bin/java; point JAVA_HOME at a JDK 17+ or unset it"
+    if not java:
+        return f"{JAVA_NEEDED}: no `java` on PATH; install a JDK 17+ (e.g. openjdk-17-jre-headless)"
     try:
         out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError) as exc:
