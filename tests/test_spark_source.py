@@ -334,3 +334,114 @@ def test_batch_read_equals_channel_reader_and_acknowledges_nothing(spark: Any, t
         assert spark.read.format("filechannel").load(empty).count() == 0
     finally:
         ch.close()
+
+
+# -- the stream reader's protocol, called directly as Spark calls it (no JVM) -------------------
+
+
+def _source(options: dict[str, str]) -> Any:
+    from pyspark.sql.types import BinaryType, LongType, MapType, StringType, StructField, StructType
+
+    from filechannel.spark import FileChannelDataSource
+
+    schema = StructType(
+        [
+            StructField("position", LongType()),
+            StructField("body", BinaryType()),
+            StructField("headers", MapType(StringType(), StringType())),
+        ]
+    )
+    return FileChannelDataSource(options).streamReader(schema)
+
+
+def _read_all(reader: Any, parts: list[Any]) -> list[tuple[int, bytes]]:
+    import pickle
+
+    planner = pickle.loads(pickle.dumps(reader))  # what the executors get
+    out: list[tuple[int, bytes]] = []
+    for part in pickle.loads(pickle.dumps(parts)):
+        for batch in planner.read(part):
+            out.extend(zip(batch.column("position").to_pylist(), batch.column("body").to_pylist(), strict=True))
+    return out
+
+
+def test_stream_reader_protocol_without_spark(tmp_path: Path) -> None:
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+    from filechannel.spark import CheckpointMismatchError
+
+    d = str(tmp_path / "ch")
+    ch = filechannel.open(d, background=False, **OPTS)
+    try:
+        put(ch, 0, 10)
+        r = _source({"path": d, "consumer": "u", "maxEventsPerTrigger": "4", "maxPartitionBytes": "64"})
+        assert r.getDefaultReadLimit() == ReadMaxRows(4)
+        start = r.initialOffset()
+        cid = channel_id(d)
+        assert json.dumps(start) == json.dumps({"positions": {cid: 0}, "query": start["query"]})
+        assert r.initialOffset() == start  # called again by Spark for the first batch's start
+        end = r.latestOffset(start, ReadMaxRows(4))
+        assert end["positions"] == {cid: 4}
+        parts = r.partitions(start, end)
+        assert len(parts) > 1  # 64-byte partitions
+        assert _read_all(r, parts) == [(i, body(i)) for i in range(4)]
+        assert [p.segment for p in r.partitions(start, end)] == [p.segment for p in parts]  # deterministic
+        assert r.partitions(end, end) == []
+        assert r.latestOffset(end, ReadAllAvailable())["positions"] == {cid: 10}
+
+        r.commit(end)
+        r.commit(end)  # idempotent
+        r.commit(start)  # a lower end changes nothing
+        assert acked(d, "u") == 4
+        assert ch.apply_acks() == 4
+        with pytest.raises(filechannel.DataLossError, match=r"acknowledged them already"):
+            r.latestOffset(start, ReadAllAvailable())
+        with pytest.raises(filechannel.DataLossError, match=r"positions \[0, 4\) are gone"):
+            r.partitions(start, end)
+        beyond = {"positions": {cid: 12}, "query": start["query"]}
+        with pytest.raises(filechannel.DataLossError, match=r"the channel holds positions below 10 only"):
+            r.partitions(end, beyond)
+        with pytest.raises(filechannel.DataLossError, match=r"the channel holds positions below 10 only"):
+            r.commit(beyond)
+        with pytest.raises(CheckpointMismatchError, match=r"was not made by the filechannel source"):
+            r.latestOffset({"pos": 3}, ReadAllAvailable())
+        with pytest.raises(CheckpointMismatchError, match=r"belongs to channel\(s\) 00"):
+            r.latestOffset({"positions": {"00": 3}, "query": start["query"]}, ReadAllAvailable())
+
+        # availableNow: the end at prepare time, whatever comes later
+        r.prepareForTriggerAvailableNow()
+        put(ch, 10, 5)
+        assert r.latestOffset(end, ReadAllAvailable())["positions"] == {cid: 10}
+
+        # a fresh checkpoint under the same consumer: refused, unless told to take the name over
+        fresh = _source({"path": d, "consumer": "u"})
+        first = fresh.initialOffset()
+        assert first["positions"] == {cid: 4}
+        assert first["query"] != start["query"]
+        with pytest.raises(CheckpointMismatchError, match=r"belongs to another query"):
+            fresh.latestOffset(first, ReadAllAvailable())
+        taken = _source({"path": d, "consumer": "u", "resetConsumer": "true"})
+        assert taken.latestOffset(first, ReadAllAvailable())["positions"] == {cid: 15}
+        with pytest.raises(CheckpointMismatchError, match=r"belongs to another query"):
+            r.commit({"positions": {cid: 8}, "query": start["query"]})  # the old query is fenced off
+    finally:
+        ch.close()
+
+
+def test_options_and_the_share_of_a_limit() -> None:
+    from filechannel.spark.source import SourceOptions, _share
+
+    with pytest.raises(filechannel.ConfigError, match="consumer"):
+        SourceOptions.parse({"path": "/x"}, streaming=True)
+    with pytest.raises(filechannel.ConfigError, match="no channel directory"):
+        SourceOptions.parse({}, streaming=False)
+    with pytest.raises(filechannel.ConfigError, match="listed twice"):
+        SourceOptions.parse({"path": "/x,/y,/x"}, streaming=False)
+    with pytest.raises(filechannel.ConfigError, match="resetConsumer"):
+        SourceOptions.parse({"path": "/x", "consumer": "c", "resetConsumer": "yes"}, streaming=True)
+    o = SourceOptions.parse({"PATH": "/x, /y", "Consumer": "c", "MAXEVENTSPERTRIGGER": "7"}, streaming=True)
+    assert (o.paths, o.consumer, o.max_events, o.multi) == (("/x", "/y"), "c", 7, True)
+    assert SourceOptions.parse({"paths": '["/a", "/b"]'}, streaming=False).paths == ("/a", "/b")
+    assert _share({"a": 10, "b": 1, "c": 10}, 7) == {"b": 1, "a": 3, "c": 3}
+    assert _share({"a": 10, "b": 10}, 1) == {"a": 0, "b": 1}
+    assert _share({"a": 2, "b": 3}, 100) == {"a": 2, "b": 3}
