@@ -37,6 +37,10 @@ the token names the query (made when its checkpoint is new, then carried by
 every offset in that checkpoint) and is the consumer's recorded identity, so a
 second query or a lost checkpoint cannot silently share a consumer. Spark
 compares offsets as JSON strings: they are always built by :func:`_offset`.
+(One consequence: a query killed while starting, after it registered its
+consumer but before Spark logged its first offsets, has no token in its
+checkpoint; its restart is refused like a lost checkpoint, and
+``resetConsumer`` lets it continue.)
 
 Which process runs what (see docs): ``initialOffset``, ``latestOffset``,
 ``partitions``, ``commit`` run in one long-lived source-runner process per
@@ -44,7 +48,7 @@ query, which holds the :class:`ChannelReader` s (no lock: readers are
 lock-free); ``__init__`` also runs in a planner process whose instance is
 pickled to the executors, so it only parses options. Executors read each
 partition with :func:`filechannel.read_segment` (one ``pread``, every record
-checked), never replaying the log. ``commit(end)`` acknowledges ``end``
+checked), never replaying the log, and hand Spark Arrow record batches. ``commit(end)`` acknowledges ``end``
 (cumulative, idempotent); Spark calls it one micro-batch late, so after a stop
 the consumer's acknowledgement trails the query's checkpoint by at most one
 micro-batch, which the restarted query acknowledges first.
