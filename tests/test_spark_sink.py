@@ -559,6 +559,8 @@ def test_crash_at_every_point_of_a_commit_then_replay_puts_the_batch_once(
             assert [e.body for e in delivered].count(b"other") == (6 if j % 2 else 0), where
             assert all(e.headers[HEADER_BATCH] == "1" for e in delivered if e.body.startswith(b"b1-")), where
             assert guards(SIM, crashed) == [], where
+            assert crashed.listdir(o.queries_dir) == [f"{QUERY}.state"], where  # no temporaries left
+            assert crashed.listdir(o.staging_dir) == [], where
             assert sink._StateStore(crashed, o).load(QUERY) == sink.QueryState(QUERY, 1, None), where
             assert SinkCommitter(o, fs=crashed).commit_batch(QUERY, 1, replay).reason == "already committed"
             checked += 1

@@ -623,6 +623,15 @@ class _StateStore:
 
     def save(self, state: QueryState) -> None:
         _ensure_dir(self.fs, self.dir)
+        # A crash between create and rename leaves a temporary file; this query's commits
+        # run one at a time (under the channel's lock), so any left now is no write in progress.
+        leftover = f"{_TMP_PREFIX}{_slug(state.query)}.state."
+        for name in self.fs.listdir(self.dir):
+            if name.startswith(leftover):
+                try:
+                    self.fs.unlink(os.path.join(self.dir, name))
+                except FileNotFoundError:
+                    pass
         obj: dict[str, Any] = {
             "version": 1,
             "query": state.query,
