@@ -49,6 +49,7 @@ from urllib.parse import unquote, urlparse
 REGIONS = ("eu-west", "us-east", "ap-south", "sa-east")
 CONSUMER = "parquet-table"
 LEDGER = "ledger"
+CHECK_FAILED = 3  # the final run's exit status when the check finds a problem
 
 
 def _log(msg: str) -> None:
@@ -100,6 +101,7 @@ class Ledger:
         self.next_seq = 0
         self.produced = 0
         self.rollbacks = 0
+        self.starts = 0
         self._offset = 0
 
     def poll(self) -> Ledger:
@@ -122,6 +124,7 @@ class Ledger:
         kind, nums = parts[0], [int(p) for p in parts[1:]]
         if kind == "S" and len(nums) == 1:
             self.last_position = nums[0]
+            self.starts += 1
         elif kind == "B" and len(nums) == 2:
             self.in_doubt = (nums[0], nums[1])
             self.next_seq = max(self.next_seq, nums[1] + 1)
@@ -209,10 +212,11 @@ def run_producer(args: argparse.Namespace) -> int:
 # The Spark driver processes.
 
 
-def spark_session(app: str, register: bool = True) -> Any:
+def spark_session(app: str) -> Any:
     """A local[2] session (UI off, one shuffle partition) with the filechannel source registered."""
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # the workers need filechannel and pyarrow
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
     spark = (
@@ -224,10 +228,9 @@ def spark_session(app: str, register: bool = True) -> Any:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
-    if register:
-        from filechannel.spark import register as register_source
+    import filechannel.spark
 
-        register_source(spark)
+    filechannel.spark.register(spark)
     return spark
 
 
@@ -250,59 +253,10 @@ def start_query(spark: Any, args: argparse.Namespace, available_now: bool) -> An
     return w.start()
 
 
-def reader_loop(args: argparse.Namespace, stop: threading.Event, drain: bool) -> int:
-    """Stand-in for the Spark query (``--engine reader``): ChannelReader -> one Parquet file a batch.
-
-    Exactly-once by construction of the file names: a batch's file is named by
-    its position range and renamed into place before the acknowledgement; a
-    restart resumes after the last file written.
-    """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from filechannel import ChannelReader
-
-    table = Path(args.workdir) / "table"
-    table.mkdir(exist_ok=True)
-    done = max((int(p.name.split("-")[2].split(".")[0]) for p in table.glob("part-*.parquet")), default=0)
-    reader = ChannelReader(Path(args.workdir) / "channel", consumer=CONSUMER)
-    moved = 0
-    while not stop.is_set():
-        start, end = reader.available()
-        start = max(start, done)
-        end = min(end, start + args.max_events)
-        if end <= start:
-            if drain:
-                break
-            stop.wait(args.trigger)
-            continue
-        evs = reader.read(start, end)
-        t = pa.table(
-            {
-                "position": pa.array([e.position for e in evs], pa.int64()),
-                "body": pa.array([e.body for e in evs], pa.binary()),
-                "headers": pa.array([list(e.headers.items()) for e in evs], pa.map_(pa.string(), pa.string())),
-            }
-        )
-        tmp = table / f".tmp-{start}"
-        pq.write_table(t, tmp)
-        tmp.replace(table / f"part-{start:012d}-{end:012d}.parquet")
-        reader.ack(end)
-        done = end
-        moved += len(evs)
-        ckpt = Path(args.workdir) / "checkpoint" / "commits"
-        ckpt.mkdir(parents=True, exist_ok=True)
-        (ckpt / str(len(list(ckpt.iterdir())))).touch()
-    return moved
-
-
 def run_query(args: argparse.Namespace) -> int:
-    """Run the streaming query until SIGTERM (then stop it cleanly)."""
+    """Run the streaming query until SIGTERM, then stop it after the micro-batch in progress."""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    if args.engine == "reader":
-        reader_loop(args, stop, drain=False)
-        return 0
     spark = spark_session("filechannel-pipeline")
     q = start_query(spark, args, available_now=False)
     print(f"query {q.id} started", flush=True)
@@ -311,25 +265,36 @@ def run_query(args: argparse.Namespace) -> int:
             break  # the query failed (the exception is raised below)
     if q.exception() is not None:
         raise q.exception()
+    # Stop between micro-batches (stopping in the middle is safe too: the next run replays it).
+    deadline = time.monotonic() + 30
+    while q.status["isTriggerActive"] and time.monotonic() < deadline:
+        time.sleep(0.05)
     q.stop()
     spark.stop()
     return 0
 
 
 def run_final(args: argparse.Namespace) -> int:
-    """Drain what is left with availableNow, check the table against the ledger, show it."""
+    """Drain what is left with availableNow, check the table against the ledger, show it.
+
+    The session starts at once (a JVM start is the slowest step of the run), the
+    query only once ``WORKDIR/final.go`` exists: when the producer and the
+    streaming query have stopped.
+    """
     work = Path(args.workdir)
-    spark = spark_session("filechannel-pipeline-final", register=args.engine == "spark")
+    spark = spark_session("filechannel-pipeline-final")
+    deadline = time.monotonic() + 900
+    while not (work / "final.go").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError("nobody created final.go")
+        time.sleep(0.1)
     t0 = time.monotonic()
     before = _commits(work / "checkpoint")
-    if args.engine == "reader":
-        rows = reader_loop(args, threading.Event(), drain=True)
-    else:
-        q = start_query(spark, args, available_now=True)
-        q.awaitTermination()
-        if q.exception() is not None:
-            raise q.exception()
-        rows = sum(int(p["numInputRows"]) for p in q.recentProgress)
+    q = start_query(spark, args, available_now=True)
+    q.awaitTermination()
+    if q.exception() is not None:
+        raise q.exception()
+    rows = sum(int(p["numInputRows"]) for p in q.recentProgress)
     batches = _commits(work / "checkpoint") - before
     _log(f"final drain (availableNow): {batches} micro-batches, {rows:,} events in {time.monotonic() - t0:.1f} s")
     result = verify(work)
@@ -338,22 +303,31 @@ def run_final(args: argparse.Namespace) -> int:
     from pyspark.sql import functions as F
 
     table = spark.read.parquet(str(work / "table"))
-    n = table.count()
+    print("\nThe Parquet table through Spark, a few rows:", flush=True)
+    body = F.expr("substring(cast(body as string), 1, 28)").alias("body")
+    table.orderBy("position").select("position", body, "headers").show(5, truncate=False)
+    runs = [f"run-{i}" for i in range(1, Ledger(work / LEDGER).poll().starts + 1)]
+    counts = (
+        table.select(F.col("headers")["region"].alias("region"), F.col("headers")["producer"].alias("producer"))
+        .groupBy("region")
+        .pivot("producer", runs)
+        .count()
+        .orderBy("region")
+        .collect()
+    )
+    print("Events per region (header `region`) and producer run (header `producer`):", flush=True)
+    print(f"  {'region':<10}" + "".join(f"{r:>10}" for r in runs) + f"{'all':>10}")
+    n = 0
+    for row in counts:
+        cells = [row[r] or 0 for r in runs]
+        n += sum(cells)
+        print(f"  {row['region']:<10}" + "".join(f"{c:>10,}" for c in cells) + f"{sum(cells):>10,}")
+    print(f"  {'all':<10}{'':>{10 * len(runs)}}{n:>10,}", flush=True)
     if n != result["rows"]:
         _log(f"FAIL: Spark reads {n:,} rows from the table, the check read {result['rows']:,}")
         ok = False
-    print(f"\nThe Parquet table through Spark ({n:,} rows), a few rows:", flush=True)
-    (
-        table.orderBy("position")
-        .select("position", F.expr("substring(cast(body as string), 1, 28)").alias("body"), "headers")
-        .show(5, truncate=False)
-    )
-    print("Events per region:", flush=True)
-    table.groupBy(F.col("headers")["region"].alias("region")).count().orderBy("region").show(truncate=False)
-    print("Events per producer run:", flush=True)
-    table.groupBy(F.col("headers")["producer"].alias("producer")).count().orderBy("producer").show(truncate=False)
     spark.stop()
-    return 0 if ok else 1
+    return 0 if ok else CHECK_FAILED
 
 
 # ------------------------------------------------------------------------------------------
@@ -396,14 +370,16 @@ def _commits(checkpoint: Path) -> int:
     return sum(1 for p in d.iterdir() if p.name.isdigit()) if d.is_dir() else 0
 
 
-def _batch_in_flight(checkpoint: Path) -> bool:
-    """True when the query logged a batch's offsets and has not committed it yet."""
+def _batch_in_flight(checkpoint: Path) -> int | None:
+    """The id of the micro-batch whose offsets the query logged and has not committed yet, if any."""
 
     def ids(d: Path) -> set[int]:
         return {int(p.name) for p in d.iterdir() if p.name.isdigit()} if d.is_dir() else set()
 
     offsets = ids(checkpoint / "offsets")
-    return bool(offsets) and max(offsets) not in ids(checkpoint / "commits")
+    if offsets and max(offsets) not in ids(checkpoint / "commits"):
+        return max(offsets)
+    return None
 
 
 class Monitor:
@@ -626,7 +602,7 @@ class Orchestrator:
             sys.executable,
             os.path.abspath(__file__),
             str(self.work),
-            *("--role", role, "--engine", a.engine),
+            *("--role", role),
             *("--rate", str(a.rate), "--batch", str(a.batch), "--rollback", str(a.rollback)),
             *("--event-size", str(a.event_size), "--file-size", str(a.file_size), "--seed", str(a.seed)),
             *("--max-events", str(a.max_events), "--trigger", str(a.trigger)),
@@ -722,31 +698,41 @@ class Orchestrator:
         self.phase("producer starting")
         producer = self.start_producer()
 
-        self.phase("driver #1: JVM start")
+        self.phase("driver #1: JVM start, first batch")
         driver = self.start_driver()
-        self.wait_for(lambda: mon.delivered > 0, 180, "the first micro-batch", driver, producer)
         t = time.monotonic()
-        self.say(f"driver #1: first micro-batch committed, {mon.delivered:,} events in the table")
+        self.wait_for(lambda: mon.delivered > 0, 180, "the first micro-batch", driver, producer)
+        self.say(
+            f"driver #1: first micro-batch committed {time.monotonic() - t:.0f} s after the start "
+            f"(JVM, Python workers); {mon.delivered:,} events in the table"
+        )
+        t = time.monotonic()
         self.phase("driver #1: streaming")
         self.wait_for(lambda: time.monotonic() - t > a.phase_seconds, a.phase_seconds + 5, "streaming", driver)
         self.phase("driver #1: waiting for a batch")
-        mid = self.wait_for(
-            lambda: _batch_in_flight(self.work / "checkpoint") or time.monotonic() - t > a.phase_seconds + 10,
+        self.wait_for(
+            lambda: (
+                _batch_in_flight(self.work / "checkpoint") is not None or time.monotonic() - t > a.phase_seconds + 10
+            ),
             30,
             "a micro-batch in flight",
             driver,
         )
-        mid = _batch_in_flight(self.work / "checkpoint") and mid
+        mid = _batch_in_flight(self.work / "checkpoint")
         before = mon.delivered
         what = driver.kill9()
         self.phase("driver killed")
-        when = "in the middle of a micro-batch" if mid else "between micro-batches"
+        when = "between micro-batches" if mid is None else f"in the middle of micro-batch {mid}"
         self.say(f"SIGKILL to Spark driver #1's process group {when} ({before:,} events delivered): {what}")
 
-        self.phase("driver #2: JVM start, recovery")
+        self.phase("driver #2: JVM start, replay")
         driver = self.start_driver()
+        t = time.monotonic()
         self.wait_for(lambda: mon.delivered > before, 180, "the restarted query's first batch", driver, producer)
-        self.say(f"driver #2: recovered from the checkpoint; {mon.delivered:,} events in the table")
+        again = f"replayed micro-batch {mid} from the checkpoint" if mid is not None else "first micro-batch committed"
+        self.say(
+            f"driver #2: {again} {time.monotonic() - t:.0f} s after the start; {mon.delivered:,} events in the table"
+        )
         t = time.monotonic()
         self.phase("driver #2: streaming")
         self.wait_for(lambda: time.monotonic() - t > a.phase_seconds / 2, a.phase_seconds, "streaming", driver)
@@ -757,7 +743,12 @@ class Orchestrator:
         producer = self.start_producer()
         t = time.monotonic()
         self.phase("driver #2: streaming")
-        self.wait_for(lambda: time.monotonic() - t > a.phase_seconds / 2, a.phase_seconds, "streaming", driver)
+        # The final run's JVM starts now (the slowest step); its query waits for final.go.
+        final = Child("final run", self._argv("final"), self.work / "logs" / "final.log", stdout=subprocess.PIPE)
+        self.children.append(final)
+        self.say(f"final driver started (pid {final.pid}): its session starts now, its query once the others stop")
+        wait = a.phase_seconds / 2
+        self.wait_for(lambda: time.monotonic() - t > wait, wait + 5, "streaming", driver, producer, final)
 
         self.phase("stopping producer and query")
         rc = producer.stop(30)
@@ -765,14 +756,14 @@ class Orchestrator:
         self.say(f"producer #2 stopped (exit {rc}): {mon.ledger.produced:,} events committed in all")
         rc = driver.stop(60)
         mon.poll()
-        self.say(f"Spark driver #2 stopped (SIGTERM, query.stop(); exit {rc}): {mon.delivered:,} events in the table")
+        how = "SIGTERM: query.stop() between micro-batches"
+        self.say(f"Spark driver #2 stopped ({how}; exit {rc}): {mon.delivered:,} events in the table")
         if rc != 0:
             self.say(f"FAIL: the query failed:\n{driver.tail()}")
             return 1
 
         self.phase("final drain (availableNow)")
-        final = Child("final run", self._argv("final"), self.work / "logs" / "final.log", stdout=subprocess.PIPE)
-        self.children.append(final)
+        (self.work / "final.go").touch()
         assert final.proc.stdout is not None
         for line in final.proc.stdout:
             if line.startswith("[pipeline] final drain"):
@@ -781,7 +772,7 @@ class Orchestrator:
         rc = final.proc.wait()
         left = final.reap(10.0)
         self._stop_progress.set()
-        if rc not in (0, 1):
+        if rc not in (0, CHECK_FAILED):
             self.say(f"FAIL: the final run exited with {rc}:\n{final.tail()}")
             return 1
         stray = sum(len(_session_pids(c.pid)) for c in self.children) + left
@@ -790,7 +781,7 @@ class Orchestrator:
             return 1
         total = time.monotonic() - mon.t0
         self.say(f"{'OK' if rc == 0 else 'FAIL'}: no process of the run left; {total:.0f} s in all")
-        return rc
+        return 0 if rc == 0 else 1
 
 
 def _first_line(path: Path, prefix: str) -> str | None:
@@ -810,17 +801,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (the same options for the orchestrator and its children)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("workdir", nargs="?", default="demo-work", help="wiped first (default: ./demo-work)")
-    p.add_argument("--rate", type=int, default=3000, help="events per second put by the producer (3000)")
+    p.add_argument("--rate", type=int, default=2500, help="events per second put by the producer (2500)")
     p.add_argument("--batch", type=int, default=200, help="mean events per transaction (200)")
     p.add_argument("--rollback", type=float, default=0.1, help="fraction of transactions rolled back (0.1)")
     p.add_argument("--event-size", type=int, default=100, help="body bytes (100)")
     p.add_argument("--file-size", type=int, default=4 << 20, help="channel data file size (4 MiB)")
-    p.add_argument("--max-events", type=int, default=5000, help="maxEventsPerTrigger (5000)")
+    p.add_argument("--max-events", type=int, default=10000, help="maxEventsPerTrigger (10000)")
     p.add_argument("--trigger", type=float, default=1.0, help="processing-time trigger, seconds (1)")
-    p.add_argument("--phase-seconds", type=float, default=15.0, help="streaming time before each kill (15)")
+    p.add_argument("--phase-seconds", type=float, default=8.0, help="seconds of streaming before each kill (8)")
     p.add_argument("--progress", type=float, default=5.0, help="seconds between progress lines off a terminal (5)")
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--engine", choices=("spark", "reader"), default="spark", help=argparse.SUPPRESS)
     p.add_argument("--role", choices=("producer", "query", "final"), help=argparse.SUPPRESS)
     p.add_argument("--run", default="run-1", help=argparse.SUPPRESS)
     return p.parse_args(argv)

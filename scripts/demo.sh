@@ -1,9 +1,39 @@
 #!/usr/bin/env bash
-# The main job, end to end: a producer and a consumer through a real channel
-# directory, with a kill -9 of the producer and a recovery in the middle.
-# Usage: scripts/demo.sh [channel-dir]   (default: ./demo-channel, wiped first)
+# The main job, end to end: a producer process feeds a channel at a steady rate
+# (with rollbacks), a Spark Structured Streaming query (local[2]) in its own
+# driver process streams it into a Parquet table; the driver and its JVM are
+# killed with SIGKILL mid-stream and restarted on the checkpoint, the producer is
+# killed and recovered too; a final availableNow run drains the rest; then every
+# event is checked: produced N, delivered N, duplicated 0, lost 0.
+# Needs Java 17+ (Spark). Sets up .venv with the dev and spark extras.
+# Usage: scripts/demo.sh [WORKDIR] [examples/pipeline.py options]
+#        (WORKDIR default: ./demo-work, wiped first; options: --help)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-bash scripts/venv.sh dev
-exec .venv/bin/python examples/demo.py "${1:-$root/demo-channel}"
+
+java="java"
+if [ -n "${JAVA_HOME:-}" ] && [ -x "$JAVA_HOME/bin/java" ]; then
+  java="$JAVA_HOME/bin/java"
+fi
+# `java -version` prints e.g. openjdk version "17.0.15" ..., or java version "1.8.0_392" ...
+version="$("$java" -version 2>&1 | sed -n 's/.*version "\([^"]*\)".*/\1/p' | head -n 1 || true)"
+major="${version%%[.+-]*}"
+if [ "$major" = "1" ]; then
+  major="$(echo "$version" | cut -d. -f2)"
+fi
+case "$major" in
+  '' | *[!0-9]*) major=0 ;;
+esac
+if [ "$major" -lt 17 ]; then
+  echo "filechannel demo: Spark needs Java 17+; install a JDK 17 (e.g. apt install openjdk-17-jre-headless) and run again" >&2
+  exit 2
+fi
+
+bash scripts/venv.sh dev,spark
+workdir="$root/demo-work"
+if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then
+  workdir="$1"
+  shift
+fi
+exec .venv/bin/python examples/pipeline.py "$workdir" "$@"

@@ -1,4 +1,4 @@
-"""End-to-end demo: producer, kill -9, recovery, consumer, through a real channel directory.
+"""The channel alone, without Spark: producer, kill -9, recovery, consumer, through a real directory.
 
 1. A producer process puts numbered events in transactions of 50 and prints
    each acknowledged batch; after a moment it is killed with SIGKILL.
@@ -7,7 +7,9 @@
 3. A consumer drains the channel in batches, checking order and positions.
 4. ``filechannel verify`` checks the directory.
 
-Run it with ``scripts/demo.sh`` (which sets up the virtual environment).
+Run it with ``.venv/bin/python examples/crash_demo.py [DIR]`` (``DIR`` default:
+``./demo-channel``, wiped first); ``scripts/demo.sh`` runs the whole pipeline
+through Spark (``examples/pipeline.py``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,77 @@
+"""The main job: scripts/demo.sh runs the whole pipeline (producer, Spark, kill -9 of both, check).
+
+The full run is a Spark test (Java 17+, the spark extra; about two minutes with
+small sizes); the Java check runs everywhere with a stand-in ``java`` on the PATH.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from spark_session import java_problem
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "scripts" / "demo.sh"
+JAVA_LINE = (
+    "filechannel demo: Spark needs Java 17+; install a JDK 17 (e.g. apt install openjdk-17-jre-headless) and run again"
+)
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        "echo 'java version \"1.8.0_392\"' >&2",
+        "echo 'openjdk version \"11.0.22\" 2024-01-16' >&2",
+        "exit 127",
+    ],
+    ids=["java8", "java11", "broken"],
+)
+def test_demo_refuses_java_before_17_in_one_line(tmp_path: Path, script: str) -> None:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    java = bindir / "java"
+    java.write_text(f"#!/bin/sh\n{script}\n")
+    java.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
+    env["PATH"] = f"{bindir}{os.pathsep}{env.get('PATH', '')}"
+    r = subprocess.run(["bash", str(DEMO), str(tmp_path / "work")], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 2
+    assert r.stdout == ""
+    assert r.stderr.strip() == JAVA_LINE
+    assert not (tmp_path / "work").exists()
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_demo_delivers_every_committed_event_exactly_once(tmp_path: Path) -> None:
+    problem = java_problem()
+    if problem:
+        pytest.fail(problem, pytrace=False)  # as for every Spark test: CI has Java
+    work = tmp_path / "work"
+    small = ["--rate", "2000", "--phase-seconds", "6", "--max-events", "4000", "--file-size", str(1 << 20)]
+    r = subprocess.run(
+        ["bash", str(DEMO), str(work), *small],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    out = r.stdout
+    assert r.returncode == 0, f"exit {r.returncode}\n--- stdout\n{out}\n--- stderr\n{r.stderr[-4000:]}"
+    m = re.search(r"^produced (\d+), delivered (\d+), duplicated (\d+), lost (\d+)$", out, re.M)
+    assert m, out
+    produced, delivered, duplicated, lost = map(int, m.groups())
+    assert (duplicated, lost) == (0, 0)
+    assert produced == delivered > 0
+    # The run did what it says: the driver and the producer were killed and restarted,
+    # nothing of them was left, and the table was shown through Spark.
+    assert re.search(r"SIGKILL to Spark driver #1's process group .*java.*left afterwards: 0", out)
+    assert re.search(r"SIGKILL to producer #1 .*left afterwards: 0", out)
+    assert "Spark driver #2 started" in out
+    assert "producer #2" in out
+    assert "Events per region:" in out
+    assert "OK: no process of the run left" in out
+    assert "produced" in r.stderr  # the progress line
