@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command: sets up .venv, then lint, type check and the whole test suite.
+# The test command: sets up .venv (the dev and spark extras), then lint, type check and the whole test suite
+# (the Spark tests need Java 17+; deselect them with -m "not spark").
 # Usage: scripts/test.sh [pytest args...]
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
