@@ -9,23 +9,23 @@ runs, in separate processes:
 2. a **Spark Structured Streaming query** (``local[2]``) in its own driver
    process, reading the channel with ``maxEventsPerTrigger`` into a Parquet
    table with a checkpoint (the file sink is exactly-once);
-3. mid-stream the driver and its JVM are killed with SIGKILL (the whole
-   process group) and restarted on the same checkpoint; then the producer is
-   killed with SIGKILL and restarted: it recovers the channel, settles the
-   transaction it was committing from what the channel holds, and continues
-   the sequence;
-4. the producer stops, the query stops, and a final ``availableNow`` run
-   drains what is left; then the table is checked against the ledger and the
-   run prints ``produced N, delivered N, duplicated 0, lost 0`` and shows the
-   table through Spark.
+3. mid-stream, during a micro-batch, the driver and its JVM and Python workers
+   are killed with SIGKILL (the whole process group) and a new driver is started
+   on the same checkpoint; then the producer is killed with SIGKILL and restarted:
+   it recovers the channel, settles the transaction it was committing from what
+   the channel holds, and continues the sequence;
+4. the producer stops; the driver stops its query and, in the same session (a
+   JVM start saved), drains the rest with ``availableNow``; then the table is
+   checked against the ledger and the run prints
+   ``produced N, delivered N, duplicated 0, lost 0`` and shows the table through Spark.
 
 The exit status is 0 only when nothing was lost, duplicated, or delivered that
 was never committed (a rolled-back event), every body and header is byte for
 byte what was put, and no process of the run is left behind.
 
-The subcommands ``producer``, ``query`` and ``final`` are the child processes;
-the orchestrator (no subcommand) starts them. Every size is an option:
-``python examples/pipeline.py --help``.
+The hidden option ``--role producer|query`` runs one of the child processes;
+without it the orchestrator runs the scenario. Rates, sizes and durations are
+options: ``python examples/pipeline.py --help``.
 """
 
 from __future__ import annotations
@@ -254,40 +254,40 @@ def start_query(spark: Any, args: argparse.Namespace, available_now: bool) -> An
 
 
 def run_query(args: argparse.Namespace) -> int:
-    """Run the streaming query until SIGTERM, then stop it after the micro-batch in progress."""
+    """Run the streaming query until a signal.
+
+    SIGTERM: stop the query and the session. SIGUSR1: stop the query, then in
+    the same session drain the rest with availableNow, check and show the table
+    (:func:`drain_and_check`); that saves a JVM start.
+    """
+    # stdout (a pipe the orchestrator prints) is for the report only: everything else
+    # writing to fd 1, the JVM included, writes to the log (fd 2).
+    report = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
     stop = threading.Event()
+    drain = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGUSR1, lambda *_: (drain.set(), stop.set()))
     spark = spark_session("filechannel-pipeline")
     q = start_query(spark, args, available_now=False)
-    print(f"query {q.id} started", flush=True)
+    print(f"query {q.id} started", file=sys.stderr, flush=True)
     while not stop.is_set():
         if q.awaitTermination(0.5):
             break  # the query failed (the exception is raised below)
     if q.exception() is not None:
         raise q.exception()
-    # Stop between micro-batches (stopping in the middle is safe too: the next run replays it).
-    deadline = time.monotonic() + 30
-    while q.status["isTriggerActive"] and time.monotonic() < deadline:
-        time.sleep(0.05)
-    q.stop()
+    q.stop()  # a micro-batch it interrupts is replayed by the next run, like after a crash
+    rc = 0
+    if drain.is_set():
+        with contextlib.redirect_stdout(report):
+            rc = drain_and_check(spark, args)
     spark.stop()
-    return 0
+    return rc
 
 
-def run_final(args: argparse.Namespace) -> int:
-    """Drain what is left with availableNow, check the table against the ledger, show it.
-
-    The session starts at once (a JVM start is the slowest step of the run), the
-    query only once ``WORKDIR/final.go`` exists: when the producer and the
-    streaming query have stopped.
-    """
+def drain_and_check(spark: Any, args: argparse.Namespace) -> int:
+    """Drain what is left with availableNow, check the table against the ledger, show it."""
     work = Path(args.workdir)
-    spark = spark_session("filechannel-pipeline-final")
-    deadline = time.monotonic() + 900
-    while not (work / "final.go").exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError("nobody created final.go")
-        time.sleep(0.1)
     t0 = time.monotonic()
     before = _commits(work / "checkpoint")
     q = start_query(spark, args, available_now=True)
@@ -326,7 +326,6 @@ def run_final(args: argparse.Namespace) -> int:
     if n != result["rows"]:
         _log(f"FAIL: Spark reads {n:,} rows from the table, the check read {result['rows']:,}")
         ok = False
-    spark.stop()
     return 0 if ok else CHECK_FAILED
 
 
@@ -526,6 +525,7 @@ class Child:
             text=True,
         )
         self.pid = self.proc.pid
+        self.relay: threading.Thread | None = None
 
     def kill9(self) -> str:
         """SIGKILL the process group, then wait until nothing of the session is left."""
@@ -621,12 +621,22 @@ class Orchestrator:
         return c
 
     def start_driver(self) -> Child:
-        """Start the next Spark driver process on the run's checkpoint."""
+        """Start the next Spark driver process on the run's checkpoint; print what it reports."""
         self.driver_runs += 1
         n = self.driver_runs
-        c = Child(f"Spark driver #{n}", self._argv("query"), self.work / "logs" / f"driver-{n}.log")
+        c = Child(f"Spark driver #{n}", self._argv("query"), self.work / "logs" / f"driver-{n}.log", subprocess.PIPE)
         self.children.append(c)
         self.say(f"Spark driver #{n} started (pid {c.pid}): local[2], maxEventsPerTrigger={self.args.max_events}")
+
+        def relay() -> None:
+            assert c.proc.stdout is not None
+            for line in c.proc.stdout:
+                if line.startswith("[pipeline] final drain"):
+                    self.phase("checking the table")
+                self.say(line.rstrip("\n"), prefix=False)
+
+        c.relay = threading.Thread(target=relay, daemon=True)
+        c.relay.start()
         return c
 
     def wait_for(self, cond: Any, timeout: float, what: str, *watch: Child) -> Any:
@@ -677,18 +687,19 @@ class Orchestrator:
         progress.start()
         try:
             rc = self.scenario()
-        except BaseException:
+        except (RuntimeError, OSError) as exc:
+            self.say(f"FAIL: {exc}")
+            rc = 1
+        finally:
             self._stop_progress.set()
-            for c in self.children:
-                if c.proc.poll() is None:
+            progress.join()
+            if self.tty:
+                sys.stderr.write("\r\x1b[K")
+            for c in self.children:  # after a failure (or Ctrl-C): leave nothing running
+                if _session_pids(c.pid):
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(c.pid, signal.SIGKILL)
-                c.reap(10.0)
-            raise
-        self._stop_progress.set()
-        progress.join()
-        if self.tty:
-            sys.stderr.write("\r\x1b[K")
+                    c.reap(10.0)
         return rc
 
     def scenario(self) -> int:
@@ -743,38 +754,27 @@ class Orchestrator:
         producer = self.start_producer()
         t = time.monotonic()
         self.phase("driver #2: streaming")
-        # The final run's JVM starts now (the slowest step); its query waits for final.go.
-        final = Child("final run", self._argv("final"), self.work / "logs" / "final.log", stdout=subprocess.PIPE)
-        self.children.append(final)
-        self.say(f"final driver started (pid {final.pid}): its session starts now, its query once the others stop")
-        wait = a.phase_seconds / 2
-        self.wait_for(lambda: time.monotonic() - t > wait, wait + 5, "streaming", driver, producer, final)
+        self.wait_for(lambda: time.monotonic() - t > a.phase_seconds / 2, a.phase_seconds, "streaming", driver)
 
-        self.phase("stopping producer and query")
+        self.phase("stopping the producer")
         rc = producer.stop(30)
         mon.poll()
         self.say(f"producer #2 stopped (exit {rc}): {mon.ledger.produced:,} events committed in all")
-        rc = driver.stop(60)
-        mon.poll()
-        how = "SIGTERM: query.stop() between micro-batches"
-        self.say(f"Spark driver #2 stopped ({how}; exit {rc}): {mon.delivered:,} events in the table")
         if rc != 0:
-            self.say(f"FAIL: the query failed:\n{driver.tail()}")
-            return 1
-
+            raise RuntimeError(f"the producer failed:\n{producer.tail()}")
         self.phase("final drain (availableNow)")
-        (self.work / "final.go").touch()
-        assert final.proc.stdout is not None
-        for line in final.proc.stdout:
-            if line.startswith("[pipeline] final drain"):
-                self.phase("checking the table")
-            self.say(line.rstrip("\n"), prefix=False)
-        rc = final.proc.wait()
-        left = final.reap(10.0)
+        self.say(
+            "SIGUSR1 to Spark driver #2: query.stop(), then in the same session a final drain with availableNow, "
+            "the check and the table"
+        )
+        os.kill(driver.pid, signal.SIGUSR1)
+        rc = driver.proc.wait()
+        assert driver.relay is not None
+        driver.relay.join()
+        left = driver.reap(10.0)
         self._stop_progress.set()
         if rc not in (0, CHECK_FAILED):
-            self.say(f"FAIL: the final run exited with {rc}:\n{final.tail()}")
-            return 1
+            raise RuntimeError(f"Spark driver #2 exited with {rc}:\n{driver.tail()}")
         stray = sum(len(_session_pids(c.pid)) for c in self.children) + left
         if stray:
             self.say(f"FAIL: {stray} processes of the run were still alive at the end")
@@ -811,7 +811,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--phase-seconds", type=float, default=8.0, help="seconds of streaming before each kill (8)")
     p.add_argument("--progress", type=float, default=5.0, help="seconds between progress lines off a terminal (5)")
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--role", choices=("producer", "query", "final"), help=argparse.SUPPRESS)
+    p.add_argument("--role", choices=("producer", "query"), help=argparse.SUPPRESS)
     p.add_argument("--run", default="run-1", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -823,8 +823,6 @@ def main(argv: list[str] | None = None) -> int:
         return run_producer(args)
     if args.role == "query":
         return run_query(args)
-    if args.role == "final":
-        return run_final(args)
     return Orchestrator(args).run()
 
 
