@@ -163,13 +163,18 @@ def run_producer(args: argparse.Namespace) -> int:
         if ledger.in_doubt is not None:
             first, last = ledger.in_doubt
             # Only this producer puts: the transaction committed iff the channel's next
-            # position moved past the one recorded after the previous commit.
-            if pos > ledger.last_position:
+            # position moved past the one recorded after the previous commit, by its size.
+            if pos == ledger.last_position + last - first + 1:
                 out.write(f"C {first} {last} {pos}\n")
                 settled = f"events {first}..{last} committed"
-            else:
+            elif pos == ledger.last_position:
                 out.write(f"X {first} {last}\n")
                 settled = f"events {first}..{last} not committed"
+            else:
+                raise RuntimeError(
+                    f"cannot settle events {first}..{last}: the channel's next position is {pos}, "
+                    f"{ledger.last_position} after the last commit in the ledger"
+                )
         out.write(f"S {pos}\n")
         out.flush()
         print(
@@ -497,16 +502,20 @@ def _session_pids(sid: int) -> list[int]:
     return out
 
 
-def _cmd(pid: int) -> str:
+def _kind(pid: int) -> str:
+    """What a process of the run is, from its command line."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = f.read().split(b"\0")
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
     except OSError:
-        return "?"
-    name = os.path.basename(argv[0].decode(errors="replace"))
-    if name == "java":
-        return "java"
-    return " ".join(a.decode(errors="replace") for a in argv[1:4] if a).replace(str(Path(__file__).parent), "")
+        return "gone"
+    if argv and os.path.basename(argv[0]) == "java":
+        return "JVM"
+    if any("pyspark" in a for a in argv):
+        return "Spark Python worker"
+    if "producer" in argv:
+        return "producer"
+    return "Python driver" if "query" in argv else "other"
 
 
 class Child:
@@ -526,20 +535,23 @@ class Child:
         )
         self.pid = self.proc.pid
         self.relay: threading.Thread | None = None
+        self.stragglers = 0  # processes still alive 10 s after their group was killed
 
     def kill9(self) -> str:
         """SIGKILL the process group, then wait until nothing of the session is left."""
-        described = sorted(_cmd(p) for p in _session_pids(self.pid))
+        kinds: dict[str, int] = {}
+        for p in _session_pids(self.pid):
+            kind = _kind(p)
+            kinds[kind] = kinds.get(kind, 0) + 1
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pid, signal.SIGKILL)
+        t = time.monotonic()
         self.proc.wait()
         left = self.reap(10.0)
-        kinds: dict[str, int] = {}
-        for c in described:
-            key = "java" if c == "java" else ("python worker" if "pyspark" in c else "python")
-            kinds[key] = kinds.get(key, 0) + 1
-        what = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
-        return f"{len(described)} processes ({what}); left afterwards: {left}"
+        what = ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))
+        self.stragglers += left
+        gone = f"all gone {time.monotonic() - t:.1f} s later" if not left else "stragglers killed one by one"
+        return f"{sum(kinds.values())} processes ({what}); {gone}; left afterwards: {left}"
 
     def reap(self, timeout: float) -> int:
         """Wait for every process of the session to end; SIGKILL stragglers; return how many there were."""
@@ -747,10 +759,10 @@ class Orchestrator:
         t = time.monotonic()
         self.phase("driver #2: streaming")
         self.wait_for(lambda: time.monotonic() - t > a.phase_seconds / 2, a.phase_seconds, "streaming", driver)
-        produced = mon.ledger.produced
         what = producer.kill9()
         self.phase("producer killed")
-        self.say(f"SIGKILL to producer #1 ({produced:,} events committed): {what}")
+        mon.poll()
+        self.say(f"SIGKILL to producer #1 ({mon.ledger.produced:,} events committed): {what}")
         producer = self.start_producer()
         t = time.monotonic()
         self.phase("driver #2: streaming")
@@ -775,9 +787,9 @@ class Orchestrator:
         self._stop_progress.set()
         if rc not in (0, CHECK_FAILED):
             raise RuntimeError(f"Spark driver #2 exited with {rc}:\n{driver.tail()}")
-        stray = sum(len(_session_pids(c.pid)) for c in self.children) + left
+        stray = sum(len(_session_pids(c.pid)) + c.stragglers for c in self.children) + left
         if stray:
-            self.say(f"FAIL: {stray} processes of the run were still alive at the end")
+            self.say(f"FAIL: {stray} processes of the run outlived their process (group)")
             return 1
         total = time.monotonic() - mon.t0
         self.say(f"{'OK' if rc == 0 else 'FAIL'}: no process of the run left; {total:.0f} s in all")
