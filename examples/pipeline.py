@@ -149,6 +149,7 @@ def run_producer(args: argparse.Namespace) -> int:
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    _stop_when_orphaned(stop)
     work = Path(args.workdir)
     t0 = time.monotonic()
     ch = filechannel.open(work / "channel", max_file_size=args.file_size, checkpoint_interval=5.0, ack_interval=0.5)
@@ -213,6 +214,18 @@ def run_producer(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stop_when_orphaned(stop: threading.Event) -> None:
+    """Set ``stop`` if the orchestrator dies (even by SIGKILL): a child never outlives the run."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while not stop.wait(0.5):
+            if os.getppid() != parent:
+                stop.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 # ------------------------------------------------------------------------------------------
 # The Spark driver processes.
 
@@ -273,6 +286,7 @@ def run_query(args: argparse.Namespace) -> int:
     drain = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGUSR1, lambda *_: (drain.set(), stop.set()))
+    _stop_when_orphaned(stop)
     spark = spark_session("filechannel-pipeline")
     q = start_query(spark, args, available_now=False)
     print(f"query {q.id} started", file=sys.stderr, flush=True)
@@ -687,6 +701,9 @@ class Orchestrator:
     def run(self) -> int:
         """Run the scenario in a fresh work directory; on any failure, kill every child."""
         a = self.args
+        if self.work.exists() and any(self.work.iterdir()) and not (self.work / "options.json").exists():
+            self.say(f"FAIL: {self.work} is not empty and holds no earlier run (no options.json): not wiping it")
+            return 2
         shutil.rmtree(self.work, ignore_errors=True)
         (self.work / "logs").mkdir(parents=True)
         (self.work / "options.json").write_text(json.dumps(vars(a)))
@@ -812,7 +829,9 @@ def _first_line(path: Path, prefix: str) -> str | None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (the same options for the orchestrator and its children)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("workdir", nargs="?", default="demo-work", help="wiped first (default: ./demo-work)")
+    p.add_argument(
+        "workdir", nargs="?", default="demo-work", help="wiped first if it holds an earlier run (default: ./demo-work)"
+    )
     p.add_argument("--rate", type=int, default=2500, help="events per second put by the producer (2500)")
     p.add_argument("--batch", type=int, default=200, help="mean events per transaction (200)")
     p.add_argument("--rollback", type=float, default=0.1, help="fraction of transactions rolled back (0.1)")
@@ -835,7 +854,17 @@ def main(argv: list[str] | None = None) -> int:
         return run_producer(args)
     if args.role == "query":
         return run_query(args)
-    return Orchestrator(args).run()
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupt)
+    try:
+        return Orchestrator(args).run()
+    except KeyboardInterrupt:  # every child was killed on the way out
+        _log("interrupted")
+        return 130
 
 
 if __name__ == "__main__":

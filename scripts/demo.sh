@@ -7,7 +7,7 @@
 # event is checked: produced N, delivered N, duplicated 0, lost 0.
 # Needs Java 17+ (Spark). Sets up .venv with the dev and spark extras.
 # Usage: scripts/demo.sh [WORKDIR] [examples/pipeline.py options]
-#        (WORKDIR default: ./demo-work, wiped first; options: --help)
+#        (WORKDIR default: ./demo-work, wiped first if it holds an earlier run; options: --help)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"

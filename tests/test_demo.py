@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -75,3 +76,17 @@ def test_demo_delivers_every_committed_event_exactly_once(tmp_path: Path) -> Non
     assert "Events per region" in out
     assert "OK: no process of the run left" in out
     assert "produced" in r.stderr  # the progress line
+
+
+def test_demo_does_not_wipe_a_directory_it_did_not_make(tmp_path: Path) -> None:
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me")
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "pipeline.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2
+    assert "not wiping it" in r.stdout
+    assert precious.read_text() == "keep me"
