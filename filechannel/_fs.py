@@ -231,4 +231,15 @@ def read_file(fs: FS, path: str) -> bytes:
         fs.close(fd)
 
 
+def replace_durably(fs: FS, tmp: str, path: str, data: bytes) -> None:
+    """Write ``data`` to ``tmp``, fsync it, and rename it over ``path`` (the caller fsyncs the directory)."""
+    fd = fs.create(tmp)
+    try:
+        fs.pwrite_all(fd, data, 0)
+        fs.fsync(fd)
+    finally:
+        fs.close(fd)
+    fs.replace(tmp, path)
+
+
 DEFAULT_FS: OsFS = OsFS()

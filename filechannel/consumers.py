@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ._fs import FS, read_file
+from ._fs import FS, read_file, replace_durably
 from .errors import ChannelError, ConfigError, ConsumerIdentityError, CorruptLogError, FormatError
 from .log import decode_meta, encode_meta
 
@@ -324,13 +324,7 @@ class ConsumerStore:
             }
         )
         tmp = os.path.join(self.path, f".{state.name}{ACK_SUFFIX}{_TMP_MARK}{os.getpid()}-{time.time_ns()}")
-        fd = fs.create(tmp)
-        try:
-            fs.pwrite_all(fd, data, 0)
-            fs.fsync(fd)
-        finally:
-            fs.close(fd)
-        fs.replace(tmp, self.file_path(state.name))
+        replace_durably(fs, tmp, self.file_path(state.name), data)
         fs.fsync_dir(self.path)
 
     def _clean_temporaries(self, name: str, older_than_ns: int = 0) -> None:

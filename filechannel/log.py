@@ -40,7 +40,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from . import format as fmt
-from ._fs import DEFAULT_FS, FS, read_file
+from ._fs import DEFAULT_FS, FS, read_file, replace_durably
 from .checkpoint import CheckpointStore, Snapshot, StoredCheckpoint
 from .config import ChannelConfig
 from .errors import (
@@ -417,13 +417,7 @@ class Log:
         tmp = path + ".tmp"
         if fs.exists(tmp):
             fs.unlink(tmp)
-        fd = fs.create(tmp)
-        try:
-            fs.pwrite_all(fd, data, 0)
-            fs.fsync(fd)
-        finally:
-            fs.close(fd)
-        fs.replace(tmp, path)
+        replace_durably(fs, tmp, path, data)
 
     def _load_data_dirs(self) -> None:
         """Use the data directories recorded at creation; refuse a different list.

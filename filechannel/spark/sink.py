@@ -41,7 +41,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowW
 from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
 from filechannel import format as fmt
-from filechannel._fs import DEFAULT_FS, FS, read_file
+from filechannel._fs import DEFAULT_FS, FS, read_file, replace_durably
 from filechannel.channel import FileChannel, open_channel
 from filechannel.config import ChannelConfig
 from filechannel.consumers import ConsumerStore
@@ -343,13 +343,7 @@ def _ensure_dir(fs: FS, path: str) -> None:
 def _write_atomic(fs: FS, directory: str, name: str, data: bytes) -> None:
     """Write ``directory/name`` atomically and durably: temporary file, fsync, rename, fsync of the directory."""
     tmp = os.path.join(directory, f"{_TMP_PREFIX}{name}.{os.getpid()}.{time.time_ns()}")
-    fd = fs.create(tmp)
-    try:
-        fs.pwrite_all(fd, data, 0)
-        fs.fsync(fd)
-    finally:
-        fs.close(fd)
-    fs.replace(tmp, os.path.join(directory, name))
+    replace_durably(fs, tmp, os.path.join(directory, name), data)
     fs.fsync_dir(directory)
 
 
