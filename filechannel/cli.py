@@ -328,15 +328,12 @@ def _store(directory: str) -> CheckpointStore:
     return CheckpointStore(DEFAULT_FS, os.path.join(directory, CHECKPOINT_DIR))
 
 
-def _readonly_channel_state(
-    directory: str, skip: bool = False, use_checkpoint: bool = False
-) -> tuple[Log, list[tuple[int, int, int, int]]]:
-    cfg = ChannelConfig(on_corruption="skip" if skip else "fail")
+def _readonly_channel_state(directory: str) -> tuple[Log, list[tuple[int, int, int, int]]]:
     log = Log(
         directory,
-        cfg,
+        ChannelConfig(),
         readonly=True,
-        checkpoints=_store(directory) if use_checkpoint else None,
+        checkpoints=_store(directory),
         progress=_progress if sys.stderr.isatty() else None,
     )
     try:
@@ -351,7 +348,7 @@ def cmd_stat(args: argparse.Namespace) -> int:
     """Print the channel's state."""
     _existing(args.dir)
     _progress(f"reading {args.dir} ...")
-    log, entries = _readonly_channel_state(args.dir, use_checkpoint=True)
+    log, entries = _readonly_channel_state(args.dir)
     try:
         st = log.stats()
         files = []

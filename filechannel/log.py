@@ -188,7 +188,6 @@ class Log:
         readonly: Inspect without locking, creating or repairing anything.
         checkpoints: Where checkpoints live; recovery starts from the newest
             usable one (unless ``replay="full"``), falling back to older ones.
-        skip_checkpoints: Paths of checkpoints not to use (the channel found them wrong).
         progress: Called with a short message as recovery reads each data file.
 
     Raises:
@@ -205,13 +204,11 @@ class Log:
         fs: FS | None = None,
         readonly: bool = False,
         checkpoints: CheckpointStore | None = None,
-        skip_checkpoints: Sequence[str] = (),
         progress: Callable[[str], None] | None = None,
     ) -> None:
         self.directory = os.fspath(directory)
         self.checkpoints = checkpoints
         self._progress = progress
-        self._skip_checkpoints = set(skip_checkpoints)
         self.base_snapshot: Snapshot | None = None
         self.recovered_from: StoredCheckpoint | None = None
         self.checkpoint_fallbacks: list[str] = []
@@ -530,7 +527,7 @@ class Log:
         # disagrees with it is damaged data, never a reason to forget what it knew,
         # so it is used to check any recovery, a full replay included.
         for c in found:
-            if c.path in self._skip_checkpoints or store is None:
+            if store is None:  # pragma: no cover - found is empty without a store
                 continue
             try:
                 snap = store.load(c, self.crc_kind, self.channel_id)
