@@ -38,7 +38,6 @@ import json
 import multiprocessing
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -52,7 +51,7 @@ from filechannel._fs import DEFAULT_FS
 from filechannel.consumers import ConsumerStore
 from filechannel.scan import SEG_RE
 
-from .run import machine_info
+from .run import machine_info, spread
 
 BATCH = 100
 SIZES = (100, 4096)
@@ -529,12 +528,6 @@ class Results:
             runs = self.raw[key]
             metric = next(k for k in ("events_per_s", "us_per_call", "ratio") if k in runs[0])
             unit = {"events_per_s": "events/s", "us_per_call": "us", "ratio": "x"}[metric]
-            vals = [r[metric] for r in runs]
-            extra = {
-                k: statistics.median(r[k] for r in runs)
-                for k in runs[0]
-                if k != metric and isinstance(runs[0][k], (int, float))
-            }
             rec = {
                 "machine": self.machine,
                 "bench": "reader",
@@ -544,11 +537,7 @@ class Results:
                 "fsync": fsync,
                 "metric": metric,
                 "unit": unit,
-                "median": statistics.median(vals),
-                "min": min(vals),
-                "max": max(vals),
-                "repeats": len(vals),
-                "extra": extra,
+                **spread(runs, metric),
             }
             self.rows.append(rec)
             print(json.dumps(rec), flush=True)

@@ -509,6 +509,23 @@ def machine_info(data_dir: str) -> dict[str, Any]:
     }
 
 
+def spread(runs: list[dict[str, Any]], metric: str) -> dict[str, Any]:
+    """Median, min, max and repeats of ``metric`` over repeated runs; the other numbers' medians as ``extra``."""
+    vals = [r[metric] for r in runs]
+    extra = {
+        k: statistics.median(r[k] for r in runs)
+        for k in runs[0]
+        if k != metric and isinstance(runs[0][k], (int, float))
+    }
+    return {
+        "median": statistics.median(vals),
+        "min": min(vals),
+        "max": max(vals),
+        "repeats": len(vals),
+        "extra": extra,
+    }
+
+
 def _fmt(v: float, metric: str) -> str:
     if metric == "seconds":
         return f"{v:.3f} s"

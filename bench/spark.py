@@ -43,7 +43,7 @@ from typing import Any
 
 import filechannel
 
-from .run import machine_info
+from .run import machine_info, spread
 
 SIZES = (100, 1024)
 BATCHES = 10  # micro-batches per streaming run
@@ -197,12 +197,6 @@ class Results:
             workload, size, system = key
             runs = self.raw[key]
             metric = "events_per_s" if "events_per_s" in runs[0] else "ratio"
-            vals = [r[metric] for r in runs]
-            extra = {
-                k: statistics.median(r[k] for r in runs)
-                for k in runs[0]
-                if k != metric and isinstance(runs[0][k], (int, float))
-            }
             rec = {
                 "machine": self.machine,
                 "bench": "spark",
@@ -212,11 +206,7 @@ class Results:
                 "event_size": size,
                 "metric": metric,
                 "unit": "events/s" if metric == "events_per_s" else "x",
-                "median": statistics.median(vals),
-                "min": min(vals),
-                "max": max(vals),
-                "repeats": len(vals),
-                "extra": extra,
+                **spread(runs, metric),
             }
             self.rows.append(rec)
             print(json.dumps(rec), flush=True)

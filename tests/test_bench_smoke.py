@@ -6,26 +6,28 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.slow
-def test_quick_bench_prints_json_lines(tmp_path: Path) -> None:
+def run_bench(*args: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Run ``python -m <args>`` from the project root; return (every JSON line, the result lines)."""
     out = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "--n", "300", "--out", str(tmp_path / "out")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+        [sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
     )
     assert out.returncode == 0, out.stderr[-2000:]
     lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     results = [r for r in lines if "workload" in r]
     assert results, out.stdout[-2000:]
+    return lines, results
+
+
+@pytest.mark.slow
+def test_quick_bench_prints_json_lines(tmp_path: Path) -> None:
+    lines, results = run_bench("bench", "--quick", "--n", "300", "--out", str(tmp_path / "out"))
     for r in results:
         for key in ("machine", "fsync", "event_size", "workload", "system", "median", "min", "max", "repeats"):
             assert key in r, (key, r)
@@ -39,18 +41,7 @@ def test_quick_bench_prints_json_lines(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_quick_reader_bench_prints_json_lines() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.reader", "--quick", "--n", "400", "--calls", "300"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    results = [r for r in lines if "workload" in r]
-    assert results, out.stdout[-2000:]
+    lines, results = run_bench("bench.reader", "--quick", "--n", "400", "--calls", "300")
     for r in results:
         for key in ("machine", "workload", "system", "event_size", "fsync", "median", "min", "max", "repeats", "unit"):
             assert key in r, (key, r)

@@ -63,17 +63,22 @@ def test_exit_codes_are_documented() -> None:
         assert code in CLI_MD
 
 
-def test_readme_quick_start_runs(tmp_path: Path) -> None:
-    section = README.split("## Quick start", 1)[1]
+def run_readme_block(heading: str, tmp_path: Path) -> list[str]:
+    """Run the first python block of a README section on a channel in ``tmp_path``; return its output lines."""
+    section = README.split(f"## {heading}", 1)[1].split("\n## ", 1)[0]
     m = re.search(r"```python\n(.*?)```", section, flags=re.S)
-    assert m, "README quick start has no python block"
+    assert m, f"README section {heading!r} has no python block"
     code = m.group(1)
     assert "/var/lib/myapp/channel" in code
     code = code.replace("/var/lib/myapp/channel", str(tmp_path / "channel"))
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
-    lines = out.getvalue().splitlines()
+    return out.getvalue().splitlines()
+
+
+def test_readme_quick_start_runs(tmp_path: Path) -> None:
+    lines = run_readme_block("Quick start", tmp_path)
     assert lines[0] == "b'payload' {'source': 'web-1'} 0"
     size, fsyncs = lines[1].split()
     assert int(size) == 4  # e1, e2, e3 and "x" are queued
@@ -87,13 +92,11 @@ def test_docs_exist_and_are_linked() -> None:
 
 
 def test_readme_reader_example_runs(tmp_path: Path) -> None:
-    section = README.split("## Reading from another process", 1)[1].split("\n## ", 1)[0]
-    m = re.search(r"```python\n(.*?)```", section, flags=re.S)
-    assert m, "README reader section has no python block"
-    code = m.group(1)
-    assert "/var/lib/myapp/channel" in code
-    code = code.replace("/var/lib/myapp/channel", str(tmp_path / "channel"))
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
-    assert out.getvalue().splitlines() == ["0 b'a'", "1 b'b'", "2 b'c'", "0", "3 5 [b'd', b'e']", "gone 0 3"]
+    assert run_readme_block("Reading from another process", tmp_path) == [
+        "0 b'a'",
+        "1 b'b'",
+        "2 b'c'",
+        "0",
+        "3 5 [b'd', b'e']",
+        "gone 0 3",
+    ]
