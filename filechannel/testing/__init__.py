@@ -1,0 +1,1 @@
+"""Test helpers for filechannel users."""
