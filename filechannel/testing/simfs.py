@@ -17,7 +17,10 @@ state, chosen by a seeded RNG (so every failure replays from its seed):
   granularity, each torn sector holding zeros, garbage or the old contents;
 * ``extend``: like ``prefix``, and the file size reached the disk without its
   data (the tail reads back as zeros or garbage);
-* ``random``: one of the above per file.
+* ``random``: one of the above per file;
+* ``torn_prefix``: an in-order prefix of each file's unsynced writes
+  persisted, and the write after it persisted in part (a random byte prefix),
+  with an in-order prefix of the namespace changes (never chosen by ``random``).
 
 Namespace changes since the last directory fsync are, except in ``drop`` and
 ``keep``, each applied or not (``dir_model="posix"``, the default: nothing in
@@ -44,7 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-CRASH_MODES = ("drop", "keep", "prefix", "subset", "torn", "extend", "random")
+CRASH_MODES = ("drop", "keep", "prefix", "subset", "torn", "extend", "random", "torn_prefix")
 _FILE_MODES = ("drop", "keep", "prefix", "subset", "torn", "extend")
 MUTATING_OPS = frozenset(
     {"makedirs", "create", "pwrite_all", "truncate", "fdatasync", "fsync", "fsync_dir", "replace", "unlink", "lock"}
@@ -609,7 +612,7 @@ class SimFS:
             chosen: list[tuple[Any, ...]] = []
         elif mode == "keep":
             chosen = [op for _, op in pending]
-        elif self.dir_model == "ext4" or rng.random() < 0.5:
+        elif mode == "torn_prefix" or self.dir_model == "ext4" or rng.random() < 0.5:
             chosen = [op for _, op in pending[: rng.randint(0, len(pending))]]
         else:
             chosen = [op for _, op in pending if rng.random() < 0.5]
@@ -660,6 +663,15 @@ class SimFS:
             return n.durable
         if fmode == "keep":
             return bytes(n.data)
+        if fmode == "torn_prefix":
+            k = rng.randint(0, len(ops))
+            buf = bytearray(n.durable)
+            for p in ops[:k]:
+                _apply(buf, p)
+            if k < len(ops) and ops[k][0] == "w" and len(ops[k][2]) > 1:
+                _, off, data = ops[k]
+                _apply_write(buf, off, data[: rng.randint(1, len(data) - 1)])
+            return bytes(buf)
         if fmode in ("prefix", "extend"):
             applied = ops[: rng.randint(0, len(ops))]
         else:
