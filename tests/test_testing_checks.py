@@ -23,7 +23,7 @@ def test_exactly_once_passes_in_any_order_and_returns_the_report() -> None:
 
 def test_exactly_once_with_ordered_reports_the_first_reordered_item() -> None:
     produced = bodies(10)
-    delivered = produced[:3] + [produced[5]] + produced[3:5] + produced[6:]
+    delivered = [*produced[:3], produced[5], *produced[3:5], *produced[6:]]
     assert_exactly_once(produced, delivered)  # order not asked for
     with pytest.raises(DeliveryError) as ei:
         assert_exactly_once(produced, delivered, ordered=True)

@@ -41,6 +41,14 @@ def drain(ch: filechannel.FileChannel) -> dict[int, bytes]:
     return {e.position: e.body for e in evs if e.position is not None}
 
 
+def open_and_drain(fs: SimFS) -> dict[int, bytes]:
+    ch = filechannel.open("/sim/ch", fs=fs, replay="full", **OPTS)
+    try:
+        return drain(ch)
+    finally:
+        ch.close()
+
+
 def files(path: Path) -> dict[str, bytes]:
     return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
 
@@ -101,15 +109,12 @@ def test_on_corruption_reacts_to_damaged_data(tmp_path: Path, kind: str, seed: i
     sim = SimFS()
     queue = build("/sim/ch", fs=sim)
     d = damage("/sim/ch", kind, seed=seed, fs=sim)
-    assert isinstance(d, Damage) and d.target == "data"
+    assert isinstance(d, Damage)
+    assert d.target == "data"
     pristine = sim.snapshot()
     # fail (the default): refused, naming the damage, at open or when the event is read
     with pytest.raises(filechannel.CorruptLogError):
-        ch = filechannel.open("/sim/ch", fs=sim, replay="full", **OPTS)
-        try:
-            drain(ch)
-        finally:
-            ch.close()
+        open_and_drain(sim)
     # skip: opens, never returns altered data, and reports the loss exactly (a damaged TAKE record may
     # bring taken events back: reported, see docs/format.md)
     ch = filechannel.open("/sim/ch", fs=pristine, replay="full", on_corruption="skip", **OPTS)
