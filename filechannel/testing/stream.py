@@ -477,6 +477,7 @@ class _Run:
         self.result = StreamTestResult(produced=self.produced, rows=None)
         self.drivers_started = 0
         self.producers_started = 0
+        self.crashed_as_armed = False  # since the last StartStream
 
     # -- children ------------------------------------------------------------------------
 
@@ -512,6 +513,7 @@ class _Run:
             if exc.crashed is None:
                 raise _StepFailed(f"{exc}; its log ends:\n{d.tail()}") from None
             self.armed = False
+            self.crashed_as_armed = True
             self.result.driver_crashes.append(f"after the sink wrote batch {exc.crashed}")
             self.result.log.append(f"  the driver crashed as armed, after the sink wrote batch {exc.crashed}")
             return None
@@ -525,10 +527,14 @@ class _Run:
         elif isinstance(action, StartStream):
             self.start(index, actions)
         elif isinstance(action, StopStream):
+            if self.crashed_as_armed and not self.streaming:
+                return  # the armed crash stopped it (maybe before StartStream could answer)
             self.need_stream("StopStream")
             if self.driver_call("stop") is not None:
                 self.streaming = False
         elif isinstance(action, ProcessAllAvailable):
+            if self.crashed_as_armed and not self.streaming:
+                return  # the armed crash ended it (maybe before StartStream could answer)
             self.need_stream("ProcessAllAvailable")
             reply = self.driver_call("process")
             if reply is not None and reply.get("error"):
@@ -591,6 +597,7 @@ class _Run:
     def start(self, index: int, actions: Sequence[object]) -> None:
         if self.streaming:
             raise _StepFailed("StartStream: the stream is already running (StopStream or CrashDriver first)")
+        self.crashed_as_armed = False
         reply = self.driver_call("start")
         if reply is None:
             return  # started, and the armed crash already fired
@@ -752,11 +759,13 @@ def _report(run: _Run, step: int, actions: Sequence[object], done: list[str], re
     lines.append(f"{step:3} {actions[step - 1]}  FAILED")
     lines += [f"{i:3} {a}  not run" for i, a in enumerate(actions[step:], step + 1)]
     rows = run.rows
-    if rows is None and not isinstance(actions[step - 1], (CheckAnswer, CheckExactlyOnce)):
+    if rows is None and run.drivers_started and not isinstance(actions[step - 1], (CheckAnswer, CheckExactlyOnce)):
         with contextlib.suppress(_StepFailed):
             rows = run.read()
     if rows is None:
-        lines.append("the sink's output could not be read")
+        lines.append(
+            "the sink's output could not be read" if run.drivers_started else "no driver ran: the sink was not read"
+        )
     else:
         lines.append(f"the sink held {len(rows)} rows ({run.dirs['output_dir']}){':' if rows else ''}")
         lines += [f"  {show(r, 200)}" for r in rows[:SHOW_ROWS]]
