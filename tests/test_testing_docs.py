@@ -5,7 +5,8 @@ A python block under ``<!-- test: file NAME -->`` is written as NAME; one under
 file, run in a pytest subprocess (the plugin comes from the installed entry
 point) with the expected outcomes. A plain block right after it is the output
 it shows: each ``E`` line of it must appear (``...`` and times match anything).
-The Spark example runs two stream_test scenarios (four driver starts).
+The Spark example is run by tests/test_testing_stream.py (in-process, with
+closer checks), not here: each stream_test costs two driver (JVM) starts.
 """
 
 from __future__ import annotations
@@ -54,13 +55,6 @@ def run_doc_test(pytester: pytest.Pytester, spec: str, code: str, out: str | Non
 
 @pytest.mark.parametrize(("spec", "code", "out"), [t for t in TESTS if "spark" not in t[0]])
 def test_doc_example_runs(pytester: pytest.Pytester, spec: str, code: str, out: str | None) -> None:
-    run_doc_test(pytester, spec, code, out)
-
-
-@pytest.mark.spark
-@pytest.mark.slow
-@pytest.mark.parametrize(("spec", "code", "out"), [t for t in TESTS if "spark" in t[0]])
-def test_doc_stream_test_example_runs(pytester: pytest.Pytester, spec: str, code: str, out: str | None) -> None:
     run_doc_test(pytester, spec, code, out)
 
 

@@ -420,24 +420,29 @@ def _norm(v: Any) -> Any:
 
 def _expected_matches(rows: list[dict[str, Any]], expected: Sequence[Any]) -> str | None:
     """None if the rows are the expected ones (any order), else what differs."""
-    got: Counter[Any] = Counter()
-    want: Counter[Any] = Counter()
-    for e in expected:
+
+    def want_form(e: Any) -> Any:
         if isinstance(e, Mapping):
-            want[_norm(dict(e))] += 1
-        elif isinstance(e, (tuple, list)):
-            want[("__values__", _norm(tuple(e)))] += 1
-        else:
-            want[("__values__", (_norm(e),))] += 1
+            return _norm(dict(e))
+        return ("__values__", _norm(tuple(e) if isinstance(e, (tuple, list)) else (e,)))
+
+    remaining = Counter(want_form(e) for e in expected)
+    extra = []
     for r in rows:
-        # A row counts under every form an expected row may take.
-        got_forms = (_norm(r), ("__values__", _norm(tuple(r.values()))))
-        hit = next((f for f in got_forms if want[f] - got[f] > 0), got_forms[0])
-        got[hit] += 1
-    if got == want:
+        # A row matches an expected mapping (by columns) or tuple (by values in column order).
+        for form in (_norm(r), ("__values__", _norm(tuple(r.values())))):
+            if remaining[form] > 0:
+                remaining[form] -= 1
+                break
+        else:
+            extra.append(r)
+    missing = []
+    for e in expected:
+        if remaining[want_form(e)] > 0:
+            remaining[want_form(e)] -= 1
+            missing.append(e)
+    if not missing and not extra:
         return None
-    missing = list((want - got).elements())
-    extra = list((got - want).elements())
     parts = [f"expected {len(expected)} rows, the sink holds {len(rows)}"]
     if missing:
         parts.append(f"{len(missing)} expected rows not in the sink, first: {', '.join(map(show, missing[:5]))}")
