@@ -13,3 +13,13 @@ def file_sink(spark: Any, channel_dir: str, output_dir: str) -> Any:
     """Read the channel into Spark's Parquet file sink (exactly once through its metadata log)."""
     events = spark.readStream.format("filechannel").option("consumer", "stream-test").load(channel_dir)
     return events.select("position", "body").writeStream.format("parquet").start(output_dir)
+
+
+def failing_sink(spark: Any, channel_dir: str, output_dir: str) -> Any:
+    """A foreachBatch sink that fails on its first batch."""
+
+    def write(df: Any, batch_id: int) -> None:
+        raise ValueError(f"boom: batch {batch_id} holds {df.count()} rows")
+
+    events = spark.readStream.format("filechannel").option("consumer", "stream-test").load(channel_dir)
+    return events.writeStream.foreachBatch(write).start()

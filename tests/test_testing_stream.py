@@ -22,8 +22,10 @@ from test_testing_docs import FILES, TESTS, expected_lines
 from filechannel.errors import ConfigError
 from filechannel.testing import (
     AddData,
+    CheckAnswer,
     CheckExactlyOnce,
     CrashDriver,
+    ExpectFailure,
     ProcessAllAvailable,
     StartStream,
     StreamTestError,
@@ -77,13 +79,23 @@ def test_doc_example_a_non_idempotent_foreach_batch_sink_is_caught(
 
 @pytest.mark.spark
 @pytest.mark.slow
-def test_crash_after_sink_needs_a_foreach_batch_sink() -> None:
+def test_check_answer_then_crash_after_sink_needs_a_foreach_batch_sink() -> None:
+    steps = [AddData([b"x", b"y"]), StartStream(), ProcessAllAvailable(), CheckAnswer([(0, b"x"), (1, b"y")])]
     with pytest.raises(StreamTestError) as ei:
-        stream_test("stream_queries:file_sink", [CrashDriver(at="after_sink"), StartStream()])
+        stream_test("stream_queries:file_sink", [*steps, CrashDriver(at="after_sink"), ProcessAllAvailable()])
     msg = str(ei.value)
-    assert ei.value.step == 2
+    assert ei.value.step == 5, msg
+    assert "  4 CheckAnswer(2 rows)  ok" in msg
     assert "CrashDriver(at='after_sink') needs a foreachBatch sink" in msg
     assert "use CrashDriver() (a kill at any instant) instead" in msg
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_expect_failure() -> None:
+    steps = [AddData([b"x"]), StartStream(), ExpectFailure(match=r"boom: batch 0 holds 1 rows")]
+    r = stream_test("stream_queries:failing_sink", steps)
+    assert any("the query failed as expected" in line for line in r.log), r.log
 
 
 def test_a_step_that_needs_a_stream_says_so_without_starting_spark() -> None:

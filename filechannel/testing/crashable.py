@@ -53,6 +53,8 @@ class CrashableChannel:
         self.channel: filechannel.FileChannel = filechannel.open(path, fs=self.fs, **options)
 
     def __getattr__(self, name: str) -> Any:
+        if name == "channel":  # not set yet (the open failed): no recursion
+            raise AttributeError(name)
         return getattr(self.channel, name)
 
     def __repr__(self) -> str:
