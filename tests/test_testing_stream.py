@@ -12,12 +12,13 @@ Each costs two driver (JVM) starts; the argument checks need no Spark.
 from __future__ import annotations
 
 import fnmatch
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_testing_docs import FILES, TESTS, expected_lines
+from test_testing_docs import DOC, FILES, TESTS, expected_lines
 
 from filechannel.errors import ConfigError
 from filechannel.testing import (
@@ -70,8 +71,9 @@ def test_doc_example_a_non_idempotent_foreach_batch_sink_is_caught(
     orders = [f"order-{i}".encode() for i in range(8)]
     assert sorted(row["body"] for row in e.rows) == sorted(orders * 2)
     # what docs/testing.md shows is what it says
-    shown = next(t for t in TESTS if "spark" in t[0])[2]
-    assert shown is not None
+    m = re.search(r"```\n(E   filechannel\.testing\.stream\.StreamTestError: .*?)```", DOC, flags=re.S)
+    assert m, "docs/testing.md shows no StreamTestError output"
+    shown = m.group(1)
     lines = [f"{type(e).__module__}.{type(e).__name__}: {msg.splitlines()[0]}", *msg.splitlines()]
     for pattern in expected_lines(shown):
         assert any(fnmatch.fnmatchcase(line, pattern) for line in lines), pattern
