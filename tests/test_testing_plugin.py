@@ -124,6 +124,7 @@ def test_loading_the_plugin_imports_no_spark() -> None:
         "import sys, pytest\n"
         "rc = pytest.main(['--co', '-q', '-p', 'no:cacheprovider', '--rootdir', '.', '-c', '/dev/null', '/dev/null'])\n"
         "assert 'filechannel.testing.plugin' in sys.modules, 'the plugin was not loaded'\n"
+        "import filechannel.testing\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'pyarrow', 'py4j'))\n"
         "print('BAD', ','.join(bad))\n"
     )
