@@ -1,0 +1,137 @@
+"""stream_test: a StreamTest for PySpark with crashes.
+
+The Spark tests run the worked example of docs/testing.md (its job module and
+its test function, executed here) on its two ``foreachBatch`` sinks: the producer is killed with a transaction open,
+then the driver is killed (with its JVM) right after the sink wrote a batch and
+before Spark's commit log, and restarted on the same checkpoint. The
+idempotent sink (one directory per batch id, overwritten) passes; the appending
+sink (no record of batch ids) writes the replayed batch twice and is caught.
+Each costs two driver (JVM) starts; the argument checks need no Spark.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_testing_docs import DOC, FILES, TESTS, expected_lines
+
+from filechannel.errors import ConfigError
+from filechannel.testing import (
+    AddData,
+    CheckAnswer,
+    CheckExactlyOnce,
+    CrashDriver,
+    ExpectFailure,
+    ProcessAllAvailable,
+    StartStream,
+    StreamTestError,
+    stream_test,
+)
+from filechannel.testing.stream import _expected_matches
+
+
+def doc_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
+    """The worked example of docs/testing.md: its job module importable, its test function."""
+    (tmp_path / "my_job.py").write_text(FILES["my_job.py"])
+    monkeypatch.syspath_prepend(str(tmp_path))  # the driver subprocess sees it too
+    code = next(t for t in TESTS if "spark" in t[0])[1]
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "docs/testing.md", "exec"), namespace)
+    return namespace["test_exactly_once_across_crashes"]  # type: ignore[no-any-return]
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_doc_example_an_idempotent_foreach_batch_sink_passes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    doc_example(tmp_path, monkeypatch)("my_job:write_batches")  # it asserts the driver crashed once, as armed
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_doc_example_a_non_idempotent_foreach_batch_sink_is_caught(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    test = doc_example(tmp_path, monkeypatch)
+    with pytest.raises(StreamTestError) as ei:
+        test("my_job:append_batches")
+    e = ei.value
+    msg = str(e)
+    assert e.step == 9, msg
+    assert isinstance(e.action, CheckExactlyOnce)
+    assert msg.startswith("stream_test step 9 of 9 failed: CheckExactlyOnce()"), msg
+    assert "not exactly once: produced 8, delivered 16: missing 0, duplicated 8 (8 items), unexpected 0" in msg
+    assert "  6 ProcessAllAvailable()  ok" in msg
+    assert "the sink held 16 rows" in msg
+    assert e.rows is not None
+    orders = [f"order-{i}".encode() for i in range(8)]
+    assert sorted(row["body"] for row in e.rows) == sorted(orders * 2)
+    # what docs/testing.md shows is what it says
+    m = re.search(r"```\n(E   filechannel\.testing\.stream\.StreamTestError: .*?)```", DOC, flags=re.S)
+    assert m, "docs/testing.md shows no StreamTestError output"
+    shown = m.group(1)
+    lines = [f"{type(e).__module__}.{type(e).__name__}: {msg.splitlines()[0]}", *msg.splitlines()]
+    for pattern in expected_lines(shown):
+        assert any(fnmatch.fnmatchcase(line, pattern) for line in lines), pattern
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_check_answer_then_crash_after_sink_needs_a_foreach_batch_sink() -> None:
+    steps = [AddData([b"x", b"y"]), StartStream(), ProcessAllAvailable(), CheckAnswer([(0, b"x"), (1, b"y")])]
+    with pytest.raises(StreamTestError) as ei:
+        stream_test("stream_queries:file_sink", [*steps, CrashDriver(at="after_sink"), ProcessAllAvailable()])
+    msg = str(ei.value)
+    assert ei.value.step == 5, msg
+    assert "  4 CheckAnswer(2 rows)  ok" in msg
+    assert "CrashDriver(at='after_sink') needs a foreachBatch sink" in msg
+    assert "use CrashDriver() (a kill at any instant) instead" in msg
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_expect_failure() -> None:
+    steps = [AddData([b"x"]), StartStream(), ExpectFailure(match=r"boom: batch 0 holds 1 rows")]
+    r = stream_test("stream_queries:failing_sink", steps)
+    assert any("the query failed as expected" in line for line in r.log), r.log
+
+
+def test_a_step_that_needs_a_stream_says_so_without_starting_spark() -> None:
+    with pytest.raises(StreamTestError) as ei:
+        stream_test("stream_queries:file_sink", [AddData([b"a"]), ProcessAllAvailable(), CheckExactlyOnce()])
+    msg = str(ei.value)
+    assert msg.splitlines()[:2] == [
+        "stream_test step 2 of 3 failed: ProcessAllAvailable()",
+        "  ProcessAllAvailable: no stream is running (add a StartStream() before it)",
+    ]
+    assert "  1 AddData(1 events)  ok" in msg
+    assert "  3 CheckExactlyOnce()  not run" in msg
+    assert "no driver ran: the sink was not read" in msg
+
+
+def test_check_answer_compares_rows_in_any_order() -> None:
+    rows = [{"position": 1, "body": bytearray(b"b")}, {"position": 0, "body": bytearray(b"a")}]
+    assert _expected_matches(rows, [(0, b"a"), (1, b"b")]) is None
+    assert _expected_matches(rows, [{"body": b"b", "position": 1}, {"position": 0, "body": b"a"}]) is None
+    assert _expected_matches(rows, [(0, b"a")]) == (
+        "expected 1 rows, the sink holds 2; 1 rows not expected, first: {'position': 1, 'body': bytearray(b'b')}"
+    )
+    problem = _expected_matches(rows, [(0, b"a"), (1, b"b"), (1, b"b")])
+    assert problem is not None
+    assert problem == "expected 3 rows, the sink holds 2; 1 expected rows not in the sink, first: (1, b'b')"
+    assert _expected_matches([{"n": 1}, {"n": 2}], [1, 2]) is None
+
+
+def test_bad_arguments_are_config_errors() -> None:
+    with pytest.raises(ConfigError, match="invalid option query: 'stream_queries' is not 'module:function'"):
+        stream_test("stream_queries", [])
+    with pytest.raises(ConfigError, match="cannot be imported by the driver subprocess"):
+        stream_test(lambda spark, c, o: None, [])
+    with pytest.raises(ConfigError, match="step 2 is 'StartStream', not one of AddData"):
+        stream_test("stream_queries:file_sink", [StartStream(), "StartStream"])
+    with pytest.raises(ConfigError, match="invalid option timeout"):
+        stream_test("stream_queries:file_sink", [], timeout=0)
