@@ -475,3 +475,100 @@ def test_the_associated_data_binds_channel_file_offset_and_frame() -> None:
     # The nonce is the woid: the same plaintext under another woid encrypts differently.
     head43 = struct.pack("<BBHIQQ", fmt.PUT, 0, 0, 5 + 16, 43, 3)
     assert c.seal(head43, 800, b"hello") != ct
+
+
+# ------------------------------------------------------------------------------------------
+# the command line
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str, stdin: bytes | None = None) -> tuple[int, str, str]:
+    import io
+    import sys
+
+    from filechannel import cli as cli_mod
+
+    old = sys.stdin
+    if stdin is not None:
+        sys.stdin = io.TextIOWrapper(io.BytesIO(stdin))
+    try:
+        code = cli_mod.main(list(argv))
+    finally:
+        sys.stdin = old
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_keygen_put_take_stat_dump_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ks = str(tmp_path / "keys.json")
+    d = str(tmp_path / "ch")
+    code, _, err = cli(capsys, "keygen", ks, "--id", "2026-10")
+    assert code == 0, err
+    assert os.stat(ks).st_mode & 0o777 == 0o600
+    assert list(json.loads(Path(ks).read_text())) == ["2026-10"]
+    code, _, err = cli(capsys, "keygen", ks, "--id", "2026-10")
+    assert code == 2
+    assert "already holds key id '2026-10'" in err
+    code, _, err = cli(capsys, "put", d, "--keystore", ks, "--header", "who=CLI-HEADER", stdin=b"CLI-SECRET-1\n")
+    assert code == 0, err
+    code, _, err = cli(capsys, "keygen", ks, "--id", "2026-11")  # rotation: the new last key
+    assert code == 0, err
+    code, _, err = cli(capsys, "put", d, "--keystore", ks, stdin=b"CLI-SECRET-2\n")
+    assert code == 0, err
+    assert_no_plaintext(d, [b"CLI-SECRET", b"CLI-HEADER"])
+    # No keystore: stat, dump and verify work (no key needed for checksums); put and take do not.
+    code, out, err = cli(capsys, "stat", d, "--json")
+    assert code == 0, err
+    assert json.loads(out)["key_ids_in_use"] == ["2026-10", "2026-11"]
+    code, out, err = cli(capsys, "dump", d)
+    assert code == 0, err
+    assert [json.loads(line)["op"] for line in out.splitlines()].count("put") == 2
+    code, out, err = cli(capsys, "verify", d)
+    assert code == 0, err
+    assert "2 encrypted events checked by checksum only" in out
+    code, out, err = cli(capsys, "take", d)
+    assert code == 2
+    assert "is encrypted (key id '2026-1" in err
+    assert "--on-corruption" not in err
+    assert "Traceback" not in err
+    code, out, err = cli(capsys, "dump", d, "--bodies")
+    assert code == 2
+    # With the keystore.
+    code, out, err = cli(capsys, "verify", d, "--keystore", ks)
+    assert code == 0, err
+    assert "checksum only" not in out
+    code, out, err = cli(capsys, "dump", d, "--bodies", "--keystore", ks)
+    assert code == 0, err
+    assert [json.loads(line).get("body") for line in out.splitlines() if '"put"' in line] == [
+        "CLI-SECRET-1",
+        "CLI-SECRET-2",
+    ]
+    code, out, err = cli(capsys, "take", d, "-n", "5", "--keystore", ks)
+    assert code == 0, err
+    assert out.split() == ["CLI-SECRET-1", "CLI-SECRET-2"]
+
+
+def test_cli_keystore_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = str(tmp_path / "ch")
+    loose = write_keystore(tmp_path / "loose.json", {"a": K1}, mode=0o640)
+    code, _, err = cli(capsys, "put", d, "--keystore", loose, stdin=b"x\n")
+    assert code == 2
+    assert err.startswith(f"filechannel: error: --keystore {loose}: ")
+    assert "chmod 600" in err
+    assert not os.path.exists(d)
+    code, _, err = cli(capsys, "keygen", loose)
+    assert code == 2
+    assert "group or others can read it" in err
+    code, _, err = cli(capsys, "keygen", str(tmp_path / "k.json"), "--id", "no spaces")
+    assert code == 2
+    assert "--id 'no spaces' is not valid" in err
+    ks = write_keystore(tmp_path / "k1.json", {"k1": K1})
+    code, _, err = cli(capsys, "put", d, "--keystore", ks, stdin=b"x\n")
+    assert code == 0, err
+    wrong = write_keystore(tmp_path / "wrong.json", {"k1": K2})
+    code, _, err = cli(capsys, "take", d, "--keystore", wrong)
+    assert code == 2
+    assert "key given for key id 'k1' is not the one" in err
+    other = write_keystore(tmp_path / "other.json", {"k9": K2})
+    code, _, err = cli(capsys, "stat", d, "--keystore", other)
+    assert code == 2
+    assert "key id 'k1', which is not among the keys" in err
