@@ -46,6 +46,7 @@ TAG_LEN: Final = 16
 KEY_ID_RE: Final = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 KEY_ID_RULE: Final = "1 to 64 characters of A-Z a-z 0-9 . _ : -"
 _INFO: Final = b"filechannel/v1 data file key"
+STAGING_INFO: Final = b"filechannel/v1 spark staging key"
 _CHECK_NONCE: Final = bytes(12)  # woid 0 is never a record's: the key check's nonce is free
 _NONCE_PAD: Final = bytes(4)
 _U64: Final = struct.Struct("<Q")
@@ -246,6 +247,30 @@ class Encryption:
         assert key is not None
         return FileCipher(self.suite, self.active_key, os.urandom(SALT_LEN), key, channel_id, file_id)
 
+    def staging_cipher(self, name: str) -> FileCipher:
+        """Return a cipher for one staged file of the Spark sink (the active key, a fresh salt).
+
+        ``name`` (the staged file's name, hashed) takes the channel id's place in the key
+        derivation, under its own label, so a staged row never decrypts as a data record.
+        """
+        assert self.active_key is not None
+        key = self.key(self.active_key)
+        assert key is not None
+        return FileCipher(self.suite, self.active_key, os.urandom(SALT_LEN), key, _name_id(name), 0, STAGING_INFO)
+
+    def staged_file_cipher(self, path: str, name: str, suite: int, key_id: str, salt: bytes) -> FileCipher:
+        """Return the cipher of an existing staged file.
+
+        Raises:
+            DecryptionError: No key is given for ``key_id``.
+        """
+        key = self.key(key_id)
+        if key is None:
+            raise DecryptionError(
+                path, 0, f"staged file is encrypted with key id {key_id!r}, which is not in the keystore", key_id
+            )
+        return FileCipher(suite, key_id, salt, key, _name_id(name), 0, STAGING_INFO)
+
     def file_cipher(
         self, path: str, suite: int, key_id: str, salt: bytes, channel_id: bytes, file_id: int
     ) -> FileCipher:
@@ -310,6 +335,12 @@ def header_cipher(
     return cipher
 
 
+def _name_id(name: str) -> bytes:
+    import hashlib
+
+    return hashlib.sha256(name.encode("utf-8")).digest()[:16]
+
+
 class FileCipher:
     """Seals and opens the PUT payloads of one data file (one cached AEAD object).
 
@@ -321,7 +352,16 @@ class FileCipher:
 
     __slots__ = ("_aad_prefix", "_dec", "_enc", "file_id", "key_id", "salt", "suite")
 
-    def __init__(self, suite: int, key_id: str, salt: bytes, key: bytes, channel_id: bytes, file_id: int) -> None:
+    def __init__(
+        self,
+        suite: int,
+        key_id: str,
+        salt: bytes,
+        key: bytes,
+        channel_id: bytes,
+        file_id: int,
+        label: bytes = _INFO,
+    ) -> None:
         hashes, aead, hkdf = _crypto()
         if suite not in CIPHER_NAMES:
             raise DecryptionError("", 0, f"unknown cipher suite {suite}", key_id)
@@ -329,7 +369,7 @@ class FileCipher:
         self.key_id = key_id
         self.salt = salt
         self.file_id = file_id
-        info = _INFO + bytes([suite]) + channel_id + _U64.pack(file_id)
+        info = label + bytes([suite]) + channel_id + _U64.pack(file_id)
         subkey = hkdf(algorithm=hashes.SHA256(), length=KEY_LEN, salt=salt, info=info).derive(key)
         cls = aead.AESGCM if suite == AES_256_GCM else aead.ChaCha20Poly1305
         a = cls(subkey)
