@@ -572,3 +572,59 @@ def test_cli_keystore_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     code, _, err = cli(capsys, "stat", d, "--keystore", other)
     assert code == 2
     assert "key id 'k1', which is not among the keys" in err
+
+
+def test_a_damaged_header_of_an_encrypted_file_loses_its_events_never_guesses(chan_dir: str) -> None:
+    # Two files; the first (sealed) gets a flipped salt byte, so its header checksum fails.
+    ch = filechannel.open(chan_dir, encryption=enc(), checkpoint_interval=0, max_file_size=4096, **OPTS)
+    with ch.transaction() as tx:
+        tx.put(b"in-first-file" + b"." * 3000)
+    with ch.transaction() as tx:
+        tx.put(b"in-second-file" + b"." * 3000)
+    first = ch._log.file_path(ch._log.file_ids()[0])
+    ch.close()
+    for p, _ in list(all_files(os.path.join(chan_dir, "checkpoints"))):
+        os.unlink(p)
+    buf = bytearray(Path(first).read_bytes())
+    h = fmt.decode_file_header(bytes(buf))
+    assert isinstance(h, fmt.FileHeader)
+    buf[fmt.FILE_HEADER_FIXED + 8 * len(h.live_files) + 8] ^= 0xFF  # the salt's first byte
+    Path(first).write_bytes(bytes(buf))
+    with pytest.raises(filechannel.CorruptLogError, match="header"):
+        filechannel.open(chan_dir, encryption=enc(), **OPTS)
+    with filechannel.open(chan_dir, encryption=enc(), on_corruption="skip", **OPTS) as ch2:
+        tx = ch2.transaction()
+        got = tx.take_batch(10)
+        tx.commit()
+        assert [e.body[:14] for e in got] == [b"in-second-file"]
+        assert ch2.stats()["lost_positions"] == [[0, 1]]
+
+
+def test_a_reader_follows_new_files_and_a_rotation(tmp_path: Path) -> None:
+    ks = write_keystore(tmp_path / "keys.json", {"k1": K1, "k2": K2})
+    d = str(tmp_path / "ch")
+    owner = filechannel.open(d, encryption=enc("k1"), max_file_size=4096, **OPTS)
+    with owner.transaction() as tx:
+        tx.put(b"a" * 100)
+    reader = filechannel.ChannelReader(d, encryption=ks)
+    assert reader.available() == (0, 1)
+    for i in range(3):  # each fills a file: the owner rolls
+        with owner.transaction() as tx:
+            tx.put(bytes([98 + i]) * 3000)
+    owner.close()
+    owner = filechannel.open(d, encryption=enc("k2"), max_file_size=4096, **OPTS)  # a new file, under k2
+    with owner.transaction() as tx:
+        tx.put(b"under-k2")
+    start, end = reader.available()
+    assert (start, end) == (0, 5)
+    got = reader.read(start, end)
+    assert [e.body[:1] for e in got] == [b"a", b"b", b"c", b"d", b"u"]
+    assert got[-1].body == b"under-k2"
+    segs = reader.segments(start, end)
+    assert {s.key_id for s in segs} == {"k1", "k2"}
+    assert [e.body for s in segs for e in filechannel.read_segment(s, encryption=ks)] == [e.body for e in got]
+    only_k1 = write_keystore(tmp_path / "k1only.json", {"k1": K1})
+    with pytest.raises(filechannel.DecryptionError, match="'k2'"):
+        filechannel.read_segment(segs[-1], encryption=only_k1)
+    reader.close()
+    owner.close()
