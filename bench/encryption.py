@@ -90,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, help="repeats per case (default 5, quick 1)")
     ap.add_argument("--quick", action="store_true", help="a few-second smoke run")
     ap.add_argument("--data-dir", default=None, help="where channels are created (default: the temp dir)")
+    ap.add_argument("--sizes", default=",".join(map(str, SIZES)), help="event sizes in bytes (default 100,4096)")
     args = ap.parse_args(argv)
+    sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
     n = args.n or (1000 if args.quick else 20_000)
     repeats = args.repeats or (1 if args.quick else 5)
     root = tempfile.mkdtemp(prefix="fc-enc-", dir=args.data_dir)
@@ -101,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     ratios: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
     k = 0
     try:
-        for size in SIZES:
+        for size in sizes:
             for rep in range(repeats):
                 order = SYSTEMS if rep % 2 == 0 else tuple(reversed(SYSTEMS))
                 got: dict[str, dict[str, dict[str, Any]]] = {}
@@ -156,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": cmd,
         "n": n,
         "repeats": repeats,
+        "sizes": sizes,
         "seconds": round(time.time() - t_start, 1),
         "loadavg_before": load_before,
         "loadavg_after": os.getloadavg(),
