@@ -84,6 +84,22 @@ def run_case(d: str, system: str, n: int, size: int) -> dict[str, dict[str, Any]
     }
 
 
+def frame_cost(size: int, cipher: str, events: int) -> dict[str, Any]:
+    """CPU microseconds per event to frame 100-event transactions, sealed and plain (no I/O)."""
+    from filechannel import format as fmt
+    from filechannel.crypto import CIPHERS, FileCipher
+
+    c = FileCipher(CIPHERS[cipher], "bench", bytes(32), KEYS["bench"], bytes(16), 1)
+    payloads = [fmt.encode_event(os.urandom(size), None) for _ in range(BATCH)]
+    out: dict[str, Any] = {}
+    for name, enc in (("sealed", fmt.record_encoder(1, fmt.CRC32_ZLIB, c.seal)), ("plain", fmt.record_encoder(1, 2))):
+        t0 = time.perf_counter()
+        for _ in range(events // BATCH):
+            enc.add_puts([], 1, 1, payloads, [], [], 4096)
+        out[name] = (time.perf_counter() - t0) / (events // BATCH * BATCH) * 1e6
+    return {"us_per_event": out["sealed"] - out["plain"], "sealed_us": out["sealed"], "plain_us": out["plain"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.encryption", description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, help="events per case (default 20000, quick 1000)")
@@ -120,12 +136,21 @@ def main(argv: list[str] | None = None) -> int:
                             ratios.setdefault((workload, size, f"{system} / plaintext"), []).append(
                                 {"ratio": m["events_per_s"] / base}
                             )
+        # The CPU cost alone (no disk), interleaved the same way.
+        for size in sizes:
+            for _ in range(repeats):
+                for system in SYSTEMS[1:]:
+                    m = frame_cost(size, system, max(n, 10_000))
+                    runs.setdefault(("seal cost (CPU)", size, system), []).append(m)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     rows = []
     for (workload, size, system), ms in runs.items():
         rec = {"machine": machine["host"], "fsync": "commit", "event_size": size, "workload": workload}
-        rec.update(system=system, metric="events_per_s", unit="events/s", **spread(ms, "events_per_s"))
+        if workload.startswith("seal cost"):
+            rec.update(fsync="none", system=system, metric="us_per_event", unit="us", **spread(ms, "us_per_event"))
+        else:
+            rec.update(system=system, metric="events_per_s", unit="events/s", **spread(ms, "events_per_s"))
         rows.append(rec)
     for (workload, size, system), ms in ratios.items():
         rec = {"machine": machine["host"], "fsync": "commit", "event_size": size, "workload": workload}
@@ -168,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     lines.append("| workload | size | system | median | min | max |")
     lines.append("|---|---|---|---|---|---|")
     for r in sorted(rows, key=lambda r: (r["workload"], r["event_size"], r["unit"], r["system"])):
-        f = (lambda v: f"{v:.3f}") if r["unit"] == "x" else (lambda v: f"{v:,.0f}")
+        f = (lambda v: f"{v:.3f}") if r["unit"] in ("x", "us") else (lambda v: f"{v:,.0f}")
         lines.append(
             f"| {r['workload']} | {r['event_size']} | {r['system']} | {f(r['median'])} | {f(r['min'])} | "
             f"{f(r['max'])} |"
