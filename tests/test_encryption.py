@@ -628,3 +628,48 @@ def test_a_reader_follows_new_files_and_a_rotation(tmp_path: Path) -> None:
         filechannel.read_segment(segs[-1], encryption=only_k1)
     reader.close()
     owner.close()
+
+
+def test_no_key_and_nonce_ever_seals_two_plaintexts_across_crashes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many crash/recover cycles on the simulated file system, sealing instrumented (X1 of the anchors)."""
+    from simfs import SimFS
+
+    from filechannel.crypto import FileCipher
+
+    sealed: dict[tuple[bytes, int, str, bytes], bytes] = {}
+    reused = []
+    real_seal = FileCipher.seal
+
+    def spy(self: FileCipher, head: bytes, offset: int, payload: bytes) -> bytes:
+        key = (self.salt, self.file_id, self.key_id, head[8:16])  # the file key, and the nonce (the woid)
+        old = sealed.setdefault(key, payload)
+        if old != payload:
+            reused.append(key)
+        return real_seal(self, head, offset, payload)
+
+    monkeypatch.setattr(FileCipher, "seal", spy)
+    fs = SimFS()
+    # fsync="interval": writes are not synced, so a crash loses or tears them and the next
+    # incarnation hands the same write-order ids out again (in a new file, under a new key).
+    opts: dict[str, Any] = {
+        "fs": fs,
+        "encryption": enc(),
+        "max_file_size": 4096,
+        "fsync": "interval",
+        "fsync_interval": 3600.0,
+        **OPTS,
+    }
+    n = 0
+    for cycle in range(25):
+        ch = filechannel.open("/sim/ch", **opts)
+        for _ in range(3):
+            with ch.transaction() as tx:
+                n += 1
+                tx.put(b"event-%d-" % n + b"x" * (cycle * 37 % 900))
+        fs = fs.crash(cycle, ("torn", "random", "drop", "prefix")[cycle % 4])
+        opts["fs"] = fs
+    woids = [k[3] for k in sealed]
+    assert len(woids) - len(set(woids)) > 10, "the crashes made write-order ids be handed out again"
+    assert reused == []
+    with filechannel.open("/sim/ch", **opts) as ch:
+        assert ch.size > 0
