@@ -85,7 +85,7 @@ def run_case(d: str, system: str, n: int, size: int) -> dict[str, dict[str, Any]
 
 
 def frame_cost(size: int, cipher: str, events: int) -> dict[str, Any]:
-    """CPU microseconds per event to frame 100-event transactions, sealed and plain (no I/O)."""
+    """CPU microseconds per event to frame 100-event transactions, sealed and plain (no I/O; best of 5)."""
     from filechannel import format as fmt
     from filechannel.crypto import CIPHERS, FileCipher
 
@@ -93,10 +93,13 @@ def frame_cost(size: int, cipher: str, events: int) -> dict[str, Any]:
     payloads = [fmt.encode_event(os.urandom(size), None) for _ in range(BATCH)]
     out: dict[str, Any] = {}
     for name, enc in (("sealed", fmt.record_encoder(1, fmt.CRC32_ZLIB, c.seal)), ("plain", fmt.record_encoder(1, 2))):
-        t0 = time.perf_counter()
-        for _ in range(events // BATCH):
-            enc.add_puts([], 1, 1, payloads, [], [], 4096)
-        out[name] = (time.perf_counter() - t0) / (events // BATCH * BATCH) * 1e6
+        best = float("inf")
+        for _ in range(5):  # best of 5, like timeit: the CPU cost without the other tenants' share
+            t0 = time.perf_counter()
+            for _ in range(events // BATCH // 5 or 1):
+                enc.add_puts([], 1, 1, payloads, [], [], 4096)
+            best = min(best, (time.perf_counter() - t0) / ((events // BATCH // 5 or 1) * BATCH) * 1e6)
+        out[name] = best
     return {"us_per_event": out["sealed"] - out["plain"], "sealed_us": out["sealed"], "plain_us": out["plain"]}
 
 
