@@ -673,3 +673,22 @@ def test_no_key_and_nonce_ever_seals_two_plaintexts_across_crashes(monkeypatch: 
     assert reused == []
     with filechannel.open("/sim/ch", **opts) as ch:
         assert ch.size > 0
+
+
+def test_cli_verify_with_a_keystore_reports_tampering(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = str(tmp_path / "ch")
+    path, h, buf = _one_event_channel(d, [b"one", b"two-secret", b"three"])
+    recs = records(path)
+    victim = [r for r in recs if r.op == fmt.PUT][1]
+    be = next(r for r in recs if r.op == fmt.BATCH_END)
+    buf[victim.offset + 40] ^= 0x80
+    refix(buf, h, h.header_len, be.offset)
+    Path(path).write_bytes(bytes(buf))
+    ks = write_keystore(tmp_path / "keys.json", {"k1": K1, "k2": K2}, mode=0o600)
+    code, out, _ = cli(capsys, "verify", d)  # no key: the checksums are intact
+    assert code == 0
+    assert "checked by checksum only" in out
+    code, out, _ = cli(capsys, "verify", d, "--keystore", ks)
+    assert code == 1
+    assert f"problem: {path} at byte {victim.offset}: record checksum is intact but its authentication tag fails" in out
+    assert "lost positions: 1 (1 events)" in out
