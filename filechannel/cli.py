@@ -31,6 +31,7 @@ from .config import ChannelConfig
 from .consumers import ConsumerState, ConsumerStore, validate_name
 from .errors import ChannelError, ConfigError, CorruptLogError, NotAChannelError
 from .log import CHANNEL_FILE, LOCK_FILE, Log, format_ranges
+from .wal import dump_wal, verify_wal
 
 _EPILOG = (
     "Exit status: 0 on success, 1 when verify finds problems, 2 on bad input or a channel error, 130 when interrupted."
@@ -602,6 +603,37 @@ def _salvage(src: str, res: VerifyResult, dest: str) -> int:
     return n
 
 
+def _existing_wal(path: str) -> str:
+    if not os.path.isdir(path) or not os.path.exists(os.path.join(path, CHANNEL_FILE)):
+        raise NotAChannelError(path, "no write-ahead log here (create one with filechannel.WriteAheadLog)")
+    return path
+
+
+def cmd_wal_dump(args: argparse.Namespace) -> int:
+    """Print every record of a write-ahead log (and each file's time span) as a JSON line."""
+    out = sys.stdout
+    for rec in dump_wal(_existing_wal(args.dir)):
+        data = rec.pop("data", None)
+        if data is not None and args.data:
+            rec["data"] = _body_text(data)
+        out.write(json.dumps(rec) + "\n")
+    return 0
+
+
+def cmd_wal_verify(args: argparse.Namespace) -> int:
+    """Check every header, record and time span of a write-ahead log, read-only."""
+    rep = verify_wal(_existing_wal(args.dir))
+    for line in rep.notes:
+        print(f"note: {line}")
+    for line in rep.problems:
+        print(f"problem: {line}")
+    if not rep.ok:
+        print(f"{args.dir}: {len(rep.problems)} problem(s)", file=sys.stderr)
+        return 1
+    print(f"{args.dir}: ok, {rep.records} records ({rep.bytes} bytes) in {rep.files} data files verified")
+    return 0
+
+
 # -- parser -----------------------------------------------------------------------------------
 
 
@@ -713,6 +745,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="copy every intact queued event into a new channel DEST (positions renumbered)",
     )
     sp.set_defaults(func=cmd_verify)
+
+    sp = sub.add_parser("wal", help="inspect a write-ahead log (filechannel.WriteAheadLog)", epilog=_EPILOG)
+    wsub = sp.add_subparsers(dest="wal_command", metavar="WAL_COMMAND", parser_class=_Parser)
+    wsub.required = True
+    wp = wsub.add_parser("dump", help="print every record and time span as a JSON line", epilog=_EPILOG)
+    wp.add_argument("dir", help="write-ahead log directory")
+    wp.add_argument("--data", action="store_true", help="include each record's bytes")
+    wp.set_defaults(func=cmd_wal_dump)
+    wp = wsub.add_parser("verify", help="check every record, header and time span; exit 1 on problems", epilog=_EPILOG)
+    wp.add_argument("dir", help="write-ahead log directory")
+    wp.set_defaults(func=cmd_wal_verify)
     return p
 
 
