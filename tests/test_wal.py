@@ -73,7 +73,8 @@ def test_handles_survive_restart_and_pickling(tmp_path: Path) -> None:
     with filechannel.WriteAheadLog(d, max_file_size=8192) as w:
         for i, blob in enumerate(blobs):
             h = pickle.loads(blob)
-            assert h == handles[i] and hash(h) == hash(handles[i])
+            assert h == handles[i]
+            assert hash(h) == hash(handles[i])
             assert w.read(h) == b"record %d " % i + b"z" * (i * 37 % 500)
         assert len(list(w.read_all())) == 60
         h_new = w.write(b"after restart")
@@ -115,7 +116,8 @@ def test_size_roll_keeps_the_time_bound(tmp_path: Path) -> None:
     spans = [r for r in dump_wal(d) if r["kind"] == "span"]
     assert {s["end"] for s in spans} == {1050.0}  # files rolled for size keep the first file's end
     rep = verify_wal(d)
-    assert rep.ok and rep.records == 30
+    assert rep.ok
+    assert rep.records == 30
 
 
 def test_clean_never_deletes_a_newer_record(tmp_path: Path) -> None:
@@ -144,7 +146,8 @@ def test_clean_never_deletes_a_newer_record(tmp_path: Path) -> None:
             if tt >= thresh:
                 assert w.read(h) == data
         cleaned = [h for tt, data, h in written if data not in set(left)]
-        assert cleaned and all(tt < thresh for tt, _, h in written if h in cleaned)
+        assert cleaned
+        assert all(tt < thresh for tt, _, h in written if h in cleaned)
         with pytest.raises(filechannel.InvalidHandleError, match="clean"):
             w.read(cleaned[0])
     with filechannel.WriteAheadLog(d, rolling_interval=5) as w:
@@ -317,7 +320,7 @@ def test_channel_and_wal_refuse_each_other(tmp_path: Path) -> None:
     ch_dir = str(tmp_path / "ch")
     with filechannel.open(ch_dir, minimum_required_space=0) as ch, ch.transaction() as tx:
         tx.put(b"event")
-    with pytest.raises(filechannel.NotAChannelError, match="filechannel.open"):
+    with pytest.raises(filechannel.NotAChannelError, match=r"filechannel\.open"):
         filechannel.WriteAheadLog(ch_dir)
     d = wal_dir(tmp_path)
     filechannel.WriteAheadLog(d).close()
@@ -337,7 +340,11 @@ def test_second_open_is_locked(tmp_path: Path) -> None:
         w.write(b"x")
         with pytest.raises(filechannel.ChannelLockedError):
             filechannel.WriteAheadLog(d)
-        code = "import filechannel, sys\ntry:\n    filechannel.WriteAheadLog(sys.argv[1])\nexcept filechannel.ChannelLockedError:\n    sys.exit(3)\n"
+        code = (
+            "import filechannel, sys\n"
+            "try:\n    filechannel.WriteAheadLog(sys.argv[1])\n"
+            "except filechannel.ChannelLockedError:\n    sys.exit(3)\n"
+        )
         r = subprocess.run([sys.executable, "-c", code, d], check=False, timeout=60)
         assert r.returncode == 3
     filechannel.WriteAheadLog(d).close()  # free again once closed
@@ -429,11 +436,13 @@ def test_flipped_byte_in_a_sealed_file(tmp_path: Path) -> None:
         filechannel.WriteAheadLog(d, max_file_size=4096)
     assert info.value.path == path
     rep = verify_wal(d)
-    assert not rep.ok and any(path in p for p in rep.problems)
+    assert not rep.ok
+    assert any(path in p for p in rep.problems)
     with filechannel.WriteAheadLog(d, max_file_size=4096, on_corruption="skip") as w:
         got = list(w.read_all())
         assert got == [b"rec%03d" % i + b"." * 200 for i in range(40) if i != 3]  # exactly the damaged one is gone
-        assert w.corruption and any(path in c.path for c in w.corruption)
+        assert w.corruption
+        assert any(path in c.path for c in w.corruption)
         with pytest.raises(filechannel.CorruptLogError):
             w.read(victim)
         assert w.read(hs[4]) == b"rec004" + b"." * 200
@@ -473,7 +482,9 @@ def test_torn_tail_of_the_newest_file_is_cut_as_in_the_channel(tmp_path: Path) -
     path = os.path.join(d, "data", f"seg-{h.file_id:016x}.wal")
     os.truncate(path, h.offset + 100)  # the last write, cut short (never acknowledged after a real crash)
     rep = verify_wal(d)
-    assert rep.ok and rep.notes and "torn tail" in rep.notes[0]
+    assert rep.ok
+    assert rep.notes
+    assert "torn tail" in rep.notes[0]
     with filechannel.WriteAheadLog(d) as w:
         assert list(w.read_all()) == [b"kept"]
         assert w.stats()["torn_tails_truncated"] == 1
@@ -516,7 +527,8 @@ def test_cli_wal_dump_and_verify(tmp_path: Path, capsys: pytest.CaptureFixture[s
     recs = [json.loads(x) for x in lines]
     assert [r["kind"] for r in recs] == ["span", "record", "span", "record", "record"]
     assert [r.get("data") for r in recs if r["kind"] == "record"] == ["hello", "base64:/wA=", "x"]
-    assert recs[0]["end"] == 110.0 and recs[2]["time"] == 111.0
+    assert recs[0]["end"] == 110.0
+    assert recs[2]["time"] == 111.0
     assert cli_main(["wal", "verify", d]) == 0
     assert "ok, 3 records" in capsys.readouterr().out
     assert cli_main(["wal", "verify", str(tmp_path / "nope")]) == 2
