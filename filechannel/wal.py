@@ -57,6 +57,7 @@ MiB = 1 << 20
 _NS = 1_000_000_000
 # The SPAN transaction at the start of every file: one PUT and one COMMIT.
 _SPAN_BYTES = fmt.record_size(fmt.WAL_HEAD_LEN + 8) + fmt.record_size(16)
+_EMPTY = -(1 << 63)  # the span of a file without records: older than any threshold
 
 
 @dataclass(frozen=True)
@@ -296,15 +297,18 @@ class WriteAheadLog:
                 first[r.file_id] = (r.offset, r.size)
         for fid in log.file_ids():
             got = first.get(fid)
+            if got is None:
+                # No record (a crash between creating the file and its first write): it
+                # holds nothing to keep, so any clean may delete it.
+                self._spans[fid] = (_EMPTY, _EMPTY)
+                continue
             try:
-                if got is None:
-                    raise FormatError(0, "no record")
                 kind, start, data = fmt.decode_wal_payload(log.read_payload(fid, *got))
                 if kind != fmt.WAL_SPAN:
                     raise FormatError(0, "its first record is not a span")
                 self._spans[fid] = (start, fmt.decode_wal_span(data))
             except FormatError as exc:
-                # Only with on_corruption="skip" (or a file holding no record): never cleaned.
+                # Only with on_corruption="skip": a file whose span is damaged is never cleaned.
                 logger.warning("%s: time span unknown (%s); clean() keeps this file", log.file_path(fid), exc.reason)
 
     # -- writing ------------------------------------------------------------------
