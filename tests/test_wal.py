@@ -535,3 +535,19 @@ def test_cli_wal_dump_and_verify(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "no write-ahead log" in capsys.readouterr().err
     assert cli_main(["verify", d]) == 2
     assert "WriteAheadLog" in capsys.readouterr().err
+
+
+def test_readme_example_runs(tmp_path: Path) -> None:
+    import contextlib
+    import io
+    import re
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## A plain write-ahead log", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```(\w*)\n(.*?)```", section, flags=re.S)
+    code = next(b for lang, b in blocks if lang == "python").replace("/var/lib/myapp/wal", str(tmp_path / "wal"))
+    expected = next(b for lang, b in blocks if lang == "").splitlines()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+    assert out.getvalue().splitlines() == expected
