@@ -277,6 +277,7 @@ class WriteAheadLog:
         self._store = CheckpointStore(self._fs, os.path.join(self.directory, CHECKPOINT_DIR))
         self._log = Log(self.directory, self.config, fs=self._fs, checkpoints=self._store, wal=True)
         self._closed = False
+        self._closing = False
         self._lock = threading.Lock()  # guards _fds, _cleaned, _cleaners
         self._clean_lock = threading.Lock()
         self._fds: dict[int, int] = {}
@@ -526,9 +527,11 @@ class WriteAheadLog:
 
         t = threading.Thread(target=run, name="filechannel-wal-clean", daemon=True)
         with self._lock:
+            if self._closing:
+                raise ChannelClosedError("the write-ahead log is closed")
             self._cleaners = [c for c in self._cleaners if c.is_alive()]
             self._cleaners.append(t)
-        t.start()
+            t.start()
 
     def _clean(self, thresh_ns: int) -> None:
         log = self._log
@@ -571,6 +574,7 @@ class WriteAheadLog:
         if self._closed:
             return
         with self._lock:
+            self._closing = True  # no background clean starts from now on
             cleaners = list(self._cleaners)
         for t in cleaners:
             t.join()
