@@ -38,10 +38,12 @@ from . import format as fmt
 from ._fs import DEFAULT_FS, FS
 from .checkpoint import CheckpointStore, Snapshot
 from .config import ChannelConfig
+from .crypto import TAMPERED, FileCipher
 from .errors import (
     ChannelClosedError,
     ConfigError,
     CorruptLogError,
+    DecryptionError,
     EventTooLargeError,
     FormatError,
     InvalidHandleError,
@@ -57,8 +59,8 @@ logger = logging.getLogger(__name__)
 MiB = 1 << 20
 CHECKPOINT_DIR = "checkpoints"  # as a channel's: where the snapshot written on close lives
 _NS = 1_000_000_000
-# The SPAN transaction at the start of every file: one PUT and one COMMIT.
-_SPAN_BYTES = fmt.record_size(fmt.WAL_HEAD_LEN + 8) + fmt.record_size(16)
+# The SPAN transaction at the start of every file: one PUT (sealed, with encryption) and one COMMIT.
+_SPAN_BYTES = fmt.record_size(fmt.WAL_HEAD_LEN + 8 + fmt.ENC_TAG_LEN) + fmt.record_size(16)
 _EMPTY = -(1 << 63)  # the span of a file without records: older than any threshold
 
 
@@ -87,8 +89,10 @@ class _WalItem(Item):
 
     __slots__ = ("time_ns",)
 
-    def __init__(self, txn_id: int, payloads: Sequence[bytes], time_ns: int, durable: bool = True) -> None:
-        super().__init__(fmt.COMMIT, txn_id, payloads, (), durable)
+    def __init__(
+        self, txn_id: int, payloads: Sequence[bytes], time_ns: int, overhead: int, durable: bool = True
+    ) -> None:
+        super().__init__(fmt.COMMIT, txn_id, payloads, (), durable, overhead=overhead)
         self.time_ns = time_ns
 
 
@@ -117,7 +121,8 @@ class _TimePolicy:
 
     def first_item(self, file_id: int) -> Item | None:
         start, end = self.spans[file_id]
-        return _WalItem(self.log.new_txn_id(), [fmt.encode_wal_span(start, end)], start, durable=False)
+        span = [fmt.encode_wal_span(start, end)]
+        return _WalItem(self.log.new_txn_id(), span, start, self.log.seal_overhead, durable=False)
 
 
 @dataclass
@@ -153,6 +158,24 @@ class _Entry:
     data: bytes
 
 
+def _open_payload(log: Log, fid: int, path: str, head: bytes, offset: int, payload: bytes) -> bytes:
+    """Decrypt a PUT payload of an encrypted file (as stored otherwise).
+
+    Raises:
+        DecryptionError: The authentication tag fails (tampered, moved, wrong key),
+            or the file is encrypted and no key was given.
+    """
+    cipher: FileCipher | None = log.cipher_of(fid)
+    if cipher is not None:
+        plain = cipher.open(head, offset, payload)
+        if plain is None:
+            raise DecryptionError(path, offset, TAMPERED, cipher.key_id)
+        return plain
+    if log.is_encrypted(fid):
+        raise DecryptionError(path, offset, "the data file is encrypted and no key for it was given")
+    return payload
+
+
 def _to_ns(t: float | None, what: str = "time") -> int:
     if t is None:
         return _time.time_ns()
@@ -161,7 +184,12 @@ def _to_ns(t: float | None, what: str = "time") -> int:
     return round(t * _NS)
 
 
-def _entries(log: Log, ctx: _ScanContext, files: Sequence[tuple[int, str, int, int | None]]) -> Iterator[_Entry]:
+_SEALED = -1  # an _Entry kind: the record is encrypted and no key was given (dump and verify only)
+
+
+def _entries(
+    log: Log, ctx: _ScanContext, files: Sequence[tuple[int, str, int, int | None]], keyless: bool = False
+) -> Iterator[_Entry]:
     """Yield the committed records of ``files`` (id, path, end, open fd) in write order.
 
     Each file is read up to ``end`` (what was written and verified) and walked
@@ -198,8 +226,18 @@ def _entries(log: Log, ctx: _ScanContext, files: Sequence[tuple[int, str, int, i
                 for off, size, woid in puts.pop(r.txn_id, []):
                     n = fmt._U32.unpack_from(buf, off + 4)[0]
                     start = off + fmt.RECORD_HEADER_LEN
+                    if keyless and log.is_encrypted(fid) and log.cipher_of(fid) is None:
+                        yield _Entry(fid, off, size, woid, _SEALED, 0, b"")
+                        continue
                     try:
-                        kind, t, data = fmt.decode_wal_payload(memoryview(buf)[start : start + n])
+                        payload = _open_payload(log, fid, path, buf[off : off + 24], off, buf[start : start + n])
+                    except DecryptionError as exc:
+                        if ctx.config.on_corruption != "skip" or log.cipher_of(fid) is None:
+                            raise
+                        ctx.report_corruption(CorruptionReport(path, off, exc.reason, size, file_id=fid))
+                        continue
+                    try:
+                        kind, t, data = fmt.decode_wal_payload(payload)
                     except FormatError as exc:
                         # The checksum verified, so these bytes were written as they are.
                         raise CorruptLogError(path, off, f"not a write-ahead log record: {exc.reason}") from exc
@@ -223,7 +261,10 @@ class WriteAheadLog:
         fsync: ``"commit"`` (a write is durable when it returns; concurrent
             writers share fsyncs) or ``"interval"``.
         fsync_interval: Seconds between background fsyncs in interval mode.
-        encryption: Reserved; only ``None`` is accepted in this version.
+        encryption: A :class:`filechannel.Encryption` (as for a channel): every
+            record is sealed with AES-256-GCM or ChaCha20-Poly1305 under a per-file
+            key; ``None`` (default): plaintext, and a log holding encrypted files
+            refuses to open.
         on_corruption: ``"fail"`` (raise ``CorruptLogError``) or ``"skip"``
             (drop damaged records and report them).
         fs: Internal: the I/O seam (tests pass a simulated file system).
@@ -254,10 +295,6 @@ class WriteAheadLog:
             or rolling_interval <= 0
         ):
             raise ConfigError("rolling_interval", f"must be a number of seconds > 0, got {rolling_interval!r}")
-        if encryption is not None:
-            raise ConfigError(
-                "encryption", "encryption of write-ahead logs is not available in this version; pass encryption=None"
-            )
         max_event = max_file_size - 1024 if isinstance(max_file_size, int) and max_file_size > 1024 else None
         self.config = ChannelConfig(
             max_file_size=max_file_size,
@@ -266,13 +303,15 @@ class WriteAheadLog:
             fsync_interval=fsync_interval,
             on_corruption=on_corruption,
             minimum_required_space=0,
+            encryption=encryption,
             # Every file is scanned at open; the checkpoint written on close only
             # vouches for the files' lengths (the channel's rule, docs/design.md).
             replay="full",
         )
         self.directory = os.fspath(directory)
         self.rolling_interval = float(rolling_interval)
-        self._max_data = self.config.max_event_size - fmt.WAL_HEAD_LEN - _SPAN_BYTES
+        tag = fmt.ENC_TAG_LEN if encryption is not None else 0
+        self._max_data = self.config.max_event_size - fmt.WAL_HEAD_LEN - _SPAN_BYTES - tag
         self._fs = fs or DEFAULT_FS
         self._store = CheckpointStore(self._fs, os.path.join(self.directory, CHECKPOINT_DIR))
         self._log = Log(self.directory, self.config, fs=self._fs, checkpoints=self._store, wal=True)
@@ -310,7 +349,13 @@ class WriteAheadLog:
                 self._spans[fid] = (_EMPTY, _EMPTY)
                 continue
             try:
-                kind, start, data = fmt.decode_wal_payload(log.read_payload(fid, *got))
+                try:
+                    payload = log.read_payload(fid, *got)
+                except DecryptionError as exc:
+                    if self.config.on_corruption != "skip":
+                        raise
+                    raise FormatError(0, exc.reason) from exc
+                kind, start, data = fmt.decode_wal_payload(payload)
                 if kind != fmt.WAL_SPAN:
                     raise FormatError(0, "its first record is not a span")
                 self._spans[fid] = (start, fmt.decode_wal_span(data))
@@ -374,7 +419,7 @@ class WriteAheadLog:
         if not payloads:
             return []
         log = self._log
-        item = _WalItem(log.new_txn_id(), payloads, t)
+        item = _WalItem(log.new_txn_id(), payloads, t, log.seal_overhead)
         log._writers[0].submit(item)
         res = item.result
         woid = res.woid - len(payloads)  # the COMMIT follows the PUTs
@@ -438,11 +483,15 @@ class WriteAheadLog:
                 raise FormatError(
                     0, f"the record there is not the handle's (write-order id {rec.woid}, not {handle.woid})"
                 )
-            kind, _t, data = fmt.decode_wal_payload(rec.payload)
+        except FormatError as exc:
+            raise CorruptLogError(path, handle.offset + exc.offset, exc.reason) from exc
+        payload = _open_payload(log, fid, path, bytes(buf[:24]), handle.offset, rec.payload)
+        try:
+            kind, _t, data = fmt.decode_wal_payload(payload)
             if kind != fmt.WAL_RECORD:
                 raise FormatError(0, "the record there is not a data record")
         except FormatError as exc:
-            raise CorruptLogError(path, handle.offset + exc.offset, exc.reason) from exc
+            raise CorruptLogError(path, handle.offset, exc.reason) from exc
         return data
 
     def _snapshot(self) -> list[tuple[int, str, int, int | None]]:
@@ -639,10 +688,10 @@ class WalReport:
         return not self.problems
 
 
-def _open_readonly(directory: str | os.PathLike[str], fs: FS | None) -> Log:
+def _open_readonly(directory: str | os.PathLike[str], fs: FS | None, encryption: Any) -> Log:
     store = CheckpointStore(fs or DEFAULT_FS, os.path.join(os.fspath(directory), CHECKPOINT_DIR))
-    config = ChannelConfig(on_corruption="skip", replay="full")
-    return Log(directory, config, fs=fs, readonly=True, checkpoints=store, wal=True)
+    config = ChannelConfig(on_corruption="skip", replay="full", encryption=encryption)
+    return Log(directory, config, fs=fs, readonly=True, checkpoints=store, keyless_ok=True, wal=True)
 
 
 def _walk(log: Log, ctx: _ScanContext) -> Iterable[_Entry]:
@@ -654,27 +703,33 @@ def _walk(log: Log, ctx: _ScanContext) -> Iterable[_Entry]:
         if end is None:
             continue
         files.append((fid, path, end, fs.open_read(path)))
-    return _entries(log, ctx, files)
+    return _entries(log, ctx, files, keyless=True)
 
 
-def dump_wal(directory: str | os.PathLike[str], *, fs: FS | None = None) -> Iterator[dict[str, Any]]:
+def dump_wal(
+    directory: str | os.PathLike[str], *, encryption: Any = None, fs: FS | None = None
+) -> Iterator[dict[str, Any]]:
     """Yield one dict per record (span records included), in write order; read-only, no lock.
+
+    Records of encrypted files read without ``encryption`` are listed as
+    ``"kind": "encrypted"``, without time or data.
 
     Raises:
         NotAChannelError: ``directory`` is not a write-ahead log.
+        DecryptionError: The key given is the wrong one for a file.
         CorruptLogError: A record cannot be read (damage is otherwise skipped and logged).
     """
-    log = _open_readonly(directory, fs)
+    log = _open_readonly(directory, fs, encryption)
     try:
         ctx = _ScanContext(log.channel_id, log.crc_kind, log.max_payload, log.config)
         for e in _walk(log, ctx):
-            d: dict[str, Any] = {
-                "file": e.file_id,
-                "offset": e.offset,
-                "woid": e.woid,
-                "kind": "record" if e.kind == fmt.WAL_RECORD else "span",
-                "time": e.time_ns / _NS,
-            }
+            d: dict[str, Any] = {"file": e.file_id, "offset": e.offset, "woid": e.woid}
+            if e.kind == _SEALED:
+                d["kind"] = "encrypted"
+                yield d
+                continue
+            d["kind"] = "record" if e.kind == fmt.WAL_RECORD else "span"
+            d["time"] = e.time_ns / _NS
             if e.kind == fmt.WAL_SPAN:
                 d["end"] = fmt.decode_wal_span(e.data) / _NS
             else:
@@ -685,17 +740,19 @@ def dump_wal(directory: str | os.PathLike[str], *, fs: FS | None = None) -> Iter
         log.close()
 
 
-def verify_wal(directory: str | os.PathLike[str], *, fs: FS | None = None) -> WalReport:
+def verify_wal(directory: str | os.PathLike[str], *, encryption: Any = None, fs: FS | None = None) -> WalReport:
     """Check every header, record and span of a write-ahead log, read-only and without a lock.
 
     Damage to acknowledged records is a problem; a torn tail (a write that a
-    crash cut short, never acknowledged) is a note, as for a channel.
+    crash cut short, never acknowledged) is a note, as for a channel. Without
+    ``encryption``, encrypted records are checked by checksum only (a note says so).
 
     Raises:
         NotAChannelError: ``directory`` is not a write-ahead log.
+        DecryptionError: The key given is the wrong one for a file.
     """
     rep = WalReport()
-    log = _open_readonly(directory, fs)
+    log = _open_readonly(directory, fs, encryption)
     try:
         for c in log.corruption:
             rep.problems.append(c.describe())
@@ -704,7 +761,14 @@ def verify_wal(directory: str | os.PathLike[str], *, fs: FS | None = None) -> Wa
         ctx = _ScanContext(log.channel_id, log.crc_kind, log.max_payload, log.config)
         spans: dict[int, int] = {}
         first: set[int] = set()
+        sealed = 0
+        sealed_files: set[int] = set()
         for e in _walk(log, ctx):
+            if e.kind == _SEALED:
+                sealed += 1
+                sealed_files.add(e.file_id)
+                first.add(e.file_id)
+                continue
             if e.file_id not in first:
                 first.add(e.file_id)
                 if e.kind != fmt.WAL_SPAN:
@@ -720,6 +784,12 @@ def verify_wal(directory: str | os.PathLike[str], *, fs: FS | None = None) -> Wa
                     f"file {e.file_id} at byte {e.offset}: record time {e.time_ns / _NS} is after the file's end "
                     f"{end / _NS}"
                 )
+        if sealed:
+            rep.notes.append(
+                f"{sealed} encrypted records (spans included) checked by checksum only: give the key "
+                "(encryption=, or --keystore) to check their authentication tags and times"
+            )
+            rep.records += sealed - len(sealed_files)  # each file's first record is its span
         known = {c.describe() for c in log.corruption}
         rep.problems.extend(r.describe() for r in ctx.reports if r.describe() not in known)
         rep.files = len(log.file_ids())
