@@ -817,7 +817,10 @@ class Log:
         self._register_file(newest, index, npath)
         self._file_end[newest] = nscan.end
         self.file_sizes[newest] = nscan.size
-        if nscan.end < nscan.size and not self.readonly:
+        # Only a torn tail (past what the checkpoint vouched for) is cut off. An end below
+        # that means skip mode salvaged records from damaged, acknowledged bytes up to the
+        # end of the file: they stay (replay points into them; writes go to a new file).
+        if nscan.end < nscan.size and not self.readonly and nscan.end >= self._vouched(newest):
             self._truncate_tail(npath, nscan.end, nbuf)
         scans.append(nscan)
         for fid in missing:

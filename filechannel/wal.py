@@ -176,6 +176,19 @@ def _open_payload(log: Log, fid: int, path: str, head: bytes, offset: int, paylo
     return payload
 
 
+def _sealed_end(log: Log, fid: int) -> int | None:
+    """How far to read a file no longer written: all of a recovered one, else its written end.
+
+    A recovered file is read whole: in skip mode its end of verified batches may
+    lie before records salvaged from damage. A torn tail was cut off at open, or,
+    read-only, is left out.
+    """
+    size = log.file_sizes.get(fid)
+    if size is None or any(path == log.file_path(fid) for path, _start, _size in log.torn_tails):
+        return log._file_end.get(fid)  # a torn tail stays on disk in a read-only inspection
+    return size
+
+
 def _to_ns(t: float | None, what: str = "time") -> int:
     if t is None:
         return _time.time_ns()
@@ -501,7 +514,7 @@ class WriteAheadLog:
         for w in log._writers:
             with w.io_lock:  # a consistent (file, end) list: no batch is half written meanwhile
                 for fid in log.file_ids():
-                    end = w.offset if fid == w.file_id and w.fd is not None else log._file_end.get(fid)
+                    end = w.offset if fid == w.file_id and w.fd is not None else _sealed_end(log, fid)
                     if end is not None:
                         files.append((fid, log.file_path(fid), end))
         out: list[tuple[int, str, int, int | None]] = []
@@ -699,7 +712,7 @@ def _walk(log: Log, ctx: _ScanContext) -> Iterable[_Entry]:
     files: list[tuple[int, str, int, int | None]] = []
     for fid in log.file_ids():
         path = log.file_path(fid)
-        end = log._file_end.get(fid)
+        end = _sealed_end(log, fid)
         if end is None:
             continue
         files.append((fid, path, end, fs.open_read(path)))

@@ -167,14 +167,22 @@ def check(snap: Snap, got: list[bytes], handles_ok: Callable[[RecordHandle, byte
     [
         ("commit", workload_commit, {"rolling_interval": 10, "max_file_size": 4096}),
         ("interval", workload_interval, {"rolling_interval": 10, "max_file_size": 4096, "fsync": "interval"}),
+        ("encrypted", workload_commit, {"rolling_interval": 10, "max_file_size": 4096, "encryption": "k"}),
     ],
 )
 def test_power_cut_at_every_persistence_point(
     name: str, workload: Callable[[Driver], None], opts: dict[str, object]
 ) -> None:
+    if opts.get("encryption") is not None:
+        pytest.importorskip("cryptography", reason="the crypto extra is not installed")
+        from filechannel.crypto import Encryption
+
+        opts = {**opts, "encryption": Encryption(keys={"k": bytes(range(32))})}
     drv = Driver(SimFS(), opts)
     workload(drv)
     assert drv.w.stats()["files_retired"] > 0 or name == "interval"
+    if name == "encrypted":  # no record reached a file in plaintext
+        assert all(b"s" * 64 not in data for data in drv.fs.files().values())
     interval = opts.get("fsync") == "interval"
     seen: dict[tuple[object, ...], list[bytes]] = {}
     for snap in drv.snaps:
