@@ -218,18 +218,23 @@ def _entries(
             buf = fs.pread(fd, end, 0)
         finally:
             fs.close(fd)
+        start: int | None = None
         try:
-            header = fmt.decode_file_header(buf)
-            if not isinstance(header, fmt.FileHeader):
+            decoded = fmt.decode_file_header(buf)
+            if not isinstance(decoded, fmt.FileHeader):
                 raise FormatError(0, "file shorter than its header")
-            if header.channel_id != log.channel_id or header.file_id != fid:
+            if decoded.channel_id != log.channel_id or decoded.file_id != fid:
                 raise FormatError(0, "file header names another log or file")
+            header = decoded
         except FormatError as exc:
             if ctx.config.on_corruption != "skip":
                 raise CorruptLogError(path, exc.offset, exc.reason) from exc
-            ctx.report_corruption(CorruptionReport(path, exc.offset, exc.reason, len(buf), file_id=fid))
-            continue
-        scan = Scanner(ctx, path, fid, buf, header).scan(False, prev_woid)
+            # As recovery does: only the header is lost; the records are read with the
+            # seed the file name gives, from the first one that verifies.
+            start = log._first_record(buf, fid)
+            ctx.report_corruption(CorruptionReport(path, exc.offset, f"file header: {exc.reason}", start, file_id=fid))
+            header = fmt.FileHeader(log.crc_kind, log.channel_id, fid, 0, 0, 0, 0)
+        scan = Scanner(ctx, path, fid, buf, header).scan(False, prev_woid, start)
         prev_woid = scan.last_woid
         puts: dict[int, list[tuple[int, int, int]]] = {}
         for r in scan.records:

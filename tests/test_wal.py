@@ -666,3 +666,18 @@ def test_skip_mode_full_replay_keeps_salvaged_records_of_the_newest_file(tmp_pat
             got = list(w.read_all())
             assert w.corruption
     assert got == [bodies[0], bodies[2]]
+
+
+def test_damaged_file_header_in_skip_mode_loses_only_the_header(tmp_path: Path) -> None:
+    d = wal_dir(tmp_path)
+    with filechannel.WriteAheadLog(d, rolling_interval=10) as w:
+        first = [w.write(b"old %d" % i, time=100) for i in range(5)]
+        w.write(b"new", time=200)
+    path = os.path.join(d, "data", f"seg-{first[0].file_id:016x}.wal")
+    _flip(path, 20)  # inside the header's channel id: its checksum fails
+    with pytest.raises(filechannel.CorruptLogError):
+        filechannel.WriteAheadLog(d, rolling_interval=10)
+    with filechannel.WriteAheadLog(d, rolling_interval=10, on_corruption="skip") as w:
+        assert list(w.read_all()) == [b"old %d" % i for i in range(5)] + [b"new"]
+        assert [w.read(h) for h in first] == [b"old %d" % i for i in range(5)]
+        assert any("header" in c.reason for c in w.corruption)
