@@ -45,12 +45,14 @@ from .errors import (
     EventTooLargeError,
     FormatError,
     InvalidEventError,
+    InvalidHandleError,
     NotAChannelError,
     TransactionCapacityError,
     TransactionStateError,
 )
 from .log import Log
 from .reader import ChannelReader, Segment, read_segment
+from .wal import RecordHandle, WriteAheadLog
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
@@ -75,12 +77,15 @@ __all__ = [
     "FileChannel",
     "FormatError",
     "InvalidEventError",
+    "InvalidHandleError",
     "Log",
+    "RecordHandle",
     "Segment",
     "NotAChannelError",
     "Transaction",
     "TransactionCapacityError",
     "TransactionStateError",
+    "WriteAheadLog",
     "__version__",
     "open",
     "read_segment",

@@ -32,6 +32,7 @@ from .consumers import ConsumerState, ConsumerStore, validate_name
 from .crypto import Encryption, check_key_id, keystore_json, load_keystore
 from .errors import ChannelError, ConfigError, CorruptLogError, DecryptionError, NotAChannelError
 from .log import CHANNEL_FILE, LOCK_FILE, Log, format_ranges
+from .wal import dump_wal, verify_wal
 
 _EPILOG = (
     "Exit status: 0 on success, 1 when verify finds problems, 2 on bad input or a channel error, 130 when interrupted."
@@ -619,6 +620,37 @@ def _salvage(src: str, res: VerifyResult, dest: str, encryption: Encryption | No
     return n
 
 
+def _existing_wal(path: str) -> str:
+    if not os.path.isdir(path) or not os.path.exists(os.path.join(path, CHANNEL_FILE)):
+        raise NotAChannelError(path, "no write-ahead log here (create one with filechannel.WriteAheadLog)")
+    return path
+
+
+def cmd_wal_dump(args: argparse.Namespace) -> int:
+    """Print every record of a write-ahead log (and each file's time span) as a JSON line."""
+    out = sys.stdout
+    for rec in dump_wal(_existing_wal(args.dir), encryption=_encryption(args)):
+        data = rec.pop("data", None)
+        if data is not None and args.data:
+            rec["data"] = _body_text(data)
+        out.write(json.dumps(rec) + "\n")
+    return 0
+
+
+def cmd_wal_verify(args: argparse.Namespace) -> int:
+    """Check every header, record and time span of a write-ahead log, read-only."""
+    rep = verify_wal(_existing_wal(args.dir), encryption=_encryption(args))
+    for line in rep.notes:
+        print(f"note: {line}")
+    for line in rep.problems:
+        print(f"problem: {line}")
+    if not rep.ok:
+        print(f"{args.dir}: {len(rep.problems)} problem(s)", file=sys.stderr)
+        return 1
+    print(f"{args.dir}: ok, {rep.records} records ({rep.bytes} bytes) in {rep.files} data files verified")
+    return 0
+
+
 # -- parser -----------------------------------------------------------------------------------
 
 
@@ -773,6 +805,19 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("keystore", metavar="KEYSTORE", help="keystore file (JSON: key id -> base64 key)")
     sp.add_argument("--id", metavar="ID", help="the new key's id (default: the UTC time, YYYY-MM-DD-HHMMSS)")
     sp.set_defaults(func=cmd_keygen)
+
+    sp = sub.add_parser("wal", help="inspect a write-ahead log (filechannel.WriteAheadLog)", epilog=_EPILOG)
+    wsub = sp.add_subparsers(dest="wal_command", metavar="WAL_COMMAND", parser_class=_Parser)
+    wsub.required = True
+    wp = wsub.add_parser("dump", help="print every record and time span as a JSON line", epilog=_EPILOG)
+    wp.add_argument("dir", help="write-ahead log directory")
+    wp.add_argument("--data", action="store_true", help="include each record's bytes")
+    _keystore_arg(wp)
+    wp.set_defaults(func=cmd_wal_dump)
+    wp = wsub.add_parser("verify", help="check every record, header and time span; exit 1 on problems", epilog=_EPILOG)
+    wp.add_argument("dir", help="write-ahead log directory")
+    _keystore_arg(wp)
+    wp.set_defaults(func=cmd_wal_verify)
     return p
 
 

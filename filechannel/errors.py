@@ -184,3 +184,17 @@ class DataLossError(ChannelError):
         self.end = end
         self.reason = reason
         super().__init__(f"positions [{start}, {end}) are gone: {reason}")
+
+
+class InvalidHandleError(ChannelError, ValueError):
+    """A write-ahead log handle that names no record of this log (``.reason`` says why).
+
+    Its file was cleaned, it belongs to another log, or its fields cannot
+    describe a record. A handle whose record is there but damaged raises
+    :class:`CorruptLogError` instead.
+    """
+
+    def __init__(self, handle: object, reason: str) -> None:
+        self.handle = handle
+        self.reason = reason
+        super().__init__(f"{handle!r}: {reason}")

@@ -629,3 +629,56 @@ def decode_retire(payload: bytes) -> int:
     if len(payload) != 8:
         raise FormatError(0, "retire payload has the wrong size")
     return int(_U64.unpack(payload)[0])
+
+
+# --------------------------------------------------------------------------
+# write-ahead log payloads (filechannel.WriteAheadLog)
+#
+# In a write-ahead log directory every PUT payload starts with 16 bytes:
+# kind u8, 7 reserved zero bytes, time_ns i64 (the record's time, nanoseconds
+# since the epoch), then the kind's data. A RECORD's data is the caller's bytes;
+# a SPAN's is end_ns i64: the first record of every file, saying that no
+# record in the file has a time after end_ns (so files can be dropped by time
+# without an index).
+
+WAL_RECORD: Final = 1
+WAL_SPAN: Final = 2
+_WAL_HEAD: Final = struct.Struct("<B7sq")
+WAL_HEAD_LEN: Final = _WAL_HEAD.size  # 16
+_WAL_RESERVED: Final = bytes(7)
+_I64: Final = struct.Struct("<q")
+
+
+def encode_wal_payload(kind: int, time_ns: int, data: bytes) -> bytes:
+    """Encode a write-ahead log PUT payload: kind, time, then ``data``."""
+    return _WAL_HEAD.pack(kind, _WAL_RESERVED, time_ns) + data
+
+
+def encode_wal_span(start_ns: int, end_ns: int) -> bytes:
+    """Encode a SPAN payload: the file starts at ``start_ns``; no record in it is after ``end_ns``."""
+    return encode_wal_payload(WAL_SPAN, start_ns, _I64.pack(end_ns))
+
+
+def decode_wal_payload(payload: bytes | memoryview) -> tuple[int, int, bytes]:
+    """Decode a write-ahead log PUT payload into ``(kind, time_ns, data)``.
+
+    Raises:
+        FormatError: the payload is too short, of an unknown kind, or has reserved bits set.
+    """
+    if len(payload) < WAL_HEAD_LEN:
+        raise FormatError(
+            0, f"write-ahead log payload is {len(payload)} bytes, shorter than its {WAL_HEAD_LEN}-byte head"
+        )
+    kind, reserved, time_ns = _WAL_HEAD.unpack_from(payload, 0)
+    if reserved != _WAL_RESERVED:
+        raise FormatError(1, "reserved write-ahead log payload bytes are set")
+    if kind == WAL_SPAN and len(payload) != WAL_HEAD_LEN + 8:
+        raise FormatError(0, "write-ahead log span payload has the wrong size")
+    if kind not in (WAL_RECORD, WAL_SPAN):
+        raise FormatError(0, f"unknown write-ahead log payload kind {kind}")
+    return kind, time_ns, bytes(payload[WAL_HEAD_LEN:])
+
+
+def decode_wal_span(data: bytes) -> int:
+    """Return the end time (ns) of a SPAN payload's data (``decode_wal_payload``'s third item)."""
+    return int(_I64.unpack(data)[0])

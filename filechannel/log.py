@@ -92,6 +92,8 @@ CHANNEL_FILE = "CHANNEL"
 DATA_DIRS_FILE = "DATA_DIRS"
 DATA_DIR_ID_FILE = "DATADIR"
 LOCK_FILE = "LOCK"
+WAL_FILE = "WAL"  # marks a write-ahead log directory (filechannel.WriteAheadLog), written before CHANNEL
+_WAL_MARK = b"filechannel write-ahead log\n"
 DEFAULT_DATA_DIR = "data"
 _CHANNEL_MAGIC = b"FCCHANNL"
 _CHANNEL_FMT = struct.Struct("<8sHH16sQ")
@@ -191,6 +193,8 @@ class Log:
         checkpoints: Where checkpoints live; recovery starts from the newest
             usable one (unless ``replay="full"``), falling back to older ones.
         progress: Called with a short message as recovery reads each data file.
+        wal: Open (or create) a write-ahead log's directory instead of a channel's;
+            each refuses the other's.
 
     Raises:
         ChannelLockedError: Another open channel holds the directory.
@@ -208,8 +212,10 @@ class Log:
         checkpoints: CheckpointStore | None = None,
         progress: Callable[[str], None] | None = None,
         keyless_ok: bool = False,
+        wal: bool = False,
     ) -> None:
         self.directory = os.fspath(directory)
+        self.wal = wal  # a write-ahead log's directory (marked by a WAL file), not a channel's
         self.checkpoints = checkpoints
         self._progress = progress
         self.base_snapshot: Snapshot | None = None
@@ -297,6 +303,11 @@ class Log:
             self.channel_id, self.crc_kind, self.created_ns = decode_channel_file(read_file(fs, chan_path))
         except FormatError as exc:
             raise CorruptLogError(chan_path, exc.offset, exc.reason) from exc
+        is_wal = fs.exists(os.path.join(top, WAL_FILE))
+        if is_wal and not self.wal:
+            raise NotAChannelError(top, "it is a write-ahead log; open it with filechannel.WriteAheadLog")
+        if self.wal and not is_wal:
+            raise NotAChannelError(top, "it is a channel, not a write-ahead log; open it with filechannel.open")
         self._load_data_dirs()
         rewrite = self._check_data_dirs()
         self._recover()
@@ -497,7 +508,14 @@ class Log:
         if fs.exists(chan_path):  # created concurrently before we took the lock
             return
         # What a crash in the middle of an earlier creation leaves behind.
-        leftovers = {LOCK_FILE, CHANNEL_FILE + ".tmp", DATA_DIRS_FILE, DATA_DIRS_FILE + ".tmp"}
+        leftovers = {
+            LOCK_FILE,
+            CHANNEL_FILE + ".tmp",
+            DATA_DIRS_FILE,
+            DATA_DIRS_FILE + ".tmp",
+            WAL_FILE,
+            WAL_FILE + ".tmp",
+        }
         made = {LOCK_FILE, DATA_DIR_ID_FILE, DATA_DIR_ID_FILE + ".tmp"}
         for d in self.data_dirs:
             if self._internal(d) and fs.exists(d) and not set(fs.listdir(d)) - made:
@@ -513,6 +531,11 @@ class Log:
         # Where the data lives is recorded first, so every later open finds it;
         # CHANNEL is written last: its presence marks a complete creation.
         self.channel_id = uuid.uuid4().bytes
+        wal_path = os.path.join(top, WAL_FILE)
+        if self.wal:
+            self._write_small_file(wal_path, _WAL_MARK)
+        elif fs.exists(wal_path):
+            fs.unlink(wal_path)  # left by an interrupted creation of a write-ahead log
         self._write_data_dirs()
         for i, d in enumerate(self.data_dirs):
             self._make_dir(d)
@@ -794,7 +817,10 @@ class Log:
         self._register_file(newest, index, npath)
         self._file_end[newest] = nscan.end
         self.file_sizes[newest] = nscan.size
-        if nscan.end < nscan.size and not self.readonly:
+        # Only a torn tail (past what the checkpoint vouched for) is cut off. An end below
+        # that means skip mode salvaged records from damaged, acknowledged bytes up to the
+        # end of the file: they stay (replay points into them; writes go to a new file).
+        if nscan.end < nscan.size and not self.readonly and nscan.end >= self._vouched(newest):
             self._truncate_tail(npath, nscan.end, nbuf)
         scans.append(nscan)
         for fid in missing:

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import format as fmt
 from .errors import ChannelFullError
@@ -52,6 +52,26 @@ class CommitResult:
     file_id: int = 0
     put_offsets: list[int] = field(default_factory=list)
     put_sizes: list[int] = field(default_factory=list)
+
+
+class FilePolicy(Protocol):
+    """Optional per-file rules a writer consults (the write-ahead log's time-based rolling).
+
+    The channel sets none. With one, the writer also rolls when
+    :meth:`must_roll` says so, and writes :meth:`first_item` at the start of
+    every new file, in that file's first batch.
+    """
+
+    reserve: int  # bytes the first item may occupy (kept free when sizing a new file's first batch)
+
+    def must_roll(self, file_id: int, item: Item) -> bool:
+        """Whether ``item`` may not go into file ``file_id`` (a non-empty file being written)."""
+
+    def started(self, file_id: int, item: Item) -> None:
+        """File ``file_id`` was just created; ``item`` is the first one headed for it."""
+
+    def first_item(self, file_id: int) -> Item | None:
+        """An item to write first in the new file ``file_id`` (its first batch), or None."""
 
 
 # --------------------------------------------------------------------------
@@ -135,6 +155,7 @@ class Writer:
         self.phys_end = 0  # file size including the zero-filled space ahead of ``offset``
         self._unpublished: list[Item] = []
         self.waiting = 0  # committers waiting for a leader's write
+        self.policy: FilePolicy | None = None  # the write-ahead log's rolling rules; None for a channel
 
     # -- called by committers ------------------------------------------------
 
@@ -229,11 +250,22 @@ class Writer:
         if not closing or log._failed is not None:
             log._check_writable()
         limit = log.config.max_file_size
+        policy = self.policy
+        if policy is not None:
+            limit -= policy.reserve
         chunk: list[Item] = []
         size = 0
         for it in batch:
             if self.fd is None:
                 self._roll()
+                if policy is not None:
+                    policy.started(self.file_id, it)
+            elif policy is not None and self.offset > self.header_len and policy.must_roll(self.file_id, it):
+                if chunk:
+                    self._write_chunk(chunk)
+                    chunk, size = [], 0
+                self._roll()
+                policy.started(self.file_id, it)
             room = limit - self.offset - BATCH_END_SIZE
             if chunk and size + it.nbytes > room:
                 self._write_chunk(chunk)
@@ -241,6 +273,8 @@ class Writer:
                 room = limit - self.offset - BATCH_END_SIZE
             if not chunk and it.nbytes > room and self.offset > self.header_len:
                 self._roll()
+                if policy is not None:
+                    policy.started(self.file_id, it)
             chunk.append(it)
             size += it.nbytes
         if chunk:
@@ -255,6 +289,10 @@ class Writer:
         parts: list[bytes] = []
         off = start
         file_id = self.file_id
+        if self.policy is not None and start == self.header_len:
+            first = self.policy.first_item(file_id)
+            if first is not None:
+                chunk = [first, *chunk]
         with log._seq_lock:
             first_woid = log._next_woid
             woid = first_woid

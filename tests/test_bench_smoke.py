@@ -65,3 +65,17 @@ def test_quick_encryption_bench_prints_json_lines() -> None:
     assert {"plaintext", "aes-256-gcm", "chacha20-poly1305", "aes-256-gcm / plaintext"} <= systems
     assert {r["workload"] for r in results} == {"put x100", "take x100", "seal cost (CPU)"}
     assert any(r.get("type") == "target" for r in lines)
+
+
+@pytest.mark.slow
+def test_quick_wal_bench_prints_json_lines() -> None:
+    lines, results = run_bench("bench.wal", "--quick", "--seconds", "0.1")
+    for r in results:
+        for key in ("machine", "workload", "system", "event_size", "fsync", "median", "min", "max", "repeats", "unit"):
+            assert key in r, (key, r)
+        assert r["min"] <= r["median"] <= r["max"]
+        assert r["median"] > 0
+    systems = {r["system"] for r in results}
+    assert {"wal write x1", "wal write x16 threads", "wal write_many x100", "raw per record"} <= systems
+    assert {r["event_size"] for r in results} == {100, 4096}
+    assert any(r.get("type") == "run" for r in lines)

@@ -51,13 +51,24 @@ def test_command_has_help_and_is_documented(command: str, capsys: pytest.Capture
     assert f"usage: filechannel {command}" in out
     assert f"## `{command}`" in CLI_MD, f"docs/cli.md has no section for {command}"
     section = CLI_MD.split(f"## `{command}`", 1)[1].split("\n## ", 1)[0]
-    for action in _subparsers()[command]._actions:
-        for opt in action.option_strings:
-            if opt in ("-h", "--help"):
-                continue
-            assert opt in section, f"docs/cli.md does not document {command} {opt}"
+    nested = [a for a in _subparsers()[command]._actions if isinstance(a, argparse._SubParsersAction)]
+    # A command with subcommands (``wal dump``, ``wal verify``): each has help, options and a usage line.
+    parsers = {f"{command} {name}": p for a in nested for name, p in a.choices.items()} or {
+        command: _subparsers()[command]
+    }
     first = "KEYSTORE" if command == "keygen" else "DIR"  # keygen makes a key file, not a channel
-    assert f"filechannel {command} {first}" in section, f"docs/cli.md shows no usage line for {command}"
+    for name, sub in parsers.items():
+        for action in sub._actions:
+            for opt in action.option_strings:
+                if opt in ("-h", "--help"):
+                    continue
+                assert opt in section, f"docs/cli.md does not document {name} {opt}"
+        assert f"filechannel {name} {first}" in section, f"docs/cli.md shows no usage line for {name}"
+        if name != command:
+            with pytest.raises(SystemExit) as ei:
+                cli.main([*name.split(), "--help"])
+            assert ei.value.code == 0
+            assert f"usage: filechannel {name}" in capsys.readouterr().out
 
 
 def test_exit_codes_are_documented() -> None:
