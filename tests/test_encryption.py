@@ -692,3 +692,26 @@ def test_cli_verify_with_a_keystore_reports_tampering(tmp_path: Path, capsys: py
     assert code == 1
     assert f"problem: {path} at byte {victim.offset}: record checksum is intact but its authentication tag fails" in out
     assert "lost positions: 1 (1 events)" in out
+
+
+def test_cli_salvage_and_checkpoint_keep_an_encrypted_channel_encrypted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ks = write_keystore(tmp_path / "keys.json", {"k1": K1})
+    d, dest = str(tmp_path / "ch"), str(tmp_path / "salvaged")
+    code, _, err = cli(capsys, "put", d, "--keystore", ks, stdin=b"SALVAGE-ME-1\nSALVAGE-ME-2\n")
+    assert code == 0, err
+    code, out, err = cli(capsys, "checkpoint", d)
+    assert code == 2
+    assert "key id 'k1'" in err
+    code, out, err = cli(capsys, "checkpoint", d, "--keystore", ks)
+    assert code == 0, err
+    code, out, err = cli(capsys, "verify", d, "--salvage", dest)
+    assert code == 2
+    assert "needs --keystore" in err
+    code, out, err = cli(capsys, "verify", d, "--salvage", dest, "--keystore", ks)
+    assert code == 0, err
+    assert "salvaged 2 intact events" in out
+    assert_no_plaintext(dest, [b"SALVAGE-ME"])
+    with filechannel.open(dest, encryption=Encryption(keys=ks), **OPTS) as ch, ch.transaction() as tx:
+        assert [e.body for e in tx.take_batch(5)] == [b"SALVAGE-ME-1", b"SALVAGE-ME-2"]
