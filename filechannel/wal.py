@@ -62,6 +62,7 @@ _NS = 1_000_000_000
 # The SPAN transaction at the start of every file: one PUT (sealed, with encryption) and one COMMIT.
 _SPAN_BYTES = fmt.record_size(fmt.WAL_HEAD_LEN + 8 + fmt.ENC_TAG_LEN) + fmt.record_size(16)
 _EMPTY = -(1 << 63)  # the span of a file without records: older than any threshold
+_I64_MAX = (1 << 63) - 1
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ class _TimePolicy:
         cur = self.current
         # A file rolled for size keeps its predecessor's end: the record that made it
         # roll is not past that end, so no record in the new file will be either.
-        end = cur[1] if cur is not None and t <= cur[1] else t + self.interval_ns
+        end = cur[1] if cur is not None and t <= cur[1] else min(t + self.interval_ns, _I64_MAX)
         self.current = self.spans[file_id] = (t, end)
 
     def first_item(self, file_id: int) -> Item | None:
@@ -194,7 +195,10 @@ def _to_ns(t: float | None, what: str = "time") -> int:
         return _time.time_ns()
     if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
         raise TypeError(f"{what} must be a finite number of seconds since the epoch, got {t!r}")
-    return round(t * _NS)
+    ns = round(t * _NS)
+    if not _EMPTY < ns <= _I64_MAX:
+        raise ValueError(f"{what} {t!r} is out of range (about ±292 years around 1970)")
+    return ns
 
 
 _SEALED = -1  # an _Entry kind: the record is encrypted and no key was given (dump and verify only)
@@ -407,6 +411,7 @@ class WriteAheadLog:
 
         Raises:
             TypeError: ``data`` is not bytes-like, or ``time`` not a number.
+            ValueError: ``time`` is out of range.
             EventTooLargeError: The record does not fit in a data file.
             OSError: The write or fsync failed (a failed fsync also fails the log).
             ChannelClosedError: The log is closed or has failed.
@@ -425,6 +430,7 @@ class WriteAheadLog:
 
         Raises:
             TypeError: An item is not bytes-like, or ``time`` not a number.
+            ValueError: ``time`` is out of range.
             EventTooLargeError: A record does not fit in a data file.
             OSError: The write or fsync failed (a failed fsync also fails the log).
             ChannelClosedError: The log is closed or has failed.

@@ -276,10 +276,14 @@ def test_bad_records_and_times(tmp_path: Path) -> None:
         for bad in ("now", float("inf"), float("nan"), True):
             with pytest.raises(TypeError, match="seconds"):
                 w.write(b"x", time=bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="out of range"):
+            w.write(b"x", time=1e12)
+        w2 = w.write(b"far", time=9e9)  # the file's end is capped at the largest time
+        assert w.read(w2) == b"far"
         with pytest.raises(filechannel.EventTooLargeError) as info:
             w.write(b"x" * 8192)
         assert info.value.limit < 8192
-        assert list(w.read_all()) == []  # nothing of the refused writes was written
+        assert list(w.read_all()) == [b"far"]  # nothing of the refused writes was written
         with pytest.raises(TypeError, match="thresh_time"):
             w.clean("yesterday")  # type: ignore[arg-type]
 
