@@ -685,3 +685,44 @@ def test_damaged_file_header_in_skip_mode_loses_only_the_header(tmp_path: Path) 
         assert list(w.read_all()) == [b"old %d" % i for i in range(5)] + [b"new"]
         assert [w.read(h) for h in first] == [b"old %d" % i for i in range(5)]
         assert any("header" in c.reason for c in w.corruption)
+
+
+def test_one_batch_of_writes_with_far_apart_times_rolls_inside_the_batch(tmp_path: Path) -> None:
+    """Group commit hands the writer several writes at once: each still lands in a file whose end covers it."""
+    from filechannel.wal import _NS, _WalItem
+
+    d = wal_dir(tmp_path)
+    with filechannel.WriteAheadLog(d, rolling_interval=10) as w:
+        log = w._log
+        items = [
+            _WalItem(log.new_txn_id(), [fmt.encode_wal_payload(fmt.WAL_RECORD, t * _NS, b"t%d" % t)], t * _NS, 0)
+            for t in (100, 200, 105, 300)
+        ]
+        writer = log._writers[0]
+        with writer.io_lock:
+            writer._write_batch_locked(items)  # one batch, as a leader writes concurrent commits
+        assert list(w.read_all()) == [b"t100", b"t200", b"t105", b"t300"]
+    rep = verify_wal(d)
+    assert rep.ok, rep.problems  # verify checks every record's time against its file's end
+    ends = {r["file"]: r["end"] for r in dump_wal(d) if r["kind"] == "span"}
+    for r in dump_wal(d):
+        if r["kind"] == "record":
+            assert r["time"] <= ends[r["file"]]
+    assert len(ends) == 3  # [100, 110], [200, 210] (also holding 105: not past its end), [300, 310]
+
+
+def test_a_file_whose_first_write_failed_takes_the_next_records_span(tmp_path: Path) -> None:
+    fs = SimFS()
+    d = "/sim/wal"
+    with filechannel.WriteAheadLog(d, fs=fs, rolling_interval=10) as w:
+        fs.inject("pwrite_all", 2, errno.ENOSPC, path="seg-")  # the header is written, the first batch is not
+        with pytest.raises(OSError):
+            w.write(b"early", time=100)
+        h = w.write(b"late", time=500)
+        assert w.read(h) == b"late"
+        w.clean(400, wait_for_completion=True)
+        assert list(w.read_all()) == [b"late"]
+    rep = verify_wal(d, fs=fs)
+    assert rep.ok, rep.problems
+    spans = [r for r in dump_wal(d, fs=fs) if r["kind"] == "span"]
+    assert spans[0]["end"] >= 500
