@@ -190,12 +190,14 @@ def _sealed_end(log: Log, fid: int) -> int | None:
     return size
 
 
-def _to_ns(t: float | None, what: str = "time") -> int:
+def _to_ns(t: float | None, what: str = "time", clamp: bool = False) -> int:
     if t is None:
         return _time.time_ns()
     if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
         raise TypeError(f"{what} must be a finite number of seconds since the epoch, got {t!r}")
     ns = round(t * _NS)
+    if clamp:  # a threshold beyond every possible time is fine: it means "everything"
+        return max(_EMPTY + 1, min(ns, _I64_MAX))
     if not _EMPTY < ns <= _I64_MAX:
         raise ValueError(f"{what} {t!r} is out of range (about ±292 years around 1970)")
     return ns
@@ -587,7 +589,7 @@ class WriteAheadLog:
             ChannelClosedError: The log is closed or has failed (when waiting).
         """
         self._check_open()
-        thresh = _to_ns(thresh_time, "thresh_time")
+        thresh = _to_ns(thresh_time, "thresh_time", clamp=True)
         if wait_for_completion:
             self._clean(thresh)
             return
