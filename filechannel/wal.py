@@ -30,7 +30,7 @@ import math
 import os
 import threading
 import time as _time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,6 +146,27 @@ class _ScanContext:
         logger.warning("%s: unverified bytes from %d to %d: %s", path, start, size, reason)
 
 
+@dataclass
+class _Slot:
+    """A file to read: its id, path, the length to read and, until read, an open descriptor."""
+
+    fid: int
+    path: str
+    end: int
+    fd: int | None
+
+
+def _close_all(fs: FS, files: Sequence[_Slot]) -> None:
+    """Close the descriptors of the files not read (an iteration stopped early)."""
+    for f in files:
+        fd, f.fd = f.fd, None
+        if fd is not None:
+            try:
+                fs.close(fd)
+            except OSError:
+                pass
+
+
 @dataclass(frozen=True)
 class _Entry:
     """One record as the scan of a file yields it (for ``read_all`` and ``dump``)."""
@@ -206,10 +227,8 @@ def _to_ns(t: float | None, what: str = "time", clamp: bool = False) -> int:
 _SEALED = -1  # an _Entry kind: the record is encrypted and no key was given (dump and verify only)
 
 
-def _entries(
-    log: Log, ctx: _ScanContext, files: Sequence[tuple[int, str, int, int | None]], keyless: bool = False
-) -> Iterator[_Entry]:
-    """Yield the committed records of ``files`` (id, path, end, open fd) in write order.
+def _entries(log: Log, ctx: _ScanContext, files: Sequence[_Slot], keyless: bool = False) -> Iterator[_Entry]:
+    """Yield the committed records of ``files`` in write order (closing each once read).
 
     Each file is read up to ``end`` (what was written and verified) and walked
     by ``scan.Scanner`` as a sealed file: damage raises ``CorruptLogError``, or
@@ -217,11 +236,13 @@ def _entries(
     """
     prev_woid = 0
     fs = log.fs
-    for fid, path, end, fd in files:
+    for slot in files:
+        fid, path, fd = slot.fid, slot.path, slot.fd
         if fd is None:
             continue
+        slot.fd = None
         try:
-            buf = fs.pread(fd, end, 0)
+            buf = fs.pread(fd, slot.end, 0)
         finally:
             fs.close(fd)
         start: int | None = None
@@ -520,7 +541,7 @@ class WriteAheadLog:
             raise CorruptLogError(path, handle.offset, exc.reason) from exc
         return data
 
-    def _snapshot(self) -> list[tuple[int, str, int, int | None]]:
+    def _snapshot(self) -> list[_Slot]:
         """Every live file with the length written and verified so far, opened for reading."""
         log = self._log
         files: list[tuple[int, str, int]] = []
@@ -530,7 +551,7 @@ class WriteAheadLog:
                     end = w.offset if fid == w.file_id and w.fd is not None else _sealed_end(log, fid)
                     if end is not None:
                         files.append((fid, log.file_path(fid), end))
-        out: list[tuple[int, str, int, int | None]] = []
+        out: list[_Slot] = []
         for fid, path, end in sorted(files):
             try:
                 fd: int | None = self._fs.open_read(path)
@@ -539,7 +560,7 @@ class WriteAheadLog:
                     if fid not in self._cleaned:
                         raise CorruptLogError(path, 0, "data file is missing") from None
                 fd = None  # cleaned meanwhile: it held only records older than the threshold
-            out.append((fid, path, end, fd))
+            out.append(_Slot(fid, path, end, fd))
         return out
 
     def read_all(self) -> Iterator[bytes]:
@@ -565,12 +586,7 @@ class WriteAheadLog:
                 if e.kind == fmt.WAL_RECORD:
                     yield e.data
         finally:
-            for _fid, _path, _end, fd in files:
-                if fd is not None:
-                    try:
-                        self._fs.close(fd)
-                    except OSError:
-                        pass
+            _close_all(self._fs, files)
             self.corruption.extend(ctx.reports)
 
     # -- cleaning -------------------------------------------------------------------
@@ -720,16 +736,18 @@ def _open_readonly(directory: str | os.PathLike[str], fs: FS | None, encryption:
     return Log(directory, config, fs=fs, readonly=True, checkpoints=store, keyless_ok=True, wal=True)
 
 
-def _walk(log: Log, ctx: _ScanContext) -> Iterable[_Entry]:
+def _walk(log: Log, ctx: _ScanContext) -> Iterator[_Entry]:
     fs = log.fs
-    files: list[tuple[int, str, int, int | None]] = []
-    for fid in log.file_ids():
-        path = log.file_path(fid)
-        end = _sealed_end(log, fid)
-        if end is None:
-            continue
-        files.append((fid, path, end, fs.open_read(path)))
-    return _entries(log, ctx, files, keyless=True)
+    files: list[_Slot] = []
+    try:
+        for fid in log.file_ids():
+            path = log.file_path(fid)
+            end = _sealed_end(log, fid)
+            if end is not None:
+                files.append(_Slot(fid, path, end, fs.open_read(path)))
+        yield from _entries(log, ctx, files, keyless=True)
+    finally:
+        _close_all(fs, files)
 
 
 def dump_wal(

@@ -726,3 +726,33 @@ def test_a_file_whose_first_write_failed_takes_the_next_records_span(tmp_path: P
     assert rep.ok, rep.problems
     spans = [r for r in dump_wal(d, fs=fs) if r["kind"] == "span"]
     assert spans[0]["end"] >= 500
+
+
+class _CountingFS(SimFS):
+    """SimFS that fails the test on a second close of one descriptor (a real fd number may be reused)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed: set[int] = set()
+
+    def close(self, fd: int) -> None:
+        assert fd not in self.closed, f"descriptor {fd} closed twice"
+        self.closed.add(fd)
+        super().close(fd)
+
+
+def test_read_all_closes_what_it_opened_once(tmp_path: Path) -> None:
+    fs = _CountingFS()
+    with filechannel.WriteAheadLog("/sim/wal", fs=fs, rolling_interval=1) as w:
+        for i in range(6):
+            w.write(b"r%d" % i, time=100 + 5 * i)  # one file each
+        base = fs.open_fds()
+        it = w.read_all()
+        assert next(it) == b"r0"
+        assert fs.open_fds() > base  # every file is held open from the start (a clean cannot pull it away)
+        it.close()  # stopped early: the rest are closed, each once
+        assert fs.open_fds() == base
+        assert list(w.read_all()) == [b"r%d" % i for i in range(6)]
+        assert fs.open_fds() == base
+        assert [r["data"] for r in dump_wal("/sim/wal", fs=fs) if r["kind"] == "record"][:1] == [b"r0"]
+        assert fs.open_fds() == base
