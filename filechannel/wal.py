@@ -290,7 +290,11 @@ def _entries(log: Log, ctx: _ScanContext, files: Sequence[_Slot], keyless: bool 
         for txn, lost in puts.items():  # skip mode: PUTs whose COMMIT was damaged
             ctx.report_corruption(
                 CorruptionReport(
-                    path, lost[0][0], f"the COMMIT record of write {txn} is lost: its {len(lost)} record(s) dropped", 0, file_id=fid
+                    path,
+                    lost[0][0],
+                    f"the COMMIT record of write {txn} is lost: its {len(lost)} record(s) dropped",
+                    0,
+                    file_id=fid,
                 )
             )
 
