@@ -63,7 +63,7 @@ def test_quick_encryption_bench_prints_json_lines() -> None:
         assert r["min"] <= r["median"] <= r["max"]
     systems = {r["system"] for r in results}
     assert {"plaintext", "aes-256-gcm", "chacha20-poly1305", "aes-256-gcm / plaintext"} <= systems
-    assert {r["workload"] for r in results} == {"put x100", "take x100"}
+    assert {r["workload"] for r in results} == {"put x100", "take x100", "seal cost (CPU)"}
     assert any(r.get("type") == "target" for r in lines)
 
 

@@ -119,3 +119,21 @@ def test_spark_reads_and_writes_an_encrypted_channel(spark: Any, tmp_path: Path)
     assert sorted(e.body for e in got) == [b"SPARK-SECRET-%02d" % i for i in range(50)]
     assert_no_plaintext(str(dest), [b"SPARK-SECRET"])
     assert_no_plaintext(str(src), [b"SPARK-SECRET"])
+    # A streaming read (availableNow) under a consumer name: it acknowledges what it wrote out.
+    out = tmp_path / "stream"
+    q = (
+        spark.readStream.format("filechannel")
+        .option("consumer", "enc-q")
+        .option("keystore", ks)
+        .option("maxEventsPerTrigger", "20")
+        .load(str(src))
+        .writeStream.format("parquet")
+        .option("path", str(out / "out"))
+        .option("checkpointLocation", str(out / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert q.awaitTermination(120)
+    assert q.exception() is None
+    rows = spark.read.parquet(str(out / "out")).orderBy("position").collect()
+    assert [bytes(r.body) for r in rows] == [b"SPARK-SECRET-%02d" % i for i in range(50)]
