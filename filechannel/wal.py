@@ -30,7 +30,7 @@ import math
 import os
 import threading
 import time as _time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +62,7 @@ _NS = 1_000_000_000
 # The SPAN transaction at the start of every file: one PUT (sealed, with encryption) and one COMMIT.
 _SPAN_BYTES = fmt.record_size(fmt.WAL_HEAD_LEN + 8 + fmt.ENC_TAG_LEN) + fmt.record_size(16)
 _EMPTY = -(1 << 63)  # the span of a file without records: older than any threshold
+_I64_MAX = (1 << 63) - 1
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ class _TimePolicy:
         cur = self.current
         # A file rolled for size keeps its predecessor's end: the record that made it
         # roll is not past that end, so no record in the new file will be either.
-        end = cur[1] if cur is not None and t <= cur[1] else t + self.interval_ns
+        end = cur[1] if cur is not None and t <= cur[1] else min(t + self.interval_ns, _I64_MAX)
         self.current = self.spans[file_id] = (t, end)
 
     def first_item(self, file_id: int) -> Item | None:
@@ -143,6 +144,27 @@ class _ScanContext:
         # Files are scanned as sealed (only up to what was written and verified), so
         # a torn tail cannot be seen here; recovery at open dealt with the real one.
         logger.warning("%s: unverified bytes from %d to %d: %s", path, start, size, reason)
+
+
+@dataclass
+class _Slot:
+    """A file to read: its id, path, the length to read and, until read, an open descriptor."""
+
+    fid: int
+    path: str
+    end: int
+    fd: int | None
+
+
+def _close_all(fs: FS, files: Sequence[_Slot]) -> None:
+    """Close the descriptors of the files not read (an iteration stopped early)."""
+    for f in files:
+        fd, f.fd = f.fd, None
+        if fd is not None:
+            try:
+                fs.close(fd)
+            except OSError:
+                pass
 
 
 @dataclass(frozen=True)
@@ -189,21 +211,24 @@ def _sealed_end(log: Log, fid: int) -> int | None:
     return size
 
 
-def _to_ns(t: float | None, what: str = "time") -> int:
+def _to_ns(t: float | None, what: str = "time", clamp: bool = False) -> int:
     if t is None:
         return _time.time_ns()
     if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
         raise TypeError(f"{what} must be a finite number of seconds since the epoch, got {t!r}")
-    return round(t * _NS)
+    ns = round(t * _NS)
+    if clamp:  # a threshold beyond every possible time is fine: it means "everything"
+        return max(_EMPTY + 1, min(ns, _I64_MAX))
+    if not _EMPTY < ns <= _I64_MAX:
+        raise ValueError(f"{what} {t!r} is out of range (about ±292 years around 1970)")
+    return ns
 
 
 _SEALED = -1  # an _Entry kind: the record is encrypted and no key was given (dump and verify only)
 
 
-def _entries(
-    log: Log, ctx: _ScanContext, files: Sequence[tuple[int, str, int, int | None]], keyless: bool = False
-) -> Iterator[_Entry]:
-    """Yield the committed records of ``files`` (id, path, end, open fd) in write order.
+def _entries(log: Log, ctx: _ScanContext, files: Sequence[_Slot], keyless: bool = False) -> Iterator[_Entry]:
+    """Yield the committed records of ``files`` in write order (closing each once read).
 
     Each file is read up to ``end`` (what was written and verified) and walked
     by ``scan.Scanner`` as a sealed file: damage raises ``CorruptLogError``, or
@@ -211,11 +236,13 @@ def _entries(
     """
     prev_woid = 0
     fs = log.fs
-    for fid, path, end, fd in files:
+    for slot in files:
+        fid, path, fd = slot.fid, slot.path, slot.fd
         if fd is None:
             continue
+        slot.fd = None
         try:
-            buf = fs.pread(fd, end, 0)
+            buf = fs.pread(fd, slot.end, 0)
         finally:
             fs.close(fd)
         start: int | None = None
@@ -263,7 +290,11 @@ def _entries(
         for txn, lost in puts.items():  # skip mode: PUTs whose COMMIT was damaged
             ctx.report_corruption(
                 CorruptionReport(
-                    path, lost[0][0], f"{len(lost)} records of write {txn} lost their COMMIT record", 0, file_id=fid
+                    path,
+                    lost[0][0],
+                    f"the COMMIT record of write {txn} is lost: its {len(lost)} record(s) dropped",
+                    0,
+                    file_id=fid,
                 )
             )
 
@@ -407,6 +438,7 @@ class WriteAheadLog:
 
         Raises:
             TypeError: ``data`` is not bytes-like, or ``time`` not a number.
+            ValueError: ``time`` is out of range.
             EventTooLargeError: The record does not fit in a data file.
             OSError: The write or fsync failed (a failed fsync also fails the log).
             ChannelClosedError: The log is closed or has failed.
@@ -425,6 +457,7 @@ class WriteAheadLog:
 
         Raises:
             TypeError: An item is not bytes-like, or ``time`` not a number.
+            ValueError: ``time`` is out of range.
             EventTooLargeError: A record does not fit in a data file.
             OSError: The write or fsync failed (a failed fsync also fails the log).
             ChannelClosedError: The log is closed or has failed.
@@ -512,7 +545,7 @@ class WriteAheadLog:
             raise CorruptLogError(path, handle.offset, exc.reason) from exc
         return data
 
-    def _snapshot(self) -> list[tuple[int, str, int, int | None]]:
+    def _snapshot(self) -> list[_Slot]:
         """Every live file with the length written and verified so far, opened for reading."""
         log = self._log
         files: list[tuple[int, str, int]] = []
@@ -522,7 +555,7 @@ class WriteAheadLog:
                     end = w.offset if fid == w.file_id and w.fd is not None else _sealed_end(log, fid)
                     if end is not None:
                         files.append((fid, log.file_path(fid), end))
-        out: list[tuple[int, str, int, int | None]] = []
+        out: list[_Slot] = []
         for fid, path, end in sorted(files):
             try:
                 fd: int | None = self._fs.open_read(path)
@@ -531,7 +564,7 @@ class WriteAheadLog:
                     if fid not in self._cleaned:
                         raise CorruptLogError(path, 0, "data file is missing") from None
                 fd = None  # cleaned meanwhile: it held only records older than the threshold
-            out.append((fid, path, end, fd))
+            out.append(_Slot(fid, path, end, fd))
         return out
 
     def read_all(self) -> Iterator[bytes]:
@@ -557,12 +590,7 @@ class WriteAheadLog:
                 if e.kind == fmt.WAL_RECORD:
                     yield e.data
         finally:
-            for _fid, _path, _end, fd in files:
-                if fd is not None:
-                    try:
-                        self._fs.close(fd)
-                    except OSError:
-                        pass
+            _close_all(self._fs, files)
             self.corruption.extend(ctx.reports)
 
     # -- cleaning -------------------------------------------------------------------
@@ -581,7 +609,7 @@ class WriteAheadLog:
             ChannelClosedError: The log is closed or has failed (when waiting).
         """
         self._check_open()
-        thresh = _to_ns(thresh_time, "thresh_time")
+        thresh = _to_ns(thresh_time, "thresh_time", clamp=True)
         if wait_for_completion:
             self._clean(thresh)
             return
@@ -712,16 +740,18 @@ def _open_readonly(directory: str | os.PathLike[str], fs: FS | None, encryption:
     return Log(directory, config, fs=fs, readonly=True, checkpoints=store, keyless_ok=True, wal=True)
 
 
-def _walk(log: Log, ctx: _ScanContext) -> Iterable[_Entry]:
+def _walk(log: Log, ctx: _ScanContext) -> Iterator[_Entry]:
     fs = log.fs
-    files: list[tuple[int, str, int, int | None]] = []
-    for fid in log.file_ids():
-        path = log.file_path(fid)
-        end = _sealed_end(log, fid)
-        if end is None:
-            continue
-        files.append((fid, path, end, fs.open_read(path)))
-    return _entries(log, ctx, files, keyless=True)
+    files: list[_Slot] = []
+    try:
+        for fid in log.file_ids():
+            path = log.file_path(fid)
+            end = _sealed_end(log, fid)
+            if end is not None:
+                files.append(_Slot(fid, path, end, fs.open_read(path)))
+        yield from _entries(log, ctx, files, keyless=True)
+    finally:
+        _close_all(fs, files)
 
 
 def dump_wal(

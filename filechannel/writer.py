@@ -260,11 +260,14 @@ class Writer:
                 self._roll()
                 if policy is not None:
                     policy.started(self.file_id, it)
-            elif policy is not None and self.offset > self.header_len and policy.must_roll(self.file_id, it):
-                if chunk:
-                    self._write_chunk(chunk)
-                    chunk, size = [], 0
-                self._roll()
+            elif policy is not None and policy.must_roll(self.file_id, it):
+                if chunk or self.offset > self.header_len:
+                    if chunk:
+                        self._write_chunk(chunk)
+                        chunk, size = [], 0
+                    self._roll()
+                # A new file, or one still empty (its first write failed): its rules are
+                # written with its first batch, so they can still follow this item.
                 policy.started(self.file_id, it)
             room = limit - self.offset - BATCH_END_SIZE
             if chunk and size + it.nbytes > room:

@@ -276,10 +276,14 @@ def test_bad_records_and_times(tmp_path: Path) -> None:
         for bad in ("now", float("inf"), float("nan"), True):
             with pytest.raises(TypeError, match="seconds"):
                 w.write(b"x", time=bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="out of range"):
+            w.write(b"x", time=1e12)
+        w2 = w.write(b"far", time=9e9)  # the file's end is capped at the largest time
+        assert w.read(w2) == b"far"
         with pytest.raises(filechannel.EventTooLargeError) as info:
             w.write(b"x" * 8192)
         assert info.value.limit < 8192
-        assert list(w.read_all()) == []  # nothing of the refused writes was written
+        assert list(w.read_all()) == [b"far"]  # nothing of the refused writes was written
         with pytest.raises(TypeError, match="thresh_time"):
             w.clean("yesterday")  # type: ignore[arg-type]
 
@@ -681,3 +685,74 @@ def test_damaged_file_header_in_skip_mode_loses_only_the_header(tmp_path: Path) 
         assert list(w.read_all()) == [b"old %d" % i for i in range(5)] + [b"new"]
         assert [w.read(h) for h in first] == [b"old %d" % i for i in range(5)]
         assert any("header" in c.reason for c in w.corruption)
+
+
+def test_one_batch_of_writes_with_far_apart_times_rolls_inside_the_batch(tmp_path: Path) -> None:
+    """Group commit hands the writer several writes at once: each still lands in a file whose end covers it."""
+    from filechannel.wal import _NS, _WalItem
+
+    d = wal_dir(tmp_path)
+    with filechannel.WriteAheadLog(d, rolling_interval=10) as w:
+        log = w._log
+        items = [
+            _WalItem(log.new_txn_id(), [fmt.encode_wal_payload(fmt.WAL_RECORD, t * _NS, b"t%d" % t)], t * _NS, 0)
+            for t in (100, 200, 105, 300)
+        ]
+        writer = log._writers[0]
+        with writer.io_lock:
+            writer._write_batch_locked(items)  # one batch, as a leader writes concurrent commits
+        assert list(w.read_all()) == [b"t100", b"t200", b"t105", b"t300"]
+    rep = verify_wal(d)
+    assert rep.ok, rep.problems  # verify checks every record's time against its file's end
+    ends = {r["file"]: r["end"] for r in dump_wal(d) if r["kind"] == "span"}
+    for r in dump_wal(d):
+        if r["kind"] == "record":
+            assert r["time"] <= ends[r["file"]]
+    assert len(ends) == 3  # [100, 110], [200, 210] (also holding 105: not past its end), [300, 310]
+
+
+def test_a_file_whose_first_write_failed_takes_the_next_records_span(tmp_path: Path) -> None:
+    fs = SimFS()
+    d = "/sim/wal"
+    with filechannel.WriteAheadLog(d, fs=fs, rolling_interval=10) as w:
+        fs.inject("pwrite_all", 2, errno.ENOSPC, path="seg-")  # the header is written, the first batch is not
+        with pytest.raises(OSError):
+            w.write(b"early", time=100)
+        h = w.write(b"late", time=500)
+        assert w.read(h) == b"late"
+        w.clean(400, wait_for_completion=True)
+        assert list(w.read_all()) == [b"late"]
+    rep = verify_wal(d, fs=fs)
+    assert rep.ok, rep.problems
+    spans = [r for r in dump_wal(d, fs=fs) if r["kind"] == "span"]
+    assert spans[0]["end"] >= 500
+
+
+class _CountingFS(SimFS):
+    """SimFS that fails the test on a second close of one descriptor (a real fd number may be reused)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed: set[int] = set()
+
+    def close(self, fd: int) -> None:
+        assert fd not in self.closed, f"descriptor {fd} closed twice"
+        self.closed.add(fd)
+        super().close(fd)
+
+
+def test_read_all_closes_what_it_opened_once(tmp_path: Path) -> None:
+    fs = _CountingFS()
+    with filechannel.WriteAheadLog("/sim/wal", fs=fs, rolling_interval=1) as w:
+        for i in range(6):
+            w.write(b"r%d" % i, time=100 + 5 * i)  # one file each
+        base = fs.open_fds()
+        it = w.read_all()
+        assert next(it) == b"r0"
+        assert fs.open_fds() > base  # every file is held open from the start (a clean cannot pull it away)
+        it.close()  # stopped early: the rest are closed, each once
+        assert fs.open_fds() == base
+        assert list(w.read_all()) == [b"r%d" % i for i in range(6)]
+        assert fs.open_fds() == base
+        assert [r["data"] for r in dump_wal("/sim/wal", fs=fs) if r["kind"] == "record"][:1] == [b"r0"]
+        assert fs.open_fds() == base
