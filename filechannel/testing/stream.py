@@ -507,11 +507,11 @@ class _Run:
             self.producer = _Child.start("producer", config, log, self.timeout)
         return self.producer
 
-    def driver_call(self, op: str, **args: Any) -> dict[str, Any] | None:
+    def driver_call(self, op: str, extra_time: float = 0.0, **args: Any) -> dict[str, Any] | None:
         """Call the driver; None if the armed crash killed it meanwhile (the stream is then gone)."""
         d = self.ensure_driver()
         try:
-            reply = d.call(op, self.timeout, **args)
+            reply = d.call(op, self.timeout + extra_time, **args)
         except _ChildDied as exc:
             self.driver = None
             self.streaming = False
@@ -647,7 +647,7 @@ class _Run:
         self.pending_failure = None
         if error is None:
             self.need_stream("ExpectFailure")
-            reply = self.driver_call("await_failure", timeout=self.timeout)
+            reply = self.driver_call("await_failure", extra_time=60.0, wait=self.timeout)
             if reply is None:
                 raise _StepFailed("ExpectFailure: the driver crashed (as armed) instead of the query failing")
             self.streaming = False
@@ -967,7 +967,7 @@ class _DriverServer:
             return {"ok": True}
         if op == "await_failure":
             try:
-                terminated = self.query.awaitTermination(msg["timeout"])
+                terminated = self.query.awaitTermination(msg["wait"])
             except Exception as exc:  # noqa: BLE001 - the query's failure is the answer
                 self.query = None
                 return {"error": f"{type(exc).__name__}: {exc}"}
