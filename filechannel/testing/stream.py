@@ -684,6 +684,7 @@ def stream_test(
     channel_dir: str | os.PathLike[str] | None = None,
     output_dir: str | os.PathLike[str] | None = None,
     checkpoint_dir: str | os.PathLike[str] | None = None,
+    work_dir: str | os.PathLike[str] | None = None,
     read_output: str | Callable[..., Any] | None = None,
     timeout: float = 300.0,
     channel_options: Mapping[str, Any] | None = None,
@@ -702,6 +703,9 @@ def stream_test(
         checkpoint_dir: The query's checkpoint, set on the query unless the
             function sets ``checkpointLocation`` itself. Default: a temporary directory.
             All three stay the same across driver restarts.
+        work_dir: Where the children's logs (and the directories not given)
+            go. Default: a new temporary directory, removed when the test
+            passes, kept (and named in the report) when it fails.
         read_output: ``"module:function"`` (or such a function) ``f(spark,
             output_dir)`` returning a DataFrame of what the sink holds.
             Default: ``spark.read.parquet(output_dir)`` (no rows while it is empty).
@@ -720,7 +724,9 @@ def stream_test(
             raise ConfigError("actions", f"step {i} is {a!r}, not one of {', '.join(c.__name__ for c in ACTIONS)}")
     if not (isinstance(timeout, (int, float)) and timeout > 0):
         raise ConfigError("timeout", f"must be a positive number of seconds, not {timeout!r}")
-    work = Path(tempfile.mkdtemp(prefix="fc-stream-test-"))
+    own_work = work_dir is None
+    work = Path(tempfile.mkdtemp(prefix="fc-stream-test-")) if work_dir is None else Path(work_dir)
+    work.mkdir(parents=True, exist_ok=True)
     dirs = {
         "channel_dir": os.fspath(channel_dir) if channel_dir is not None else str(work / "channel"),
         "output_dir": os.fspath(output_dir) if output_dir is not None else str(work / "output"),
@@ -750,7 +756,8 @@ def stream_test(
     finally:
         run.shutdown()
     run.result.rows = run.rows
-    shutil.rmtree(work, ignore_errors=True)
+    if own_work:
+        shutil.rmtree(work, ignore_errors=True)
     return run.result
 
 
