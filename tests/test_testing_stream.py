@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ def doc_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[st
     """The worked example of docs/testing.md: its job module importable, its test function."""
     (tmp_path / "my_job.py").write_text(FILES["my_job.py"])
     monkeypatch.syspath_prepend(str(tmp_path))  # the driver subprocess sees it too
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # a failing run keeps its work dir: here
     code = next(t for t in TESTS if "spark" in t[0])[1]
     namespace: dict[str, Any] = {}
     exec(compile(code, "docs/testing.md", "exec"), namespace)
@@ -81,10 +83,12 @@ def test_doc_example_a_non_idempotent_foreach_batch_sink_is_caught(
 
 @pytest.mark.spark
 @pytest.mark.slow
-def test_check_answer_then_crash_after_sink_needs_a_foreach_batch_sink() -> None:
+def test_check_answer_then_crash_after_sink_needs_a_foreach_batch_sink(tmp_path: Path) -> None:
     steps = [AddData([b"x", b"y"]), StartStream(), ProcessAllAvailable(), CheckAnswer([(0, b"x"), (1, b"y")])]
     with pytest.raises(StreamTestError) as ei:
-        stream_test("stream_queries:file_sink", [*steps, CrashDriver(at="after_sink"), ProcessAllAvailable()])
+        stream_test(
+            "stream_queries:file_sink", [*steps, CrashDriver(at="after_sink"), ProcessAllAvailable()], work_dir=tmp_path
+        )
     msg = str(ei.value)
     assert ei.value.step == 5, msg
     assert "  4 CheckAnswer(2 rows)  ok" in msg
@@ -100,9 +104,11 @@ def test_expect_failure() -> None:
     assert any("the query failed as expected" in line for line in r.log), r.log
 
 
-def test_a_step_that_needs_a_stream_says_so_without_starting_spark() -> None:
+def test_a_step_that_needs_a_stream_says_so_without_starting_spark(tmp_path: Path) -> None:
     with pytest.raises(StreamTestError) as ei:
-        stream_test("stream_queries:file_sink", [AddData([b"a"]), ProcessAllAvailable(), CheckExactlyOnce()])
+        stream_test(
+            "stream_queries:file_sink", [AddData([b"a"]), ProcessAllAvailable(), CheckExactlyOnce()], work_dir=tmp_path
+        )
     msg = str(ei.value)
     assert msg.splitlines()[:2] == [
         "stream_test step 2 of 3 failed: ProcessAllAvailable()",
@@ -111,6 +117,8 @@ def test_a_step_that_needs_a_stream_says_so_without_starting_spark() -> None:
     assert "  1 AddData(1 events)  ok" in msg
     assert "  3 CheckExactlyOnce()  not run" in msg
     assert "no driver ran: the sink was not read" in msg
+    assert f"logs of the driver and producer processes: {tmp_path}" in msg
+    assert (tmp_path / "producer-1.log").exists()
 
 
 def test_check_answer_compares_rows_in_any_order() -> None:

@@ -507,11 +507,11 @@ class _Run:
             self.producer = _Child.start("producer", config, log, self.timeout)
         return self.producer
 
-    def driver_call(self, op: str, **args: Any) -> dict[str, Any] | None:
+    def driver_call(self, op: str, extra_time: float = 0.0, **args: Any) -> dict[str, Any] | None:
         """Call the driver; None if the armed crash killed it meanwhile (the stream is then gone)."""
         d = self.ensure_driver()
         try:
-            reply = d.call(op, self.timeout, **args)
+            reply = d.call(op, self.timeout + extra_time, **args)
         except _ChildDied as exc:
             self.driver = None
             self.streaming = False
@@ -647,7 +647,7 @@ class _Run:
         self.pending_failure = None
         if error is None:
             self.need_stream("ExpectFailure")
-            reply = self.driver_call("await_failure", timeout=self.timeout)
+            reply = self.driver_call("await_failure", extra_time=60.0, wait=self.timeout)
             if reply is None:
                 raise _StepFailed("ExpectFailure: the driver crashed (as armed) instead of the query failing")
             self.streaming = False
@@ -684,6 +684,7 @@ def stream_test(
     channel_dir: str | os.PathLike[str] | None = None,
     output_dir: str | os.PathLike[str] | None = None,
     checkpoint_dir: str | os.PathLike[str] | None = None,
+    work_dir: str | os.PathLike[str] | None = None,
     read_output: str | Callable[..., Any] | None = None,
     timeout: float = 300.0,
     channel_options: Mapping[str, Any] | None = None,
@@ -702,6 +703,9 @@ def stream_test(
         checkpoint_dir: The query's checkpoint, set on the query unless the
             function sets ``checkpointLocation`` itself. Default: a temporary directory.
             All three stay the same across driver restarts.
+        work_dir: Where the children's logs (and the directories not given)
+            go. Default: a new temporary directory, removed when the test
+            passes, kept (and named in the report) when it fails.
         read_output: ``"module:function"`` (or such a function) ``f(spark,
             output_dir)`` returning a DataFrame of what the sink holds.
             Default: ``spark.read.parquet(output_dir)`` (no rows while it is empty).
@@ -720,7 +724,9 @@ def stream_test(
             raise ConfigError("actions", f"step {i} is {a!r}, not one of {', '.join(c.__name__ for c in ACTIONS)}")
     if not (isinstance(timeout, (int, float)) and timeout > 0):
         raise ConfigError("timeout", f"must be a positive number of seconds, not {timeout!r}")
-    work = Path(tempfile.mkdtemp(prefix="fc-stream-test-"))
+    own_work = work_dir is None
+    work = Path(tempfile.mkdtemp(prefix="fc-stream-test-")) if work_dir is None else Path(work_dir)
+    work.mkdir(parents=True, exist_ok=True)
     dirs = {
         "channel_dir": os.fspath(channel_dir) if channel_dir is not None else str(work / "channel"),
         "output_dir": os.fspath(output_dir) if output_dir is not None else str(work / "output"),
@@ -750,7 +756,8 @@ def stream_test(
     finally:
         run.shutdown()
     run.result.rows = run.rows
-    shutil.rmtree(work, ignore_errors=True)
+    if own_work:
+        shutil.rmtree(work, ignore_errors=True)
     return run.result
 
 
@@ -967,7 +974,7 @@ class _DriverServer:
             return {"ok": True}
         if op == "await_failure":
             try:
-                terminated = self.query.awaitTermination(msg["timeout"])
+                terminated = self.query.awaitTermination(msg["wait"])
             except Exception as exc:  # noqa: BLE001 - the query's failure is the answer
                 self.query = None
                 return {"error": f"{type(exc).__name__}: {exc}"}
