@@ -78,6 +78,7 @@ def test_doc_example_a_non_idempotent_foreach_batch_sink_is_caught(
     shown = m.group(1)
     lines = [f"{type(e).__module__}.{type(e).__name__}: {msg.splitlines()[0]}", *msg.splitlines()]
     for pattern in expected_lines(shown):
+        pattern = pattern.replace("/tmp/", "*/")  # the work dir is in tmp_path here
         assert any(fnmatch.fnmatchcase(line, pattern) for line in lines), pattern
 
 
