@@ -46,6 +46,8 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import unquote, urlparse
 
+from filechannel.testing.stream import session_pids
+
 REGIONS = ("eu-west", "us-east", "ap-south", "sa-east")
 CONSUMER = "parquet-table"
 LEDGER = "ledger"
@@ -499,23 +501,6 @@ def report(r: dict[str, Any]) -> bool:
 # The orchestrator.
 
 
-def _session_pids(sid: int) -> list[int]:
-    """Every live process in session ``sid`` (a child started with start_new_session leads one)."""
-    out = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        # fields[0] is the state, [3] the session id
-        if int(fields[3]) == sid and fields[0] != "Z":
-            out.append(int(d))
-    return out
-
-
 def _kind(pid: int) -> str:
     """What a process of the run is, from its command line."""
     try:
@@ -554,7 +539,7 @@ class Child:
     def kill9(self) -> str:
         """SIGKILL the process group, then wait until nothing of the session is left."""
         kinds: dict[str, int] = {}
-        for p in _session_pids(self.pid):
+        for p in session_pids(self.pid):
             kind = _kind(p)
             kinds[kind] = kinds.get(kind, 0) + 1
         with contextlib.suppress(ProcessLookupError):
@@ -570,9 +555,9 @@ class Child:
     def reap(self, timeout: float) -> int:
         """Wait for every process of the session to end; SIGKILL stragglers; return how many there were."""
         deadline = time.monotonic() + timeout
-        while _session_pids(self.pid) and time.monotonic() < deadline:
+        while session_pids(self.pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        left = _session_pids(self.pid)
+        left = session_pids(self.pid)
         for p in left:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p, signal.SIGKILL)
@@ -725,7 +710,7 @@ class Orchestrator:
             if self.tty:
                 sys.stderr.write("\r\x1b[K")
             for c in self.children:  # after a failure (or Ctrl-C): leave nothing running
-                if _session_pids(c.pid):
+                if session_pids(c.pid):
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(c.pid, signal.SIGKILL)
                     c.reap(10.0)
@@ -804,7 +789,7 @@ class Orchestrator:
         self._stop_progress.set()
         if rc not in (0, CHECK_FAILED):
             raise RuntimeError(f"Spark driver #2 exited with {rc}:\n{driver.tail()}")
-        stray = sum(len(_session_pids(c.pid)) + c.stragglers for c in self.children) + left
+        stray = sum(len(session_pids(c.pid)) + c.stragglers for c in self.children) + left
         if stray:
             self.say(f"FAIL: {stray} processes of the run outlived their process (group)")
             return 1

@@ -247,8 +247,12 @@ def _recv(f: IO[bytes]) -> Any:
     return pickle.loads(data)
 
 
-def _session_pids(sid: int) -> list[int]:
-    """Every live process of session ``sid`` (Linux ``/proc``)."""
+def session_pids(sid: int) -> list[int]:
+    """Every live process of session ``sid`` (Linux ``/proc``).
+
+    What is left of a child started with ``start_new_session=True`` after it
+    was killed: its JVM, its Python workers.
+    """
     out = []
     for d in os.listdir("/proc"):
         if not d.isdigit():
@@ -349,7 +353,7 @@ class _Child:
 
     def kill(self) -> int:
         """SIGKILL the whole process group; wait until nothing of the session is left; return the count killed."""
-        n = len(_session_pids(self.proc.pid))
+        n = len(session_pids(self.proc.pid))
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
@@ -359,9 +363,9 @@ class _Child:
     def reap(self, timeout: float = 10.0) -> None:
         """Wait for every process of the session to end; SIGKILL stragglers."""
         deadline = time.monotonic() + timeout
-        while _session_pids(self.proc.pid) and time.monotonic() < deadline:
+        while session_pids(self.proc.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        for p in _session_pids(self.proc.pid):
+        for p in session_pids(self.proc.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p, signal.SIGKILL)
         with contextlib.suppress(OSError):
