@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from simfs import MUTATING_OPS, SimFS
+from simfs import CRASH_VARIANTS, MUTATING_OPS, SimFS
 
 import filechannel
 from filechannel.channel import read_event
@@ -48,14 +48,7 @@ DIR = "/sim/ch"
 CONSUMER = "q"
 BASE_OPTS: dict[str, Any] = {"background": False, "minimum_required_space": 0, "max_file_size": 4096}
 
-VARIANTS: list[tuple[str, int]] = (
-    [("drop", 0), ("keep", 0)]
-    + [("prefix", s) for s in range(2)]
-    + [("subset", s) for s in range(2)]
-    + [("torn", s) for s in range(3)]
-    + [("extend", s) for s in range(2)]
-    + [("random", s) for s in range(2)]
-)
+VARIANTS: list[tuple[str, int]] = list(CRASH_VARIANTS)
 NESTED_VARIANTS: list[tuple[str, int]] = [("drop", 0), ("random", 1)]
 
 TOTALS: dict[str, int] = {"snapshots": 0, "variants": 0, "distinct_states": 0, "nested_states": 0}

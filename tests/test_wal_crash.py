@@ -27,20 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from simfs import MUTATING_OPS, SimFS
+from simfs import CRASH_VARIANTS, MUTATING_OPS, SimFS
 
 import filechannel
 from filechannel.wal import RecordHandle
 
 D = "/sim/wal"
-VARIANTS: list[tuple[str, int]] = (
-    [("drop", 0), ("keep", 0)]
-    + [("prefix", s) for s in range(2)]
-    + [("subset", s) for s in range(2)]
-    + [("torn", s) for s in range(3)]
-    + [("extend", s) for s in range(2)]
-    + [("random", s) for s in range(2)]
-)
+VARIANTS: list[tuple[str, int]] = list(CRASH_VARIANTS)
 TOTALS = {"snapshots": 0, "recoveries": 0, "distinct": 0}
 
 

@@ -49,6 +49,13 @@ from typing import Any
 
 CRASH_MODES = ("drop", "keep", "prefix", "subset", "torn", "extend", "random", "torn_prefix")
 _FILE_MODES = ("drop", "keep", "prefix", "subset", "torn", "extend")
+# The (mode, seed) pairs a crash-point harness tries at every persistence point: the two
+# extremes once, and each mode that draws from its seed with a few seeds.
+CRASH_VARIANTS: tuple[tuple[str, int], ...] = tuple(
+    (mode, seed)
+    for mode, seeds in {"drop": 1, "keep": 1, "prefix": 2, "subset": 2, "torn": 3, "extend": 2, "random": 2}.items()
+    for seed in range(seeds)
+)
 MUTATING_OPS = frozenset(
     {"makedirs", "create", "pwrite_all", "truncate", "fdatasync", "fsync", "fsync_dir", "replace", "unlink", "lock"}
 )
