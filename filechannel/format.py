@@ -16,6 +16,8 @@ a record copied from another file or another channel does not verify.
 
 from __future__ import annotations
 
+import glob
+import os
 import struct
 import zlib
 from collections.abc import Iterable, Mapping
@@ -30,6 +32,29 @@ try:  # the C implementation; the pure-Python fallback is far too slow to use
 except ImportError:  # pragma: no cover - exercised only without the wheel
     _gcrc = None
 HAVE_CRC32C: Final = _gcrc is not None and _gcrc.implementation == "c"
+
+# The optional C accelerator (``_speedups.c``): batch framing and verified-batch
+# scanning. The Python code in this module and in scan.py is the reference
+# implementation it is tested against byte for byte; FILECHANNEL_PURE_PYTHON=1
+# forces that path. ``speedups`` is None on the pure path.
+PURE_PYTHON_ENV: Final = "FILECHANNEL_PURE_PYTHON"
+speedups: Any = None
+if os.environ.get(PURE_PYTHON_ENV, "") in ("", "0"):
+    try:
+        from . import _speedups as speedups
+    except ImportError:  # pragma: no cover - no compiler at install time
+        speedups = None
+if speedups is not None and _gcrc is not None:
+    # Prefer the CRC-32C of google-crc32c's own C library (the wheel ships it next to
+    # the package, already loaded by the import above); else the extension's built-in one.
+    for _lib in sorted(glob.glob(os.path.join(os.path.dirname(_gcrc.__file__) + ".libs", "libcrc32c*.so*"))):
+        if speedups.bind_crc32c(_lib):
+            break
+
+
+def accelerator() -> str:
+    """Return which per-event path is active: ``"c"`` (the accelerator) or ``"python"``."""
+    return "c" if speedups is not None else "python"
 
 MAGIC: Final = b"\x89FCW\r\n\x1a\n"
 FORMAT_VERSION: Final = 1
@@ -273,7 +298,13 @@ def encode_record(op: int, woid: int, txn_id: int, payload: bytes, seed: int, ki
 
 
 def record_encoder(seed: int, kind: int) -> _RecordEncoder:
-    """Return a fast encoder bound to one file's seed (the hot path of the writer)."""
+    """Return a fast encoder bound to one file's seed (the hot path of the writer).
+
+    With the C accelerator active, its :meth:`~_RecordEncoder.add_puts` frames a
+    whole batch in one call (:class:`_CRecordEncoder`).
+    """
+    if speedups is not None:
+        return _CRecordEncoder(seed, kind)
     return _RecordEncoder(seed, kind)
 
 
@@ -333,6 +364,31 @@ class _RecordEncoder:
             offset += size
             woid += 1
         return offset
+
+
+class _CRecordEncoder(_RecordEncoder):
+    """:class:`_RecordEncoder` with :meth:`add_puts` in C: the same bytes, one call per batch."""
+
+    __slots__ = ("_kind",)
+
+    def __init__(self, seed: int, kind: int) -> None:
+        super().__init__(seed, kind)
+        self._kind = kind
+
+    def add_puts(
+        self,
+        parts: list[bytes],
+        woid: int,
+        txn_id: int,
+        payloads: Iterable[bytes],
+        offsets: list[int],
+        sizes: list[int],
+        offset: int,
+    ) -> int:
+        """Append the frames of :meth:`_RecordEncoder.add_puts` to ``parts`` as one bytes object."""
+        frames, end = speedups.encode_puts(self._seed, self._kind, woid, txn_id, payloads, offsets, sizes, offset)
+        parts.append(frames)
+        return int(end)
 
 
 def _zlib_extend(crc_value: int, data: bytes) -> int:
