@@ -114,6 +114,7 @@ crc32c_hw(uint32_t crc, const unsigned char *p, size_t n)
 /* google-crc32c's own C library (crc32c_extend from libcrc32c), when bind_crc32c() found it. */
 typedef uint32_t (*lib_extend_fn)(uint32_t, const uint8_t *, size_t);
 static lib_extend_fn lib_crc32c_extend = NULL;
+static int force_table = 0; /* tests: use the table even where SSE4.2 exists */
 
 /* Extend a finished CRC-32C value, as google_crc32c.extend(crc, data) does. */
 static uint32_t
@@ -122,7 +123,7 @@ crc32c_extend(uint32_t crc, const unsigned char *p, size_t n)
     if (lib_crc32c_extend != NULL)
         return lib_crc32c_extend(crc, p, n);
 #ifdef FC_HAVE_SSE42_PATH
-    if (have_sse42)
+    if (have_sse42 && !force_table)
         return ~crc32c_hw(~crc, p, n);
 #endif
     return ~crc32c_sw(~crc, p, n);
@@ -247,7 +248,18 @@ sp_crc32c_impl(PyObject *self, PyObject *args)
 {
     if (lib_crc32c_extend != NULL)
         return PyUnicode_FromString("google-crc32c");
-    return PyUnicode_FromString(have_sse42 ? "sse4.2" : "table");
+    return PyUnicode_FromString(have_sse42 && !force_table ? "sse4.2" : "table");
+}
+
+/* use_table(flag): tests only; with flag set (and no library bound) the table runs even with SSE4.2. */
+static PyObject *
+sp_use_table(PyObject *self, PyObject *args)
+{
+    int flag;
+    if (!PyArg_ParseTuple(args, "p", &flag))
+        return NULL;
+    force_table = flag;
+    Py_RETURN_NONE;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -298,6 +310,12 @@ sp_encode_puts(PyObject *self, PyObject *args)
     }
     Py_ssize_t total = 0;
     for (; got < count; got++) {
+        if (kind == KIND_CRC32C && !PyBytes_Check(items[got])) {
+            /* google_crc32c.extend ("y#"), which the Python twin calls, takes bytes only */
+            PyErr_Format(PyExc_TypeError, "argument 2 must be read-only bytes-like object, not %.100s",
+                         Py_TYPE(items[got])->tp_name);
+            goto done;
+        }
         if (PyObject_GetBuffer(items[got], &bufs[got], PyBUF_SIMPLE) < 0)
             goto done;
         Py_ssize_t n = bufs[got].len;
@@ -522,6 +540,7 @@ out:
 static PyMethodDef sp_methods[] = {
     {"bind_crc32c", sp_bind_crc32c, METH_VARARGS, "bind_crc32c(path) -> bool: use libcrc32c's crc32c_extend."},
     {"unbind_crc32c", sp_unbind_crc32c, METH_NOARGS, "unbind_crc32c(): use the built-in CRC-32C again."},
+    {"use_table", sp_use_table, METH_VARARGS, "use_table(flag): tests only; force the table CRC-32C."},
     {"crc32c_impl", sp_crc32c_impl, METH_NOARGS, "crc32c_impl() -> str: the CRC-32C in use."},
     {"crc", sp_crc, METH_VARARGS, "crc(kind, data, seed=0) -> int: the checksum of data under kind, extending seed."},
     {"encode_puts", sp_encode_puts, METH_VARARGS,

@@ -678,6 +678,7 @@ class FileChannel:
                 replay_seconds=round(self.replay_seconds, 6),
                 failed=self._log.failed is not None,
                 recovery_source=self.recovery_source,
+                accelerator=fmt.accelerator(),
                 checkpoint_fallbacks=len(self.checkpoint_fallbacks),
                 open_transactions=len(self._open_txns),
                 consumers=consumers,

@@ -368,6 +368,7 @@ def cmd_stat(args: argparse.Namespace) -> int:
             "torn_tails": len(log.torn_tails),
             "checkpoint": _checkpoint_info(log),
             "last_open": _store(args.dir).last_open(),
+            "accelerator": fmt.accelerator(),
         }
         info.update(_consumers_info(args.dir, log, entries))
     finally:
