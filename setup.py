@@ -20,18 +20,18 @@ class OptionalBuildExt(build_ext):
     """A build_ext that logs a failed compile and continues without the extension."""
 
     def run(self) -> None:
+        """Build the extensions; a failure is logged and the install goes on."""
         try:
             super().run()
         except Exception as exc:  # noqa: BLE001 - any build failure means: no accelerator
             logger.warning("filechannel: not building the C accelerator (%s); the pure-Python path will run", exc)
 
     def build_extension(self, ext: Extension) -> None:
+        """Build one extension; a failure is logged and the install goes on."""
         try:
             super().build_extension(ext)
         except Exception as exc:  # noqa: BLE001
-            logger.warning(
-                "filechannel: could not build %s (%s); the pure-Python path will run", ext.name, exc
-            )
+            logger.warning("filechannel: could not build %s (%s); the pure-Python path will run", ext.name, exc)
 
 
 setup(

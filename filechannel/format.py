@@ -17,6 +17,7 @@ a record copied from another file or another channel does not verify.
 from __future__ import annotations
 
 import glob
+import importlib
 import os
 import struct
 import zlib
@@ -41,7 +42,7 @@ PURE_PYTHON_ENV: Final = "FILECHANNEL_PURE_PYTHON"
 speedups: Any = None
 if os.environ.get(PURE_PYTHON_ENV, "") in ("", "0"):
     try:
-        from . import _speedups as speedups
+        speedups = importlib.import_module("filechannel._speedups")
     except ImportError:  # pragma: no cover - no compiler at install time
         speedups = None
 if speedups is not None and _gcrc is not None:
@@ -55,6 +56,7 @@ if speedups is not None and _gcrc is not None:
 def accelerator() -> str:
     """Return which per-event path is active: ``"c"`` (the accelerator) or ``"python"``."""
     return "c" if speedups is not None else "python"
+
 
 MAGIC: Final = b"\x89FCW\r\n\x1a\n"
 FORMAT_VERSION: Final = 1

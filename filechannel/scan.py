@@ -248,7 +248,7 @@ class Scanner:
         if vouched > n:
             self._truncated(n + base, vouched + base, last_woid)
         accel = fmt.speedups
-        if accel is not None and 0 <= batch_last_woid < INF_WOID and 0 <= g:
+        if accel is not None and 0 <= batch_last_woid < INF_WOID and g >= 0:
             # The C twin of this loop walks clean, verified batches only and stops at the
             # first thing that is not one; this loop then carries on from there.
             end, w = accel.scan_batches(

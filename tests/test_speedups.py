@@ -125,7 +125,9 @@ def test_encode_puts_is_byte_identical(
     try:
         py = _encode(fmt._RecordEncoder(seed, kind), woid, txn, given_payloads, offset)
     except TypeError as exc:  # google_crc32c takes read-only buffers only: so must the twin
-        assert wrap in ("bytearray", "memoryview") and payloads and kind == fmt.CRC32C
+        assert wrap in ("bytearray", "memoryview")
+        assert payloads
+        assert kind == fmt.CRC32C
         with pytest.raises(TypeError, match=str(exc)):
             _encode(c_enc, woid, txn, given_payloads, offset)
         return
@@ -306,7 +308,8 @@ def test_scan_is_identical_on_both_paths(
     py = _scan(False, data, kind, base, newest, mode, fsync, vouched, floor)
     assert c == py
     if how == "none" and not base and vouched <= len(data) and not floor:
-        assert c[0] and c[1] == ends[-1]  # the clean file: every batch kept by the C walk
+        assert c[0]
+        assert c[1] == ends[-1]
 
 
 @needs_c
