@@ -24,6 +24,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stdint.h>
 #include <string.h>
 #include <zlib.h>
@@ -405,9 +406,35 @@ decode_frame(const unsigned char *b, Py_ssize_t n, Py_ssize_t pos, uint32_t seed
     return size;
 }
 
+/* LogRecord is a slots dataclass: its fields are member slots at fixed offsets. Filling them
+   directly builds the same object its __init__ would (which sets each field, salvaged=False),
+   without running a Python-level __init__ per record. ``slot_offsets`` finds the offsets; any
+   surprise (not a slots class, a field that is not an object slot) means: call the type. */
+static const char *record_fields[8] = {"op", "woid", "txn_id", "file_id", "offset", "size", "payload", "salvaged"};
+
+static int
+slot_offsets(PyObject *type, Py_ssize_t *offs)
+{
+    if (!PyType_Check(type))
+        return 0;
+    PyTypeObject *tp = (PyTypeObject *)type;
+    if (tp->tp_init == NULL || tp->tp_alloc == NULL)
+        return 0;
+    for (int i = 0; i < 8; i++) {
+        PyObject *d = PyDict_GetItemString(tp->tp_dict, record_fields[i]);
+        if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type))
+            return 0;
+        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+        if (m->type != T_OBJECT_EX || (m->flags & READONLY))
+            return 0;
+        offs[i] = m->offset;
+    }
+    return 1;
+}
+
 static PyObject *
-make_record(PyObject *type, const unsigned char *b, const pending_rec *r, PyObject *fid, Py_ssize_t base,
-            PyObject *empty)
+make_record(PyObject *type, const Py_ssize_t *offs, const unsigned char *b, const pending_rec *r, PyObject *fid,
+            Py_ssize_t base, PyObject *empty)
 {
     PyObject *argv[7] = {NULL};
     PyObject *res = NULL;
@@ -423,8 +450,23 @@ make_record(PyObject *type, const unsigned char *b, const pending_rec *r, PyObje
     } else {
         argv[6] = PyBytes_FromStringAndSize((const char *)b + r->offset + HEADER_LEN, r->payload_len);
     }
-    if (argv[0] && argv[1] && argv[2] && argv[4] && argv[5] && argv[6])
-        res = PyObject_Vectorcall(type, argv, 7, NULL);
+    if (argv[0] && argv[1] && argv[2] && argv[4] && argv[5] && argv[6]) {
+        if (offs != NULL) {
+            PyTypeObject *tp = (PyTypeObject *)type;
+            res = tp->tp_alloc(tp, 0);
+            if (res != NULL) {
+                for (int i = 0; i < 7; i++) {
+                    Py_INCREF(argv[i]);
+                    *(PyObject **)((char *)res + offs[i]) = argv[i];
+                }
+                Py_INCREF(Py_False);
+                *(PyObject **)((char *)res + offs[7]) = Py_False;
+            }
+        }
+        else {
+            res = PyObject_Vectorcall(type, argv, 7, NULL);
+        }
+    }
     Py_XDECREF(argv[0]);
     Py_XDECREF(argv[1]);
     Py_XDECREF(argv[2]);
@@ -453,6 +495,8 @@ sp_scan_batches(PyObject *self, PyObject *args)
         return NULL;
     }
     uint32_t seed = (uint32_t)seed_l;
+    Py_ssize_t offs[8];
+    int direct = slot_offsets(type, offs);
     const unsigned char *b = (const unsigned char *)view.buf;
     Py_ssize_t n = view.len;
     Py_ssize_t g = pos;
@@ -516,7 +560,7 @@ sp_scan_batches(PyObject *self, PyObject *args)
         if (!ok)
             break;
         for (Py_ssize_t i = 0; i < np; i++) {
-            PyObject *rec = make_record(type, b, &pend[i], fid, base, empty);
+            PyObject *rec = make_record(type, direct ? offs : NULL, b, &pend[i], fid, base, empty);
             if (rec == NULL || PyList_Append(records, rec) < 0) {
                 Py_XDECREF(rec);
                 failed = 1;

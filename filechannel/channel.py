@@ -1228,8 +1228,11 @@ def replay_queue(
             first, n, n_taken = fmt.decode_commit(r.payload)
             ptrs = puts.pop(r.txn_id, [])
             if len(ptrs) == n:
-                for i, ptr in enumerate(ptrs):
-                    tail.append(first + i, *ptr)
+                if ptrs and all(ptr[0] == ptrs[0][0] for ptr in ptrs):
+                    tail.append_run(first, ptrs[0][0], [ptr[1] for ptr in ptrs], [ptr[2] for ptr in ptrs])
+                else:
+                    for i, ptr in enumerate(ptrs):
+                        tail.append(first + i, *ptr)
             elif r.salvaged:
                 # Some PUT records of this transaction were damaged: place the intact
                 # ones by write-order id (PUTs, then a TAKE if any, then the COMMIT).
