@@ -432,18 +432,53 @@ slot_offsets(PyObject *type, Py_ssize_t *offs)
     return 1;
 }
 
+/* The ints a run of records repeats (a transaction's id, an event size), kept from the last record. */
+typedef struct {
+    uint64_t txn_id;
+    Py_ssize_t size;
+    PyObject *txn_obj, *size_obj;
+} int_cache;
+
+static PyObject *
+cached_u64(PyObject **slot, uint64_t *have, uint64_t v)
+{
+    if (*slot == NULL || *have != v) {
+        PyObject *o = PyLong_FromUnsignedLongLong(v);
+        if (o == NULL)
+            return NULL;
+        Py_XSETREF(*slot, o);
+        *have = v;
+    }
+    Py_INCREF(*slot);
+    return *slot;
+}
+
+static PyObject *
+cached_ssize(PyObject **slot, Py_ssize_t *have, Py_ssize_t v)
+{
+    if (*slot == NULL || *have != v) {
+        PyObject *o = PyLong_FromSsize_t(v);
+        if (o == NULL)
+            return NULL;
+        Py_XSETREF(*slot, o);
+        *have = v;
+    }
+    Py_INCREF(*slot);
+    return *slot;
+}
+
 static PyObject *
 make_record(PyObject *type, const Py_ssize_t *offs, const unsigned char *b, const pending_rec *r, PyObject *fid,
-            Py_ssize_t base, PyObject *empty)
+            Py_ssize_t base, PyObject *empty, int_cache *cache)
 {
     PyObject *argv[7] = {NULL};
     PyObject *res = NULL;
     argv[0] = PyLong_FromLong(r->op);
     argv[1] = PyLong_FromUnsignedLongLong(r->woid);
-    argv[2] = PyLong_FromUnsignedLongLong(r->txn_id);
+    argv[2] = cached_u64(&cache->txn_obj, &cache->txn_id, r->txn_id);
     argv[3] = fid;
     argv[4] = PyLong_FromSsize_t(r->offset + base);
-    argv[5] = PyLong_FromSsize_t(r->size);
+    argv[5] = cached_ssize(&cache->size_obj, &cache->size, r->size);
     if (r->op == OP_PUT) {
         Py_INCREF(empty);
         argv[6] = empty;
@@ -497,6 +532,7 @@ sp_scan_batches(PyObject *self, PyObject *args)
     uint32_t seed = (uint32_t)seed_l;
     Py_ssize_t offs[8];
     int direct = slot_offsets(type, offs);
+    int_cache cache = {0, 0, NULL, NULL};
     const unsigned char *b = (const unsigned char *)view.buf;
     Py_ssize_t n = view.len;
     Py_ssize_t g = pos;
@@ -560,7 +596,7 @@ sp_scan_batches(PyObject *self, PyObject *args)
         if (!ok)
             break;
         for (Py_ssize_t i = 0; i < np; i++) {
-            PyObject *rec = make_record(type, direct ? offs : NULL, b, &pend[i], fid, base, empty);
+            PyObject *rec = make_record(type, direct ? offs : NULL, b, &pend[i], fid, base, empty, &cache);
             if (rec == NULL || PyList_Append(records, rec) < 0) {
                 Py_XDECREF(rec);
                 failed = 1;
@@ -571,6 +607,8 @@ sp_scan_batches(PyObject *self, PyObject *args)
         g = p;
     }
 out:
+    Py_XDECREF(cache.txn_obj);
+    Py_XDECREF(cache.size_obj);
     PyMem_Free(pend);
     Py_XDECREF(empty);
     PyBuffer_Release(&view);

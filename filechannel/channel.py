@@ -1228,7 +1228,9 @@ def replay_queue(
             first, n, n_taken = fmt.decode_commit(r.payload)
             ptrs = puts.pop(r.txn_id, [])
             if len(ptrs) == n:
-                if ptrs and all(ptr[0] == ptrs[0][0] for ptr in ptrs):
+                # A transaction's puts are written in one write, in write-order: when its first and
+                # last put are in one data file, all of them are (the usual case: one run).
+                if ptrs and ptrs[0][0] == ptrs[-1][0]:
                     tail.append_run(first, ptrs[0][0], [ptr[1] for ptr in ptrs], [ptr[2] for ptr in ptrs])
                 else:
                     for i, ptr in enumerate(ptrs):
