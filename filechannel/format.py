@@ -16,15 +16,13 @@ a record copied from another file or another channel does not verify.
 
 from __future__ import annotations
 
-import glob
-import importlib
-import os
 import struct
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from . import _accel
 from .errors import FormatError
 
 _gcrc: Any
@@ -34,23 +32,11 @@ except ImportError:  # pragma: no cover - exercised only without the wheel
     _gcrc = None
 HAVE_CRC32C: Final = _gcrc is not None and _gcrc.implementation == "c"
 
-# The optional C accelerator (``_speedups.c``): batch framing and verified-batch
-# scanning. The Python code in this module and in scan.py is the reference
-# implementation it is tested against byte for byte; FILECHANNEL_PURE_PYTHON=1
-# forces that path. ``speedups`` is None on the pure path.
-PURE_PYTHON_ENV: Final = "FILECHANNEL_PURE_PYTHON"
-speedups: Any = None
-if os.environ.get(PURE_PYTHON_ENV, "") in ("", "0"):
-    try:
-        speedups = importlib.import_module("filechannel._speedups")
-    except ImportError:  # pragma: no cover - no compiler at install time
-        speedups = None
-if speedups is not None and _gcrc is not None:
-    # Prefer the CRC-32C of google-crc32c's own C library (the wheel ships it next to
-    # the package, already loaded by the import above); else the extension's built-in one.
-    for _lib in sorted(glob.glob(os.path.join(os.path.dirname(_gcrc.__file__) + ".libs", "libcrc32c*.so*"))):
-        if speedups.bind_crc32c(_lib):
-            break
+# The optional C accelerator (``_speedups.c``, chosen by ``_accel.py``): batch
+# framing and verified-batch scanning. The Python code in this module and in
+# scan.py is the reference implementation it is tested against byte for byte;
+# FILECHANNEL_PURE_PYTHON=1 forces that path. ``speedups`` is None on the pure path.
+speedups: Any = _accel.load()
 
 
 def accelerator() -> str:
