@@ -28,6 +28,7 @@ from ._fs import FS
 from ._version import __version__
 from .channel import Event, FileChannel, Transaction, open_channel
 from .config import ChannelConfig
+from .crypto import Encryption
 from .errors import (
     ChannelClosedError,
     ChannelCopyError,
@@ -39,6 +40,7 @@ from .errors import (
     ConsumerIdentityError,
     CorruptLogError,
     DataLossError,
+    DecryptionError,
     DiskSpaceError,
     EventTooLargeError,
     FormatError,
@@ -65,7 +67,9 @@ __all__ = [
     "ConsumerIdentityError",
     "CorruptLogError",
     "DataLossError",
+    "DecryptionError",
     "DiskSpaceError",
+    "Encryption",
     "Event",
     "EventTooLargeError",
     "FileChannel",

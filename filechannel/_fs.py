@@ -243,3 +243,24 @@ def replace_durably(fs: FS, tmp: str, path: str, data: bytes) -> None:
 
 
 DEFAULT_FS: OsFS = OsFS()
+
+
+def write_private_file(path: str, data: bytes) -> None:
+    """Durably replace ``path`` with ``data``, readable by its owner only (mode 0600; a keystore).
+
+    Written as ``path.tmp-<pid>`` created with mode 0600 (never wider, not even
+    for a moment), fsynced, renamed over ``path``, and the directory fsynced.
+    """
+    tmp = f"{path}.tmp-{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # whatever the umask did
+        DEFAULT_FS.pwrite_all(fd, data, 0)
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    os.close(fd)
+    os.replace(tmp, path)
+    DEFAULT_FS.fsync_dir(os.path.dirname(os.path.abspath(path)))

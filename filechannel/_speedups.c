@@ -3,9 +3,11 @@
  *
  * This module owns two functions and nothing else:
  *
- *   encode_puts(seed, kind, woid, txn_id, payloads, offsets, sizes, offset)
+ *   encode_puts(seed, kind, woid, txn_id, payloads, offsets, sizes, offset, seal, tag_len)
  *       frames and checksums a batch of PUT records in one call; the twin of
  *       format._RecordEncoder.add_puts (same bytes, same offsets and sizes).
+ *       An encrypted file passes its sealer: it is called once per payload,
+ *       exactly as the Python twin calls it (the cipher is cryptography's C).
  *   scan_batches(buf, pos, end_limit, seed, kind, max_payload, batch_last_woid,
  *                base, file_id, record_type, records)
  *       walks records from ``pos`` while they form complete, verified batches,
@@ -285,9 +287,17 @@ sp_encode_puts(PyObject *self, PyObject *args)
     unsigned long long woid, txn_id;
     PyObject *payloads, *offsets, *sizes;
     Py_ssize_t offset;
-    if (!PyArg_ParseTuple(args, "kiKKOO!O!n", &seed_l, &kind, &woid, &txn_id, &payloads, &PyList_Type, &offsets,
-                          &PyList_Type, &sizes, &offset))
+    PyObject *seal = Py_None;
+    Py_ssize_t tag_len = 0;
+    if (!PyArg_ParseTuple(args, "kiKKOO!O!n|On", &seed_l, &kind, &woid, &txn_id, &payloads, &PyList_Type, &offsets,
+                          &PyList_Type, &sizes, &offset, &seal, &tag_len))
         return NULL;
+    if (seal == Py_None)
+        tag_len = 0;
+    else if (tag_len < 0) {
+        PyErr_SetString(PyExc_ValueError, "tag_len must not be negative");
+        return NULL;
+    }
     extend_fn ext = pick_extend(kind);
     if (ext == NULL) {
         PyErr_Format(PyExc_ValueError, "unknown checksum algorithm %d", kind);
@@ -311,15 +321,15 @@ sp_encode_puts(PyObject *self, PyObject *args)
     }
     Py_ssize_t total = 0;
     for (; got < count; got++) {
-        if (kind == KIND_CRC32C && !PyBytes_Check(items[got])) {
-            /* google_crc32c.extend ("y#"), which the Python twin calls, takes bytes only */
+        if (kind == KIND_CRC32C && seal == Py_None && !PyBytes_Check(items[got])) {
+            /* google_crc32c.extend ("y#"), which the Python twin calls on the payload, takes bytes only */
             PyErr_Format(PyExc_TypeError, "argument 2 must be read-only bytes-like object, not %.100s",
                          Py_TYPE(items[got])->tp_name);
             goto done;
         }
         if (PyObject_GetBuffer(items[got], &bufs[got], PyBUF_SIMPLE) < 0)
             goto done;
-        Py_ssize_t n = bufs[got].len;
+        Py_ssize_t n = bufs[got].len + tag_len;
         if ((unsigned long long)n > 0xFFFFFFFFull) {
             PyErr_SetString(PyExc_OverflowError, "record payload does not fit a u32 length");
             goto done;
@@ -331,7 +341,7 @@ sp_encode_puts(PyObject *self, PyObject *args)
         goto done;
     unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
     for (Py_ssize_t i = 0; i < count; i++) {
-        Py_ssize_t n = bufs[i].len;
+        Py_ssize_t n = bufs[i].len + tag_len;
         Py_ssize_t pad = -n & 7;
         p[0] = OP_PUT;
         p[1] = 0;
@@ -339,11 +349,37 @@ sp_encode_puts(PyObject *self, PyObject *args)
         put_u32(p + 4, (uint32_t)n);
         put_u64(p + 8, (uint64_t)woid);
         put_u64(p + 16, (uint64_t)txn_id);
+        const unsigned char *body = (const unsigned char *)bufs[i].buf;
+        PyObject *ct = NULL;
+        if (seal != Py_None) {
+            /* seal(frame bytes [0, 24), offset, payload) -> ciphertext, as the Python twin calls it */
+            PyObject *head = PyBytes_FromStringAndSize((const char *)p, 24);
+            PyObject *off_obj = head ? PyLong_FromSsize_t(offset) : NULL;
+            if (off_obj != NULL) {
+                PyObject *argv[3] = {head, off_obj, items[i]};
+                ct = PyObject_Vectorcall(seal, argv, 3, NULL);
+            }
+            Py_XDECREF(head);
+            Py_XDECREF(off_obj);
+            if (ct == NULL) {
+                Py_CLEAR(out);
+                goto done;
+            }
+            if (!PyBytes_Check(ct) || PyBytes_GET_SIZE(ct) != n) {
+                PyErr_Format(PyExc_ValueError, "the sealer returned %zd bytes for a %zd-byte sealed payload",
+                             PyBytes_Check(ct) ? PyBytes_GET_SIZE(ct) : (Py_ssize_t)-1, n);
+                Py_DECREF(ct);
+                Py_CLEAR(out);
+                goto done;
+            }
+            body = (const unsigned char *)PyBytes_AS_STRING(ct);
+        }
         uint32_t c = ext(seed, p, 24);
-        c = ext(c, (const unsigned char *)bufs[i].buf, (size_t)n);
+        c = ext(c, body, (size_t)n);
         put_u32(p + 24, c);
         put_u32(p + 28, 0);
-        memcpy(p + HEADER_LEN, bufs[i].buf, (size_t)n);
+        memcpy(p + HEADER_LEN, body, (size_t)n);
+        Py_XDECREF(ct);
         memset(p + HEADER_LEN + n, 0, (size_t)pad);
         Py_ssize_t size = HEADER_LEN + n + pad;
         if (append_ssize(offsets, offset) < 0 || append_ssize(sizes, size) < 0) {
@@ -626,7 +662,8 @@ static PyMethodDef sp_methods[] = {
     {"crc32c_impl", sp_crc32c_impl, METH_NOARGS, "crc32c_impl() -> str: the CRC-32C in use."},
     {"crc", sp_crc, METH_VARARGS, "crc(kind, data, seed=0) -> int: the checksum of data under kind, extending seed."},
     {"encode_puts", sp_encode_puts, METH_VARARGS,
-     "encode_puts(seed, kind, woid, txn_id, payloads, offsets, sizes, offset) -> (frames, end_offset)."},
+     "encode_puts(seed, kind, woid, txn_id, payloads, offsets, sizes, offset, seal=None, tag_len=0)"
+     " -> (frames, end_offset)."},
     {"scan_batches", sp_scan_batches, METH_VARARGS,
      "scan_batches(buf, pos, seed, kind, max_payload, batch_last_woid, base, file_id, record_type, records)"
      " -> (end_of_verified_prefix, last_woid)."},

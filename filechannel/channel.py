@@ -680,6 +680,7 @@ class FileChannel:
                 recovery_source=self.recovery_source,
                 accelerator=fmt.accelerator(),
                 checkpoint_fallbacks=len(self.checkpoint_fallbacks),
+                key_ids_in_use=self._log.key_ids_in_use(),
                 open_transactions=len(self._open_txns),
                 consumers=consumers,
                 consumers_problem=problem,
@@ -1495,6 +1496,8 @@ class VerifyResult:
     latent: list[str]
     torn_tails: list[tuple[str, int, int]]
     recovery_source: str
+    undecrypted: int = 0  # queued encrypted events whose checksum was checked but not their tag (no key)
+    key_ids: tuple[str, ...] = ()  # key ids of the live encrypted data files
 
     @property
     def lost_positions(self) -> list[tuple[int, int]]:
@@ -1513,11 +1516,15 @@ def verify_channel(
     fs: FS | None = None,
     backup_checkpoint_dir: str | None = None,
     progress: Callable[[str], None] | None = None,
+    encryption: Any = None,
 ) -> VerifyResult:
     """Check a channel without changing it: the recovery an open performs, plus every queued event.
 
     Takes no lock and writes nothing, so it runs beside a live channel (it then
-    sees the channel as a crash at this instant would leave it).
+    sees the channel as a crash at this instant would leave it). Without
+    ``encryption`` (a :class:`filechannel.Encryption`), encrypted events are
+    checked by checksum only (``undecrypted`` counts them); with it, every
+    queued event's authentication tag is checked too.
 
     Raises:
         NotAChannelError: ``directory`` is not a channel directory.
@@ -1527,8 +1534,9 @@ def verify_channel(
     fs = fs or DEFAULT_FS
     directory = os.fspath(directory)
     store = CheckpointStore(fs, os.path.join(directory, CHECKPOINT_DIR), backup_checkpoint_dir)
-    cfg = ChannelConfig(on_corruption="skip", backup_checkpoint_dir=backup_checkpoint_dir)
-    log = Log(directory, cfg, fs=fs, readonly=True, checkpoints=store, progress=progress)
+    cfg = ChannelConfig(on_corruption="skip", backup_checkpoint_dir=backup_checkpoint_dir, encryption=encryption)
+    log = Log(directory, cfg, fs=fs, readonly=True, checkpoints=store, progress=progress, keyless_ok=True)
+    undecrypted = 0
     try:
         q, _, _ = replay_queue(log, log.base_snapshot)
         intact: list[Entry] = []
@@ -1536,7 +1544,11 @@ def verify_channel(
             if progress is not None and i and i % 100_000 == 0:
                 progress(f"  checked {i} of {len(q)} queued events")
             try:
-                read_event(log, e)
+                if encryption is None and log.is_encrypted(e[1]):
+                    log.read_payload(e[1], e[2], e[3], decrypt=False)  # the checksum: no key needed
+                    undecrypted += 1
+                else:
+                    read_event(log, e)
             except CorruptLogError as exc:  # what a take with on_corruption="skip" drops
                 log.report_corruption(
                     CorruptionReport(
@@ -1546,6 +1558,7 @@ def verify_channel(
                 continue
             intact.append(e)
         files = len(log.file_ids())
+        key_ids = tuple(log.key_ids_in_use())
     finally:
         log.close()
     latent: list[str] = []
@@ -1553,7 +1566,12 @@ def verify_channel(
         # Read what the checkpoint let recovery skip: damage there costs nothing now.
         seen = {(r.path, r.offset) for r in log.corruption}
         full = Log(
-            directory, ChannelConfig(on_corruption="skip", replay="full"), fs=fs, readonly=True, checkpoints=None
+            directory,
+            ChannelConfig(on_corruption="skip", replay="full", encryption=encryption),
+            fs=fs,
+            readonly=True,
+            checkpoints=None,
+            keyless_ok=True,
         )
         try:
             for rep in full.corruption:
@@ -1566,7 +1584,7 @@ def verify_channel(
         f"checkpoint {f} (recovery falls back to an older one or a full replay)" for f in log.checkpoint_fallbacks
     ]
     source = "full" if log.recovered_from is None else "checkpoint"
-    return VerifyResult(intact, files, list(log.corruption), latent, list(log.torn_tails), source)
+    return VerifyResult(intact, files, list(log.corruption), latent, list(log.torn_tails), source, undecrypted, key_ids)
 
 
 def open_channel(

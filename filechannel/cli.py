@@ -23,13 +23,14 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, NoReturn
 
 from . import format as fmt
-from ._fs import DEFAULT_FS
+from ._fs import DEFAULT_FS, write_private_file
 from ._version import __version__
 from .channel import CHECKPOINT_DIR, FileChannel, VerifyResult, read_event, replay_queue, verify_channel
 from .checkpoint import CheckpointStore
 from .config import ChannelConfig
 from .consumers import ConsumerState, ConsumerStore, validate_name
-from .errors import ChannelError, ConfigError, CorruptLogError, NotAChannelError
+from .crypto import Encryption, check_key_id, keystore_json, load_keystore
+from .errors import ChannelError, ConfigError, CorruptLogError, DecryptionError, NotAChannelError
 from .log import CHANNEL_FILE, LOCK_FILE, Log, format_ranges
 
 _EPILOG = (
@@ -328,13 +329,16 @@ def _store(directory: str) -> CheckpointStore:
     return CheckpointStore(DEFAULT_FS, os.path.join(directory, CHECKPOINT_DIR))
 
 
-def _readonly_channel_state(directory: str) -> tuple[Log, list[tuple[int, int, int, int]]]:
+def _readonly_channel_state(
+    directory: str, encryption: Encryption | None = None
+) -> tuple[Log, list[tuple[int, int, int, int]]]:
     log = Log(
         directory,
-        ChannelConfig(),
+        ChannelConfig(encryption=encryption),
         readonly=True,
         checkpoints=_store(directory),
         progress=_progress if sys.stderr.isatty() else None,
+        keyless_ok=True,
     )
     try:
         q, _, _ = replay_queue(log, log.base_snapshot)
@@ -348,7 +352,7 @@ def cmd_stat(args: argparse.Namespace) -> int:
     """Print the channel's state."""
     _existing(args.dir)
     _progress(f"reading {args.dir} ...")
-    log, entries = _readonly_channel_state(args.dir)
+    log, entries = _readonly_channel_state(args.dir, _encryption(args))
     try:
         st = log.stats()
         files = []
@@ -366,6 +370,7 @@ def cmd_stat(args: argparse.Namespace) -> int:
             "files": files,
             "disk_bytes": st["disk_bytes"],
             "torn_tails": len(log.torn_tails),
+            "key_ids_in_use": log.key_ids_in_use(),
             "checkpoint": _checkpoint_info(log),
             "last_open": _store(args.dir).last_open(),
             "accelerator": fmt.accelerator(),
@@ -515,7 +520,7 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
 def cmd_dump(args: argparse.Namespace) -> int:
     """Print every record as a JSON line."""
     _existing(args.dir)
-    log = Log(args.dir, ChannelConfig(), readonly=True)
+    log = Log(args.dir, ChannelConfig(encryption=_encryption(args)), readonly=True, keyless_ok=True)
     try:
         records = list(log.replay())
         positions: dict[tuple[int, int], int] = {}
@@ -565,7 +570,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
     _progress(f"verifying {args.dir} ...")
     if args.salvage and os.path.exists(args.salvage) and os.listdir(args.salvage):
         raise ChannelError(f"--salvage {args.salvage}: the destination must be a new or empty directory")
-    res = verify_channel(args.dir, progress=_progress if sys.stderr.isatty() else None)
+    enc = _encryption(args)
+    res = verify_channel(args.dir, progress=_progress if sys.stderr.isatty() else None, encryption=enc)
+    if res.undecrypted:
+        print(
+            f"note: {res.undecrypted} encrypted events checked by checksum only (key ids "
+            f"{', '.join(res.key_ids)}); give --keystore to check their authentication tags too"
+        )
     for path, start, n in res.torn_tails:
         print(f"note: {path}: torn tail of {n} bytes at byte {start} (normal after a crash; truncated on open)")
     for rep in res.reports:
@@ -576,7 +587,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if lost:
         print(f"lost positions: {format_ranges(lost)} ({sum(b - a for a, b in lost)} events)")
     if args.salvage:
-        n = _salvage(args.dir, res, args.salvage)
+        n = _salvage(args.dir, res, args.salvage, enc)
         print(f"salvaged {n} intact events into {args.salvage} (positions renumbered from 0, order kept)")
     if not res.ok:
         print(f"{args.dir}: {len(res.reports) + len(res.latent)} problem(s)", file=sys.stderr)
@@ -585,12 +596,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
-def _salvage(src: str, res: VerifyResult, dest: str) -> int:
-    """Copy the intact queued events of ``src`` into a new channel ``dest``, in position order."""
-    log = Log(src, ChannelConfig(on_corruption="skip"), readonly=True, checkpoints=_store(src))
+def _salvage(src: str, res: VerifyResult, dest: str, encryption: Encryption | None = None) -> int:
+    """Copy the intact queued events of ``src`` into a new channel ``dest``, in position order.
+
+    With a keystore, ``dest`` is encrypted too (never a plaintext copy of encrypted events).
+    """
+    if encryption is None and res.undecrypted:
+        raise ChannelError("--salvage of an encrypted channel needs --keystore (its events are copied encrypted)")
+    log = Log(src, ChannelConfig(on_corruption="skip", encryption=encryption), readonly=True, checkpoints=_store(src))
     n = 0
     try:
-        with FileChannel(dest, ChannelConfig(checkpoint_interval=0, minimum_required_space=0)) as out:
+        cfg = ChannelConfig(checkpoint_interval=0, minimum_required_space=0, encryption=encryption)
+        with FileChannel(dest, cfg) as out:
             batch = out.config.transaction_capacity
             for i in range(0, len(res.queued), batch):
                 with out.transaction() as tx:
@@ -618,7 +635,37 @@ _CONFIG_FLAGS = {
 
 def _opts(args: argparse.Namespace) -> dict[str, Any]:
     """Return the channel options given on the command line (the rest keep their defaults)."""
-    return {name: getattr(args, name) for name in _CONFIG_FLAGS if getattr(args, name, None) is not None}
+    opts = {name: getattr(args, name) for name in _CONFIG_FLAGS if getattr(args, name, None) is not None}
+    enc = _encryption(args)
+    if enc is not None:
+        opts["encryption"] = enc
+    return opts
+
+
+def _encryption(args: argparse.Namespace) -> Encryption | None:
+    """The ``--keystore`` given, loaded (its last key is the one new files use), or None."""
+    path = getattr(args, "keystore", None)
+    return None if path is None else Encryption(keys=path)
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    """Create a keystore (mode 0600) with one new random key, or add a key to an existing one."""
+    path = args.keystore
+    key_id = args.id if args.id is not None else time.strftime("%Y-%m-%d-%H%M%S", time.gmtime())
+    check_key_id(key_id, "--id")
+    keys: dict[str, bytes] = {}
+    if os.path.exists(path):
+        keys = load_keystore(path)  # refuses a keystore others can read, or a malformed one
+        if key_id in keys:
+            raise ChannelError(f"{path} already holds key id {key_id!r}: choose another --id")
+    keys[key_id] = os.urandom(32)
+    write_private_file(path, keystore_json(keys))
+    print(
+        f"{'added' if len(keys) > 1 else 'created'} key {key_id!r} in {path} ({len(keys)} key(s)); "
+        "new data files use it (the last key of the keystore) when it is given with --keystore",
+        file=sys.stderr,
+    )
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -652,6 +699,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="BYTES",
         help="largest event, a line plus its headers (default 8 MiB); a longer line stops the command",
     )
+    _keystore_arg(sp)
     sp.set_defaults(func=cmd_put)
 
     sp = sub.add_parser("take", help="print and remove events (one per line)", epilog=_EPILOG)
@@ -673,11 +721,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("fail", "skip"),
         help="fail (default) on damaged data, or skip it: drop what is damaged and report each loss on stderr",
     )
+    _keystore_arg(sp)
     sp.set_defaults(func=cmd_take)
 
     sp = sub.add_parser("stat", help="queue size, positions, files, bytes, last write-order id", epilog=_EPILOG)
     sp.add_argument("dir", help="channel directory")
     sp.add_argument("--json", action="store_true", help="print one JSON object")
+    _keystore_arg(sp)
     sp.set_defaults(func=cmd_stat)
 
     sp = sub.add_parser(
@@ -699,11 +749,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("fail", "skip"),
         help="fail (default) on damaged data, or skip it: drop what is damaged and report each loss on stderr",
     )
+    _keystore_arg(sp)
     sp.set_defaults(func=cmd_checkpoint)
 
     sp = sub.add_parser("dump", help="print every log record as a JSON line", epilog=_EPILOG)
     sp.add_argument("dir", help="channel directory")
     sp.add_argument("--bodies", action="store_true", help="include event headers and bodies")
+    _keystore_arg(sp)
     sp.set_defaults(func=cmd_dump)
 
     sp = sub.add_parser("verify", help="check every record and header; exit 1 on problems", epilog=_EPILOG)
@@ -713,8 +765,25 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DEST",
         help="copy every intact queued event into a new channel DEST (positions renumbered)",
     )
+    _keystore_arg(sp)
     sp.set_defaults(func=cmd_verify)
+
+    sp = sub.add_parser(
+        "keygen", help="create a keystore (mode 0600) with a new random key, or add one", epilog=_EPILOG
+    )
+    sp.add_argument("keystore", metavar="KEYSTORE", help="keystore file (JSON: key id -> base64 key)")
+    sp.add_argument("--id", metavar="ID", help="the new key's id (default: the UTC time, YYYY-MM-DD-HHMMSS)")
+    sp.set_defaults(func=cmd_keygen)
     return p
+
+
+def _keystore_arg(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument(
+        "--keystore",
+        metavar="PATH",
+        help="keystore file of an encrypted channel (mode 0600; from `filechannel keygen`): its last key "
+        "encrypts new data files, every key it holds decrypts",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -743,11 +812,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         cli_flag = _CONFIG_FLAGS.get(exc.option)
         given = getattr(args, exc.option, None) if cli_flag else None
         msg = f"{cli_flag} {given}: {exc.reason}" if given is not None else str(exc)
+        if exc.option == "encryption":
+            ks = getattr(args, "keystore", None)
+            msg = f"--keystore {ks}: {exc.reason}" if ks is not None and args.func is not cmd_keygen else exc.reason
         print(f"filechannel: error: {msg}", file=sys.stderr)
         return 2
     except (ChannelError, OSError) as exc:
         msg = str(exc)
-        if isinstance(exc, CorruptLogError) and hasattr(args, "on_corruption"):
+        if isinstance(exc, DecryptionError) and exc.key_id is not None:
+            pass  # a key problem: --on-corruption skip would not help
+        elif isinstance(exc, CorruptLogError) and hasattr(args, "on_corruption"):
             msg += f"; from the command line: filechannel {args.command} DIR --on-corruption skip"
         print(f"filechannel: error: {msg}", file=sys.stderr)
         return 2

@@ -63,6 +63,10 @@ class ChannelConfig:
             by a background thread, which turns them into committed takes; 0 disables
             the thread (acknowledgements are still applied at open, on close and by
             ``apply_acks()``).
+        encryption: A :class:`filechannel.Encryption` (keys and the active key id):
+            new data files encrypt every event under the active key; existing
+            files are read with the key their header names. ``None`` (default):
+            plaintext, and a channel holding encrypted files refuses to open.
     """
 
     capacity: int = 1_000_000
@@ -81,6 +85,7 @@ class ChannelConfig:
     backup_checkpoint_dir: str | None = None
     replay: str = "checkpoint"
     ack_interval: float = 0.5
+    encryption: Any = None
 
     def __post_init__(self) -> None:
         """Check every option; raise ConfigError for the first bad one."""
@@ -138,6 +143,13 @@ class ChannelConfig:
             raise ConfigError("backup_checkpoint_dir", f"must be a directory path, got {self.backup_checkpoint_dir!r}")
         if self.replay not in REPLAY_MODES:
             raise ConfigError("replay", f"must be one of {REPLAY_MODES}, got {self.replay!r}")
+        if self.encryption is not None:
+            from .crypto import Encryption  # no optional import: cryptography loads only when a key is used
+
+            if not isinstance(self.encryption, Encryption):
+                raise ConfigError(
+                    "encryption", f"must be a filechannel.Encryption or None, got {type(self.encryption).__name__}"
+                )
         if self.on_corruption not in CORRUPTION_POLICIES:
             raise ConfigError("on_corruption", f"must be one of {CORRUPTION_POLICIES}, got {self.on_corruption!r}")
         if self.data_dirs is not None:

@@ -108,6 +108,22 @@ class CorruptLogError(ChannelError):
         super().__init__(f"{path} at byte {offset}: {reason} ({self.hint})")
 
 
+class DecryptionError(CorruptLogError):
+    """Encrypted data that cannot be decrypted: no key, the wrong key, or a record whose tag fails.
+
+    Raised at open when encrypted data files exist and no ``encryption=``, no
+    key for a file's key id (``.key_id``) or the wrong key is given; and for a
+    record whose checksum is intact but whose authentication tag fails
+    (tampering, or a record moved from elsewhere), with its path and offset,
+    under the ``on_corruption`` policy like other damage. There is never a
+    plaintext fallback.
+    """
+
+    def __init__(self, path: str, offset: int, reason: str, key_id: str | None = None, hint: str | None = None) -> None:
+        self.key_id = key_id
+        super().__init__(path, offset, reason, hint)
+
+
 class NotAChannelError(ChannelError):
     """A path that should be a channel directory is not one."""
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -52,7 +52,18 @@ FORMAT_VERSION: Final = 1
 CRC32C: Final = 1
 CRC32_ZLIB: Final = 2
 _CRC_MASK: Final = 0x0F
-_KNOWN_FLAGS: Final = _CRC_MASK  # no other flag bit is defined in version 1
+ENCRYPTED: Final = 0x10
+"""Header flag: PUT payloads are encrypted; an encryption extension follows the live file ids."""
+_KNOWN_FLAGS: Final = _CRC_MASK | ENCRYPTED
+
+# The encryption extension of a file header (flag ENCRYPTED): cipher suite u8,
+# key id length u8, 6 reserved zero bytes, a 32-byte salt, the key id (ASCII)
+# padded to 8, then a 16-byte key check (an AEAD tag over the header before it).
+_ENC_EXT: Final = struct.Struct("<BB6s32s")
+ENC_SALT_LEN: Final = 32
+ENC_CHECK_LEN: Final = 16
+ENC_TAG_LEN: Final = 16
+"""Bytes an encrypted PUT payload adds to its plaintext (the AEAD tag)."""
 
 # Record kinds. 0 is never valid: zero-filled or never-written space must not
 # parse as a record (Flume's OP_NOOP == 0 did exactly that).
@@ -76,7 +87,7 @@ OP_NAMES: Final = {
 _FILE_HEADER: Final = struct.Struct("<8sHHI16sQQQQQI")
 FILE_HEADER_FIXED: Final = _FILE_HEADER.size  # 76
 MAX_LIVE_FILES: Final = 1 << 16
-MAX_HEADER_LEN: Final = FILE_HEADER_FIXED + 8 * MAX_LIVE_FILES + 8
+MAX_HEADER_LEN: Final = FILE_HEADER_FIXED + 8 * MAX_LIVE_FILES + 8 + 312  # 312: the largest encryption extension
 
 # Record frame: op u8, flags u8, reserved u16, payload_len u32, woid u64,
 # txn_id u64 | crc u32, reserved u32 | payload | zero pad to 8.
@@ -161,16 +172,38 @@ class FileHeader:
     created_ns: int
     live_files: tuple[int, ...] = ()
     version: int = FORMAT_VERSION
+    cipher: int = 0  # 0: plaintext; else the cipher suite of its PUT payloads
+    key_id: str = ""
+    salt: bytes = b""
+    key_check: bytes = b""
+
+    @property
+    def ext_len(self) -> int:
+        """Bytes of the encryption extension (0 for a plaintext file)."""
+        if not self.cipher:
+            return 0
+        k = len(self.key_id)
+        return _ENC_EXT.size + k + pad_len(k) + ENC_CHECK_LEN
+
+    @property
+    def check_offset(self) -> int:
+        """Where the key check starts: the header bytes before it are its associated data."""
+        return FILE_HEADER_FIXED + 8 * len(self.live_files) + self.ext_len - ENC_CHECK_LEN
 
     @property
     def header_len(self) -> int:
         """Bytes the encoded header occupies, padding included."""
-        n = FILE_HEADER_FIXED + 8 * len(self.live_files) + 4
+        n = FILE_HEADER_FIXED + 8 * len(self.live_files) + self.ext_len + 4
         return n + pad_len(n)
 
 
-def encode_file_header(h: FileHeader) -> bytes:
-    """Encode a file header; ``live_files`` lists the other live files of its directory."""
+def encode_file_header(h: FileHeader, key_check: Callable[[bytes], bytes] | None = None) -> bytes:
+    """Encode a file header; ``live_files`` lists the other live files of its directory.
+
+    An encrypted header (``h.cipher`` set) needs ``key_check``: called with the
+    header bytes before the key check, it returns the 16-byte check (the file
+    cipher's); without it, ``h.key_check`` is used as it is.
+    """
     if len(h.channel_id) != 16:
         raise FormatError(0, "channel id must be 16 bytes")
     if len(h.live_files) > MAX_LIVE_FILES:
@@ -182,7 +215,7 @@ def encode_file_header(h: FileHeader) -> bytes:
         MAGIC,
         h.version,
         total,
-        h.crc_kind & _CRC_MASK,
+        (h.crc_kind & _CRC_MASK) | (ENCRYPTED if h.cipher else 0),
         h.channel_id,
         h.file_id,
         h.base_woid,
@@ -191,6 +224,15 @@ def encode_file_header(h: FileHeader) -> bytes:
         h.created_ns,
         len(h.live_files),
     ) + b"".join(_U64.pack(f) for f in h.live_files)
+    if h.cipher:
+        kid = h.key_id.encode("ascii")
+        if not 1 <= h.cipher <= 255 or not 1 <= len(kid) <= 255 or len(h.salt) != ENC_SALT_LEN:
+            raise FormatError(0, "encryption extension needs a cipher suite, a key id and a 32-byte salt")
+        body += _ENC_EXT.pack(h.cipher, len(kid), b"", h.salt) + kid + _PAD[len(kid) & 7]
+        check = key_check(body) if key_check is not None else h.key_check
+        if len(check) != ENC_CHECK_LEN:
+            raise FormatError(0, "key check must be 16 bytes")
+        body += check
     c = crc(h.crc_kind, body)
     out = body + _U32.pack(c)
     return out + b"\0" * (total - len(out))
@@ -232,17 +274,44 @@ def decode_file_header(buf: bytes | memoryview) -> FileHeader | _Incomplete:
         raise FormatError(12, f"unknown checksum algorithm {kind}")
     if n_live > MAX_LIVE_FILES:
         raise FormatError(72, f"live file count {n_live} exceeds {MAX_LIVE_FILES}")
-    expect_len = FILE_HEADER_FIXED + 8 * n_live + 4
+    ext_at = FILE_HEADER_FIXED + 8 * n_live
+    ext_len = 0
+    if flags & ENCRYPTED:
+        if len(buf) < ext_at + _ENC_EXT.size:
+            if len(buf) >= header_len:
+                raise FormatError(10, f"header length {header_len} leaves no room for the encryption extension")
+            return INCOMPLETE
+        k = buf[ext_at + 1]
+        ext_len = _ENC_EXT.size + k + pad_len(k) + ENC_CHECK_LEN
+    expect_len = ext_at + ext_len + 4
     expect_len += pad_len(expect_len)
     if header_len != expect_len:
         raise FormatError(10, f"header length {header_len} does not match {expect_len}")
     if len(buf) < header_len:
         return INCOMPLETE
-    crc_at = FILE_HEADER_FIXED + 8 * n_live
+    crc_at = ext_at + ext_len
     want = _U32.unpack_from(buf, crc_at)[0]
     if crc(kind, buf[:crc_at]) != want:
         raise FormatError(crc_at, "file header checksum mismatch")
     live = struct.unpack_from(f"<{n_live}Q", buf, FILE_HEADER_FIXED)
+    cipher, key_id, salt, check = 0, "", b"", b""
+    if ext_len:
+        cipher, k, reserved, salt = _ENC_EXT.unpack_from(buf, ext_at)
+        if cipher == 0:
+            raise FormatError(ext_at, "encrypted file header names no cipher suite")
+        if k == 0:
+            raise FormatError(ext_at + 1, "encrypted file header names no key id")
+        if reserved != bytes(6):
+            raise FormatError(ext_at + 2, "reserved bytes of the encryption extension are set")
+        kid_at = ext_at + _ENC_EXT.size
+        try:
+            key_id = bytes(buf[kid_at : kid_at + k]).decode("ascii")
+        except UnicodeDecodeError:
+            raise FormatError(kid_at, "key id is not ASCII") from None
+        if any(buf[kid_at + k : kid_at + k + pad_len(k)]):
+            raise FormatError(kid_at + k, "key id padding is not zero")
+        salt = bytes(salt)
+        check = bytes(buf[crc_at - ENC_CHECK_LEN : crc_at])
     return FileHeader(
         crc_kind=kind,
         channel_id=bytes(channel_id),
@@ -253,6 +322,10 @@ def decode_file_header(buf: bytes | memoryview) -> FileHeader | _Incomplete:
         created_ns=created_ns,
         live_files=tuple(live),
         version=version,
+        cipher=cipher,
+        key_id=key_id,
+        salt=salt,
+        key_check=check,
     )
 
 
@@ -285,24 +358,35 @@ def encode_record(op: int, woid: int, txn_id: int, payload: bytes, seed: int, ki
     return b"".join((head, _REC_CRC.pack(c, 0), payload, _PAD[n & 7]))
 
 
-def record_encoder(seed: int, kind: int) -> _RecordEncoder:
+Sealer = Callable[[bytes, int, bytes], bytes]
+"""``seal(frame bytes [0, 24), offset, payload) -> ciphertext``: what an encrypted file does to PUT payloads.
+
+The ciphertext is :data:`ENC_TAG_LEN` bytes longer than the payload; the frame's
+``payload_len`` (inside the 24 bytes it is given) already counts them.
+"""
+
+
+def record_encoder(seed: int, kind: int, sealer: Sealer | None = None) -> _RecordEncoder:
     """Return a fast encoder bound to one file's seed (the hot path of the writer).
 
-    With the C accelerator active, its :meth:`~_RecordEncoder.add_puts` frames a
-    whole batch in one call (:class:`_CRecordEncoder`).
+    With ``sealer``, PUT payloads are sealed (encrypted) before they are framed:
+    the frame's length and checksum cover the ciphertext. With the C accelerator
+    active, :meth:`~_RecordEncoder.add_puts` frames a whole batch in one call
+    (:class:`_CRecordEncoder`; sealing stays ``sealer``'s, one call per payload).
     """
     if speedups is not None:
-        return _CRecordEncoder(seed, kind)
-    return _RecordEncoder(seed, kind)
+        return _CRecordEncoder(seed, kind, sealer)
+    return _RecordEncoder(seed, kind, sealer)
 
 
 class _RecordEncoder:
     """Appends encoded frames to a list of parts; avoids per-call lookups."""
 
-    __slots__ = ("_extend", "_seed")
+    __slots__ = ("_extend", "_sealer", "_seed")
 
-    def __init__(self, seed: int, kind: int) -> None:
+    def __init__(self, seed: int, kind: int, sealer: Sealer | None = None) -> None:
         self._seed = seed
+        self._sealer = sealer
         if kind == CRC32C and _gcrc is not None:
             self._extend = _gcrc.extend
         elif kind == CRC32_ZLIB:
@@ -341,6 +425,20 @@ class _RecordEncoder:
         head_pack = _REC_HEAD.pack
         crc_pack = _REC_CRC.pack
         pads = _PAD
+        seal = self._sealer
+        if seal is not None:
+            for payload in payloads:
+                n = len(payload) + ENC_TAG_LEN
+                head = head_pack(PUT, 0, 0, n, woid, txn_id)
+                ct = seal(head, offset, payload)
+                pad = pads[n & 7]
+                parts += (head, crc_pack(ext(ext(seed, head), ct), 0), ct, pad)
+                size = 32 + n + len(pad)
+                offsets.append(offset)
+                sizes.append(size)
+                offset += size
+                woid += 1
+            return offset
         for payload in payloads:
             n = len(payload)
             head = head_pack(PUT, 0, 0, n, woid, txn_id)
@@ -359,8 +457,8 @@ class _CRecordEncoder(_RecordEncoder):
 
     __slots__ = ("_kind",)
 
-    def __init__(self, seed: int, kind: int) -> None:
-        super().__init__(seed, kind)
+    def __init__(self, seed: int, kind: int, sealer: Sealer | None = None) -> None:
+        super().__init__(seed, kind, sealer)
         self._kind = kind
 
     def add_puts(
@@ -374,7 +472,9 @@ class _CRecordEncoder(_RecordEncoder):
         offset: int,
     ) -> int:
         """Append the frames of :meth:`_RecordEncoder.add_puts` to ``parts`` as one bytes object."""
-        frames, end = speedups.encode_puts(self._seed, self._kind, woid, txn_id, payloads, offsets, sizes, offset)
+        frames, end = speedups.encode_puts(
+            self._seed, self._kind, woid, txn_id, payloads, offsets, sizes, offset, self._sealer, ENC_TAG_LEN
+        )
         parts.append(frames)
         return int(end)
 

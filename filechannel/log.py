@@ -43,12 +43,14 @@ from . import format as fmt
 from ._fs import DEFAULT_FS, FS, read_file, replace_durably
 from .checkpoint import CheckpointStore, Snapshot, StoredCheckpoint
 from .config import ChannelConfig
+from .crypto import TAMPERED, FileCipher, header_cipher
 from .errors import (
     ChannelClosedError,
     ChannelCopyError,
     ChannelLockedError,
     ConfigError,
     CorruptLogError,
+    DecryptionError,
     DiskSpaceError,
     FormatError,
     NotAChannelError,
@@ -205,6 +207,7 @@ class Log:
         readonly: bool = False,
         checkpoints: CheckpointStore | None = None,
         progress: Callable[[str], None] | None = None,
+        keyless_ok: bool = False,
     ) -> None:
         self.directory = os.fspath(directory)
         self.checkpoints = checkpoints
@@ -218,6 +221,9 @@ class Log:
         self._file_end: dict[int, int] = {}
         self.file_sizes: dict[int, int] = {}  # data file sizes found at open (recovery's view)
         self.config = config or ChannelConfig()
+        # A read-only inspection (stat, verify, dump without a key) may meet encrypted files it cannot decrypt.
+        self.keyless_ok = keyless_ok
+        self.seal_overhead = fmt.ENC_TAG_LEN if self.config.encryption is not None else 0
         self.fs: FS = fs or DEFAULT_FS
         self.readonly = readonly
         # A limit of the format (the u32 length field), not of this open's options: a
@@ -233,6 +239,10 @@ class Log:
         self._lock_handle: int | None = None
         self._files: dict[int, tuple[int, str]] = {}  # file_id -> (dir index, path)
         self._seeds: dict[int, int] = {}
+        # Encrypted data files: their cipher, or why their PUT payloads cannot be read.
+        self._ciphers: dict[int, FileCipher] = {}
+        self._undecryptable: dict[int, str] = {}
+        self._key_ids: dict[int, str] = {}  # file id -> key id, for every encrypted live file
         self._read_fds: dict[int, int] = {}
         self._scans: list[FileScan] = []
         self.corruption: list[CorruptionReport] = []
@@ -552,6 +562,9 @@ class Log:
     def _reset_recovery(self) -> None:
         self._files.clear()
         self._seeds.clear()
+        self._ciphers.clear()
+        self._undecryptable.clear()
+        self._key_ids.clear()
         self._file_end.clear()
         self.file_sizes.clear()
         self.retired_files.clear()
@@ -854,6 +867,10 @@ class Log:
                 )
             )
             stand_in = fmt.FileHeader(self.crc_kind, self.channel_id, fid, 0, 0, 0, 0)
+            if self.config.encryption is not None:
+                # The salt went with the header: an encrypted file's events cannot be
+                # decrypted (and a plaintext one's are never guessed at).
+                self._undecryptable[fid] = "the data file header is damaged: its events cannot be decrypted"
             return stand_in, first
         assert isinstance(h, fmt.FileHeader)
         if h.channel_id != self.channel_id:
@@ -862,7 +879,38 @@ class Log:
             raise CorruptLogError(path, 32, f"header says file id {h.file_id}, but the name says {fid}")
         if h.crc_kind != self.crc_kind:
             raise CorruptLogError(path, 12, "checksum algorithm differs from the channel's")
+        self._setup_cipher(path, fid, h, buf)
         return h, None
+
+    def _setup_cipher(self, path: str, fid: int, h: fmt.FileHeader, buf: bytes | memoryview) -> None:
+        """Check an encrypted file's key (at open) and keep its cipher for reads.
+
+        Raises:
+            DecryptionError: The file is encrypted and no key, or the wrong key, is given
+                (a read-only inspection without a key only notes it: checksums need no key).
+        """
+        self._ciphers.pop(fid, None)
+        self._undecryptable.pop(fid, None)
+        self._key_ids.pop(fid, None)
+        if not h.cipher:
+            return
+        self._key_ids[fid] = h.key_id
+        if self.config.encryption is None and self.readonly and self.keyless_ok:
+            self._undecryptable[fid] = (
+                f"data file is encrypted (key id {h.key_id!r}), but the channel was opened without encryption="
+            )
+            return
+        cipher = header_cipher(self.config.encryption, path, h, buf, self.channel_id)
+        assert cipher is not None
+        self._ciphers[fid] = cipher
+
+    def key_ids_in_use(self) -> list[str]:
+        """The key ids of the live encrypted data files (a key may be dropped once its id is gone)."""
+        return sorted(set(self._key_ids.values()))
+
+    def cipher_of(self, file_id: int) -> FileCipher | None:
+        """The cipher of an encrypted data file this log can decrypt, else None."""
+        return self._ciphers.get(file_id)
 
     def _first_record(self, buf: bytes, fid: int) -> int:
         """Where the first record that verifies starts, after a damaged header (or the end)."""
@@ -990,7 +1038,7 @@ class Log:
             OSError: The write or fsync failed; the transaction did not commit.
             ChannelClosedError: The log is closed or has failed.
         """
-        item = Item(fmt.COMMIT, txn_id, payloads, takes, True, on_written)
+        item = Item(fmt.COMMIT, txn_id, payloads, takes, True, on_written, overhead=self.seal_overhead)
         self._writers[txn_id % len(self._writers)].submit(item)
         return item.result
 
@@ -1040,6 +1088,9 @@ class Log:
             for fid in fids:
                 _, path = self._files.pop(fid)
                 self._seeds.pop(fid, None)
+                self._ciphers.pop(fid, None)
+                self._undecryptable.pop(fid, None)
+                self._key_ids.pop(fid, None)
                 rfd = self._read_fds.pop(fid, None)
                 if rfd is not None:
                     self.fs.close(rfd)
@@ -1052,11 +1103,20 @@ class Log:
                 logger.debug("retired data file %s", path)
             self.fs.fsync_dir(w.path)
 
-    def read_payload(self, file_id: int, offset: int, size: int) -> bytes:
-        """Read and verify the record at a pointer; return its payload.
+    def is_encrypted(self, file_id: int) -> bool:
+        """Whether a live data file's events are encrypted."""
+        return file_id in self._key_ids or file_id in self._undecryptable
+
+    def read_payload(self, file_id: int, offset: int, size: int, *, decrypt: bool = True) -> bytes:
+        """Read and verify the record at a pointer; return its payload (decrypted).
+
+        ``decrypt=False`` checks only the record's checksum and returns the
+        payload as stored (``verify`` without a key).
 
         Raises:
             CorruptLogError: The record there no longer verifies.
+            DecryptionError: Its checksum is intact but its authentication tag
+                fails, or its file cannot be decrypted.
         """
         fd = self._read_fds.get(file_id)
         if fd is None:
@@ -1073,6 +1133,16 @@ class Log:
                 raise FormatError(0, "record is shorter than expected")
         except FormatError as exc:
             raise CorruptLogError(self._files[file_id][1], offset + exc.offset, exc.reason) from exc
+        cipher = self._ciphers.get(file_id)
+        if not decrypt:
+            return rec.payload
+        if cipher is not None:
+            plain = cipher.open(buf[:24], offset, rec.payload)
+            if plain is None:
+                raise DecryptionError(self._files[file_id][1], offset, TAMPERED, cipher.key_id)
+            return plain
+        if file_id in self._undecryptable:
+            raise DecryptionError(self._files[file_id][1], offset, self._undecryptable[file_id])
         return rec.payload
 
     @contextmanager

@@ -35,7 +35,8 @@ from .channel import CHECKPOINT_DIR, Event, replay_queue
 from .checkpoint import CheckpointStore
 from .config import CORRUPTION_POLICIES, ChannelConfig
 from .consumers import ConsumerStore, validate_name
-from .errors import ChannelError, ConfigError, CorruptLogError, DataLossError, FormatError
+from .crypto import KEY_HINT, TAMPERED, Encryption, FileCipher, header_cipher
+from .errors import ChannelError, ConfigError, CorruptLogError, DataLossError, DecryptionError, FormatError
 from .log import Log
 from .scan import SEG_RE, CorruptionReport, LogRecord, Scanner, segment_name
 
@@ -62,6 +63,10 @@ class Segment:
     positions: tuple[int, ...]
     offsets: tuple[int, ...]
     sizes: tuple[int, ...]
+    # An encrypted data file: its cipher suite, key id and salt (never a key).
+    cipher: int = 0
+    key_id: str = ""
+    salt: bytes = b""
 
     @property
     def start(self) -> int:
@@ -77,14 +82,32 @@ class Segment:
         return len(self.positions)
 
 
-def read_segment(segment: Segment, *, fs: FS | None = None) -> list[Event]:
+def read_segment(segment: Segment, *, fs: FS | None = None, encryption: Encryption | str | None = None) -> list[Event]:
     """Read the events a :class:`Segment` describes, checking every record's checksum.
+
+    A segment of an encrypted data file needs ``encryption`` (an
+    :class:`~filechannel.Encryption` or a keystore path) holding its key id.
 
     Raises:
         DataLossError: The data file is gone (retired after the events were acknowledged).
         CorruptLogError: A record there does not verify.
+        DecryptionError: No key for an encrypted segment, or a record whose tag fails.
     """
     fs = fs or DEFAULT_FS
+    cipher = None
+    if segment.cipher:
+        enc = as_encryption(encryption)
+        if enc is None:
+            raise DecryptionError(
+                segment.path,
+                segment.offset,
+                f"the segment is encrypted (key id {segment.key_id!r}); pass encryption= (a keystore path)",
+                segment.key_id,
+                KEY_HINT,
+            )
+        cipher = enc.file_cipher(
+            segment.path, segment.cipher, segment.key_id, segment.salt, segment.channel_id, segment.file_id
+        )
     try:
         fd = fs.open_read(segment.path)
     except FileNotFoundError as exc:
@@ -98,16 +121,41 @@ def read_segment(segment: Segment, *, fs: FS | None = None) -> list[Event]:
     seed = fmt.file_seed(segment.crc_kind, segment.channel_id, segment.file_id)
     out: list[Event] = []
     for p, rel, size in zip(segment.positions, segment.offsets, segment.sizes, strict=True):
-        out.append(_decode_put(buf, rel, size, seed, segment.crc_kind, segment.path, segment.offset + rel, p))
+        out.append(_decode_put(buf, rel, size, seed, segment.crc_kind, segment.path, segment.offset + rel, p, cipher))
     return out
 
 
-def _decode_put(buf: bytes, rel: int, size: int, seed: int, kind: int, path: str, offset: int, position: int) -> Event:
+def as_encryption(encryption: Encryption | str | os.PathLike[str] | None) -> Encryption | None:
+    """An ``encryption=`` argument as an Encryption: a keystore path is loaded (its last key active)."""
+    if encryption is None or isinstance(encryption, Encryption):
+        return encryption
+    if isinstance(encryption, (str, os.PathLike)):
+        return Encryption(keys=os.fspath(encryption))
+    raise ConfigError("encryption", f"must be a filechannel.Encryption or a keystore path, got {encryption!r}")
+
+
+def _decode_put(
+    buf: bytes,
+    rel: int,
+    size: int,
+    seed: int,
+    kind: int,
+    path: str,
+    offset: int,
+    position: int,
+    cipher: FileCipher | None = None,
+) -> Event:
     try:
         rec = fmt.decode_record(buf, rel, seed, kind, 0xFFFF_FFFF)
         if not isinstance(rec, fmt.Record) or rec.size != size or rec.op != fmt.PUT:
             raise FormatError(0, "no PUT record of the expected size there")
-        body, headers = fmt.decode_event(rec.payload)
+        payload = rec.payload
+        if cipher is not None:
+            plain = cipher.open(bytes(buf[rel : rel + 24]), offset, payload)
+            if plain is None:
+                raise DecryptionError(path, offset, f"event at position {position}: {TAMPERED}", cipher.key_id)
+            payload = plain
+        body, headers = fmt.decode_event(payload)
     except FormatError as exc:
         raise CorruptLogError(path, offset, f"event at position {position}: {exc.reason}") from exc
     return Event(body, headers, position)
@@ -161,13 +209,16 @@ class _Index:
 class _FileState:
     """What the reader knows of one live data file."""
 
-    __slots__ = ("dir_index", "end", "header", "path")
+    __slots__ = ("cipher", "dir_index", "end", "header", "path")
 
-    def __init__(self, dir_index: int, path: str, header: fmt.FileHeader, end: int) -> None:
+    def __init__(
+        self, dir_index: int, path: str, header: fmt.FileHeader, end: int, cipher: FileCipher | None = None
+    ) -> None:
         self.dir_index = dir_index
         self.path = path
         self.header = header
         self.end = end  # offset after the last verified batch read
+        self.cipher = cipher
 
 
 class _Follower:
@@ -176,7 +227,8 @@ class _Follower:
     def __init__(self, reader: ChannelReader) -> None:
         self.fs = reader._fs
         self.directory = reader.directory
-        self.config = ChannelConfig(on_corruption=reader.on_corruption)
+        self.encryption = as_encryption(reader.encryption)
+        self.config = ChannelConfig(on_corruption=reader.on_corruption, encryption=self.encryption)
         store = CheckpointStore(self.fs, os.path.join(self.directory, CHECKPOINT_DIR))
         log = Log(self.directory, self.config, fs=self.fs, readonly=True, checkpoints=store)
         try:
@@ -192,11 +244,12 @@ class _Follower:
             self.files: dict[int, _FileState] = {}
             for fid in log.file_ids():
                 path = log.file_path(fid)
-                header = self._read_header(path, fid)
-                if header is None:
+                got = self._read_header(path, fid)
+                if got is None:
                     continue
+                header, cipher = got
                 self.files[fid] = _FileState(
-                    self.data_dirs.index(os.path.dirname(path)), path, header, log._file_end[fid]
+                    self.data_dirs.index(os.path.dirname(path)), path, header, log._file_end[fid], cipher
                 )
             # New records in a directory have write-order ids above everything read so far
             # (with one directory, above the log's last id; with several, the scanner's
@@ -225,8 +278,14 @@ class _Follower:
 
     # following ---------------------------------------------------------------------------
 
-    def _read_header(self, path: str, fid: int, newest: bool = False) -> fmt.FileHeader | None:
-        """Read a data file's header; None while the owner is still creating it (or it is gone)."""
+    def _read_header(
+        self, path: str, fid: int, newest: bool = False
+    ) -> tuple[fmt.FileHeader, FileCipher | None] | None:
+        """Read a data file's header and its cipher; None while the owner is still creating it (or it is gone).
+
+        Raises:
+            DecryptionError: The file is encrypted and this reader has no key, or the wrong one, for it.
+        """
         try:
             fd = self.fs.open_read(path)
         except FileNotFoundError:
@@ -245,7 +304,7 @@ class _Follower:
             return None  # being created: its header is not complete yet
         if h.channel_id != self.channel_id or h.file_id != fid:
             raise CorruptLogError(path, 16, "data file does not belong to this channel")
-        return h
+        return h, header_cipher(self.encryption, path, h, head, self.channel_id)
 
     def refresh(self) -> None:
         """Read what the owner appended since the last call (only files that changed)."""
@@ -261,10 +320,11 @@ class _Follower:
                 fresh = sorted(f for f in ids if f > newest and f not in self.retired)
                 for fid in fresh:
                     path = os.path.join(d, segment_name(fid))
-                    header = self._read_header(path, fid, newest=fid == fresh[-1])
-                    if header is None:
+                    got = self._read_header(path, fid, newest=fid == fresh[-1])
+                    if got is None:
                         break  # being created; the next call reads it
-                    self.files[fid] = _FileState(i, path, header, header.header_len)
+                    header, cipher = got
+                    self.files[fid] = _FileState(i, path, header, header.header_len, cipher)
                 # Only the newest file of a directory grows; the one before it may have
                 # received its last batch before the roll. Older files are sealed.
                 present = set(ids)
@@ -366,9 +426,13 @@ class ChannelReader:
             different identity for the same name is refused unless ``reset``.
         reset: Replace a consumer's recorded identity (its acknowledged mark stays).
         on_corruption: ``"fail"`` (default) or ``"skip"`` for damaged events.
+        encryption: For an encrypted channel: a :class:`~filechannel.Encryption`
+            or the path of a keystore file (loaded when the reader is first
+            used; a pickled reader carries the path, never key bytes).
 
     Raises:
         ConfigError: A bad consumer name or option (checked at once).
+        DecryptionError: When first used: encrypted files and no key, or the wrong key.
     """
 
     def __init__(
@@ -380,8 +444,12 @@ class ChannelReader:
         reset: bool = False,
         on_corruption: str = "fail",
         fs: FS | None = None,
+        encryption: Encryption | str | os.PathLike[str] | None = None,
     ) -> None:
         self.directory = os.fspath(directory)
+        if encryption is not None and not isinstance(encryption, Encryption):
+            encryption = os.fspath(encryption)  # a keystore path: loaded when the reader is first used
+        self.encryption: Encryption | str | None = encryption
         self.consumer = validate_name(consumer) if consumer is not None else None
         if identity is not None and not isinstance(identity, str):
             raise ConfigError("identity", f"must be a str, got {identity!r}")
@@ -536,7 +604,12 @@ class ChannelReader:
                 buf = self._fs.pread(fd, size, off)
                 seed = fmt.file_seed(f.crc_kind, f.channel_id, fid)
                 try:
-                    out.append(_decode_put(buf, 0, size, seed, f.crc_kind, path, off, p))
+                    cipher = st.cipher if st is not None else None
+                    if cipher is None and st is not None and st.header.cipher:
+                        raise DecryptionError(
+                            path, off, "the data file is encrypted: no cipher for it", st.header.key_id
+                        )
+                    out.append(_decode_put(buf, 0, size, seed, f.crc_kind, path, off, p, cipher))
                 except CorruptLogError as exc:
                     if self.on_corruption != "skip":
                         raise
@@ -583,6 +656,7 @@ class ChannelReader:
             last = m - 1
             st = f.files.get(fid)
             path = st.path if st is not None else os.path.join(f.data_dirs[0], segment_name(fid))
+            h = st.header if st is not None else None
             out.append(
                 Segment(
                     path,
@@ -594,6 +668,9 @@ class ChannelReader:
                     tuple(idx.pos[k:m]),
                     tuple(o - first_off for o in idx.off[k:m]),
                     tuple(idx.size[k:m]),
+                    h.cipher if h is not None else 0,
+                    h.key_id if h is not None else "",
+                    h.salt if h is not None else b"",
                 )
             )
             k = m

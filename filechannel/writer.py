@@ -15,6 +15,7 @@ It never reads a data file back; the counters it advances belong to ``Log``.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import os
@@ -85,6 +86,7 @@ class Item:
         durable: bool = True,
         on_written: Callable[[CommitResult], None] | None = None,
         retire: Sequence[int] = (),
+        overhead: int = 0,
     ) -> None:
         self.kind = kind
         self.txn_id = txn_id
@@ -100,7 +102,8 @@ class Item:
         self.wake: Any = None  # a held lock its committer blocks on until a leader releases it
         rs = fmt.record_size
         if kind == fmt.COMMIT:
-            n = sum([(k + 39) & ~7 for k in map(len, payloads)]) + rs(16)  # rs(k) == (k + 39) & ~7
+            # rs(k) == (k + 39) & ~7; ``overhead``: what sealing adds to a PUT payload (encryption)
+            n = sum([(k + 39 + overhead) & ~7 for k in map(len, payloads)]) + rs(16)
             if takes:
                 n += rs(4 + 16 * len(takes))
         elif kind == fmt.ROLLBACK:
@@ -391,6 +394,7 @@ class Writer:
             log._file_end[self.file_id] = self.offset
             fs.close(self.fd)
             self.fd = None
+        enc = log.config.encryption
         with log._seq_lock:
             file_id = log._next_file_id
             log._next_file_id += 1
@@ -404,13 +408,19 @@ class Writer:
                 created_ns=time.time_ns(),
                 live_files=tuple(self.live),
             )
+        cipher = None
+        if enc is not None:
+            # A new file, a new random salt, so a new key: with woids as nonces, no
+            # (key, nonce) pair is ever used twice, even after a torn tail was cut.
+            cipher = enc.new_file_cipher(log.channel_id, file_id)
+            header = dataclasses.replace(header, cipher=cipher.suite, key_id=cipher.key_id, salt=cipher.salt)
         if header.header_len > 0xFFFF:
             # The header lists every live file of the directory in 16 bits of length.
             raise ChannelFullError(
                 f"{len(self.live)} live data files in {self.path}: a new one cannot list them all; old events "
                 "(or a lagging consumer) pin them: take or acknowledge them, or raise max_file_size"
             )
-        data = fmt.encode_file_header(header)
+        data = fmt.encode_file_header(header, cipher.key_check if cipher is not None else None)
         path = self._path(file_id)
         fd = fs.create(path)
         syncing = False
@@ -433,12 +443,15 @@ class Writer:
             raise
         log._fsyncs += 2
         log._register_file(file_id, self.index, path)
+        if cipher is not None:
+            log._ciphers[file_id] = cipher
+            log._key_ids[file_id] = cipher.key_id
         self.live.append(file_id)
         self.fd = fd
         self.file_id = file_id
         self.offset = self.synced = self.header_len = self.phys_end = len(data)
         self.seed = fmt.file_seed(log.crc_kind, log.channel_id, file_id)
-        self.encoder = fmt.record_encoder(self.seed, log.crc_kind)
+        self.encoder = fmt.record_encoder(self.seed, log.crc_kind, cipher.seal if cipher is not None else None)
         log._files_created += 1
         logger.debug("started data file %s", path)
 

@@ -5,7 +5,7 @@
 # killed with SIGKILL mid-stream and restarted on the checkpoint, the producer is
 # killed and recovered too; a final availableNow run drains the rest; then every
 # event is checked: produced N, delivered N, duplicated 0, lost 0.
-# Needs Java 17+ (Spark). Sets up .venv with the dev and spark extras.
+# Needs Java 17+ (Spark). Sets up .venv with the dev, spark and crypto extras.
 # Usage: scripts/demo.sh [WORKDIR] [examples/pipeline.py options]
 #        (WORKDIR default: ./demo-work, wiped first if it holds an earlier run; options: --help)
 set -euo pipefail
@@ -30,7 +30,7 @@ if [ "$major" -lt 17 ]; then
   exit 2
 fi
 
-bash scripts/venv.sh dev,spark
+bash scripts/venv.sh dev,spark,crypto
 workdir="$root/demo-work"
 if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then
   workdir="$1"

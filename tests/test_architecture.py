@@ -118,3 +118,23 @@ def test_filechannel_spark_without_pyspark_says_what_to_install() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "pip install 'filechannel[spark]'" in r.stdout
+
+
+def test_encryption_without_cryptography_says_what_to_install() -> None:
+    """``filechannel.Encryption`` with ``cryptography`` missing: a ConfigError naming the extra."""
+    code = (
+        "import sys\n"
+        "class Missing:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'cryptography':\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, Missing())\n"
+        "import filechannel\n"
+        "try:\n"
+        "    filechannel.Encryption(keys={'k': bytes(32)})\n"
+        "except filechannel.ConfigError as exc:\n"
+        "    print(exc)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "pip install 'filechannel[crypto]'" in r.stdout

@@ -51,3 +51,17 @@ def test_quick_reader_bench_prints_json_lines() -> None:
     units = {r["unit"] for r in results}
     assert {"events/s", "us", "x"} <= units
     assert any(r.get("type") == "run" for r in lines)
+
+
+@pytest.mark.slow
+def test_quick_encryption_bench_prints_json_lines() -> None:
+    pytest.importorskip("cryptography", reason="the crypto extra is not installed")
+    lines, results = run_bench("bench.encryption", "--quick", "--n", "300")
+    for r in results:
+        for key in ("machine", "workload", "system", "event_size", "fsync", "median", "min", "max", "repeats", "unit"):
+            assert key in r, (key, r)
+        assert r["min"] <= r["median"] <= r["max"]
+    systems = {r["system"] for r in results}
+    assert {"plaintext", "aes-256-gcm", "chacha20-poly1305", "aes-256-gcm / plaintext"} <= systems
+    assert {r["workload"] for r in results} == {"put x100", "take x100", "seal cost (CPU)"}
+    assert any(r.get("type") == "target" for r in lines)

@@ -279,8 +279,18 @@ def allowed_states(snap: Snap, mode: str) -> list[list[tuple[int, bytes]]]:
     return [apply_effects(full[:k]) for k in range(snap.durable_upto, len(full) + 1)]
 
 
+def assert_no_plaintext(fs: SimFS, opts: dict[str, Any]) -> None:
+    """With encryption on, no event body appears in any file (torn tails and checkpoints included)."""
+    if opts.get("encryption") is None:
+        return
+    for path, data in fs.files("/").items():
+        assert b"ev0" not in data, f"an event body in plaintext in {path}"
+        assert b"after-crash" not in data, f"an event body in plaintext in {path}"
+
+
 def check_crash_state(crashed: SimFS, snap: Snap, opts: dict[str, Any], nested: bool) -> None:
     mode = opts.get("fsync", "commit")
+    assert_no_plaintext(crashed, opts)
     allowed = allowed_states(snap, mode)
     ack = durable_ack(crashed)
     assert ack in snap.acks, f"the ack file holds {ack}, expected one of {set(snap.acks)} after {snap.op}"
@@ -313,6 +323,7 @@ def check_crash_state(crashed: SimFS, snap: Snap, opts: dict[str, Any], nested: 
         assert fresh >= used, f"position {fresh} reused (acknowledged commits used up to {used - 1})"
     finally:
         ch.close()
+    assert_no_plaintext(crashed, opts)
     # 3. crash during recovery, then recover again: the same state
     if nested:
         assert pristine is not None
@@ -426,6 +437,18 @@ def w_consumer_acks(d: Driver) -> None:
 COMMIT = dict(BASE_OPTS)
 INTERVAL = dict(BASE_OPTS, fsync="interval", fsync_interval=3600.0)
 
+
+def _encryption() -> Any:
+    try:
+        import cryptography  # noqa: F401
+    except ImportError:  # pragma: no cover - the crypto extra is installed by scripts/test.sh
+        return None
+    return filechannel.Encryption(keys={"k1": bytes(range(32))}, active_key="k1")
+
+
+ENCRYPTION = _encryption()
+ENC_MARKS = [pytest.mark.skipif(ENCRYPTION is None, reason="the crypto extra is not installed")]
+
 CASES = [
     pytest.param(w_basic, COMMIT, "posix", 40, id="basic-posix"),
     pytest.param(w_basic, COMMIT, "ext4", 20, id="basic-ext4"),
@@ -437,6 +460,18 @@ CASES = [
     pytest.param(w_upgrade_data_dirs, COMMIT, "posix", 30, id="upgrade-data-dirs-posix"),
     pytest.param(w_consumer_acks, COMMIT, "posix", 200, id="consumer-acks-posix"),
     pytest.param(w_consumer_acks, COMMIT, "ext4", 150, id="consumer-acks-ext4"),
+    # Encryption on: every new file gets a new salt and key; a torn tail is set aside as ciphertext.
+    pytest.param(
+        w_roll_and_retire,
+        dict(COMMIT, encryption=ENCRYPTION),
+        "posix",
+        60,
+        id="encrypted-roll-retire-posix",
+        marks=ENC_MARKS,
+    ),
+    pytest.param(
+        w_interval, dict(INTERVAL, encryption=ENCRYPTION), "posix", 40, id="encrypted-interval-posix", marks=ENC_MARKS
+    ),
 ]
 
 

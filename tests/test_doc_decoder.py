@@ -1,7 +1,8 @@
 """A reader of channel directories written from docs/format.md alone, checked against the library.
 
-The first half of this file is the reader. It uses only ``struct``, ``zlib``
-and ``google_crc32c`` and what docs/format.md (with docs/checkpoints.md) says:
+The first half of this file is the reader. It uses only ``struct``, ``zlib``,
+``google_crc32c`` (and, for encrypted files, the ``cryptography`` package's
+HKDF and AEADs) and what docs/format.md (with docs/checkpoints.md) says:
 it must not import ``filechannel.format``, ``filechannel.checkpoint`` or
 ``filechannel.log``. If a channel cannot be read with it, the docs are wrong.
 
@@ -103,30 +104,60 @@ class DataFile:
     size: int
     records: list[Rec] = field(default_factory=list)  # accepted (batch-verified) records, BATCH_ENDs too
     end: int = 0  # end of the last verified batch
+    aead: Any = None  # an encrypted file: its AEAD under the file key
 
 
 def file_seed(ch: ChannelInfo, file_id: int) -> int:
     return crc(ch.kind, ch.channel_id + struct.pack("<Q", file_id))
 
 
+KEYS: dict[str, bytes] = {}
+"""Master keys by key id, for encrypted data files (the tests set them)."""
+
+
+def file_aead(suite: int, master: bytes, salt: bytes, ch: ChannelInfo, file_id: int) -> Any:
+    """The AEAD of an encrypted file ("Encrypted data files": HKDF-SHA256 of the master key)."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    info = b"filechannel/v1 data file key" + bytes([suite]) + ch.channel_id + struct.pack("<Q", file_id)
+    key = HKDF(algorithm=hashes.SHA256(), length=32, salt=salt, info=info).derive(master)
+    return {1: AESGCM, 2: ChaCha20Poly1305}[suite](key)
+
+
 def read_data_header(buf: bytes, ch: ChannelInfo, file_id: int) -> DataFile:
-    """The data file header: 80 + 8n bytes, crc of [0, 76 + 8n) with seed 0 at 76 + 8n."""
+    """The data file header: 80 + 8n + e bytes, crc of [0, 76 + 8n + e) with seed 0 after it."""
     if len(buf) < 80 or buf[0:8] != DATA_MAGIC:
         raise DocFormatError("data file magic or size")
     version, header_len, flags = struct.unpack_from("<HHI", buf, 8)
     cid = buf[16:32]
     fid, base_woid, next_pos, next_txn, _created, n = struct.unpack_from("<QQQQQI", buf, 32)
-    if version != 1 or header_len != 80 + 8 * n or len(buf) < header_len:
+    x = 76 + 8 * n
+    e = 0
+    if flags & 0x10:  # the encryption extension
+        k = buf[x + 1]
+        e = 40 + k + pad8(k) + 16
+    if version != 1 or header_len != 80 + 8 * n + e or len(buf) < header_len:
         raise DocFormatError("data file version or header_len")
-    if flags & ~0xF or flags & 0xF != ch.kind:
+    if flags & ~0x1F or flags & 0xF != ch.kind:
         raise DocFormatError("data file flags")
-    if struct.unpack_from("<I", buf, 76 + 8 * n)[0] != crc(ch.kind, buf[0 : 76 + 8 * n], 0):
+    if struct.unpack_from("<I", buf, x + e)[0] != crc(ch.kind, buf[0 : x + e], 0):
         raise DocFormatError("data file header crc")
     if cid != ch.channel_id or fid != file_id:
         raise DocFormatError("data file of another channel or file")
     live = list(struct.unpack_from(f"<{n}Q", buf, 76))
     assert live == sorted(live), "live_files are ascending"
-    return DataFile(fid, header_len, base_woid, next_pos, next_txn, live, len(buf))
+    aead = None
+    if e:
+        suite, k, reserved, salt = struct.unpack_from("<BB6s32s", buf, x)
+        if suite not in (1, 2) or reserved != bytes(6):
+            raise DocFormatError("encryption extension")
+        key_id = buf[x + 40 : x + 40 + k].decode("ascii")
+        check_at = x + 40 + k + pad8(k)
+        aead = file_aead(suite, KEYS[key_id], salt, ch, fid)
+        aead.decrypt(bytes(12), buf[check_at : check_at + 16], buf[:check_at])  # the key check
+    return DataFile(fid, header_len, base_woid, next_pos, next_txn, live, len(buf), aead=aead)
 
 
 def read_records(buf: bytes, ch: ChannelInfo, df: DataFile, newest: bool, start: int | None = None) -> None:
@@ -307,6 +338,11 @@ def read_event(dd: DataDir, ch: ChannelInfo, ptr: Pointer) -> tuple[bytes, dict[
         != struct.unpack_from("<I", buf, off + 24)[0]
     ):
         raise DocFormatError(f"PUT at {ptr} does not verify")
+    aead = dd.files[fid].aead
+    if aead is not None:
+        frame = buf[off : off + 24]
+        aad = ch.channel_id + struct.pack("<QQ", fid, off) + frame
+        payload = aead.decrypt(bytes(4) + frame[8:16], payload, aad)
     return decode_event(payload)
 
 
@@ -699,3 +735,39 @@ def test_the_example_channel_in_the_docs(tmp_path: Path) -> None:
     assert dec.events == [(2, b"hello", {"src": "doc"}), (3, b"world", {})]
     assert sorted(dec.data.files) == [2]
     assert dec.checkpoint is None
+
+
+def test_an_encrypted_channel_read_from_the_docs(tmp_path: Path) -> None:
+    """Plaintext files, then encrypted ones under two keys and both ciphers: decoded from the docs alone."""
+    pytest.importorskip("cryptography", reason="the crypto extra is not installed")
+    from filechannel import Encryption
+
+    keys = {"2026-10": bytes(range(32)), "2026-11": bytes(range(1, 33))}
+    KEYS.clear()
+    KEYS.update(keys)
+    d = str(tmp_path / "ch")
+    rng = random.Random(7)
+    runs: list[dict[str, Any]] = [
+        {},
+        {"encryption": Encryption(keys=keys, active_key="2026-10")},
+        {"encryption": Encryption(keys=keys, active_key="2026-11", cipher="chacha20-poly1305")},
+    ]
+    for opts in runs:
+        ch = filechannel.open(d, max_file_size=4096, **OPTS, **opts)
+        for _ in range(30):
+            with ch.transaction() as tx:
+                for _ in range(rng.randint(1, 4)):
+                    tx.put(rng.randbytes(rng.randint(0, 700)), headers=rng.choice(HEADER_CHOICES))
+            if rng.random() < 0.3:
+                with ch.transaction() as tx:
+                    tx.take_batch(rng.randint(1, 3))
+        live = decode_channel(d)
+        assert live.events == served(ch)
+        ch.close()
+    newest = sorted(n for n in os.listdir(os.path.join(d, "data")) if SEG_NAME.match(n))[-1]
+    with open(os.path.join(d, "data", newest), "rb") as fh:
+        assert struct.unpack_from("<I", fh.read(16), 12)[0] & 0x10, "the newer files are encrypted"
+    closed = decode_channel(d)
+    assert closed.checkpoint is not None
+    assert closed.events == served_after_open(d, encryption=runs[-1]["encryption"])
+    KEYS.clear()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import os
 import re
 from pathlib import Path
 
@@ -55,7 +56,8 @@ def test_command_has_help_and_is_documented(command: str, capsys: pytest.Capture
             if opt in ("-h", "--help"):
                 continue
             assert opt in section, f"docs/cli.md does not document {command} {opt}"
-    assert f"filechannel {command} DIR" in section, f"docs/cli.md shows no usage line for {command}"
+    first = "KEYSTORE" if command == "keygen" else "DIR"  # keygen makes a key file, not a channel
+    assert f"filechannel {command} {first}" in section, f"docs/cli.md shows no usage line for {command}"
 
 
 def test_exit_codes_are_documented() -> None:
@@ -100,3 +102,17 @@ def test_readme_reader_example_runs(tmp_path: Path) -> None:
         "3 5 [b'd', b'e']",
         "gone 0 3",
     ]
+
+
+def test_readme_encryption_example_runs(tmp_path: Path) -> None:
+    pytest.importorskip("cryptography", reason="the crypto extra is not installed")
+    assert run_readme_block("Encryption at rest", tmp_path) == [
+        "['2026-10', '2026-11']",
+        "[b'card 4111', b'card 5500']",
+        "refused 2026-11",
+    ]
+    for root, _dirs, files in os.walk(tmp_path / "channel"):
+        for f in files:
+            data = (Path(root) / f).read_bytes()
+            assert b"card 4" not in data
+            assert b"alice" not in data

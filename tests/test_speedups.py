@@ -13,6 +13,7 @@ by skipping; every other test of the suite then runs the pure path.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -141,6 +142,61 @@ def test_encode_puts_is_byte_identical(
         assert (rec.op, rec.woid, rec.txn_id, rec.payload, rec.size) == (fmt.PUT, woid + i, txn, p, sizes[i + 0])
         assert offs[i + 1] == offset + pos - len(b"prefix")
         pos = rec.end
+
+
+def _fake_seal(head: bytes, offset: int, payload: bytes) -> bytes:
+    """A stand-in sealer: depends on every argument, returns ENC_TAG_LEN more bytes (a real one: test_encryption)."""
+    key = hashlib.sha256(head + offset.to_bytes(8, "little")).digest()
+    body = bytes(b ^ key[i % 32] for i, b in enumerate(bytes(payload)))
+    return body + key[: fmt.ENC_TAG_LEN]
+
+
+@needs_c
+@TWIN
+@given(
+    payloads=payload_lists,
+    woid=st.integers(0, 2**40),
+    offset=st.integers(0, 2**40),
+    kind=st.sampled_from(KINDS),
+    wrap=st.sampled_from(["bytes", "bytearray"]),
+)
+def test_encode_puts_sealed_is_byte_identical(
+    crc_impl: str, payloads: list[bytes], woid: int, offset: int, kind: int, wrap: str
+) -> None:
+    """An encrypted file: the sealer is called with the same arguments, the frames cover its output."""
+    seed = fmt.file_seed(kind, CID, 3)
+    calls: dict[str, list[tuple[bytes, int, bytes]]] = {"c": [], "py": []}
+
+    def sealer(who: str) -> Any:
+        def seal(head: bytes, off: int, payload: bytes) -> bytes:
+            calls[who].append((bytes(head), off, bytes(payload)))
+            return _fake_seal(head, off, payload)
+
+        return seal
+
+    given_payloads = [bytearray(p) for p in payloads] if wrap == "bytearray" else payloads
+    py = _encode(fmt._RecordEncoder(seed, kind, sealer("py")), woid, 9, given_payloads, offset)
+    c_enc = fmt.record_encoder(seed, kind, sealer("c"))
+    assert isinstance(c_enc, fmt._CRecordEncoder)
+    assert _encode(c_enc, woid, 9, given_payloads, offset) == py
+    assert calls["c"] == calls["py"]
+    assert len(calls["c"]) == len(payloads)
+
+
+@needs_c
+def test_encode_puts_sealer_errors_propagate_and_bad_lengths_are_refused() -> None:
+    seed = fmt.file_seed(fmt.CRC32C, CID, 3)
+
+    def boom(head: bytes, off: int, payload: bytes) -> bytes:
+        raise RuntimeError("sealer failed")
+
+    for enc in (fmt._RecordEncoder(seed, fmt.CRC32C, boom), fmt._CRecordEncoder(seed, fmt.CRC32C, boom)):
+        with pytest.raises(RuntimeError, match="sealer failed"):
+            enc.add_puts([], 1, 1, [b"a"], [], [], 0)
+    # A sealer returning the wrong length would make a frame lie about its size: the C path refuses it
+    # (the Python twin trusts crypto.py, whose AEAD always adds ENC_TAG_LEN bytes).
+    with pytest.raises(ValueError, match="sealer returned 1 bytes"):
+        fmt._CRecordEncoder(seed, fmt.CRC32C, lambda h, o, p: b"x").add_puts([], 1, 1, [b"a"], [], [], 0)
 
 
 @needs_c

@@ -45,11 +45,13 @@ from filechannel._fs import DEFAULT_FS, FS, read_file, replace_durably
 from filechannel.channel import FileChannel, open_channel
 from filechannel.config import ChannelConfig
 from filechannel.consumers import ConsumerStore
+from filechannel.crypto import SALT_LEN, TAG_LEN, Encryption, FileCipher
 from filechannel.errors import (
     ChannelError,
     ChannelLockedError,
     ConfigError,
     CorruptLogError,
+    DecryptionError,
     EventTooLargeError,
     FormatError,
     InvalidEventError,
@@ -88,13 +90,15 @@ HEADER_BATCH = "spark.batch_id"
 DEFAULT_LOCK_TIMEOUT = 30.0
 DEFAULT_STALE_STAGING = 86_400.0
 _STAGE_MAGIC = b"FCSTAGE1"
+_STAGE_MAGIC_ENC = b"FCSTAGE2"  # rows sealed: then u8 cipher, u8 key id length, the key id, a 32-byte salt
+_STAGE_ENC_HEAD = struct.Struct("<BB")
 _STAGE_SUFFIX = ".stage"
 _TMP_PREFIX = ".tmp."
 _TRAILER = struct.Struct("<QI")  # row count, CRC-32 (zlib) of everything before the CRC
 _U32 = struct.Struct("<I")
 _FLUSH_BYTES = 1 << 20
 _SLUG_RE = re.compile(r"[A-Za-z0-9-]{1,64}")
-_SINK_OPTIONS = ("path", "checkpointlocation", "locktimeout", "stalestagingseconds")
+_SINK_OPTIONS = ("path", "checkpointlocation", "locktimeout", "stalestagingseconds", "keystore")
 _CHANNEL_PREFIX = "channel."
 _GUARD_PREFIX = "spark-sink."
 # Spark's local properties on a streaming query's tasks (StreamExecution.QUERY_ID_KEY,
@@ -133,6 +137,9 @@ class SinkOptions:
         stale_staging: Seconds after which a staged file nobody committed is swept.
         checkpoint_location: The query's ``checkpointLocation`` option, if given (used
             only when a task could not tell the query id).
+        keystore: The ``keystore`` option: the path of the keystore of an encrypted
+            channel (never key bytes: the path is what travels to executors). Its
+            last key encrypts new data files and the staged rows.
     """
 
     path: str
@@ -140,6 +147,7 @@ class SinkOptions:
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT
     stale_staging: float = DEFAULT_STALE_STAGING
     checkpoint_location: str | None = None
+    keystore: str | None = None
 
     @classmethod
     def from_spark(cls, options: Mapping[str, str]) -> SinkOptions:
@@ -158,19 +166,31 @@ class SinkOptions:
                 raise ConfigError(
                     key,
                     "unknown option of the filechannel sink (known: path, checkpointLocation, lockTimeout, "
-                    "staleStagingSeconds, and channel.<name> for any channel option such as channel.capacity)",
+                    "staleStagingSeconds, keystore, and channel.<name> for any channel option such as "
+                    "channel.capacity)",
                 )
         path = opts.get("path")
         if not path:
             raise ConfigError("path", "the filechannel sink needs the channel directory: .option('path', DIR)")
+        if "encryption" in channel:
+            raise ConfigError("channel.encryption", "give the keystore path with .option('keystore', PATH)")
         converted = _channel_options(channel)
+        keystore = opts.get("keystore") or None
+        if keystore is not None:
+            keystore = os.path.abspath(str(keystore))
+            Encryption(keys=keystore)  # fail at once on a missing, exposed or malformed keystore
         return cls(
             path=os.path.abspath(str(path)),
             channel=converted,
             lock_timeout=_seconds(opts, "locktimeout", "lockTimeout", DEFAULT_LOCK_TIMEOUT),
             stale_staging=_seconds(opts, "stalestagingseconds", "staleStagingSeconds", DEFAULT_STALE_STAGING),
             checkpoint_location=opts.get("checkpointlocation") or None,
+            keystore=keystore,
         )
+
+    def encryption(self) -> Encryption | None:
+        """The keystore, loaded (each call reads it: a rotation needs no restart of the query), or None."""
+        return None if self.keystore is None else Encryption(keys=self.keystore)
 
     def config(self) -> ChannelConfig:
         """Return the channel configuration these options give (see :func:`_config`)."""
@@ -348,21 +368,33 @@ def _write_atomic(fs: FS, directory: str, name: str, data: bytes) -> None:
 
 
 class _StageFile:
-    """One staged file being written: ``FCSTAGE1``, then u32-length-prefixed event payloads, then a trailer."""
+    """One staged file being written: ``FCSTAGE1``, then u32-length-prefixed event payloads, then a trailer.
 
-    def __init__(self, fs: FS, directory: str, name: str) -> None:
+    With encryption: ``FCSTAGE2``, the cipher, key id and salt, then each payload
+    sealed (AEAD; nonce: the row's index, associated data: its index and length),
+    so no row of an encrypted channel reaches the disk in plaintext.
+    """
+
+    def __init__(self, fs: FS, directory: str, name: str, encryption: Encryption | None = None) -> None:
         self.fs = fs
         self.directory = directory
         self.name = name
         self.tmp = os.path.join(directory, _TMP_PREFIX + name)
-        self.fd: int | None = fs.create(self.tmp)
         self.offset = 0
         self.crc = 0
         self.count = 0
         self.parts: list[bytes] = [_STAGE_MAGIC]
-        self.pending = len(_STAGE_MAGIC)
+        self.cipher: FileCipher | None = None
+        if encryption is not None:
+            c = self.cipher = encryption.staging_cipher(name)
+            kid = c.key_id.encode("ascii")
+            self.parts = [_STAGE_MAGIC_ENC, _STAGE_ENC_HEAD.pack(c.suite, len(kid)), kid, c.salt]
+        self.pending = sum(map(len, self.parts))
+        self.fd: int | None = fs.create(self.tmp)
 
     def add(self, payload: bytes) -> None:
+        if self.cipher is not None:
+            payload = self.cipher.seal(_row_head(self.count, len(payload)), self.count, payload)
         self.parts.append(_U32.pack(len(payload)))
         self.parts.append(payload)
         self.pending += 4 + len(payload)
@@ -407,6 +439,11 @@ class _StageFile:
             pass
 
 
+def _row_head(index: int, n: int) -> bytes:
+    """The 24 bytes a staged row's seal binds (and whose bytes 8..16, the index + 1, make its nonce)."""
+    return struct.pack("<QQQ", 0, index + 1, n)
+
+
 def stage_events(
     fs: FS,
     directory: str,
@@ -414,6 +451,7 @@ def stage_events(
     events: Iterable[tuple[bytes, Mapping[str, str] | None]],
     max_event_size: int,
     header_overhead: int = 0,
+    encryption: Encryption | None = None,
 ) -> tuple[str | None, int, int]:
     """Write events to a staged file ``directory/name``, durably, before returning.
 
@@ -426,6 +464,7 @@ def stage_events(
         events: ``(body, headers)`` pairs.
         max_event_size: The channel's limit; an event above it fails the task early.
         header_overhead: Bytes the commit adds to every event (the sink's own headers).
+        encryption: The sink's keystore, loaded: staged rows are sealed under its last key.
 
     Returns:
         ``(name or None, rows, bytes)``.
@@ -447,7 +486,7 @@ def stage_events(
                 raise EventTooLargeError(size, max_event_size)
             if staged is None:
                 _ensure_dir(fs, directory)
-                staged = _StageFile(fs, directory, name)
+                staged = _StageFile(fs, directory, name, encryption)
             staged.add(payload)
         if staged is None:
             return None, 0, 0
@@ -460,16 +499,21 @@ def stage_events(
         raise
 
 
-def read_staged(fs: FS, path: str) -> list[bytes]:
+def read_staged(fs: FS, path: str, encryption: Encryption | None = None) -> list[bytes]:
     """Return the event payloads of a staged file, checking its framing, count and checksum.
+
+    An encrypted staged file needs ``encryption`` (the sink's keystore); each row is
+    decrypted and its tag checked.
 
     Raises:
         FileNotFoundError: The file does not exist.
         CorruptLogError: The file is damaged.
+        DecryptionError: An encrypted staged file and no key for it, or a row whose tag fails.
     """
     buf = read_file(fs, path)
     hint = "a staged file of a Spark task is damaged; restart the query: it runs the batch's tasks again"
-    if len(buf) < len(_STAGE_MAGIC) + _TRAILER.size or not buf.startswith(_STAGE_MAGIC):
+    encrypted = buf.startswith(_STAGE_MAGIC_ENC)
+    if len(buf) < len(_STAGE_MAGIC) + _TRAILER.size or not (buf.startswith(_STAGE_MAGIC) or encrypted):
         raise CorruptLogError(path, 0, "not a staged file of the filechannel sink", hint)
     body_end = len(buf) - _TRAILER.size
     count, crc = _TRAILER.unpack_from(buf, body_end)
@@ -477,6 +521,25 @@ def read_staged(fs: FS, path: str) -> list[bytes]:
         raise CorruptLogError(path, body_end, "checksum mismatch", hint)
     out: list[bytes] = []
     pos = len(_STAGE_MAGIC)
+    cipher: FileCipher | None = None
+    if encrypted:
+        if pos + _STAGE_ENC_HEAD.size > body_end:
+            raise CorruptLogError(path, pos, "truncated encryption header", hint)
+        suite, k = _STAGE_ENC_HEAD.unpack_from(buf, pos)
+        pos += _STAGE_ENC_HEAD.size
+        if pos + k + SALT_LEN > body_end:
+            raise CorruptLogError(path, pos, "truncated encryption header", hint)
+        key_id = buf[pos : pos + k].decode("ascii", "replace")
+        salt = bytes(buf[pos + k : pos + k + SALT_LEN])
+        pos += k + SALT_LEN
+        if encryption is None:
+            raise DecryptionError(
+                path,
+                0,
+                f"staged file is encrypted (key id {key_id!r}): give the sink .option('keystore', PATH)",
+                key_id,
+            )
+        cipher = encryption.staged_file_cipher(path, os.path.basename(path), suite, key_id, salt)
     while pos < body_end:
         if pos + 4 > body_end:
             raise CorruptLogError(path, pos, "truncated row length", hint)
@@ -484,7 +547,14 @@ def read_staged(fs: FS, path: str) -> list[bytes]:
         pos += 4
         if pos + n > body_end:
             raise CorruptLogError(path, pos, "row runs past the end", hint)
-        out.append(buf[pos : pos + n])
+        row = buf[pos : pos + n]
+        if cipher is not None:
+            i = len(out)
+            plain = cipher.open(_row_head(i, n - TAG_LEN), i, row)
+            if plain is None:
+                raise DecryptionError(path, pos, f"staged row {i}: authentication tag fails", cipher.key_id, hint)
+            row = plain
+        out.append(row)
         pos += n
     if len(out) != count:
         raise CorruptLogError(path, body_end, f"{len(out)} rows, the trailer says {count}", hint)
@@ -694,6 +764,9 @@ class SinkCommitter:
         opts = dict(self.options.channel)
         cfg = self.options.config()
         opts["transaction_capacity"] = cfg.capacity
+        enc = self.options.encryption()
+        if enc is not None:
+            opts["encryption"] = enc
         start = time.monotonic()
         delay = 0.02
         while True:
@@ -847,7 +920,9 @@ class SinkCommitter:
         next_position = int(ch.stats()["next_position"])
         if next_position < p.first + p.count:
             return False  # had it landed, the channel would be past its last event
-        view = ChannelReader(self.options.path, fs=self.fs, on_corruption=ch.config.on_corruption)
+        view = ChannelReader(
+            self.options.path, fs=self.fs, on_corruption=ch.config.on_corruption, encryption=ch.config.encryption
+        )
         try:
             head, visible = view.available()
             if visible <= p.first:
@@ -909,7 +984,7 @@ class SinkCommitter:
                 raise ChannelError(f"{what}: {name!r} is not a staged file name")
             path = os.path.join(self.options.staging_dir, name)
             try:
-                payloads += read_staged(self.fs, path)
+                payloads += read_staged(self.fs, path, self.options.encryption())
             except FileNotFoundError:
                 raise ChannelError(
                     f"{what}: staged file {path} is missing (deleted by hand, or swept as older than "
@@ -1066,6 +1141,7 @@ class _WriterBase:
             _arrow_events(batches, self.columns),
             self.max_event_size,
             overhead,
+            self.options.encryption(),
         )
         return ((staged,) if staged else ()), rows, size
 

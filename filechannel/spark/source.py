@@ -70,6 +70,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 
 from filechannel._fs import DEFAULT_FS, read_file
 from filechannel.consumers import ConsumerStore, validate_name
+from filechannel.crypto import Encryption
 from filechannel.errors import (
     ChannelError,
     ConfigError,
@@ -106,7 +107,7 @@ ROWS_PER_BATCH = 10_000
 IDENTITY_PREFIX = "spark-query:"
 
 _STREAM_ONLY = ("consumer", "maxeventspertrigger", "resetconsumer")
-_KNOWN = {"path", "paths", "maxpartitionbytes", *_STREAM_ONLY}
+_KNOWN = {"path", "paths", "maxpartitionbytes", "keystore", *_STREAM_ONLY}
 
 
 class CheckpointMismatchError(ChannelError):
@@ -134,6 +135,7 @@ class SourceOptions:
     max_events: int | None = None
     partition_bytes: int = DEFAULT_PARTITION_BYTES
     reset: bool = False
+    keystore: str | None = None  # an encrypted channel's keystore path (never key bytes)
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
@@ -148,7 +150,7 @@ class SourceOptions:
             raise ConfigError(
                 unknown[0],
                 "the filechannel source has no such option (it knows path, consumer, maxEventsPerTrigger, "
-                "maxPartitionBytes, resetConsumer)",
+                "maxPartitionBytes, resetConsumer, keystore)",
             )
         raw: list[str] = []
         if "paths" in opts:  # DataFrameReader.load([a, b]) passes a JSON list
@@ -165,8 +167,16 @@ class SourceOptions:
         paths = [os.path.abspath(p) for p in paths]
         if len(set(paths)) != len(paths):
             raise ConfigError("path", f"a directory is listed twice in {paths}")
+        keystore = opts.get("keystore") or None
+        if keystore is not None:
+            keystore = os.path.abspath(keystore)
+            Encryption(keys=keystore)  # fail at once on a missing, exposed or malformed keystore
         if not streaming:
-            return cls(tuple(paths), partition_bytes=_positive(opts, "maxPartitionBytes", DEFAULT_PARTITION_BYTES))
+            return cls(
+                tuple(paths),
+                partition_bytes=_positive(opts, "maxPartitionBytes", DEFAULT_PARTITION_BYTES),
+                keystore=keystore,
+            )
         if "consumer" not in opts:
             raise ConfigError(
                 "consumer",
@@ -182,6 +192,7 @@ class SourceOptions:
             max_events=_positive(opts, "maxEventsPerTrigger", None),
             partition_bytes=_positive(opts, "maxPartitionBytes", DEFAULT_PARTITION_BYTES),
             reset=reset == "true",
+            keystore=keystore,
         )
 
     @property
@@ -270,10 +281,11 @@ def _share(avail: Mapping[str, int], n: int) -> dict[str, int]:
 class SegmentPartition(InputPartition):
     """One Spark task: a :class:`Segment` of one channel (and its directory, for the ``channel`` column)."""
 
-    def __init__(self, segment: Segment, channel: str | None) -> None:
+    def __init__(self, segment: Segment, channel: str | None, keystore: str | None = None) -> None:
         super().__init__((segment.path, segment.start, segment.end))
         self.segment = segment
         self.channel = channel
+        self.keystore = keystore  # the path: an executor loads the keys itself
 
 
 def _check_columns(schema: StructType, options: SourceOptions) -> StructType:
@@ -292,7 +304,7 @@ def _batches(partition: InputPartition, schema: StructType) -> Iterator[Any]:
 
     if not isinstance(partition, SegmentPartition):  # Spark's placeholder for "no partitions"
         return
-    events = read_segment(partition.segment)
+    events = read_segment(partition.segment, encryption=partition.keystore)
     arrow = to_arrow_schema(schema, timezone="UTC")
     for i in range(0, len(events), ROWS_PER_BATCH):
         chunk = events[i : i + ROWS_PER_BATCH]
@@ -310,8 +322,8 @@ def _batches(partition: InputPartition, schema: StructType) -> Iterator[Any]:
         yield pa.RecordBatch.from_arrays(columns, schema=arrow)
 
 
-def _partitions(segments: Sequence[Segment], channel: str | None) -> list[InputPartition]:
-    return [SegmentPartition(s, channel) for s in segments]
+def _partitions(segments: Sequence[Segment], channel: str | None, keystore: str | None) -> list[InputPartition]:
+    return [SegmentPartition(s, channel, keystore) for s in segments]
 
 
 def _lost(path: str, exc: DataLossError, hint: str) -> DataLossError:
@@ -381,10 +393,10 @@ class FileChannelBatchReader(DataSourceReader):
         out: list[InputPartition] = []
         for path in self.options.paths:
             _channel_id(path)  # a clear error for a missing directory
-            with ChannelReader(path) as view:
+            with ChannelReader(path, encryption=self.options.keystore) as view:
                 start, end = view.available()
                 segments = view.segments(start, end, self.options.partition_bytes) if end > start else []
-            out.extend(_partitions(segments, path if self.options.multi else None))
+            out.extend(_partitions(segments, path if self.options.multi else None, self.options.keystore))
         return out
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
@@ -465,7 +477,13 @@ class FileChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         r = self._readers.get(cid)
         if r is None:
             path = self._channels()[cid]
-            r = ChannelReader(path, self.consumer, identity=IDENTITY_PREFIX + query, reset=self.options.reset)
+            r = ChannelReader(
+                path,
+                self.consumer,
+                identity=IDENTITY_PREFIX + query,
+                reset=self.options.reset,
+                encryption=self.options.keystore,
+            )
             with self._identity(path):
                 r.acked  # noqa: B018  (registers the consumer, or checks its identity, now)
             self._readers[cid] = r
@@ -503,7 +521,7 @@ class FileChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         """Record each channel's committed end now: an ``availableNow`` query stops there."""
         target: dict[str, int] = {}
         for cid, path in self._channels().items():
-            with ChannelReader(path) as view:
+            with ChannelReader(path, encryption=self.options.keystore) as view:
                 target[cid] = view.available()[1]
         self._target = target
 
@@ -561,7 +579,7 @@ class FileChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
                 acked, visible = r.available()
                 hint = _AHEAD_HINT if e > visible else _BEHIND_HINT if s < acked else "a data file holding them is gone"
                 raise _lost(path, exc, hint) from exc
-            out.extend(_partitions(segments, path if self.options.multi else None))
+            out.extend(_partitions(segments, path if self.options.multi else None, self.options.keystore))
         return out
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
