@@ -666,6 +666,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plot", default=None, help="also write the PNG here (e.g. docs/performance.png)")
     ap.add_argument("--only", default=None, help="comma-separated queue systems to run")
     ap.add_argument("--replot", default=None, metavar="JSONL", help="only redraw --plot from a results file")
+    ap.add_argument(
+        "--restart-sizes",
+        default=None,
+        help="queue sizes of the restart and memory blocks (default 10000,100000,1000000)",
+    )
     args = ap.parse_args(argv)
     if args.replot:
         return replot(args.replot, args.plot or "throughput.png")
@@ -677,7 +682,9 @@ def main(argv: list[str] | None = None) -> int:
         seconds=0.5 if q else 2.0,
         mixed_seconds=1.0 if q else 4.0,
         deadline=2.0 if q else 5.0,
-        restart_sizes=[n] if q else [10_000, 100_000, 1_000_000],
+        restart_sizes=[int(x) for x in args.restart_sizes.split(",")]
+        if args.restart_sizes
+        else ([n] if q else [10_000, 100_000, 1_000_000]),
         repeats=args.repeats or (1 if q else 3),
         sizes=[100, 4096],
     )
