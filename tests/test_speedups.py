@@ -14,6 +14,7 @@ by skipping; every other test of the suite then runs the pure path.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -427,3 +428,17 @@ def test_scan_is_identical_with_every_byte_flipped(mode: str) -> None:
         assert c == _scan(False, data, fmt.CRC32C, 0, False, mode, "commit", 0, 0), at
         differing += c != _scan(True, orig, fmt.CRC32C, 0, False, mode, "commit", 0, 0)
     assert differing == len(orig) - ends[0]  # no flipped byte goes unnoticed
+
+
+def test_stat_reports_the_active_path(tmp_path: Any) -> None:
+    import filechannel
+
+    d = str(tmp_path / "ch")
+    filechannel.open(d, minimum_required_space=0, background=False).close()
+    for env_value, want in (("1", "python"), ("", fmt.accelerator())):
+        env = dict(os.environ, FILECHANNEL_PURE_PYTHON=env_value)
+        out = subprocess.run(
+            [sys.executable, "-m", "filechannel", "stat", d, "--json"], env=env, capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["accelerator"] == want
