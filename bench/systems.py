@@ -18,6 +18,7 @@ import threading
 from typing import Any, ClassVar
 
 import filechannel
+from filechannel import format as fmt
 
 
 class System:
@@ -85,6 +86,31 @@ class FileChannelCommit(FileChannelSystem):
     name = "filechannel-commit"
     fsync = "commit"
     mode = "commit"
+
+
+class FileChannelPure(FileChannelCommit):
+    """``filechannel-commit`` on the pure-Python path (the C accelerator switched off while open)."""
+
+    name = "filechannel-commit pure-python"
+
+    @classmethod
+    def available(cls) -> bool:
+        return fmt.speedups is not None  # without the accelerator, filechannel-commit is this already
+
+    def open(self, **options: Any) -> None:
+        self._saved = fmt.speedups
+        fmt.speedups = None
+        try:
+            super().open(**options)
+        except BaseException:
+            fmt.speedups = self._saved
+            raise
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            fmt.speedups = self._saved
 
 
 class FileChannelFullReplay(FileChannelCommit):
@@ -265,5 +291,12 @@ class PQFileFsync(_PersistQueue):
         self._sync()
 
 
-QUEUES: list[type[System]] = [FileChannelCommit, FileChannelInterval, SqliteWalFull, PQSqliteAck, PQFileFsync]
+QUEUES: list[type[System]] = [
+    FileChannelCommit,
+    FileChannelPure,
+    FileChannelInterval,
+    SqliteWalFull,
+    PQSqliteAck,
+    PQFileFsync,
+]
 SLOW = {PQSqliteAck.name, PQFileFsync.name}  # run on fewer events, rates stay comparable

@@ -678,6 +678,7 @@ class FileChannel:
                 replay_seconds=round(self.replay_seconds, 6),
                 failed=self._log.failed is not None,
                 recovery_source=self.recovery_source,
+                accelerator=fmt.accelerator(),
                 checkpoint_fallbacks=len(self.checkpoint_fallbacks),
                 key_ids_in_use=self._log.key_ids_in_use(),
                 open_transactions=len(self._open_txns),
@@ -1228,8 +1229,13 @@ def replay_queue(
             first, n, n_taken = fmt.decode_commit(r.payload)
             ptrs = puts.pop(r.txn_id, [])
             if len(ptrs) == n:
-                for i, ptr in enumerate(ptrs):
-                    tail.append(first + i, *ptr)
+                # A transaction's puts are written in one write, in write-order: when its first and
+                # last put are in one data file, all of them are (the usual case: one run).
+                if ptrs and ptrs[0][0] == ptrs[-1][0]:
+                    tail.append_run(first, ptrs[0][0], [ptr[1] for ptr in ptrs], [ptr[2] for ptr in ptrs])
+                else:
+                    for i, ptr in enumerate(ptrs):
+                        tail.append(first + i, *ptr)
             elif r.salvaged:
                 # Some PUT records of this transaction were damaged: place the intact
                 # ones by write-order id (PUTs, then a TAKE if any, then the COMMIT).

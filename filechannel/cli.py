@@ -374,6 +374,7 @@ def cmd_stat(args: argparse.Namespace) -> int:
             "key_ids_in_use": log.key_ids_in_use(),
             "checkpoint": _checkpoint_info(log),
             "last_open": _store(args.dir).last_open(),
+            "accelerator": fmt.accelerator(),
         }
         info.update(_consumers_info(args.dir, log, entries))
     finally:

@@ -247,6 +247,16 @@ class Scanner:
         fid = self.file_id
         if vouched > n:
             self._truncated(n + base, vouched + base, last_woid)
+        accel = fmt.speedups
+        if accel is not None and 0 <= batch_last_woid < INF_WOID and g >= 0:
+            # The C twin of this loop walks clean, verified batches only and stops at the
+            # first thing that is not one; this loop then carries on from there.
+            end, w = accel.scan_batches(
+                buf, g, seed, kind, min(self.max_payload, 0xFFFFFFFF), batch_last_woid, base, fid, LogRecord, records
+            )
+            if end != g:
+                pos = g = end
+                last_woid = batch_last_woid = w
         while True:
             if pos >= n and not pending:
                 break

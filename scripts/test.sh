@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: sets up .venv (the dev, spark and crypto extras), then lint, type check and the whole test suite,
-# Spark tests included (they need Java 17+). With arguments, runs pytest with them instead
+# Spark tests included (they need Java 17+), then the fast tests again on the pure-Python path. With arguments,
+# runs pytest with them instead
 # (e.g. scripts/test.sh -m "not spark" for a fast run).
 # Usage: scripts/test.sh [pytest args...]
 set -euo pipefail
@@ -20,3 +21,11 @@ fi
 # selects no test at all.
 .venv/bin/python -m pytest -m "not spark"
 .venv/bin/python -m pytest -m spark
+# The pure-Python twin of the C accelerator (issue 14): the non-Spark, non-slow tests once more with
+# FILECHANNEL_PURE_PYTHON=1 (tests/test_speedups.py, which compares the two paths, skips there).
+# Skipped, and said so, only when the accelerator was not built (then the runs above were pure already).
+if .venv/bin/python -c "import sys; from filechannel import format as f; sys.exit(f.speedups is None)"; then
+  FILECHANNEL_PURE_PYTHON=1 .venv/bin/python -m pytest -m "not spark and not slow" -p no:cacheprovider
+else
+  echo "scripts/test.sh: the C accelerator is not built; the runs above covered the pure-Python path" >&2
+fi

@@ -1,0 +1,691 @@
+/*
+ * filechannel._speedups: the optional C fast path for the per-event hot loops.
+ *
+ * This module owns two functions and nothing else:
+ *
+ *   encode_puts(seed, kind, woid, txn_id, payloads, offsets, sizes, offset, seal, tag_len)
+ *       frames and checksums a batch of PUT records in one call; the twin of
+ *       format._RecordEncoder.add_puts (same bytes, same offsets and sizes).
+ *       An encrypted file passes its sealer: it is called once per payload,
+ *       exactly as the Python twin calls it (the cipher is cryptography's C).
+ *   scan_batches(buf, pos, end_limit, seed, kind, max_payload, batch_last_woid,
+ *                base, file_id, record_type, records)
+ *       walks records from ``pos`` while they form complete, verified batches,
+ *       appending one ``record_type`` (scan.LogRecord) per record to ``records``;
+ *       it stops at the first thing that is not a clean verified batch and
+ *       returns where, so that scan.Scanner's Python loop (the reference
+ *       implementation) takes over there and decides what it means.
+ *
+ * It performs no I/O, holds no state and never decides policy: every damage
+ * decision stays in scan.py. Both functions accept any object with the buffer
+ * protocol. The CRC-32C is google-crc32c's own C library (crc32c_extend in the
+ * libcrc32c its wheel ships, bound at import by format.py) when it can be
+ * found, else the SSE4.2 ``crc32`` instruction when the CPU has it (checked at
+ * import), else a slicing-by-8 table; the zlib CRC-32 is zlib's own crc32(),
+ * the library Python's zlib module wraps.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
+#include <string.h>
+#include <zlib.h>
+#include <dlfcn.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define FC_HAVE_SSE42_PATH 1
+#include <nmmintrin.h>
+#endif
+
+#define KIND_CRC32C 1
+#define KIND_CRC32_ZLIB 2
+#define OP_PUT 1
+#define OP_BATCH_END 5
+#define OP_MAX 6
+#define HEADER_LEN 32
+#define BATCH_END_PAYLOAD 32
+
+/* ------------------------------------------------------------------------ */
+/* CRC-32C */
+
+static uint32_t crc32c_table[8][256];
+static int have_sse42 = 0;
+
+static void
+crc32c_init_table(void)
+{
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++)
+            c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+        crc32c_table[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = crc32c_table[0][i];
+        for (int t = 1; t < 8; t++) {
+            c = crc32c_table[0][c & 0xFF] ^ (c >> 8);
+            crc32c_table[t][i] = c;
+        }
+    }
+}
+
+static uint32_t
+crc32c_sw(uint32_t crc, const unsigned char *p, size_t n)
+{
+    while (n && ((uintptr_t)p & 7)) {
+        crc = crc32c_table[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+        n--;
+    }
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        w ^= crc;
+        crc = crc32c_table[7][w & 0xFF] ^ crc32c_table[6][(w >> 8) & 0xFF] ^ crc32c_table[5][(w >> 16) & 0xFF] ^
+              crc32c_table[4][(w >> 24) & 0xFF] ^ crc32c_table[3][(w >> 32) & 0xFF] ^
+              crc32c_table[2][(w >> 40) & 0xFF] ^ crc32c_table[1][(w >> 48) & 0xFF] ^ crc32c_table[0][w >> 56];
+        p += 8;
+        n -= 8;
+    }
+    while (n--)
+        crc = crc32c_table[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+    return crc;
+}
+
+#ifdef FC_HAVE_SSE42_PATH
+__attribute__((target("sse4.2"))) static uint32_t
+crc32c_hw(uint32_t crc, const unsigned char *p, size_t n)
+{
+    uint64_t c = crc;
+    while (n && ((uintptr_t)p & 7)) {
+        c = _mm_crc32_u8((uint32_t)c, *p++);
+        n--;
+    }
+    /* One stream of 8-byte steps: several GB/s, well above what the disk takes. */
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        c = _mm_crc32_u64(c, w);
+        p += 8;
+        n -= 8;
+    }
+    while (n--)
+        c = _mm_crc32_u8((uint32_t)c, *p++);
+    return (uint32_t)c;
+}
+#endif
+
+/* google-crc32c's own C library (crc32c_extend from libcrc32c), when bind_crc32c() found it. */
+typedef uint32_t (*lib_extend_fn)(uint32_t, const uint8_t *, size_t);
+static lib_extend_fn lib_crc32c_extend = NULL;
+static int force_table = 0; /* tests: use the table even where SSE4.2 exists */
+
+/* Extend a finished CRC-32C value, as google_crc32c.extend(crc, data) does. */
+static uint32_t
+crc32c_extend(uint32_t crc, const unsigned char *p, size_t n)
+{
+    if (lib_crc32c_extend != NULL)
+        return lib_crc32c_extend(crc, p, n);
+#ifdef FC_HAVE_SSE42_PATH
+    if (have_sse42 && !force_table)
+        return ~crc32c_hw(~crc, p, n);
+#endif
+    return ~crc32c_sw(~crc, p, n);
+}
+
+static uint32_t
+zlib_extend(uint32_t crc, const unsigned char *p, size_t n)
+{
+    uLong c = crc;
+    while (n > 0) {
+        uInt chunk = n > 0x40000000u ? 0x40000000u : (uInt)n;
+        c = crc32(c, p, chunk);
+        p += chunk;
+        n -= chunk;
+    }
+    return (uint32_t)c;
+}
+
+typedef uint32_t (*extend_fn)(uint32_t, const unsigned char *, size_t);
+
+static extend_fn
+pick_extend(int kind)
+{
+    if (kind == KIND_CRC32C)
+        return crc32c_extend;
+    if (kind == KIND_CRC32_ZLIB)
+        return zlib_extend;
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* little-endian helpers */
+
+static inline void
+put_u16(unsigned char *p, uint16_t v)
+{
+    p[0] = (unsigned char)v;
+    p[1] = (unsigned char)(v >> 8);
+}
+
+static inline void
+put_u32(unsigned char *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static inline void
+put_u64(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static inline uint32_t
+get_u32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+static inline uint64_t
+get_u64(const unsigned char *p)
+{
+    return (uint64_t)get_u32(p) | ((uint64_t)get_u32(p + 4) << 32);
+}
+
+/* ------------------------------------------------------------------------ */
+/* crc(kind, data, seed): the checksum on its own (used by tests to compare with google-crc32c) */
+
+static PyObject *
+sp_crc(PyObject *self, PyObject *args)
+{
+    int kind;
+    Py_buffer data;
+    unsigned long seed = 0;
+    if (!PyArg_ParseTuple(args, "iy*|k", &kind, &data, &seed))
+        return NULL;
+    extend_fn ext = pick_extend(kind);
+    if (ext == NULL) {
+        PyBuffer_Release(&data);
+        PyErr_Format(PyExc_ValueError, "unknown checksum algorithm %d", kind);
+        return NULL;
+    }
+    uint32_t c = ext((uint32_t)seed, (const unsigned char *)data.buf, (size_t)data.len);
+    PyBuffer_Release(&data);
+    return PyLong_FromUnsignedLong(c);
+}
+
+/* bind_crc32c(path): use crc32c_extend from the libcrc32c the google-crc32c wheel ships (already
+   loaded by ``import google_crc32c``). Returns whether it was bound; on any failure the built-in
+   implementation stays. A test checks both against google_crc32c.extend. */
+static PyObject *
+sp_bind_crc32c(PyObject *self, PyObject *args)
+{
+    const char *path;
+    if (!PyArg_ParseTuple(args, "s", &path))
+        return NULL;
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL)
+        Py_RETURN_FALSE;
+    void *sym = dlsym(h, "crc32c_extend");
+    if (sym == NULL) {
+        dlclose(h);
+        Py_RETURN_FALSE;
+    }
+    /* the handle stays open for the life of the process */
+    lib_crc32c_extend = (lib_extend_fn)sym;
+    Py_RETURN_TRUE;
+}
+
+/* unbind_crc32c(): back to the built-in implementation (tests compare the two). */
+static PyObject *
+sp_unbind_crc32c(PyObject *self, PyObject *args)
+{
+    lib_crc32c_extend = NULL;
+    Py_RETURN_NONE;
+}
+
+/* crc32c_impl(): which CRC-32C this module uses now. */
+static PyObject *
+sp_crc32c_impl(PyObject *self, PyObject *args)
+{
+    if (lib_crc32c_extend != NULL)
+        return PyUnicode_FromString("google-crc32c");
+    return PyUnicode_FromString(have_sse42 && !force_table ? "sse4.2" : "table");
+}
+
+/* use_table(flag): tests only; with flag set (and no library bound) the table runs even with SSE4.2. */
+static PyObject *
+sp_use_table(PyObject *self, PyObject *args)
+{
+    int flag;
+    if (!PyArg_ParseTuple(args, "p", &flag))
+        return NULL;
+    force_table = flag;
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------------ */
+/* encode_puts */
+
+static int
+append_ssize(PyObject *list, Py_ssize_t v)
+{
+    PyObject *o = PyLong_FromSsize_t(v);
+    if (o == NULL)
+        return -1;
+    int r = PyList_Append(list, o);
+    Py_DECREF(o);
+    return r;
+}
+
+static PyObject *
+sp_encode_puts(PyObject *self, PyObject *args)
+{
+    unsigned long seed_l;
+    int kind;
+    unsigned long long woid, txn_id;
+    PyObject *payloads, *offsets, *sizes;
+    Py_ssize_t offset;
+    PyObject *seal = Py_None;
+    Py_ssize_t tag_len = 0;
+    if (!PyArg_ParseTuple(args, "kiKKOO!O!n|On", &seed_l, &kind, &woid, &txn_id, &payloads, &PyList_Type, &offsets,
+                          &PyList_Type, &sizes, &offset, &seal, &tag_len))
+        return NULL;
+    if (seal == Py_None)
+        tag_len = 0;
+    else if (tag_len < 0) {
+        PyErr_SetString(PyExc_ValueError, "tag_len must not be negative");
+        return NULL;
+    }
+    extend_fn ext = pick_extend(kind);
+    if (ext == NULL) {
+        PyErr_Format(PyExc_ValueError, "unknown checksum algorithm %d", kind);
+        return NULL;
+    }
+    uint32_t seed = (uint32_t)seed_l;
+    PyObject *seq = PySequence_Fast(payloads, "payloads must be iterable");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    Py_buffer *bufs = NULL;
+    Py_ssize_t got = 0;
+    PyObject *out = NULL;
+    if (count > 0) {
+        bufs = PyMem_Calloc((size_t)count, sizeof(Py_buffer));
+        if (bufs == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    Py_ssize_t total = 0;
+    for (; got < count; got++) {
+        if (kind == KIND_CRC32C && seal == Py_None && !PyBytes_Check(items[got])) {
+            /* google_crc32c.extend ("y#"), which the Python twin calls on the payload, takes bytes only */
+            PyErr_Format(PyExc_TypeError, "argument 2 must be read-only bytes-like object, not %.100s",
+                         Py_TYPE(items[got])->tp_name);
+            goto done;
+        }
+        if (PyObject_GetBuffer(items[got], &bufs[got], PyBUF_SIMPLE) < 0)
+            goto done;
+        Py_ssize_t n = bufs[got].len + tag_len;
+        if ((unsigned long long)n > 0xFFFFFFFFull) {
+            PyErr_SetString(PyExc_OverflowError, "record payload does not fit a u32 length");
+            goto done;
+        }
+        total += HEADER_LEN + n + (-n & 7);
+    }
+    out = PyBytes_FromStringAndSize(NULL, total);
+    if (out == NULL)
+        goto done;
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_ssize_t n = bufs[i].len + tag_len;
+        Py_ssize_t pad = -n & 7;
+        p[0] = OP_PUT;
+        p[1] = 0;
+        put_u16(p + 2, 0);
+        put_u32(p + 4, (uint32_t)n);
+        put_u64(p + 8, (uint64_t)woid);
+        put_u64(p + 16, (uint64_t)txn_id);
+        const unsigned char *body = (const unsigned char *)bufs[i].buf;
+        PyObject *ct = NULL;
+        if (seal != Py_None) {
+            /* seal(frame bytes [0, 24), offset, payload) -> ciphertext, as the Python twin calls it */
+            PyObject *head = PyBytes_FromStringAndSize((const char *)p, 24);
+            PyObject *off_obj = head ? PyLong_FromSsize_t(offset) : NULL;
+            if (off_obj != NULL) {
+                PyObject *argv[3] = {head, off_obj, items[i]};
+                ct = PyObject_Vectorcall(seal, argv, 3, NULL);
+            }
+            Py_XDECREF(head);
+            Py_XDECREF(off_obj);
+            if (ct == NULL) {
+                Py_CLEAR(out);
+                goto done;
+            }
+            if (!PyBytes_Check(ct) || PyBytes_GET_SIZE(ct) != n) {
+                PyErr_Format(PyExc_ValueError, "the sealer returned %zd bytes for a %zd-byte sealed payload",
+                             PyBytes_Check(ct) ? PyBytes_GET_SIZE(ct) : (Py_ssize_t)-1, n);
+                Py_DECREF(ct);
+                Py_CLEAR(out);
+                goto done;
+            }
+            body = (const unsigned char *)PyBytes_AS_STRING(ct);
+        }
+        uint32_t c = ext(seed, p, 24);
+        c = ext(c, body, (size_t)n);
+        put_u32(p + 24, c);
+        put_u32(p + 28, 0);
+        memcpy(p + HEADER_LEN, body, (size_t)n);
+        Py_XDECREF(ct);
+        memset(p + HEADER_LEN + n, 0, (size_t)pad);
+        Py_ssize_t size = HEADER_LEN + n + pad;
+        if (append_ssize(offsets, offset) < 0 || append_ssize(sizes, size) < 0) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        offset += size;
+        p += size;
+        woid++;
+    }
+done:
+    for (Py_ssize_t i = 0; i < got; i++)
+        PyBuffer_Release(&bufs[i]);
+    PyMem_Free(bufs);
+    Py_DECREF(seq);
+    if (out == NULL)
+        return NULL;
+    PyObject *r = Py_BuildValue("(Nn)", out, offset);
+    return r;
+}
+
+/* ------------------------------------------------------------------------ */
+/* scan_batches */
+
+typedef struct {
+    unsigned char op;
+    uint64_t woid, txn_id;
+    Py_ssize_t offset, size, payload_len;
+} pending_rec;
+
+/* Decode the frame at ``pos``; return its size, or 0 when it is not a valid, complete record. */
+static Py_ssize_t
+decode_frame(const unsigned char *b, Py_ssize_t n, Py_ssize_t pos, uint32_t seed, extend_fn ext,
+             unsigned long long max_payload, pending_rec *r)
+{
+    if (n - pos < HEADER_LEN)
+        return 0;
+    const unsigned char *h = b + pos;
+    unsigned char op = h[0];
+    if (op < 1 || op > OP_MAX || h[1] != 0 || h[2] != 0 || h[3] != 0)
+        return 0;
+    uint32_t plen = get_u32(h + 4);
+    if ((unsigned long long)plen > max_payload)
+        return 0;
+    Py_ssize_t size = HEADER_LEN + (Py_ssize_t)plen + (-(Py_ssize_t)plen & 7);
+    if (n - pos < size)
+        return 0;
+    if (get_u32(h + 28) != 0)
+        return 0;
+    uint32_t c = ext(seed, h, 24);
+    c = ext(c, h + HEADER_LEN, plen);
+    if (c != get_u32(h + 24))
+        return 0;
+    r->op = op;
+    r->woid = get_u64(h + 8);
+    r->txn_id = get_u64(h + 16);
+    r->offset = pos;
+    r->size = size;
+    r->payload_len = plen;
+    return size;
+}
+
+/* LogRecord is a slots dataclass: its fields are member slots at fixed offsets. Filling them
+   directly builds the same object its __init__ would (which sets each field, salvaged=False),
+   without running a Python-level __init__ per record. ``slot_offsets`` finds the offsets; any
+   surprise (not a slots class, a field that is not an object slot) means: call the type. */
+static const char *record_fields[8] = {"op", "woid", "txn_id", "file_id", "offset", "size", "payload", "salvaged"};
+
+static int
+slot_offsets(PyObject *type, Py_ssize_t *offs)
+{
+    if (!PyType_Check(type))
+        return 0;
+    PyTypeObject *tp = (PyTypeObject *)type;
+    if (tp->tp_init == NULL || tp->tp_alloc == NULL)
+        return 0;
+    for (int i = 0; i < 8; i++) {
+        PyObject *d = PyDict_GetItemString(tp->tp_dict, record_fields[i]);
+        if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type))
+            return 0;
+        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+        if (m->type != T_OBJECT_EX || (m->flags & READONLY))
+            return 0;
+        offs[i] = m->offset;
+    }
+    return 1;
+}
+
+/* The ints a run of records repeats (a transaction's id, an event size), kept from the last record. */
+typedef struct {
+    uint64_t txn_id;
+    Py_ssize_t size;
+    PyObject *txn_obj, *size_obj;
+} int_cache;
+
+static PyObject *
+cached_u64(PyObject **slot, uint64_t *have, uint64_t v)
+{
+    if (*slot == NULL || *have != v) {
+        PyObject *o = PyLong_FromUnsignedLongLong(v);
+        if (o == NULL)
+            return NULL;
+        Py_XSETREF(*slot, o);
+        *have = v;
+    }
+    Py_INCREF(*slot);
+    return *slot;
+}
+
+static PyObject *
+cached_ssize(PyObject **slot, Py_ssize_t *have, Py_ssize_t v)
+{
+    if (*slot == NULL || *have != v) {
+        PyObject *o = PyLong_FromSsize_t(v);
+        if (o == NULL)
+            return NULL;
+        Py_XSETREF(*slot, o);
+        *have = v;
+    }
+    Py_INCREF(*slot);
+    return *slot;
+}
+
+static PyObject *
+make_record(PyObject *type, const Py_ssize_t *offs, const unsigned char *b, const pending_rec *r, PyObject *fid,
+            Py_ssize_t base, PyObject *empty, int_cache *cache)
+{
+    PyObject *argv[7] = {NULL};
+    PyObject *res = NULL;
+    argv[0] = PyLong_FromLong(r->op);
+    argv[1] = PyLong_FromUnsignedLongLong(r->woid);
+    argv[2] = cached_u64(&cache->txn_obj, &cache->txn_id, r->txn_id);
+    argv[3] = fid;
+    argv[4] = PyLong_FromSsize_t(r->offset + base);
+    argv[5] = cached_ssize(&cache->size_obj, &cache->size, r->size);
+    if (r->op == OP_PUT) {
+        Py_INCREF(empty);
+        argv[6] = empty;
+    } else {
+        argv[6] = PyBytes_FromStringAndSize((const char *)b + r->offset + HEADER_LEN, r->payload_len);
+    }
+    if (argv[0] && argv[1] && argv[2] && argv[4] && argv[5] && argv[6]) {
+        if (offs != NULL) {
+            PyTypeObject *tp = (PyTypeObject *)type;
+            res = tp->tp_alloc(tp, 0);
+            if (res != NULL) {
+                for (int i = 0; i < 7; i++) {
+                    Py_INCREF(argv[i]);
+                    *(PyObject **)((char *)res + offs[i]) = argv[i];
+                }
+                Py_INCREF(Py_False);
+                *(PyObject **)((char *)res + offs[7]) = Py_False;
+            }
+        }
+        else {
+            res = PyObject_Vectorcall(type, argv, 7, NULL);
+        }
+    }
+    Py_XDECREF(argv[0]);
+    Py_XDECREF(argv[1]);
+    Py_XDECREF(argv[2]);
+    Py_XDECREF(argv[4]);
+    Py_XDECREF(argv[5]);
+    Py_XDECREF(argv[6]);
+    return res;
+}
+
+static PyObject *
+sp_scan_batches(PyObject *self, PyObject *args)
+{
+    Py_buffer view;
+    Py_ssize_t pos, base;
+    unsigned long seed_l;
+    int kind;
+    unsigned long long max_payload, batch_last_woid;
+    PyObject *fid, *type, *records;
+    if (!PyArg_ParseTuple(args, "y*nkiKKnOOO!", &view, &pos, &seed_l, &kind, &max_payload, &batch_last_woid, &base,
+                          &fid, &type, &PyList_Type, &records))
+        return NULL;
+    extend_fn ext = pick_extend(kind);
+    if (ext == NULL) {
+        PyBuffer_Release(&view);
+        PyErr_Format(PyExc_ValueError, "unknown checksum algorithm %d", kind);
+        return NULL;
+    }
+    uint32_t seed = (uint32_t)seed_l;
+    Py_ssize_t offs[8];
+    int direct = slot_offsets(type, offs);
+    int_cache cache = {0, 0, NULL, NULL};
+    const unsigned char *b = (const unsigned char *)view.buf;
+    Py_ssize_t n = view.len;
+    Py_ssize_t g = pos;
+    uint64_t last = batch_last_woid; /* the last write-order id of the verified prefix */
+    Py_ssize_t cap = 256, np = 0;
+    pending_rec *pend = PyMem_Malloc(sizeof(pending_rec) * (size_t)cap);
+    PyObject *empty = PyBytes_FromStringAndSize(NULL, 0);
+    int failed = 0;
+    if (pend == NULL || empty == NULL) {
+        PyErr_NoMemory();
+        failed = 1;
+        goto out;
+    }
+    if (g < 0)
+        goto out;
+    for (;;) {
+        /* one batch: records from g up to a BATCH_END that verifies it */
+        Py_ssize_t p = g;
+        uint64_t prev = last;
+        np = 0;
+        pending_rec r;
+        int ok = 0;
+        while (p < n) {
+            Py_ssize_t size = decode_frame(b, n, p, seed, ext, max_payload, &r);
+            if (size == 0)
+                break;
+            if (np == 0 ? !(r.woid > prev) : (prev == UINT64_MAX || r.woid != prev + 1))
+                break;
+            if (r.op == OP_BATCH_END) {
+                if (r.payload_len != BATCH_END_PAYLOAD || np == 0)
+                    break;
+                const unsigned char *q = b + p + HEADER_LEN;
+                uint64_t bstart = get_u64(q), first_w = get_u64(q + 16), last_w = get_u64(q + 24);
+                uint32_t blen = get_u32(q + 8), bcrc = get_u32(q + 12);
+                if (bstart != (uint64_t)(g + base) || (Py_ssize_t)blen != p - g)
+                    break;
+                if (ext(seed, b + g, (size_t)(p - g)) != bcrc)
+                    break;
+                if (first_w != pend[0].woid || last_w != pend[np - 1].woid)
+                    break;
+                p += size;
+                last = r.woid;
+                ok = 1;
+                break;
+            }
+            if (np == cap) {
+                Py_ssize_t ncap = cap * 2;
+                pending_rec *grown = PyMem_Realloc(pend, sizeof(pending_rec) * (size_t)ncap);
+                if (grown == NULL) {
+                    PyErr_NoMemory();
+                    failed = 1;
+                    goto out;
+                }
+                pend = grown;
+                cap = ncap;
+            }
+            pend[np++] = r;
+            prev = r.woid;
+            p += size;
+        }
+        if (!ok)
+            break;
+        for (Py_ssize_t i = 0; i < np; i++) {
+            PyObject *rec = make_record(type, direct ? offs : NULL, b, &pend[i], fid, base, empty, &cache);
+            if (rec == NULL || PyList_Append(records, rec) < 0) {
+                Py_XDECREF(rec);
+                failed = 1;
+                goto out;
+            }
+            Py_DECREF(rec);
+        }
+        g = p;
+    }
+out:
+    Py_XDECREF(cache.txn_obj);
+    Py_XDECREF(cache.size_obj);
+    PyMem_Free(pend);
+    Py_XDECREF(empty);
+    PyBuffer_Release(&view);
+    if (failed)
+        return NULL;
+    return Py_BuildValue("(nK)", g, (unsigned long long)last);
+}
+
+/* ------------------------------------------------------------------------ */
+
+static PyMethodDef sp_methods[] = {
+    {"bind_crc32c", sp_bind_crc32c, METH_VARARGS, "bind_crc32c(path) -> bool: use libcrc32c's crc32c_extend."},
+    {"unbind_crc32c", sp_unbind_crc32c, METH_NOARGS, "unbind_crc32c(): use the built-in CRC-32C again."},
+    {"use_table", sp_use_table, METH_VARARGS, "use_table(flag): tests only; force the table CRC-32C."},
+    {"crc32c_impl", sp_crc32c_impl, METH_NOARGS, "crc32c_impl() -> str: the CRC-32C in use."},
+    {"crc", sp_crc, METH_VARARGS, "crc(kind, data, seed=0) -> int: the checksum of data under kind, extending seed."},
+    {"encode_puts", sp_encode_puts, METH_VARARGS,
+     "encode_puts(seed, kind, woid, txn_id, payloads, offsets, sizes, offset, seal=None, tag_len=0)"
+     " -> (frames, end_offset)."},
+    {"scan_batches", sp_scan_batches, METH_VARARGS,
+     "scan_batches(buf, pos, seed, kind, max_payload, batch_last_woid, base, file_id, record_type, records)"
+     " -> (end_of_verified_prefix, last_woid)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef sp_module = {
+    PyModuleDef_HEAD_INIT, "filechannel._speedups",
+    "The optional C fast path: batch framing and verified-batch scanning (see _speedups.c).", -1, sp_methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+    crc32c_init_table();
+#ifdef FC_HAVE_SSE42_PATH
+    __builtin_cpu_init();
+    have_sse42 = __builtin_cpu_supports("sse4.2") ? 1 : 0;
+#endif
+    PyObject *m = PyModule_Create(&sp_module);
+    if (m == NULL)
+        return NULL;
+    return m;
+}
