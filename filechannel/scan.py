@@ -337,6 +337,12 @@ class Scanner:
         if newest and g >= vouched and all_zero(buf, g):
             return None  # the zero-filled space ahead of the writer: a clean end
         after = find_verified_batch_end(buf, x, self.seed, self.kind, self.max_payload, base)
+        while after is not None and after[1].batch_start - base == g:
+            # The batch at ``g`` verifies, but its write-order ids do not follow what came
+            # before (at or below a checkpoint's floor, say): resuming there would meet the
+            # same damage again. The next place to resume is the verified batch after it.
+            nxt = after[0] + BATCH_END_SIZE
+            after = find_verified_batch_end(buf, nxt, self.seed, self.kind, self.max_payload, base)
         if after is not None and after[1].batch_start - base < g:
             after = None
         if newest and g >= vouched:

@@ -357,19 +357,43 @@ def test_scan_is_identical_on_both_paths(
     if base == hl:
         base = 0  # the whole file (a reader following a file starts at a batch end instead)
     vouched = vouch % (len(orig) + 64)
-    # A checkpoint's floor is at most the write-order id it recorded at its offset (the last
-    # BATCH_END before ``base``). A floor above the records at ``start`` is not a state the
-    # channel writes; with on_corruption="fail" it is refused (tested here), but with "skip"
-    # the reference loop does not terminate there (it resumes where it stopped; reported in
-    # /work/notes/issue14.md), so "skip" keeps to floors the channel writes.
-    if mode == "skip":
-        floor = floor % (_woid_before(kind, base) + 1)
+    # A floor above the records at ``start`` is not a state the channel writes (a checkpoint's
+    # floor is the write-order id it recorded at its offset), but a data file restored from an
+    # older backup next to a newer checkpoint makes it: both paths report it the same way.
     c = _scan(True, data, kind, base, newest, mode, fsync, vouched, floor)
     py = _scan(False, data, kind, base, newest, mode, fsync, vouched, floor)
     assert c == py
     if how == "none" and not base and vouched <= len(data) and not floor:
         assert c[0]
         assert c[1] == ends[-1]
+
+
+@pytest.mark.parametrize("accel", [False, True])
+def test_a_floor_above_the_records_at_start_is_reported_and_the_scan_ends(accel: bool) -> None:
+    """Skip mode, resuming at a batch end below a checkpoint's floor (an older data file restored
+    beside a newer checkpoint): every record at or below the floor is reported, never kept, and
+    the scan ends (it used to resume at the same offset forever)."""
+    import threading
+
+    if accel and C is None:
+        pytest.skip("the C accelerator is not built or FILECHANNEL_PURE_PYTHON is set")
+    data, ends = _file(fmt.CRC32C)
+    base = ends[2]
+    floor = _woid_before(fmt.CRC32C, ends[5])  # the records of batches 3 and 4 are at or below it
+    out: list[tuple[Any, ...]] = []
+    t = threading.Thread(
+        target=lambda: out.append(_scan(accel, data, fmt.CRC32C, base, False, "skip", "commit", 0, floor)), daemon=True
+    )
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "the scan did not end"
+    records, end, size, _last, _hd, reports = out[0]
+    assert end == size == len(data)
+    assert records
+    assert all(r.woid > floor for r in records)
+    assert min(r.offset for r in records) >= ends[5] - 64  # nothing kept from below the floor
+    assert f"offset={base}," in reports[0]
+    assert "does not increase" in reports[0]
 
 
 @needs_c
@@ -394,6 +418,25 @@ def test_scan_hands_over_to_python_at_damage() -> None:
 
 # --------------------------------------------------------------------------
 # which path is active
+
+
+def test_the_accelerator_is_built_where_a_compiler_exists() -> None:
+    """A build that broke must not pass as "no compiler here": the twin tests would all skip."""
+    import shutil
+    import sysconfig
+
+    from filechannel._accel import PURE_PYTHON_ENV
+
+    if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
+        assert C is None
+        return
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    include = sysconfig.get_paths()["include"]
+    if shutil.which(cc) and os.path.exists(os.path.join(include, "Python.h")):
+        assert C is not None, (
+            f"a compiler ({cc}) and Python.h exist but filechannel._speedups is not built: "
+            "rerun `pip install -e .` (scripts/venv.sh) and read its build output"
+        )
 
 
 def test_accelerator_reported_and_forced_pure_by_the_environment(tmp_path: Any) -> None:
@@ -435,7 +478,10 @@ def test_stat_reports_the_active_path(tmp_path: Any) -> None:
 
     d = str(tmp_path / "ch")
     filechannel.open(d, minimum_required_space=0, background=False).close()
-    for env_value, want in (("1", "python"), ("", fmt.accelerator())):
+    import importlib.util
+
+    built = "c" if importlib.util.find_spec("filechannel._speedups") is not None else "python"
+    for env_value, want in (("1", "python"), ("", built)):
         env = dict(os.environ, FILECHANNEL_PURE_PYTHON=env_value)
         out = subprocess.run(
             [sys.executable, "-m", "filechannel", "stat", d, "--json"], env=env, capture_output=True, text=True
