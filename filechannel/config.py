@@ -9,6 +9,7 @@ anything touches the disk.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -160,9 +161,10 @@ class ChannelConfig:
                 raise ConfigError("data_dirs", "must name at least one directory")
             norm = []
             for d in dirs:
-                if not isinstance(d, str) or not d:
+                p = os.fspath(d) if isinstance(d, os.PathLike) else d
+                if not isinstance(p, str) or not p:
                     raise ConfigError("data_dirs", f"each entry must be a non-empty str path, got {d!r}")
-                norm.append(d)
+                norm.append(p)
             if len(set(norm)) != len(norm):
                 raise ConfigError("data_dirs", "lists the same directory twice")
             object.__setattr__(self, "data_dirs", tuple(norm))

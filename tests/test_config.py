@@ -122,6 +122,9 @@ def test_max_event_size_zero_or_negative_is_refused_with_the_fix(value: int) -> 
 def test_config_is_frozen_and_data_dirs_normalized() -> None:
     c = ChannelConfig.from_options({"data_dirs": ["/a", "/b"]})
     assert c.data_dirs == ("/a", "/b")
+    from pathlib import Path
+
+    assert ChannelConfig.from_options({"data_dirs": [Path("/a"), "/b"]}).data_dirs == ("/a", "/b")
     with pytest.raises(AttributeError):
         c.capacity = 5  # type: ignore[misc]
 

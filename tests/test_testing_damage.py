@@ -158,3 +158,17 @@ def test_refuses_an_open_channel_and_bad_arguments(tmp_path: Path) -> None:
     with pytest.raises(DamageError, match="not a channel"):
         damage(tmp_path / "nothing-here", "flip")
     assert issubclass(DamageError, filechannel.ChannelError)
+
+
+def test_data_damage_reaches_every_data_directory(tmp_path: Path) -> None:
+    """With several data directories (one of them outside the channel), any of them may be damaged."""
+    d, outside = tmp_path / "ch", tmp_path / "disk2"
+    ch = filechannel.open(d, data_dirs=[d / "data", outside], **OPTS)
+    for t in range(24):
+        with ch.transaction() as tx:
+            tx.put_many([f"t{t}-{i}".encode() * 8 for i in range(8)])
+    ch.close()
+    dirs = {Path(damage(d, "flip", seed=seed).path).parent for seed in range(16)}
+    assert dirs == {d / "data", outside}
+    with pytest.raises(filechannel.CorruptLogError):
+        filechannel.open(d, replay="full", **OPTS)

@@ -11,6 +11,7 @@ simulated file system works too), and all choices come from a RNG seeded with
 from __future__ import annotations
 
 import errno
+import json
 import os
 import random
 from dataclasses import dataclass
@@ -20,7 +21,14 @@ from filechannel._fs import FS, OsFS
 from filechannel.channel import CHECKPOINT_DIR
 from filechannel.config import ChannelConfig
 from filechannel.errors import ChannelError, ChannelLockedError
-from filechannel.log import CHANNEL_FILE, DEFAULT_DATA_DIR, LOCK_FILE, decode_channel_file
+from filechannel.log import (
+    CHANNEL_FILE,
+    DATA_DIRS_FILE,
+    DEFAULT_DATA_DIR,
+    LOCK_FILE,
+    decode_channel_file,
+    decode_meta,
+)
 from filechannel.scan import SEG_RE, CorruptionReport, LogRecord, Scanner
 
 __all__ = ["KINDS", "TARGETS", "Damage", "DamageError", "damage"]
@@ -92,10 +100,14 @@ def _records(fs: FS, directory: str) -> list[tuple[str, list[LogRecord], int]]:
     except FileNotFoundError:
         raise DamageError(f"{directory} is not a channel (no {CHANNEL_FILE} file)") from None
     ctx = _Context(channel_id, crc_kind)
-    data = os.path.join(directory, DEFAULT_DATA_DIR)
     out = []
-    names = sorted(n for n in fs.listdir(data) if SEG_RE.match(n)) if fs.isdir(data) else []
-    for name in names:
+    names = [
+        (data, name)
+        for data in _data_dirs(fs, directory)
+        if fs.isdir(data)
+        for name in sorted(n for n in fs.listdir(data) if SEG_RE.match(n))
+    ]
+    for data, name in names:
         path = os.path.join(data, name)
         buf = _read(fs, path)
         header = fmt.decode_file_header(buf)
@@ -107,6 +119,21 @@ def _records(fs: FS, directory: str) -> list[tuple[str, list[LogRecord], int]]:
         if scan.records:
             out.append((path, scan.records, len(buf)))
     return out
+
+
+def _data_dirs(fs: FS, directory: str) -> list[str]:
+    """The channel's data directories, as recorded at creation (``DATA_DIRS``), else the default one."""
+    path = os.path.join(directory, DATA_DIRS_FILE)
+    if not fs.exists(path):
+        return [os.path.join(directory, DEFAULT_DATA_DIR)]
+    buf = _read(fs, path)
+    try:
+        # version 2 is checksummed; version 1 is plain JSON with absolute paths
+        recorded = decode_meta(buf, DATA_DIRS_FILE) if b"\ncrc32:" in buf else json.loads(buf)
+        recorded = recorded["data_dirs"]
+    except (ChannelError, ValueError, KeyError, TypeError) as exc:
+        raise DamageError(f"{path} cannot be read ({exc}): the channel is damaged already") from None
+    return [d if os.path.isabs(d) else os.path.join(directory, d) for d in recorded]
 
 
 def _newest_checkpoint(fs: FS, directory: str) -> str:
@@ -134,7 +161,7 @@ def damage(
             the checkpoint), ``"truncate"`` (cut inside a record, or the
             checkpoint short) or ``"delete"`` (a data file that holds records,
             or the newest checkpoint).
-        target: ``"data"`` (a data file of the default data directory) or
+        target: ``"data"`` (a data file of any of the channel's data directories) or
             ``"checkpoint"`` (the newest checkpoint).
         seed: Chooses the file, the record and the bytes; the same seed on
             identical directories damages identical bytes.
