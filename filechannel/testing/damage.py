@@ -17,7 +17,7 @@ import random
 from dataclasses import dataclass
 
 from filechannel import format as fmt
-from filechannel._fs import FS, OsFS
+from filechannel._fs import FS, OsFS, read_file
 from filechannel.channel import CHECKPOINT_DIR
 from filechannel.config import ChannelConfig
 from filechannel.errors import ChannelError, ChannelLockedError
@@ -85,18 +85,10 @@ class _Context:
         pass
 
 
-def _read(fs: FS, path: str) -> bytes:
-    fd = fs.open_read(path)
-    try:
-        return fs.pread(fd, fs.size(fd), 0)
-    finally:
-        fs.close(fd)
-
-
 def _records(fs: FS, directory: str) -> list[tuple[str, list[LogRecord], int]]:
     """``(path, verified records, size)`` of every data file that holds records, in file order."""
     try:
-        channel_id, crc_kind, _ = decode_channel_file(_read(fs, os.path.join(directory, CHANNEL_FILE)))
+        channel_id, crc_kind, _ = decode_channel_file(read_file(fs, os.path.join(directory, CHANNEL_FILE)))
     except FileNotFoundError:
         raise DamageError(f"{directory} is not a channel (no {CHANNEL_FILE} file)") from None
     ctx = _Context(channel_id, crc_kind)
@@ -109,7 +101,7 @@ def _records(fs: FS, directory: str) -> list[tuple[str, list[LogRecord], int]]:
     ]
     for data, name in names:
         path = os.path.join(data, name)
-        buf = _read(fs, path)
+        buf = read_file(fs, path)
         header = fmt.decode_file_header(buf)
         if not isinstance(header, fmt.FileHeader):
             continue
@@ -126,7 +118,7 @@ def _data_dirs(fs: FS, directory: str) -> list[str]:
     path = os.path.join(directory, DATA_DIRS_FILE)
     if not fs.exists(path):
         return [os.path.join(directory, DEFAULT_DATA_DIR)]
-    buf = _read(fs, path)
+    buf = read_file(fs, path)
     try:
         # version 2 is checksummed; version 1 is plain JSON with absolute paths
         recorded = decode_meta(buf, DATA_DIRS_FILE) if b"\ncrc32:" in buf else json.loads(buf)
@@ -209,7 +201,7 @@ def _damage(fs: FS, directory: str, kind: str, target: str, rng: random.Random, 
         lo, hi = rec.offset, rec.offset + rec.size  # the bytes damage may touch
     else:
         path = _newest_checkpoint(fs, directory)
-        size = len(_read(fs, path))
+        size = len(read_file(fs, path))
         lo, hi = 0, size
     if kind == "delete":
         fs.unlink(path)
@@ -225,7 +217,7 @@ def _damage(fs: FS, directory: str, kind: str, target: str, rng: random.Random, 
             fs.close(fd)
         return Damage(kind, target, path, (cut,), size, cut, record)
     offsets = sorted(rng.sample(range(lo, hi), min(nbytes, hi - lo)))
-    buf = _read(fs, path)
+    buf = read_file(fs, path)
     fd = fs.open_rw(path)
     try:
         for off in offsets:
