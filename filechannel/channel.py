@@ -870,8 +870,9 @@ class FileChannel:
     def checkpoint(self) -> dict[str, Any]:
         """Write a checkpoint now, so the next open replays only what follows it.
 
-        Transactions keep running while it is written: the queue's arrays are
-        copied while writers are held still, and written to disk after.
+        Transactions keep running while it is written: while writers are held
+        still, the queue's columns are lent to the checkpoint (not copied), and
+        they are encoded and written to disk after, in blocks.
 
         Returns:
             What was written: ``woid``, ``events``, ``bytes``, ``seconds``, ``path``.
@@ -887,10 +888,14 @@ class FileChannel:
     def _write_checkpoint(self) -> dict[str, Any]:
         t0 = time.monotonic()
         log = self._log
+        # Writers are held only for what is O(1) or small: the queue's columns are
+        # lent (not copied) to the checkpoint, which encodes and writes them in
+        # blocks after the writers and the channel lock are released.
         with log.freeze() as files, self._lock:
             woid, next_pos, next_txn, next_file = log.counters()
             extra = [e for tx in self._open_txns.values() for e in tx._taken]
-            cols = self._queue.snapshot(extra)
+            queue = self._queue
+            windows = queue.lend(extra)
             taken = {f: list(r) for f, r in self._taken_from.items() if f in files}
         snap = Snapshot(
             woid,
@@ -900,17 +905,17 @@ class FileChannel:
             log.channel_id,
             time.time_ns(),
             files,
-            positions=cols[0],
-            file_ids=cols[1],
-            offsets=cols[2],
-            sizes=cols[3],
             taken=taken,
+            parts=windows,
         )
         try:
             nbytes, _copies = self._store.write(snap, log.crc_kind)
         except OSError:
             self._ckpt_stats["checkpoint_failures"] += 1
             raise
+        finally:
+            with self._lock:
+                queue.give_back(windows)
         took = time.monotonic() - t0
         st = self._ckpt_stats
         st["checkpoints_written"] += 1
