@@ -549,6 +549,12 @@ make_record(PyObject *type, const Py_ssize_t *offs, const unsigned char *b, cons
         else {
             res = PyObject_Vectorcall(type, argv, 7, NULL);
         }
+        /* A record holds only ints, bytes and a bool, and is frozen: it can never be part of a
+           reference cycle. Untracked, the cyclic GC does not walk the million records a
+           recovery holds over and over as their list grows (that walk was ~0.85 s of a 2.4 s
+           replay of 1M events). */
+        if (res != NULL && PyObject_IS_GC(res) && PyObject_GC_IsTracked(res))
+            PyObject_GC_UnTrack(res);
     }
     Py_XDECREF(argv[0]);
     Py_XDECREF(argv[1]);
