@@ -1033,9 +1033,8 @@ class Log:
             by_dir.setdefault(os.path.dirname(s.path), []).append(s)
         streams = [itertools.chain.from_iterable(s.records for s in ss) for ss in by_dir.values()]
         if len(streams) == 1:
-            yield from streams[0]
-        else:
-            yield from heapq.merge(*streams, key=lambda r: r.woid)
+            return streams[0]  # no generator frame of our own per record
+        return heapq.merge(*streams, key=lambda r: r.woid)
 
     # -- the write path ---------------------------------------------------------
 
