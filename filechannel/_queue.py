@@ -17,8 +17,8 @@ from __future__ import annotations
 import heapq
 from array import array
 from bisect import bisect_left
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from itertools import repeat
 from typing import Any
 
 Entry = tuple[int, int, int, int]
@@ -30,7 +30,7 @@ _COMPACT_MIN = 1 << 14
 class EventQueue:
     """Committed events waiting to be taken, in position order."""
 
-    __slots__ = ("_fid", "_head", "_off", "_pos", "_returned", "_size")
+    __slots__ = ("_fid", "_head", "_lent", "_off", "_pos", "_returned", "_size")
 
     def __init__(self, entries: Iterable[Entry] = ()) -> None:
         self._pos = array("q")
@@ -39,6 +39,7 @@ class EventQueue:
         self._size = array("q")
         self._head = 0
         self._returned: list[Entry] = []
+        self._lent = 0  # windows of the columns lent to checkpoints being written (see lend)
         for e in entries:
             self.append(*e)
 
@@ -58,6 +59,9 @@ class EventQueue:
             self._size.append(size)
             return
         # Out of order (another data directory published first): insert in place.
+        if self._lent:
+            self._unshare()
+            pos = self._pos
         i = bisect_left(pos, position, self._head)
         if i < len(pos) and pos[i] == position:
             raise ValueError(f"position {position} is already queued")
@@ -77,10 +81,11 @@ class EventQueue:
         if pos and len(pos) == self._head:
             self._clear_columns()
             pos = self._pos
-        pos.extend(range(first, first + n))
-        self._fid.extend(repeat(file_id, n))
-        self._off.extend(offsets)
-        self._size.extend(sizes)
+        # The bulk forms: fromlist and array * n run in C without an iterator (3-40x extend's speed).
+        pos.fromlist(list(range(first, first + n)))
+        self._fid.extend(array("q", (file_id,)) * n)
+        _extend(self._off, offsets)
+        _extend(self._size, sizes)
 
     def pop(self, n: int) -> list[Entry]:
         """Remove and return up to ``n`` entries from the head."""
@@ -163,7 +168,7 @@ class EventQueue:
 
     def _maybe_compact(self) -> None:
         h = self._head
-        if h >= _COMPACT_MIN and h * 2 >= len(self._pos):
+        if h >= _COMPACT_MIN and h * 2 >= len(self._pos) and not self._lent:
             del self._pos[:h]
             del self._fid[:h]
             del self._off[:h]
@@ -176,6 +181,7 @@ class EventQueue:
         self._off = array("q")
         self._size = array("q")
         self._head = 0
+        self._lent = 0  # lent windows keep the old arrays
 
     def __iter__(self) -> Iterator[Entry]:
         """Iterate entries in position order (the returned heap first)."""
@@ -193,12 +199,9 @@ class EventQueue:
 
     def file_counts(self) -> dict[int, int]:
         """Return how many queued entries point into each data file."""
-        counts: dict[int, int] = {}
-        for e in self._returned:
-            counts[e[1]] = counts.get(e[1], 0) + 1
-        for f in self._fid[self._head :]:
-            counts[f] = counts.get(f, 0) + 1
-        return counts
+        counts = Counter(e[1] for e in self._returned)
+        counts.update(self._fid[self._head :])  # counted in C: a million entries in ~30 ms
+        return dict(counts)
 
     def snapshot(self, extra: Iterable[Entry] = ()) -> tuple[array[int], array[int], array[int], array[int]]:
         """Copy the queue, plus ``extra`` entries (held by open transactions), as four sorted columns."""
@@ -212,6 +215,53 @@ class EventQueue:
             return front[0] + cols[0], front[1] + cols[1], front[2] + cols[2], front[3] + cols[3]
         merged = sorted([*more, *zip(*cols, strict=True)])
         return tuple(array("q", (e[i] for e in merged)) for i in range(4))  # type: ignore[return-value]
+
+    def lend(
+        self, extra: Iterable[Entry] = ()
+    ) -> list[tuple[int, int, tuple[array[int], array[int], array[int], array[int]]]]:
+        """Return the queue plus ``extra`` as ``(first, end, columns)`` windows, without copying the columns.
+
+        The twin of :meth:`snapshot` for a checkpoint: O(1) in the queue's length
+        in the usual case (``extra`` and rolled-back takes all before the
+        columns' head), so it is cheap while every writer is held. Until
+        :meth:`give_back`, nothing changes the lent windows in place: appends go
+        past their end, pops only move the head, compaction waits, and an
+        out-of-order insert first moves the queue to fresh copies of its columns.
+        """
+        h = self._head
+        cols = (self._pos, self._fid, self._off, self._size)
+        n = len(self._pos)
+        more = sorted([*self._returned, *extra])
+        if more and n > h and more[-1][0] >= self._pos[h]:
+            merged = self.snapshot(extra)  # interleaved (rare): copy as before
+            return [(0, len(merged[0]), merged)]
+        out: list[tuple[int, int, tuple[array[int], array[int], array[int], array[int]]]] = []
+        if more:
+            front = (
+                array("q", [e[0] for e in more]),
+                array("q", [e[1] for e in more]),
+                array("q", [e[2] for e in more]),
+                array("q", [e[3] for e in more]),
+            )
+            out.append((0, len(more), front))
+        if n > h:
+            out.append((h, n, cols))
+            self._lent += 1
+        return out
+
+    def give_back(self, windows: list[tuple[int, int, tuple[array[int], array[int], array[int], array[int]]]]) -> None:
+        """End a :meth:`lend` whose windows are no longer read."""
+        if self._lent and any(w[2][0] is self._pos for w in windows):
+            self._lent -= 1
+            self._maybe_compact()
+
+    def _unshare(self) -> None:
+        """Move to private copies of the columns; lent windows keep the old ones."""
+        self._pos = array("q", self._pos)
+        self._fid = array("q", self._fid)
+        self._off = array("q", self._off)
+        self._size = array("q", self._size)
+        self._lent = 0
 
     @classmethod
     def from_snapshot(cls, snap: Any, removed: set[int], taken_from: dict[int, list[tuple[int, int]]]) -> EventQueue:
@@ -285,6 +335,13 @@ class EventQueue:
     def memory_bytes(self) -> int:
         """Return the bytes held by the columns (for stats and benchmarks)."""
         return sum(a.buffer_info()[1] * a.itemsize for a in (self._pos, self._fid, self._off, self._size))
+
+
+def _extend(a: array[int], xs: Sequence[int]) -> None:
+    if isinstance(xs, list):
+        a.fromlist(xs)
+    else:
+        a.extend(xs)
 
 
 def _note(taken_from: dict[int, list[tuple[int, int]]], file_id: int, position: int) -> None:

@@ -20,6 +20,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from operator import attrgetter
 from types import MappingProxyType, TracebackType
 from typing import Any, NamedTuple
 
@@ -870,8 +871,9 @@ class FileChannel:
     def checkpoint(self) -> dict[str, Any]:
         """Write a checkpoint now, so the next open replays only what follows it.
 
-        Transactions keep running while it is written: the queue's arrays are
-        copied while writers are held still, and written to disk after.
+        Transactions keep running while it is written: while writers are held
+        still, the queue's columns are lent to the checkpoint (not copied), and
+        they are encoded and written to disk after, in blocks.
 
         Returns:
             What was written: ``woid``, ``events``, ``bytes``, ``seconds``, ``path``.
@@ -887,10 +889,14 @@ class FileChannel:
     def _write_checkpoint(self) -> dict[str, Any]:
         t0 = time.monotonic()
         log = self._log
+        # Writers are held only for what is O(1) or small: the queue's columns are
+        # lent (not copied) to the checkpoint, which encodes and writes them in
+        # blocks after the writers and the channel lock are released.
         with log.freeze() as files, self._lock:
             woid, next_pos, next_txn, next_file = log.counters()
             extra = [e for tx in self._open_txns.values() for e in tx._taken]
-            cols = self._queue.snapshot(extra)
+            queue = self._queue
+            windows = queue.lend(extra)
             taken = {f: list(r) for f, r in self._taken_from.items() if f in files}
         snap = Snapshot(
             woid,
@@ -900,17 +906,17 @@ class FileChannel:
             log.channel_id,
             time.time_ns(),
             files,
-            positions=cols[0],
-            file_ids=cols[1],
-            offsets=cols[2],
-            sizes=cols[3],
             taken=taken,
+            parts=windows,
         )
         try:
             nbytes, _copies = self._store.write(snap, log.crc_kind)
         except OSError:
             self._ckpt_stats["checkpoint_failures"] += 1
             raise
+        finally:
+            with self._lock:
+                queue.give_back(windows)
         took = time.monotonic() - t0
         st = self._ckpt_stats
         st["checkpoints_written"] += 1
@@ -1181,6 +1187,10 @@ class FileChannel:
                 logger.exception("retiring data files failed")
 
 
+_OFFSET = attrgetter("offset")
+_SIZE = attrgetter("size")
+
+
 def replay_queue(
     log: Log, base: Snapshot | None = None
 ) -> tuple[EventQueue, dict[int, set[int]], dict[int, list[tuple[int, int]]]]:
@@ -1205,24 +1215,20 @@ def replay_queue(
     # columns, in commit order; takes pop them from the head when they match it
     # (consumers take from the head) and are otherwise noted in ``removed``.
     tail = EventQueue()
-    puts: dict[int, list[tuple[int, int, int]]] = {}
+    puts: dict[int, list[LogRecord]] = {}  # a transaction's PUT records (their pointers), until its COMMIT
     takes: dict[int, tuple[int, list[tuple[int, int]]]] = {}
     targets: dict[int, set[int]] = {}
     taken_from: dict[int, list[tuple[int, int]]] = {f: list(r) for f, r in base.taken.items()} if base else {}
     removed: set[int] = set()
     acct = _LossAccounting(log, base)
-    salvaged_woids: dict[tuple[int, int], int] = {}
     for r in log.replay():
         op = r.op
         if op == fmt.PUT:
-            ptr = (r.file_id, r.offset, r.size)
             lst = puts.get(r.txn_id)
             if lst is None:
-                puts[r.txn_id] = [ptr]
+                puts[r.txn_id] = [r]
             else:
-                lst.append(ptr)
-            if r.salvaged:
-                salvaged_woids[r.file_id, r.offset] = r.woid
+                lst.append(r)
         elif op == fmt.TAKE:
             takes[r.txn_id] = (r.file_id, fmt.decode_take(r.payload))
         elif op == fmt.COMMIT:
@@ -1231,21 +1237,21 @@ def replay_queue(
             if len(ptrs) == n:
                 # A transaction's puts are written in one write, in write-order: when its first and
                 # last put are in one data file, all of them are (the usual case: one run).
-                if ptrs and ptrs[0][0] == ptrs[-1][0]:
-                    tail.append_run(first, ptrs[0][0], [ptr[1] for ptr in ptrs], [ptr[2] for ptr in ptrs])
+                if ptrs and ptrs[0].file_id == ptrs[-1].file_id:
+                    tail.append_run(first, ptrs[0].file_id, list(map(_OFFSET, ptrs)), list(map(_SIZE, ptrs)))
                 else:
-                    for i, ptr in enumerate(ptrs):
-                        tail.append(first + i, *ptr)
+                    for i, rec in enumerate(ptrs):
+                        tail.append(first + i, rec.file_id, rec.offset, rec.size)
             elif r.salvaged:
                 # Some PUT records of this transaction were damaged: place the intact
                 # ones by write-order id (PUTs, then a TAKE if any, then the COMMIT).
                 first_woid = r.woid - n - (1 if n_taken else 0)
                 placed = set()
-                for ptr in ptrs:
-                    i = salvaged_woids.get((ptr[0], ptr[1]), -1) - first_woid
+                for rec in ptrs:
+                    i = (rec.woid if rec.salvaged else -1) - first_woid
                     if 0 <= i < n and i not in placed:
                         placed.add(i)
-                        tail.append(first + i, *ptr)
+                        tail.append(first + i, rec.file_id, rec.offset, rec.size)
                 acct.lost_puts(r, [first + i for i in range(n) if i not in placed], first_woid)
             else:
                 path = log.file_path(r.file_id)
@@ -1374,12 +1380,15 @@ class _LossAccounting:
             # A full replay (or one from an older checkpoint) must hold everything
             # the newest checkpoint vouched for, unless it was taken after it or lived
             # in a file known retired.
-            have = set(q.positions_array())
+            # Set difference in C first: usually nothing is missing, and a million
+            # vouched positions need no Python-level loop.
+            missing = set(v.positions).difference(q.positions_array())
             retired = log.retired_files
-            for i in range(len(v.positions)):
-                p = v.positions[i]
-                if p not in have and v.file_ids[i] not in retired and not _in_ranges(p, taken):
-                    self.vouched_gone.setdefault(v.file_ids[i], []).append(p)
+            if missing:
+                for i in range(len(v.positions)):
+                    p = v.positions[i]
+                    if p in missing and v.file_ids[i] not in retired and not _in_ranges(p, taken):
+                        self.vouched_gone.setdefault(v.file_ids[i], []).append(p)
         if self.vouched_gone:
             self._report_vouched()
         for rep in log.corruption:

@@ -26,6 +26,7 @@ import struct
 import sys
 import time
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from . import format as fmt
@@ -51,6 +52,19 @@ def checkpoint_name(woid: int) -> str:
     return f"ckpt-{woid:016x}.ckpt"
 
 
+Columns = tuple["array[int]", "array[int]", "array[int]", "array[int]"]
+"""``(positions, file_ids, offsets, sizes)``."""
+
+CHUNK = 256 * 1024
+"""Bytes encoded, checksummed and written per step, so other threads get the GIL in between."""
+
+SYNC_EVERY = 1 << 20
+"""A checkpoint file being written is flushed (fdatasync) every this many bytes."""
+
+SHRINK_STEP = 1 << 20
+"""A doomed checkpoint longer than this is truncated by this much at a time before its unlink."""
+
+
 @dataclass
 class Snapshot:
     """The channel's committed state at write-order id ``woid``.
@@ -59,6 +73,12 @@ class Snapshot:
     ``array('q')`` columns in position order. ``files`` maps each live data
     file to the offset where replay must resume in it. ``taken`` maps a live
     data file to the ``(first, count)`` position ranges already taken from it.
+
+    ``parts``, when set, replaces the four columns: the queue as a list of
+    ``(first, end, columns)`` windows into column arrays that their owner
+    promises not to change inside the window until the snapshot is written
+    (the channel lends its live queue this way instead of copying it while
+    every writer is held).
     """
 
     woid: int
@@ -73,23 +93,43 @@ class Snapshot:
     offsets: array[int] = field(default_factory=lambda: array("q"))
     sizes: array[int] = field(default_factory=lambda: array("q"))
     taken: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    parts: list[tuple[int, int, Columns]] | None = None
 
     def __len__(self) -> int:
+        if self.parts is not None:
+            return sum(end - first for first, end, _ in self.parts)
         return len(self.positions)
 
+    def windows(self) -> list[tuple[int, int, Columns]]:
+        """Return the queue as ``(first, end, columns)`` windows, in position order."""
+        if self.parts is not None:
+            return self.parts
+        cols = (self.positions, self.file_ids, self.offsets, self.sizes)
+        if not (len(self.file_ids) == len(self.offsets) == len(self.sizes) == len(self.positions)):
+            raise FormatError(0, "snapshot columns differ in length")
+        return [(0, len(self.positions), cols)]
 
-def _le(a: array[int]) -> bytes:
-    if sys.byteorder == "big":  # pragma: no cover - the format is little-endian
-        a = array("q", a)
-        a.byteswap()
-    return a.tobytes()
+
+def _crc_step(kind: int, data: bytes, seed: int) -> int:
+    sp = fmt.speedups
+    if sp is not None:
+        return int(sp.crc(kind, data, seed))  # releases the GIL over long buffers
+    return fmt.crc(kind, data, seed)
 
 
-def encode(s: Snapshot, crc_kind: int) -> bytes:
-    """Encode a snapshot; the last 4 bytes are a checksum of everything before."""
-    n = len(s.positions)
-    if not (len(s.file_ids) == len(s.offsets) == len(s.sizes) == n):
-        raise FormatError(0, "snapshot columns differ in length")
+def encode_blocks(s: Snapshot, crc_kind: int, block: int | None = None) -> Iterator[bytes]:
+    """Yield a checkpoint's bytes in blocks of about ``block`` bytes, the checksum in the last.
+
+    Every call that holds the GIL (a column slice, a join) handles at most
+    ``block`` bytes, and the checksum is extended block by block (releasing
+    the GIL when the accelerator is built), so committing threads keep
+    running while a checkpoint of a long queue is encoded and written.
+    ``b"".join(encode_blocks(s, k)) == encode(s, k)``; ``block`` defaults to :data:`CHUNK`.
+    """
+    if block is None:
+        block = CHUNK
+    windows = s.windows()
+    n = sum(end - first for first, end, _ in windows)
     head = _HEAD.pack(
         MAGIC,
         VERSION,
@@ -105,14 +145,36 @@ def encode(s: Snapshot, crc_kind: int) -> bytes:
         len(s.taken),
         n,
     )
-    parts = [head]
-    parts += [_FILE.pack(fid, off) for fid, off in sorted(s.files.items())]
+    pend: list[bytes] = [head]
+    pend += [_FILE.pack(fid, off) for fid, off in sorted(s.files.items())]
     for fid, ranges in sorted(s.taken.items()):
-        parts.append(_TF.pack(fid, len(ranges)))
-        parts += [_RANGE.pack(a, c) for a, c in ranges]
-    parts += [_le(s.positions), _le(s.file_ids), _le(s.offsets), _le(s.sizes)]
-    body = b"".join(parts)
-    return body + _U32.pack(fmt.crc(crc_kind, body))
+        pend.append(_TF.pack(fid, len(ranges)))
+        pend += [_RANGE.pack(a, c) for a, c in ranges]
+    size = sum(len(p) for p in pend)
+    crc = 0
+    step = max(1, block // 8)
+    for col in range(4):
+        for first, end, cols in windows:
+            a = cols[col]
+            for i in range(first, end, step):
+                piece = a[i : min(i + step, end)]
+                if sys.byteorder == "big":  # pragma: no cover - the format is little-endian
+                    piece.byteswap()
+                pend.append(piece.tobytes())
+                size += len(pend[-1])
+                if size >= block:
+                    out = b"".join(pend)
+                    crc = _crc_step(crc_kind, out, crc)
+                    yield out
+                    pend, size = [], 0
+    out = b"".join(pend)
+    crc = _crc_step(crc_kind, out, crc)
+    yield out + _U32.pack(crc)
+
+
+def encode(s: Snapshot, crc_kind: int) -> bytes:
+    """Encode a snapshot; the last 4 bytes are a checksum of everything before."""
+    return b"".join(encode_blocks(s, crc_kind))
 
 
 def decode(buf: bytes, crc_kind: int, channel_id: bytes) -> Snapshot:
@@ -251,16 +313,25 @@ class CheckpointStore:
         Raises:
             OSError: A write, fsync or rename failed; the previous checkpoints are untouched.
         """
-        data = encode(snap, crc_kind)
         name = checkpoint_name(snap.woid)
         fs = self.fs
+        size = 0
         for d in self.dirs():
             self._ensure_dir(d)
             final = os.path.join(d, name)
             tmp = os.path.join(d, f".{name}.tmp-{time.time_ns()}")
             fd = fs.create(tmp)
             try:
-                fs.pwrite_all(fd, data, 0)
+                # Block by block (one write for a small queue), so committers run in between.
+                size = synced = 0
+                for block in encode_blocks(snap, crc_kind):
+                    fs.pwrite_all(fd, block, size)
+                    size += len(block)
+                    if size - synced >= SYNC_EVERY:
+                        # Flush as we go: one fsync of a long queue's checkpoint at the end
+                        # would put tens of MB on the disk in front of every commit's fdatasync.
+                        fs.fdatasync(fd)
+                        synced = size
                 fs.fsync(fd)
             except BaseException:
                 fs.close(fd)
@@ -273,7 +344,7 @@ class CheckpointStore:
             fs.replace(tmp, final)
             fs.fsync_dir(d)
         self.prune(keep=2)
-        return len(data), len(self.dirs())
+        return size, len(self.dirs())
 
     def _ensure_dir(self, d: str) -> None:
         """Create a checkpoint directory and make its entry durable in its parent."""
@@ -320,8 +391,32 @@ class CheckpointStore:
             ]
             for n in doomed:
                 try:
+                    self._shrink(os.path.join(d, n))
                     fs.unlink(os.path.join(d, n))
                 except FileNotFoundError:
                     pass
             if doomed:
                 fs.fsync_dir(d)
+
+    def _shrink(self, path: str) -> None:
+        """Truncate a long doomed checkpoint in steps before it is unlinked.
+
+        Freeing tens of MB of blocks in one unlink holds the file system's
+        journal long enough to stall every commit's fdatasync behind it; a few
+        MB per step lets them through in between. Only ever applied to a file
+        about to be removed (older than the two kept, or a stray temporary).
+        """
+        fs = self.fs
+        try:
+            fd = fs.open_rw(path)
+        except FileNotFoundError:
+            raise
+        except OSError:
+            return  # the unlink decides
+        try:
+            size = fs.size(fd)
+            while size > SHRINK_STEP:
+                size -= SHRINK_STEP
+                fs.truncate(fd, size)
+        finally:
+            fs.close(fd)

@@ -29,6 +29,7 @@ import heapq
 import itertools
 import json
 import logging
+import operator
 import os
 import re
 import struct
@@ -107,6 +108,9 @@ _MISSING_HINT = (
     "(every lost position is reported)"
 )
 _SPACE_REFRESH_S = 1.0
+_TXN_ID = operator.attrgetter("txn_id")
+_OP = operator.attrgetter("op")
+_NOT_PUT = fmt.PUT.__ne__
 
 
 # --------------------------------------------------------------------------
@@ -620,9 +624,11 @@ class Log:
                 max_next_pos = max(max_next_pos, s.header.next_position)
                 max_txn = max(max_txn, s.header.next_txn_id - 1)
                 max_woid = max(max_woid, s.header.base_woid - 1, s.last_woid)
-                for r in s.records:
-                    if r.txn_id > max_txn:
-                        max_txn = r.txn_id
+                recs = s.records
+                if recs:
+                    max_txn = max(max_txn, max(map(_TXN_ID, recs)))
+                # Only COMMIT and RETIRE records matter below; skip the PUTs at C speed.
+                for r in itertools.compress(recs, map(_NOT_PUT, map(_OP, recs))):
                     if r.op == fmt.COMMIT:
                         fp, npt, _ = fmt.decode_commit(r.payload)
                         if fp + npt > max_next_pos:
@@ -1027,9 +1033,8 @@ class Log:
             by_dir.setdefault(os.path.dirname(s.path), []).append(s)
         streams = [itertools.chain.from_iterable(s.records for s in ss) for ss in by_dir.values()]
         if len(streams) == 1:
-            yield from streams[0]
-        else:
-            yield from heapq.merge(*streams, key=lambda r: r.woid)
+            return streams[0]  # no generator frame of our own per record
+        return heapq.merge(*streams, key=lambda r: r.woid)
 
     # -- the write path ---------------------------------------------------------
 

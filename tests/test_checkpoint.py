@@ -8,16 +8,21 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import shutil
+import struct
 import threading
+from array import array
 from pathlib import Path
 
 import pytest
 from helpers import contents, put
 
 import filechannel
-from filechannel import _fs
+from filechannel import _fs, _queue
 from filechannel import checkpoint as ckpt
+from filechannel import format as fmt
+from filechannel._queue import EventQueue
 
 OPTS = {
     "max_file_size": 4096,
@@ -534,3 +539,228 @@ def test_interval_retirement_never_loses_a_take_relogged_in_another_data_directo
             back = {p for p, _ in contents(again)}
         assert not back & taken, f"step {step}: taken events came back: {sorted(back & taken)}"
     ch.close()
+
+
+# -- a checkpoint written in blocks from the queue's lent columns (issue 14, round two) ---------
+
+
+def _reference_encode(s: ckpt.Snapshot, crc_kind: int) -> bytes:
+    """The one-buffer encoder the block encoder replaced (byte layout of docs/format.md)."""
+    head = ckpt._HEAD.pack(
+        ckpt.MAGIC,
+        ckpt.VERSION,
+        0,
+        crc_kind,
+        s.channel_id,
+        s.woid,
+        s.next_position,
+        s.next_txn_id,
+        s.next_file_id,
+        s.created_ns,
+        len(s.files),
+        len(s.taken),
+        len(s.positions),
+    )
+    parts = [head] + [ckpt._FILE.pack(f, o) for f, o in sorted(s.files.items())]
+    for f, ranges in sorted(s.taken.items()):
+        parts.append(ckpt._TF.pack(f, len(ranges)))
+        parts += [ckpt._RANGE.pack(a, c) for a, c in ranges]
+    for col in (s.positions, s.file_ids, s.offsets, s.sizes):
+        parts += [struct.pack("<q", v) for v in col]
+    body = b"".join(parts)
+    return body + struct.pack("<I", fmt.crc(crc_kind, body))
+
+
+def _snap(n: int, seed: int = 0, **kw: object) -> ckpt.Snapshot:
+    rnd = random.Random(seed)
+    cols = [array("q", sorted(rnd.sample(range(1, 10 * n + 10), n)))]
+    cols += [array("q", (rnd.randrange(-(1 << 40), 1 << 40) for _ in range(n))) for _ in range(3)]
+    return ckpt.Snapshot(
+        woid=n + 7,
+        next_position=10 * n + 11,
+        next_txn_id=5,
+        next_file_id=3,
+        channel_id=bytes(range(16)),
+        created_ns=123,
+        files={2: 4096, 1: 100},
+        positions=cols[0],
+        file_ids=cols[1],
+        offsets=cols[2],
+        sizes=cols[3],
+        taken={1: [(1, 2), (9, 1)]},
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.parametrize("kind", [fmt.CRC32_ZLIB, fmt.CRC32C] if fmt.HAVE_CRC32C else [fmt.CRC32_ZLIB])
+@pytest.mark.parametrize("n", [0, 1, 7, 5000])
+def test_block_encoder_is_byte_identical_to_the_one_buffer_encoder(kind: int, n: int) -> None:
+    s = _snap(n, seed=n)
+    want = _reference_encode(s, kind)
+    assert ckpt.encode(s, kind) == want
+    for block in (1, 8, 100, 4096, 1 << 20):
+        blocks = list(ckpt.encode_blocks(s, kind, block))
+        assert b"".join(blocks) == want
+        # Between the first (head and tables) and the last (checksum): under a block plus one piece.
+        assert all(len(b) < 2 * max(block, 8) for b in blocks[1:-1])
+        if block <= 100 and n >= 100:
+            assert len(blocks) > 10
+    back = ckpt.decode(want, kind, s.channel_id)
+    assert (back.positions, back.file_ids, back.offsets, back.sizes) == (s.positions, s.file_ids, s.offsets, s.sizes)
+
+
+def test_snapshot_windows_encode_as_the_concatenated_columns() -> None:
+    s = _snap(300, seed=3)
+    cols = (s.positions, s.file_ids, s.offsets, s.sizes)
+    # The same queue as a 10-entry front and a window [40, 330) of longer arrays (junk outside it).
+    front = tuple(c[:10] for c in cols)
+    junk = array("q", [-1] * 40)
+    big = tuple(junk + c[10:] + array("q", [-2] * 5) for c in cols)
+    lent = _snap(0, seed=3, parts=[(0, 10, front), (40, 330, big)])
+    lent.woid, lent.next_position = s.woid, s.next_position
+    assert len(lent) == 300
+    assert ckpt.encode(lent, fmt.CRC32_ZLIB) == ckpt.encode(s, fmt.CRC32_ZLIB)
+    bad = _snap(3)
+    bad.sizes = array("q", [1])
+    with pytest.raises(filechannel.FormatError, match="differ in length"):
+        ckpt.encode(bad, fmt.CRC32_ZLIB)
+
+
+class _CountingFS(_fs.OsFS):
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+
+    def pwrite_all(self, fd: int, data: bytes, offset: int) -> None:
+        self.calls.append(("pwrite_all", len(data)))
+        super().pwrite_all(fd, data, offset)
+
+    def fdatasync(self, fd: int) -> None:
+        self.calls.append(("fdatasync", 0))
+        super().fdatasync(fd)
+
+    def truncate(self, fd: int, size: int) -> None:
+        self.calls.append(("truncate", size))
+        super().truncate(fd, size)
+
+
+def test_store_writes_in_blocks_flushes_as_it_goes_and_shrinks_before_unlink(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ckpt, "CHUNK", 4096)
+    monkeypatch.setattr(ckpt, "SYNC_EVERY", 16384)
+    monkeypatch.setattr(ckpt, "SHRINK_STEP", 10000)
+    fs = _CountingFS()
+    store = ckpt.CheckpointStore(fs, str(tmp_path / "ck"))
+    snaps = [_snap(2000, seed=i) for i in range(3)]
+    for i, s in enumerate(snaps):
+        s.woid = 100 + i
+    nbytes, copies = store.write(snaps[0], fmt.CRC32_ZLIB)
+    assert copies == 1
+    want = ckpt.encode(snaps[0], fmt.CRC32_ZLIB)
+    assert nbytes == len(want)
+    (only,) = store.list()
+    assert Path(only.path).read_bytes() == want
+    writes = [n for op, n in fs.calls if op == "pwrite_all"]
+    assert len(writes) == len(list(ckpt.encode_blocks(snaps[0], fmt.CRC32_ZLIB))) > 10
+    assert sum(writes) == len(want)
+    assert [op for op, _ in fs.calls].count("fdatasync") == len(want) // 16384
+    assert not any(op == "truncate" for op, _ in fs.calls)
+    store.write(snaps[1], fmt.CRC32_ZLIB)
+    fs.calls.clear()
+    store.write(snaps[2], fmt.CRC32_ZLIB)  # prunes the first, shrinking it step by step
+    assert [c.woid for c in store.list()] == [102, 101]
+    sizes = [n for op, n in fs.calls if op == "truncate"]
+    assert sizes == list(range(len(want) - 10000, 0, -10000))
+    assert store.load(store.list()[0], fmt.CRC32_ZLIB, snaps[2].channel_id).positions == snaps[2].positions
+
+
+def _entries(q: EventQueue) -> list[tuple[int, int, int, int]]:
+    return list(q)
+
+
+def _flatten(windows: list[tuple[int, int, ckpt.Columns]]) -> list[tuple[int, int, int, int]]:
+    out: list[tuple[int, int, int, int]] = []
+    for first, end, cols in windows:
+        out += zip(*(c[first:end] for c in cols), strict=True)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_lent_queue_windows_do_not_change_while_the_queue_does(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_queue, "_COMPACT_MIN", 4)
+    rnd = random.Random(seed)
+    q = EventQueue()
+    nxt = 1
+    for _ in range(rnd.randrange(0, 40)):
+        q.append(nxt, 1, nxt * 10, 5)
+        nxt += 1
+    for _ in range(rnd.randrange(0, 3)):
+        if len(q):
+            q.push_back(q.pop(rnd.randrange(1, 4)))
+    held = q.pop(rnd.randrange(0, 3))  # taken by an open transaction
+    want = sorted([*_entries(q), *held])
+    windows = q.lend(held)
+    assert _flatten(windows) == want
+    model = _entries(q)
+    for _ in range(rnd.randrange(0, 80)):
+        r = rnd.random()
+        if r < 0.35:
+            q.append(nxt, 2, nxt, 1)
+            model.append((nxt, 2, nxt, 1))
+            nxt += 1
+        elif r < 0.45 and model:  # out of order, as when another data directory publishes first
+            gap = max(e[0] for e in model) + 1000 + nxt
+            q.append(gap, 3, 0, 1)
+            model.append((gap, 3, 0, 1))
+            nxt = gap + 1
+            p = gap - 1 - rnd.randrange(0, 3)
+            if all(e[0] != p for e in model):
+                q.append(p, 3, 1, 1)
+                model.append((p, 3, 1, 1))
+        elif r < 0.85:
+            k = rnd.randrange(1, 6)
+            got = q.pop(k)
+            model.sort()
+            assert got == model[: len(got)]
+            del model[: len(got)]
+        else:
+            got = q.pop(1)
+            q.push_back(got)
+        assert _flatten(windows) == want  # the lent windows never change
+        assert sorted(_entries(q)) == sorted(model)
+    with_lent = q._lent
+    q.give_back(windows)
+    assert q._lent == max(0, with_lent - 1)
+    assert sorted(_entries(q)) == sorted(model)
+    q.pop(1)  # compaction may run again
+    assert q._lent == 0 or q._pos is not windows[-1][2][0]
+
+
+def test_checkpoint_holds_the_queue_as_it_was_while_commits_and_takes_continue(
+    chan_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_queue, "_COMPACT_MIN", 8)
+    monkeypatch.setattr(ckpt, "CHUNK", 64)
+    fs = _SlowCheckpointFS()
+    ch = filechannel.open(chan_dir, fs=fs, **OPTS)
+    put(ch, *bodies(0, 100))
+    assert take(ch, 10) == bodies(0, 10)
+    frozen = [p for p, _ in contents(ch)]
+    t = threading.Thread(target=ch.checkpoint)
+    t.start()
+    assert fs.writing.wait(10)
+    # While the checkpoint is stuck at its first block: the head moves far enough to compact,
+    # and new events are appended after the lent window.
+    assert take(ch, 70) == bodies(10, 80)
+    put(ch, *bodies(100, 130))
+    fs.release.set()
+    t.join(10)
+    assert not t.is_alive()
+    newest = ckpt_files(chan_dir)[-1]
+    snap = ckpt.decode(Path(newest).read_bytes(), ch._log.crc_kind, ch._log.channel_id)
+    assert list(snap.positions) == frozen
+    assert len(ch._queue) == 50
+    assert ch._queue._lent == 0  # given back: compaction may run again
+    crash(ch)
+    with op(chan_dir) as ch2:
+        assert [b for _, b in contents(ch2)] == bodies(80, 130)

@@ -477,6 +477,18 @@ def test_crash_at_every_persistence_point(
     assert checked >= minimum
 
 
+def test_crash_points_of_checkpoints_written_in_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checkpoint workload with tiny blocks: every block write, flush and shrinking step is a crash point."""
+    from filechannel import checkpoint
+
+    monkeypatch.setattr(checkpoint, "CHUNK", 64)
+    monkeypatch.setattr(checkpoint, "SYNC_EVERY", 128)
+    monkeypatch.setattr(checkpoint, "SHRINK_STEP", 64)
+    checked = run_crash_points(w_checkpoint, COMMIT, "posix")
+    print(f"\nw_checkpoint in blocks: {checked} distinct crash states recovered and checked")
+    assert checked >= 40
+
+
 def test_zz_report_totals() -> None:
     """Print the totals of this module's run (pytest -s shows them)."""
     print(
