@@ -449,9 +449,10 @@ def test_the_accelerator_is_built_where_a_compiler_exists() -> None:
         return
     cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
     include = sysconfig.get_paths()["include"]
-    if shutil.which(cc) and os.path.exists(os.path.join(include, "Python.h")):
+    zlib_h = any(os.path.exists(os.path.join(d, "zlib.h")) for d in ("/usr/include", "/usr/local/include"))
+    if shutil.which(cc) and os.path.exists(os.path.join(include, "Python.h")) and zlib_h:
         assert C is not None, (
-            f"a compiler ({cc}) and Python.h exist but filechannel._speedups is not built: "
+            f"a compiler ({cc}), Python.h and zlib.h exist but filechannel._speedups is not built: "
             "rerun `pip install -e .` (scripts/venv.sh) and read its build output"
         )
 
