@@ -42,6 +42,7 @@
 #define OP_PUT 1
 #define OP_BATCH_END 5
 #define OP_MAX 6
+#define FLAG_SEALED 1 /* format.FLAG_SEALED: a PUT whose payload is encrypted */
 #define HEADER_LEN 32
 #define BATCH_END_PAYLOAD 32
 
@@ -356,7 +357,7 @@ sp_encode_puts(PyObject *self, PyObject *args)
         Py_ssize_t n = bufs[i].len + tag_len;
         Py_ssize_t pad = -n & 7;
         p[0] = OP_PUT;
-        p[1] = 0;
+        p[1] = seal != Py_None ? FLAG_SEALED : 0; /* a sealed PUT says so in its frame */
         put_u16(p + 2, 0);
         put_u32(p + 4, (uint32_t)n);
         put_u64(p + 8, (uint64_t)woid);
@@ -431,7 +432,7 @@ decode_frame(const unsigned char *b, Py_ssize_t n, Py_ssize_t pos, uint32_t seed
         return 0;
     const unsigned char *h = b + pos;
     unsigned char op = h[0];
-    if (op < 1 || op > OP_MAX || h[1] != 0 || h[2] != 0 || h[3] != 0)
+    if (op < 1 || op > OP_MAX || (h[1] != 0 && (h[1] != FLAG_SEALED || op != OP_PUT)) || h[2] != 0 || h[3] != 0)
         return 0;
     uint32_t plen = get_u32(h + 4);
     if ((unsigned long long)plen > max_payload)

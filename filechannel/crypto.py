@@ -299,6 +299,10 @@ TAMPERED: Final = (
     "record checksum is intact but its authentication tag fails: it was tampered with, or moved or copied "
     "from another place"
 )
+SEALED_WITHOUT_KEY: Final = (
+    "the record says its event is encrypted, but its data file gives no key for it (a damaged file header, "
+    "or the channel opened without encryption=): it is never decoded as plaintext"
+)
 
 
 def header_cipher(

@@ -63,6 +63,10 @@ _ENC_EXT: Final = struct.Struct("<BB6s32s")
 ENC_SALT_LEN: Final = 32
 ENC_CHECK_LEN: Final = 16
 ENC_TAG_LEN: Final = 16
+# Record flags (the frame's second byte). A PUT whose payload is sealed (encrypted) says so
+# itself, so a reader that cannot see its file's header (damaged) still never decodes the
+# ciphertext as an event. No other bit, and no flag on another op, is defined.
+FLAG_SEALED: Final = 0x01
 """Bytes an encrypted PUT payload adds to its plaintext (the AEAD tag)."""
 
 # Record kinds. 0 is never valid: zero-filled or never-written space must not
@@ -343,6 +347,7 @@ class Record:
     offset: int
     size: int
     payload: bytes
+    sealed: bool = False  # a PUT whose payload is encrypted (flag FLAG_SEALED)
 
     @property
     def end(self) -> int:
@@ -429,7 +434,7 @@ class _RecordEncoder:
         if seal is not None:
             for payload in payloads:
                 n = len(payload) + ENC_TAG_LEN
-                head = head_pack(PUT, 0, 0, n, woid, txn_id)
+                head = head_pack(PUT, FLAG_SEALED, 0, n, woid, txn_id)
                 ct = seal(head, offset, payload)
                 pad = pads[n & 7]
                 parts += (head, crc_pack(ext(ext(seed, head), ct), 0), ct, pad)
@@ -503,7 +508,7 @@ def decode_record(
     op, flags, reserved, n, woid, txn_id = _REC_HEAD.unpack_from(buf, offset)
     if op not in OP_NAMES:
         raise FormatError(offset, f"invalid record op {op}")
-    if flags or reserved:
+    if reserved or (flags and (flags != FLAG_SEALED or op != PUT)):
         raise FormatError(offset + 1, "reserved record bits are set")
     if n > max_payload:
         raise FormatError(offset + 4, f"record payload length {n} exceeds the limit {max_payload}")
@@ -516,7 +521,7 @@ def decode_record(
     got = crc(kind, payload, crc(kind, buf[offset : offset + 24], seed))
     if got != want or reserved2:
         raise FormatError(offset, "record checksum mismatch")
-    return Record(op, woid, txn_id, offset, size, payload)
+    return Record(op, woid, txn_id, offset, size, payload, flags == FLAG_SEALED)
 
 
 # --------------------------------------------------------------------------

@@ -44,7 +44,7 @@ from . import format as fmt
 from ._fs import DEFAULT_FS, FS, read_file, replace_durably
 from .checkpoint import CheckpointStore, Snapshot, StoredCheckpoint
 from .config import ChannelConfig
-from .crypto import TAMPERED, FileCipher, header_cipher
+from .crypto import SEALED_WITHOUT_KEY, TAMPERED, FileCipher, header_cipher
 from .errors import (
     ChannelClosedError,
     ChannelCopyError,
@@ -1174,6 +1174,8 @@ class Log:
             return plain
         if file_id in self._undecryptable:
             raise DecryptionError(self._files[file_id][1], offset, self._undecryptable[file_id])
+        if rec.sealed:
+            raise DecryptionError(self._files[file_id][1], offset, SEALED_WITHOUT_KEY)
         return rec.payload
 
     @contextmanager

@@ -35,7 +35,7 @@ from .channel import CHECKPOINT_DIR, Event, replay_queue
 from .checkpoint import CheckpointStore
 from .config import CORRUPTION_POLICIES, ChannelConfig
 from .consumers import ConsumerStore, validate_name
-from .crypto import KEY_HINT, TAMPERED, Encryption, FileCipher, header_cipher
+from .crypto import KEY_HINT, SEALED_WITHOUT_KEY, TAMPERED, Encryption, FileCipher, header_cipher
 from .errors import ChannelError, ConfigError, CorruptLogError, DataLossError, DecryptionError, FormatError
 from .log import Log
 from .scan import SEG_RE, CorruptionReport, LogRecord, Scanner, segment_name
@@ -155,6 +155,8 @@ def _decode_put(
             if plain is None:
                 raise DecryptionError(path, offset, f"event at position {position}: {TAMPERED}", cipher.key_id)
             payload = plain
+        elif rec.sealed:
+            raise DecryptionError(path, offset, f"event at position {position}: {SEALED_WITHOUT_KEY}")
         body, headers = fmt.decode_event(payload)
     except FormatError as exc:
         raise CorruptLogError(path, offset, f"event at position {position}: {exc.reason}") from exc

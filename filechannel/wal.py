@@ -38,7 +38,7 @@ from . import format as fmt
 from ._fs import DEFAULT_FS, FS
 from .checkpoint import CheckpointStore, Snapshot
 from .config import ChannelConfig
-from .crypto import TAMPERED, FileCipher
+from .crypto import SEALED_WITHOUT_KEY, TAMPERED, FileCipher
 from .errors import (
     ChannelClosedError,
     ConfigError,
@@ -195,6 +195,8 @@ def _open_payload(log: Log, fid: int, path: str, head: bytes, offset: int, paylo
         return plain
     if log.is_encrypted(fid):
         raise DecryptionError(path, offset, "the data file is encrypted and no key for it was given")
+    if head[1] == fmt.FLAG_SEALED:
+        raise DecryptionError(path, offset, SEALED_WITHOUT_KEY)
     return payload
 
 

@@ -177,7 +177,9 @@ def read_records(buf: bytes, ch: ChannelInfo, df: DataFile, newest: bool, start:
             raise DocFormatError(f"file {df.file_id}: frame cut off at {pos}")
         op, flags, res1, plen, woid, txn = struct.unpack_from("<BBHIQQ", buf, pos)
         rcrc, res2 = struct.unpack_from("<II", buf, pos + 24)
-        if op not in range(1, 7) or flags or res1 or res2:
+        # flags: 1 ("sealed") exactly on the PUTs of an encrypted file, else 0
+        sealed = op == PUT and df.aead is not None
+        if op not in range(1, 7) or flags != (1 if sealed else 0) or res1 or res2:
             raise DocFormatError(f"file {df.file_id}: bad frame at {pos}")
         if plen > len(buf) - pos - 32:
             raise DocFormatError(f"file {df.file_id}: payload_len past the end at {pos}")

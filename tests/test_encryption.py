@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("cryptography", reason="the crypto extra (pip install 'filechannel[crypto]') is not installed")
 
 import filechannel
+from filechannel import crypto
 from filechannel import format as fmt
 from filechannel.crypto import Encryption
 
@@ -715,3 +716,44 @@ def test_cli_salvage_and_checkpoint_keep_an_encrypted_channel_encrypted(
     assert_no_plaintext(dest, [b"SALVAGE-ME"])
     with filechannel.open(dest, encryption=Encryption(keys=ks), **OPTS) as ch, ch.transaction() as tx:
         assert [e.body for e in tx.take_batch(5)] == [b"SALVAGE-ME-1", b"SALVAGE-ME-2"]
+
+
+def test_a_sealed_record_is_never_decoded_as_plaintext_without_its_header(
+    chan_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A channel opened without encryption= whose encrypted file lost its header cannot tell the
+    file was encrypted; the record's own sealed flag still keeps its ciphertext from being decoded
+    as an event. Made certain here with a "ciphertext" that is a valid event encoding (real
+    ciphertext is one only by chance)."""
+    ch = filechannel.open(chan_dir, checkpoint_interval=0, **OPTS)  # plaintext history first
+    with ch.transaction() as tx:
+        tx.put(b"plain")
+    ch.close()
+
+    def look_alike(self: object, head: bytes, offset: int, payload: bytes) -> bytes:
+        n = len(payload) + crypto.TAG_LEN
+        return fmt.encode_event(b"G" * (n - len(fmt.encode_event(b"", None))), None)
+
+    monkeypatch.setattr(crypto.FileCipher, "seal", look_alike)
+    with filechannel.open(chan_dir, encryption=enc(), checkpoint_interval=0, **OPTS) as ch:
+        with ch.transaction() as tx:
+            tx.put(b"secret")
+        sealed = ch._log.file_path(ch._log.file_ids()[-1])
+    monkeypatch.undo()
+    for p, _ in list(all_files(os.path.join(chan_dir, "checkpoints"))):
+        os.unlink(p)
+    buf = bytearray(Path(sealed).read_bytes())
+    buf[12] ^= 0x10  # the header's "encrypted" flag bit: its checksum fails, the header is lost
+    Path(sealed).write_bytes(bytes(buf))
+    with filechannel.open(chan_dir, on_corruption="skip", **OPTS) as ch2:
+        tx = ch2.transaction()
+        got = tx.take_batch(10)
+        tx.commit()
+        assert [e.body for e in got] == [b"plain"]
+        assert ch2.stats()["lost_positions"] == [[1, 2]]
+    reader = filechannel.ChannelReader(chan_dir, on_corruption="skip")
+    try:
+        bodies = [e.body for e in reader.read(*reader.available())]
+    finally:
+        reader.close()
+    assert not any(b.startswith(b"G") for b in bodies)

@@ -379,3 +379,32 @@ def test_live_file_list_limit_is_a_format_error() -> None:
     too_many = fmt.FileHeader(**{**{f: getattr(h, f) for f in h.__slots__}, "live_files": (*h.live_files, 99999)})
     with pytest.raises(FormatError):
         fmt.encode_file_header(too_many)
+
+
+@pytest.mark.parametrize("op", sorted(fmt.OP_NAMES))
+def test_only_a_put_may_carry_the_sealed_flag(op: int) -> None:
+    seed, kind = 7, fmt.CRC32C
+    sealed: list[bytes] = []
+    fmt.record_encoder(seed, kind, lambda head, off, p: p + bytes(fmt.ENC_TAG_LEN)).add_puts(
+        sealed, 1, 1, [b"x" * 5], [], [], 0
+    )
+    rec = fmt.decode_record(b"".join(sealed), 0, seed, kind, 1 << 20)
+    assert isinstance(rec, fmt.Record)
+    assert rec.sealed
+    assert b"".join(sealed)[1] == fmt.FLAG_SEALED
+    plain = fmt.encode_record(op, 1, 1, b"y" * 8, seed, kind)
+    got = fmt.decode_record(plain, 0, seed, kind, 1 << 20)
+    assert isinstance(got, fmt.Record)
+    assert not got.sealed
+    # The flag set on this op, with the checksum fixed up so only the flag is wrong.
+    head = bytearray(plain[:24])
+    head[1] = fmt.FLAG_SEALED
+    c = fmt.crc(kind, plain[32:40], fmt.crc(kind, bytes(head), seed))
+    flagged = bytes(head) + struct.pack("<II", c, 0) + plain[32:]
+    if op == fmt.PUT:
+        r = fmt.decode_record(flagged, 0, seed, kind, 1 << 20)
+        assert isinstance(r, fmt.Record)
+        assert r.sealed
+    else:
+        with pytest.raises(FormatError, match="reserved record bits"):
+            fmt.decode_record(flagged, 0, seed, kind, 1 << 20)
