@@ -431,24 +431,15 @@ class _RecordEncoder:
         crc_pack = _REC_CRC.pack
         pads = _PAD
         seal = self._sealer
-        if seal is not None:
-            for payload in payloads:
-                n = len(payload) + ENC_TAG_LEN
-                head = head_pack(PUT, FLAG_SEALED, 0, n, woid, txn_id)
-                ct = seal(head, offset, payload)
-                pad = pads[n & 7]
-                parts += (head, crc_pack(ext(ext(seed, head), ct), 0), ct, pad)
-                size = 32 + n + len(pad)
-                offsets.append(offset)
-                sizes.append(size)
-                offset += size
-                woid += 1
-            return offset
+        # A sealed (encrypted) PUT says so in its flags; its stored payload is the ciphertext,
+        # ENC_TAG_LEN bytes longer, and the checksum covers that.
+        flags, grow = (FLAG_SEALED, ENC_TAG_LEN) if seal is not None else (0, 0)
         for payload in payloads:
-            n = len(payload)
-            head = head_pack(PUT, 0, 0, n, woid, txn_id)
+            n = len(payload) + grow
+            head = head_pack(PUT, flags, 0, n, woid, txn_id)
+            data = payload if seal is None else seal(head, offset, payload)
             pad = pads[n & 7]
-            parts += (head, crc_pack(ext(ext(seed, head), payload), 0), payload, pad)
+            parts += (head, crc_pack(ext(ext(seed, head), data), 0), data, pad)
             size = 32 + n + len(pad)
             offsets.append(offset)
             sizes.append(size)
