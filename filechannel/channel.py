@@ -28,7 +28,7 @@ from . import format as fmt
 from ._fs import DEFAULT_FS, FS
 from ._queue import Entry, EventQueue
 from .checkpoint import CheckpointStore, Snapshot
-from .config import ChannelConfig
+from .config import MAX_CHECKPOINT_SPREAD, ChannelConfig
 from .consumers import ConsumerStore
 from .errors import (
     ChannelClosedError,
@@ -525,6 +525,7 @@ class FileChannel:
         self._ckpt_lock = threading.Lock()
         self._ckpt_thread: threading.Thread | None = None
         self._ckpt_stop = threading.Event()
+        self._ckpt_hurry = threading.Event()  # set: a waiting checkpoint or close, no pacing
         self._ack_lock = threading.Lock()
         self._ack_thread: threading.Thread | None = None
         self._ack_stop = threading.Event()
@@ -882,11 +883,30 @@ class FileChannel:
             ChannelClosedError: The channel is closed or has failed.
             OSError: Writing the checkpoint failed (the previous ones are untouched).
         """
+        self._ckpt_hurry.set()  # a background checkpoint being written stops pacing itself
         with self._ckpt_lock:
+            self._ckpt_hurry.clear()
             self._check_open()
             return self._write_checkpoint()
 
-    def _write_checkpoint(self) -> dict[str, Any]:
+    def _pacer(self, t0: float) -> Callable[[float], None] | None:
+        """Return what spreads a background checkpoint's writes (``checkpoint_spread``), or None."""
+        cfg = self.config
+        spread = min(cfg.checkpoint_spread * cfg.checkpoint_interval, MAX_CHECKPOINT_SPREAD)
+        if spread <= 0:
+            return None
+        hurry = self._ckpt_hurry
+
+        def pace(done: float) -> None:
+            # Sleep until the share of the spread this fraction of the write is due at;
+            # close() and checkpoint() cut the wait short (and every later one).
+            delay = t0 + spread * done - time.monotonic()
+            if delay > 0 and not hurry.is_set():
+                hurry.wait(delay)
+
+        return pace
+
+    def _write_checkpoint(self, paced: bool = False) -> dict[str, Any]:
         t0 = time.monotonic()
         log = self._log
         # Writers are held only for what is O(1) or small: the queue's columns are
@@ -910,7 +930,7 @@ class FileChannel:
             parts=windows,
         )
         try:
-            nbytes, _copies = self._store.write(snap, log.crc_kind)
+            nbytes, _copies = self._store.write(snap, log.crc_kind, self._pacer(t0) if paced else None)
         except OSError:
             self._ckpt_stats["checkpoint_failures"] += 1
             raise
@@ -937,7 +957,7 @@ class FileChannel:
             try:
                 with self._ckpt_lock:
                     if not self._closed:
-                        self._write_checkpoint()
+                        self._write_checkpoint(paced=True)
             except Exception:  # the next interval tries again; recovery never needs this one
                 logger.exception("background checkpoint failed")
 
@@ -948,6 +968,7 @@ class FileChannel:
         return to the queue on the next open.
         """
         self._ckpt_stop.set()
+        self._ckpt_hurry.set()
         self._ack_stop.set()
         if self._ckpt_thread is not None:
             self._ckpt_thread.join()

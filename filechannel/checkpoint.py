@@ -26,7 +26,7 @@ import struct
 import sys
 import time
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from . import format as fmt
@@ -304,8 +304,14 @@ class CheckpointStore:
         """
         return decode(read_file(self.fs, c.path), crc_kind, channel_id)
 
-    def write(self, snap: Snapshot, crc_kind: int) -> tuple[int, int]:
+    def write(self, snap: Snapshot, crc_kind: int, pace: Callable[[float], None] | None = None) -> tuple[int, int]:
         """Write a snapshot atomically into every checkpoint directory; prune old ones.
+
+        ``pace``, when given, is called after each intermediate flush (every
+        :data:`SYNC_EVERY` bytes) with the fraction of the whole write done so
+        far (all copies; about 32 bytes per queued event); it may sleep to spread
+        the checkpoint's I/O over time (``checkpoint_spread``). It changes neither
+        what is written nor when it is durable.
 
         Returns:
             ``(bytes written per copy, number of copies)``.
@@ -315,8 +321,10 @@ class CheckpointStore:
         """
         name = checkpoint_name(snap.woid)
         fs = self.fs
-        size = 0
-        for d in self.dirs():
+        size = done = 0
+        dirs = self.dirs()
+        expected = max(1, (len(snap) * 32 + 4096) * len(dirs))
+        for d in dirs:
             self._ensure_dir(d)
             final = os.path.join(d, name)
             tmp = os.path.join(d, f".{name}.tmp-{time.time_ns()}")
@@ -332,6 +340,8 @@ class CheckpointStore:
                         # would put tens of MB on the disk in front of every commit's fdatasync.
                         fs.fdatasync(fd)
                         synced = size
+                        if pace is not None:
+                            pace(min(1.0, (done + size) / expected))
                 fs.fsync(fd)
             except BaseException:
                 fs.close(fd)
@@ -343,6 +353,7 @@ class CheckpointStore:
             fs.close(fd)
             fs.replace(tmp, final)
             fs.fsync_dir(d)
+            done += size
         self.prune(keep=2)
         return size, len(self.dirs())
 

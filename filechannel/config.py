@@ -24,6 +24,9 @@ REPLAY_MODES = ("checkpoint", "full")
 CORRUPTION_POLICIES = ("fail", "skip")
 MIN_FILE_SIZE = 4 * KiB
 DEFAULT_MAX_EVENT_SIZE = 8 * MiB
+MAX_CHECKPOINT_SPREAD = 60.0
+"""Longest a background checkpoint spreads its writes, in seconds: until it is
+written, the queue cannot compact the columns it lent to it."""
 
 
 def _is_int(v: object) -> bool:
@@ -55,6 +58,11 @@ class ChannelConfig:
         cache_bytes: Bytes of recently put events kept in memory to serve takes.
         checkpoint_interval: Seconds between background checkpoints; 0 disables them
             (a checkpoint is still written on close and on demand).
+        checkpoint_spread: Fraction of ``checkpoint_interval`` (at most
+            :data:`MAX_CHECKPOINT_SPREAD` seconds) over which a background checkpoint
+            spreads its writes, so that commits do not queue behind a burst of
+            checkpoint I/O (as PostgreSQL's ``checkpoint_completion_target``).
+            0 writes at full speed. ``checkpoint()`` and ``close()`` never wait.
         backup_checkpoint_dir: A second directory (another disk) that receives a copy
             of every checkpoint; default: none (the previous checkpoint is kept beside
             the newest in ``<dir>/checkpoints``).
@@ -83,6 +91,7 @@ class ChannelConfig:
     data_dirs: tuple[str, ...] | None = None
     cache_bytes: int = 16 * MiB
     checkpoint_interval: float = 30.0
+    checkpoint_spread: float = 0.5
     backup_checkpoint_dir: str | None = None
     replay: str = "checkpoint"
     ack_interval: float = 0.5
@@ -136,6 +145,9 @@ class ChannelConfig:
             raise ConfigError(
                 "checkpoint_interval", f"must be a number of seconds >= 0, got {self.checkpoint_interval!r}"
             )
+        if not _is_number(self.checkpoint_spread) or not 0 <= self.checkpoint_spread < 1:
+            v = self.checkpoint_spread
+            raise ConfigError("checkpoint_spread", f"must be a fraction >= 0 and < 1 of checkpoint_interval, got {v!r}")
         if not _is_number(self.ack_interval) or self.ack_interval < 0:
             raise ConfigError("ack_interval", f"must be a number of seconds >= 0, got {self.ack_interval!r}")
         if self.backup_checkpoint_dir is not None and (

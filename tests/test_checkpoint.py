@@ -12,6 +12,7 @@ import random
 import shutil
 import struct
 import threading
+import time
 from array import array
 from pathlib import Path
 
@@ -419,6 +420,88 @@ def test_bad_checkpoint_options() -> None:
         filechannel.ChannelConfig(replay="fast")
     with pytest.raises(filechannel.ConfigError, match="backup_checkpoint_dir"):
         filechannel.ChannelConfig(backup_checkpoint_dir="")
+    for bad in (-0.1, 1, 1.5, "half", None, True):
+        with pytest.raises(filechannel.ConfigError, match="checkpoint_spread"):
+            filechannel.ChannelConfig(checkpoint_spread=bad)  # type: ignore[arg-type]
+
+
+def _paced_channel(chan_dir: str, monkeypatch: pytest.MonkeyPatch) -> tuple[filechannel.FileChannel, list[float]]:
+    """A channel whose background checkpoints would spread over 60 s, in many small flushes."""
+    monkeypatch.setattr(ckpt, "CHUNK", 512)
+    monkeypatch.setattr(ckpt, "SYNC_EVERY", 512)
+    # The background thread waits an hour before its first checkpoint; the tests start one by hand.
+    ch = op(chan_dir, checkpoint_interval=3600.0, checkpoint_spread=0.5)
+    put(ch, *bodies(0, 2000))
+    fractions: list[float] = []
+    write = ch._store.write
+
+    def recording_write(snap: ckpt.Snapshot, kind: int, pace: object = None) -> tuple[int, int]:
+        def rec(done: float) -> None:
+            fractions.append(done)
+            assert callable(pace)
+            pace(done)
+
+        return write(snap, kind, rec if pace is not None else None)
+
+    monkeypatch.setattr(ch._store, "write", recording_write)
+    return ch, fractions
+
+
+def _background_checkpoint(ch: filechannel.FileChannel) -> threading.Thread:
+    """Start what the checkpoint thread does at the end of an interval."""
+
+    def run() -> None:
+        with ch._ckpt_lock:
+            ch._write_checkpoint(paced=True)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+def test_background_checkpoint_spreads_its_writes_until_a_checkpoint_call_hurries_it(
+    chan_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ch, fractions = _paced_channel(chan_dir, monkeypatch)
+    bg = _background_checkpoint(ch)
+    bg.join(1.0)
+    # 2000 events are ~64 KB: unpaced, that is a few milliseconds; paced, a minute.
+    assert bg.is_alive(), "the background checkpoint was not paced"
+    assert fractions and fractions[-1] < 0.5
+    put(ch, b"during")  # commits go on meanwhile
+    t0 = time.monotonic()
+    res = ch.checkpoint()  # not paced, and it stops the pacing of the one in progress
+    assert time.monotonic() - t0 < 30, "checkpoint() waited for the paced one's spread (60 s)"
+    bg.join(10)
+    assert not bg.is_alive()
+    assert fractions == sorted(fractions) and fractions[-1] > 0.9
+    assert res["events"] == 2001
+    crash(ch)
+    with op(chan_dir) as ch2:
+        assert ch2.stats()["recovery_source"] == "checkpoint"
+        assert [e for _, e in contents(ch2)] == [*bodies(0, 2000), b"during"]
+
+
+def test_close_cuts_a_paced_checkpoint_short(chan_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    ch, fractions = _paced_channel(chan_dir, monkeypatch)
+    bg = _background_checkpoint(ch)
+    bg.join(0.5)
+    assert bg.is_alive()
+    closer = threading.Thread(target=ch.close)
+    closer.start()
+    closer.join(10)
+    bg.join(10)
+    assert not closer.is_alive() and not bg.is_alive()
+    with op(chan_dir) as ch2:
+        assert ch2.stats()["recovery_source"] == "checkpoint"
+        assert [e for _, e in contents(ch2)] == bodies(0, 2000)
+
+
+def test_explicit_checkpoints_are_never_paced(chan_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    ch, fractions = _paced_channel(chan_dir, monkeypatch)
+    res = ch.checkpoint()
+    assert res["events"] == 2000 and fractions == []
+    ch.close()
 
 
 def test_takes_in_a_retired_file_are_relogged(chan_dir: str) -> None:
