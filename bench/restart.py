@@ -82,7 +82,7 @@ def _commits(ch: filechannel.FileChannel, stop: threading.Event, out: list[tuple
         out.append((t0, time.perf_counter()))
 
 
-def latency_during_checkpoint(d: str, seconds: float, spread_interval: float = 3.0) -> dict[str, float]:
+def latency_during_checkpoint(d: str, seconds: float, spread_interval: float = 10.0) -> dict[str, float]:
     """Commit latency of single-event put transactions, with and without checkpoints being written.
 
     Three phases on the same channel: no checkpoint; explicit ``checkpoint()`` calls
@@ -148,7 +148,7 @@ def latency_during_checkpoint(d: str, seconds: float, spread_interval: float = 3
         stop = threading.Event()
         t = threading.Thread(target=_commits, args=(ch, stop, lat))
         t.start()
-        time.sleep(max(seconds, 4 * spread_interval))
+        time.sleep(max(seconds, 3.2 * spread_interval))
         stop.set()
         t.join()
     finally:
@@ -176,11 +176,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one repeat (CI smoke)")
     ap.add_argument("--latency-seconds", type=float, default=3.0)
     ap.add_argument("--latency-only", action="store_true", help="only the commit latency during a checkpoint")
+    ap.add_argument(
+        "--spread-interval",
+        type=float,
+        default=10.0,
+        help="checkpoint_interval of the paced background phase (its checkpoints spread over half of it)",
+    )
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     repeats = args.repeats
     if args.quick:
-        sizes, repeats, args.latency_seconds = [2000], 1, 0.5
+        sizes, repeats, args.latency_seconds, args.spread_interval = [2000], 1, 0.5, 0.2
     machine = {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()}
     root = tempfile.mkdtemp(prefix="fc-restart-", dir=os.environ.get("BENCH_DIR"))
     rows = []
@@ -221,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         lat = {
             "bench": "commit_latency_during_checkpoint",
             "queue_events": sizes[-1],
-            **latency_during_checkpoint(biggest, args.latency_seconds),
+            **latency_during_checkpoint(biggest, args.latency_seconds, args.spread_interval),
             "machine": machine,
         }
         print(json.dumps(lat), flush=True)
