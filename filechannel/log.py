@@ -252,6 +252,7 @@ class Log:
         # Encrypted data files: their cipher, or why their PUT payloads cannot be read.
         self._ciphers: dict[int, FileCipher] = {}
         self._undecryptable: dict[int, str] = {}
+        self._headerless: dict[int, str] = {}  # file id -> why its sealed records cannot be opened
         self._key_ids: dict[int, str] = {}  # file id -> key id, for every encrypted live file
         self._read_fds: dict[int, int] = {}
         self._scans: list[FileScan] = []
@@ -591,6 +592,7 @@ class Log:
         self._seeds.clear()
         self._ciphers.clear()
         self._undecryptable.clear()
+        self._headerless.clear()
         self._key_ids.clear()
         self._file_end.clear()
         self.file_sizes.clear()
@@ -899,10 +901,10 @@ class Log:
                 )
             )
             stand_in = fmt.FileHeader(self.crc_kind, self.channel_id, fid, 0, 0, 0, 0)
-            if self.config.encryption is not None:
-                # The salt went with the header: an encrypted file's events cannot be
-                # decrypted (and a plaintext one's are never guessed at).
-                self._undecryptable[fid] = "the data file header is damaged: its events cannot be decrypted"
+            # The salt went with the header: an encrypted file's events cannot be decrypted.
+            # Each record says whether it was sealed, so a plaintext file's (a mixed history)
+            # are still read, and a sealed one is never decoded as plaintext.
+            self._headerless[fid] = "the data file header is damaged: its encrypted events cannot be decrypted"
             return stand_in, first
         assert isinstance(h, fmt.FileHeader)
         if h.channel_id != self.channel_id:
@@ -1121,6 +1123,7 @@ class Log:
                 self._seeds.pop(fid, None)
                 self._ciphers.pop(fid, None)
                 self._undecryptable.pop(fid, None)
+                self._headerless.pop(fid, None)
                 self._key_ids.pop(fid, None)
                 rfd = self._read_fds.pop(fid, None)
                 if rfd is not None:
@@ -1175,7 +1178,8 @@ class Log:
         if file_id in self._undecryptable:
             raise DecryptionError(self._files[file_id][1], offset, self._undecryptable[file_id])
         if rec.sealed:
-            raise DecryptionError(self._files[file_id][1], offset, SEALED_WITHOUT_KEY)
+            why = self._headerless.get(file_id, SEALED_WITHOUT_KEY)
+            raise DecryptionError(self._files[file_id][1], offset, why)
         return rec.payload
 
     @contextmanager

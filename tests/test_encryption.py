@@ -601,6 +601,36 @@ def test_a_damaged_header_of_an_encrypted_file_loses_its_events_never_guesses(ch
         assert ch2.stats()["lost_positions"] == [[0, 1]]
 
 
+def test_a_damaged_header_of_a_plaintext_file_in_a_mixed_history_keeps_its_events(chan_dir: str) -> None:
+    # Plaintext history first, then encrypted files; the plaintext file's header is damaged.
+    # Its records carry no sealed flag: they are read as they are, with encryption= given.
+    ch = filechannel.open(chan_dir, checkpoint_interval=0, max_file_size=4096, **OPTS)
+    with ch.transaction() as tx:
+        tx.put(b"old-plain" + b"." * 3000)
+    with ch.transaction() as tx:
+        tx.put(b"old-plain-2" + b"." * 3000)
+    plain_first = ch._log.file_path(ch._log.file_ids()[0])
+    ch.close()
+    with filechannel.open(chan_dir, encryption=enc(), checkpoint_interval=0, max_file_size=4096, **OPTS) as ch:
+        with ch.transaction() as tx:
+            tx.put(b"NEW-SECRET" + b"." * 3000)
+        assert ch._log.is_encrypted(ch._log.file_ids()[-1])
+    for p, _ in list(all_files(os.path.join(chan_dir, "checkpoints"))):
+        os.unlink(p)
+    buf = bytearray(Path(plain_first).read_bytes())
+    buf[20] ^= 0xFF  # inside the channel id: the header's checksum fails
+    Path(plain_first).write_bytes(bytes(buf))
+    with pytest.raises(filechannel.CorruptLogError, match="header"):
+        filechannel.open(chan_dir, encryption=enc(), **OPTS)
+    with filechannel.open(chan_dir, encryption=enc(), on_corruption="skip", **OPTS) as ch2:
+        tx = ch2.transaction()
+        got = tx.take_batch(10)
+        tx.commit()
+        assert [e.body[:11] for e in got] == [b"old-plain..", b"old-plain-2", b"NEW-SECRET."]
+        assert ch2.stats()["lost_positions"] == []
+        assert any("data file header" in r for r in ch2.stats()["corruption_report"])
+
+
 def test_a_reader_follows_new_files_and_a_rotation(tmp_path: Path) -> None:
     ks = write_keystore(tmp_path / "keys.json", {"k1": K1, "k2": K2})
     d = str(tmp_path / "ch")
