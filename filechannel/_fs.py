@@ -231,6 +231,16 @@ def read_file(fs: FS, path: str) -> bytes:
         fs.close(fd)
 
 
+def truncate_durably(fs: FS, path: str, size: int) -> None:
+    """Cut ``path`` to ``size`` bytes and fsync it (the caller fsyncs the directory if it must)."""
+    fd = fs.open_rw(path)
+    try:
+        fs.truncate(fd, size)
+        fs.fsync(fd)
+    finally:
+        fs.close(fd)
+
+
 def replace_durably(fs: FS, tmp: str, path: str, data: bytes) -> None:
     """Write ``data`` to ``tmp``, fsync it, and rename it over ``path`` (the caller fsyncs the directory)."""
     fd = fs.create(tmp)

@@ -41,7 +41,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from . import format as fmt
-from ._fs import DEFAULT_FS, FS, read_file, replace_durably
+from ._fs import DEFAULT_FS, FS, read_file, replace_durably, truncate_durably
 from .checkpoint import CheckpointStore, Snapshot, StoredCheckpoint
 from .config import ChannelConfig
 from .crypto import SEALED_WITHOUT_KEY, TAMPERED, FileCipher, header_cipher
@@ -978,12 +978,7 @@ class Log:
         fs = self.fs
         if not all_zero(buf, end):
             self._set_aside(path, buf, end)
-        fd = fs.open_rw(path)
-        try:
-            fs.truncate(fd, end)
-            fs.fsync(fd)
-        finally:
-            fs.close(fd)
+        truncate_durably(fs, path, end)
         fs.fsync_dir(os.path.dirname(path))
 
     def note_torn_tail(self, path: str, start: int, size: int, reason: str) -> None:

@@ -17,7 +17,7 @@ import random
 from dataclasses import dataclass
 
 from filechannel import format as fmt
-from filechannel._fs import FS, OsFS, read_file
+from filechannel._fs import FS, OsFS, read_file, truncate_durably
 from filechannel.channel import CHECKPOINT_DIR
 from filechannel.config import ChannelConfig
 from filechannel.errors import ChannelError, ChannelLockedError
@@ -209,12 +209,7 @@ def _damage(fs: FS, directory: str, kind: str, target: str, rng: random.Random, 
         return Damage(kind, target, path, (), size, 0, record)
     if kind == "truncate":
         cut = rng.randrange(lo + 1, hi) if hi - lo > 1 else lo
-        fd = fs.open_rw(path)
-        try:
-            fs.truncate(fd, cut)
-            fs.fsync(fd)
-        finally:
-            fs.close(fd)
+        truncate_durably(fs, path, cut)
         return Damage(kind, target, path, (cut,), size, cut, record)
     offsets = sorted(rng.sample(range(lo, hi), min(nbytes, hi - lo)))
     buf = read_file(fs, path)
