@@ -19,9 +19,14 @@ runs, in separate processes:
    checked against the ledger and the run prints
    ``produced N, delivered N, duplicated 0, lost 0`` and shows the table through Spark.
 
+The channel is encrypted at rest (AES-256-GCM; ``filechannel keygen`` makes
+``WORKDIR/keys.json``, the producer encrypts with it and Spark's executors
+decrypt with ``.option("keystore", ...)``); ``--plaintext`` turns that off.
+
 The exit status is 0 only when nothing was lost, duplicated, or delivered that
 was never committed (a rolled-back event), every body and header is byte for
-byte what was put, and no process of the run is left behind.
+byte what was put, none of the newest committed bodies or header names is
+readable in the channel's files, and no process of the run is left behind.
 
 The hidden option ``--role producer|query`` runs one of the child processes;
 without it the orchestrator runs the scenario. Rates, sizes and durations are
@@ -51,6 +56,7 @@ from filechannel.testing.stream import session_pids
 REGIONS = ("eu-west", "us-east", "ap-south", "sa-east")
 CONSUMER = "parquet-table"
 LEDGER = "ledger"
+KEYSTORE = "keys.json"
 CHECK_FAILED = 3  # the final run's exit status when the check finds a problem
 
 
@@ -154,7 +160,13 @@ def run_producer(args: argparse.Namespace) -> int:
     _stop_when_orphaned(stop)
     work = Path(args.workdir)
     t0 = time.monotonic()
-    ch = filechannel.open(work / "channel", max_file_size=args.file_size, checkpoint_interval=5.0, ack_interval=0.5)
+    ch = filechannel.open(
+        work / "channel",
+        max_file_size=args.file_size,
+        checkpoint_interval=5.0,
+        ack_interval=0.5,
+        encryption=None if args.plaintext else filechannel.Encryption(keys=str(work / KEYSTORE)),
+    )
     opened = time.monotonic() - t0
     ledger = Ledger(work / LEDGER).poll()
     st = ch.stats()
@@ -257,12 +269,10 @@ def spark_session(app: str) -> Any:
 def start_query(spark: Any, args: argparse.Namespace, available_now: bool) -> Any:
     """Start the channel -> Parquet query on the run's checkpoint."""
     work = Path(args.workdir)
-    events = (
-        spark.readStream.format("filechannel")
-        .option("consumer", CONSUMER)
-        .option("maxEventsPerTrigger", args.max_events)
-        .load(str(work / "channel"))
-    )
+    reader = spark.readStream.format("filechannel").option("consumer", CONSUMER)
+    if not args.plaintext:
+        reader = reader.option("keystore", str(work / KEYSTORE))  # the executors decrypt
+    events = reader.option("maxEventsPerTrigger", args.max_events).load(str(work / "channel"))
     w = (
         events.writeStream.format("parquet")
         .option("path", str(work / "table"))
@@ -320,6 +330,7 @@ def drain_and_check(spark: Any, args: argparse.Namespace) -> int:
     _log(f"final drain (availableNow): {batches} micro-batches, {rows:,} events in {time.monotonic() - t0:.1f} s")
     result = verify(work)
     ok = report(result)
+    ok = check_at_rest(work, args) and ok
 
     from pyspark.sql import functions as F
 
@@ -484,6 +495,31 @@ def verify(workdir: str | os.PathLike[str]) -> dict[str, Any]:
     }
 
 
+def check_at_rest(work: Path, args: argparse.Namespace) -> bool:
+    """Look for the newest committed events' bodies and headers in the channel's files.
+
+    Encrypted (the default), none may be there; with ``--plaintext`` the count
+    shows what the search finds when nothing is encrypted.
+    """
+    ledger = Ledger(work / LEDGER).poll()
+    recent = sorted(s for a, b in ledger.committed for s in range(a, b + 1))[-1000:]
+    data = b"".join(
+        p.read_bytes() for p in sorted((work / "channel").rglob("*")) if p.is_file() and p.name.startswith("seg-")
+    )
+    found = sum(body_of(s, args.event_size) in data for s in recent)
+    files = sum(1 for p in (work / "channel").rglob("seg-*.wal"))
+    marker = b"region"  # every event's header name
+    if args.plaintext:
+        _log(f"at rest, not encrypted: {found} of the {len(recent)} newest bodies readable in {files} data files")
+        return True
+    print(
+        f"at rest: {files} data files, encrypted; {found} of the {len(recent)} newest committed bodies "
+        f"and {data.count(marker)} header names readable",
+        flush=True,
+    )
+    return found == 0 and marker not in data
+
+
 def report(r: dict[str, Any]) -> bool:
     """Print the verdict; True when every count that must be 0 is 0."""
     print(
@@ -617,6 +653,7 @@ class Orchestrator:
             *("--rate", str(a.rate), "--batch", str(a.batch), "--rollback", str(a.rollback)),
             *("--event-size", str(a.event_size), "--file-size", str(a.file_size), "--seed", str(a.seed)),
             *("--max-events", str(a.max_events), "--trigger", str(a.trigger)),
+            *(("--plaintext",) if a.plaintext else ()),
             *extra,
         ]
 
@@ -692,10 +729,18 @@ class Orchestrator:
         shutil.rmtree(self.work, ignore_errors=True)
         (self.work / "logs").mkdir(parents=True)
         (self.work / "options.json").write_text(json.dumps(vars(a)))
+        if not a.plaintext:
+            from filechannel.cli import main as filechannel_cli
+
+            # `filechannel keygen`: a keystore readable by its owner only; the producer
+            # encrypts with its key, the Spark executors decrypt with it.
+            if filechannel_cli(["keygen", str(self.work / KEYSTORE), "--id", "demo"]) != 0:
+                raise RuntimeError("filechannel keygen failed")
         self.say(
             f"work directory {self.work}: channel/, table/ (Parquet), checkpoint/, ledger, logs/; "
             f"producer {a.rate:,} events/s of {a.event_size} B, ~{a.batch} per transaction, "
-            f"{a.rollback:.0%} rolled back"
+            f"{a.rollback:.0%} rolled back; "
+            + ("not encrypted (--plaintext)" if a.plaintext else f"encrypted at rest (AES-256-GCM, {KEYSTORE})")
         )
         progress = threading.Thread(target=self._progress, daemon=True)
         progress.start()
@@ -827,6 +872,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--phase-seconds", type=float, default=8.0, help="seconds of streaming before each kill (8)")
     p.add_argument("--progress", type=float, default=5.0, help="seconds between progress lines off a terminal (5)")
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument(
+        "--plaintext", action="store_true", help="do not encrypt the channel (default: AES-256-GCM, keys in keys.json)"
+    )
     p.add_argument("--role", choices=("producer", "query"), help=argparse.SUPPRESS)
     p.add_argument("--run", default="run-1", help=argparse.SUPPRESS)
     return p.parse_args(argv)

@@ -74,8 +74,36 @@ def test_demo_delivers_every_committed_event_exactly_once(tmp_path: Path) -> Non
     assert "Spark driver #2 started" in out
     assert "producer #2" in out
     assert "Events per region" in out
+    # Encrypted at rest by default: the newest bodies and every header name are unreadable on disk.
+    at_rest = r"^at rest: \d+ data files, encrypted; 0 of the 1000 newest committed bodies and 0 header names"
+    assert re.search(at_rest, out, re.M)
     assert "OK: no process of the run left" in out
     assert "produced" in r.stderr  # the progress line
+
+
+@pytest.mark.parametrize("encrypted", [True, False])
+def test_the_at_rest_check_finds_plaintext_events(tmp_path: Path, encrypted: bool) -> None:
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        import pipeline
+    finally:
+        sys.path.pop(0)
+    import filechannel
+    from filechannel.cli import main as cli_main
+
+    args = pipeline.parse_args([str(tmp_path), "--event-size", "100", *(() if encrypted else ("--plaintext",))])
+    assert cli_main(["keygen", str(tmp_path / pipeline.KEYSTORE), "--id", "demo"]) == 0
+    enc = filechannel.Encryption(keys=str(tmp_path / pipeline.KEYSTORE)) if encrypted else None
+    with filechannel.open(tmp_path / "channel", encryption=enc) as ch, ch.transaction() as tx:
+        for s in range(50):
+            tx.put(pipeline.body_of(s, 100), headers={"region": pipeline.region_of(s)})
+    (tmp_path / pipeline.LEDGER).write_text("S 0\nB 0 49\nC 0 49 50\n")
+    # The check itself: with --plaintext it only reports; encrypted, it passes only when nothing
+    # is readable. Called on plaintext files as if they were encrypted, it must fail.
+    assert pipeline.check_at_rest(tmp_path, args) is True
+    if not encrypted:
+        args.plaintext = False
+        assert pipeline.check_at_rest(tmp_path, args) is False
 
 
 def test_demo_does_not_wipe_a_directory_it_did_not_make(tmp_path: Path) -> None:
