@@ -918,6 +918,7 @@ class FileChannel:
             queue = self._queue
             windows = queue.lend(extra)
             taken = {f: list(r) for f, r in self._taken_from.items() if f in files}
+            file_dirs = log.file_dirs(files)
         snap = Snapshot(
             woid,
             next_pos,
@@ -928,6 +929,7 @@ class FileChannel:
             files,
             taken=taken,
             parts=windows,
+            file_dirs=file_dirs,
         )
         try:
             nbytes, _copies = self._store.write(snap, log.crc_kind, self._pacer(t0) if paced else None)

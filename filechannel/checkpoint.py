@@ -36,9 +36,13 @@ from .errors import FormatError
 logger = logging.getLogger(__name__)
 
 MAGIC = b"\x89FCK\r\n\x1a\n"
-VERSION = 1
+VERSION = 2
+"""Written: a file table entry carries its file's data directory (version 1, still read, did not)."""
 _HEAD = struct.Struct("<8sHHI16sQQQQQIIQ")
-_FILE = struct.Struct("<QQ")
+_FILE_V1 = struct.Struct("<QQ")
+_FILE = struct.Struct("<QQII")
+UNKNOWN_DIR = 0xFFFF_FFFF
+"""The data directory index of a file table entry that does not know it."""
 _U32 = struct.Struct("<I")
 _TF = struct.Struct("<QI")
 _RANGE = struct.Struct("<QQ")
@@ -71,8 +75,10 @@ class Snapshot:
 
     ``positions``, ``file_ids``, ``offsets`` and ``sizes`` are parallel
     ``array('q')`` columns in position order. ``files`` maps each live data
-    file to the offset where replay must resume in it. ``taken`` maps a live
-    data file to the ``(first, count)`` position ranges already taken from it.
+    file to the offset where replay must resume in it, and ``file_dirs`` to
+    the index of its data directory (empty: a version 1 checkpoint, which did
+    not record it). ``taken`` maps a live data file to the ``(first, count)``
+    position ranges already taken from it.
 
     ``parts``, when set, replaces the four columns: the queue as a list of
     ``(first, end, columns)`` windows into column arrays that their owner
@@ -94,6 +100,7 @@ class Snapshot:
     sizes: array[int] = field(default_factory=lambda: array("q"))
     taken: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     parts: list[tuple[int, int, Columns]] | None = None
+    file_dirs: dict[int, int] = field(default_factory=dict)
 
     def __len__(self) -> int:
         if self.parts is not None:
@@ -146,7 +153,8 @@ def encode_blocks(s: Snapshot, crc_kind: int, block: int | None = None) -> Itera
         n,
     )
     pend: list[bytes] = [head]
-    pend += [_FILE.pack(fid, off) for fid, off in sorted(s.files.items())]
+    dirs = s.file_dirs
+    pend += [_FILE.pack(fid, off, dirs.get(fid, UNKNOWN_DIR), 0) for fid, off in sorted(s.files.items())]
     for fid, ranges in sorted(s.taken.items()):
         pend.append(_TF.pack(fid, len(ranges)))
         pend += [_RANGE.pack(a, c) for a, c in ranges]
@@ -190,7 +198,7 @@ def decode(buf: bytes, crc_kind: int, channel_id: bytes) -> Snapshot:
     )
     if magic != MAGIC:
         raise FormatError(0, "bad checkpoint magic")
-    if version != VERSION:
+    if version not in (1, VERSION):
         raise FormatError(8, f"unsupported checkpoint version {version}")
     if kind != crc_kind:
         raise FormatError(12, "checkpoint checksum algorithm differs from the channel's")
@@ -202,13 +210,20 @@ def decode(buf: bytes, crc_kind: int, channel_id: bytes) -> Snapshot:
     if n > MAX_ENTRIES or n_files > fmt.MAX_LIVE_FILES or n_tf > fmt.MAX_LIVE_FILES:
         raise FormatError(_HEAD.size - 16, "checkpoint counts are out of range")
     pos = _HEAD.size
-    if pos + n_files * _FILE.size > body_len:
+    entry = _FILE if version == VERSION else _FILE_V1
+    if pos + n_files * entry.size > body_len:
         raise FormatError(pos, "checkpoint file table runs past the end")
     files = {}
+    file_dirs = {}
     for _ in range(n_files):
-        fid, off = _FILE.unpack_from(buf, pos)
+        if version == VERSION:
+            fid, off, d, _ = _FILE.unpack_from(buf, pos)
+            if d != UNKNOWN_DIR:
+                file_dirs[fid] = d
+        else:
+            fid, off = _FILE_V1.unpack_from(buf, pos)
         files[fid] = off
-        pos += _FILE.size
+        pos += entry.size
     taken: dict[int, list[tuple[int, int]]] = {}
     for _ in range(n_tf):
         if pos + _TF.size > body_len:
@@ -242,6 +257,7 @@ def decode(buf: bytes, crc_kind: int, channel_id: bytes) -> Snapshot:
         offsets=cols[2],
         sizes=cols[3],
         taken=taken,
+        file_dirs=file_dirs,
     )
 
 

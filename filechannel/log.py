@@ -36,7 +36,7 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -179,6 +179,10 @@ def _same_dir(a: str, b: str) -> bool:
 
 # --------------------------------------------------------------------------
 # the log
+
+
+_Newest = tuple[int, "frozenset[int] | None"]
+"""A data directory's newest file id and its header's live list (None: the header is damaged)."""
 
 
 class Log:
@@ -613,13 +617,13 @@ class Log:
         max_txn = 0
         max_woid = 0
         max_file_id = 0
-        newest_by_dir: list[tuple[int, frozenset[int] | None]] = []
+        newest_by_dir: dict[int, _Newest] = {}
         retired: set[int] = set()
         for index, d in enumerate(self.data_dirs):
             dscans, max_id, newest, retired_d = self._recover_dir(index, d, snap)
             retired |= retired_d
             if newest is not None:
-                newest_by_dir.append(newest)
+                newest_by_dir[index] = newest
             max_file_id = max(max_file_id, max_id)
             live_by_dir.append([s.file_id for s in dscans])
             for s in dscans:
@@ -665,29 +669,38 @@ class Log:
         self._txn_peek = max_txn + 1
         self._writers = [Writer(self, i, d, live_by_dir[i]) for i, d in enumerate(self.data_dirs)]
 
-    def _classify_vanished(self, retired: set[int], newest_by_dir: list[tuple[int, frozenset[int] | None]]) -> None:
+    def _classify_vanished(self, retired: set[int], newest_by_dir: dict[int, _Newest]) -> None:
         """Sort the checkpointed files that are gone into retired ones and missing ones.
 
         A file is known retired when a RETIRE record names it, or when the newest
-        file of a data directory is newer and does not list it as live (a retired
-        file leaves the live list before its RETIRE is written). Any other file the
-        checkpoint vouched for and that is gone is missing: its events are lost.
+        file of its data directory is newer and does not list it as live (a retired
+        file leaves the live list before its RETIRE is written, and a directory's
+        newest file never retires). Any other file the checkpoint vouched for and
+        that is gone is missing: its events are lost. The checkpoint records each
+        file's data directory; one written before it did (version 1) leaves any
+        directory's newest file as the judge, which cannot tell the newest file of
+        one directory, deleted, from a retired one.
         """
-        assert self.voucher is not None
-        gone = set(self.voucher.files) - set(self._files) - self.discarded
+        voucher = self.voucher
+        assert voucher is not None
+        gone = set(voucher.files) - set(self._files) - self.discarded
         for fid in sorted(gone):
-            listed = not self._dir_lost and any(
-                fid < n and live is not None and fid not in live for n, live in newest_by_dir
-            )
+            index = voucher.file_dirs.get(fid)
+            if index is not None and index < len(self.data_dirs):
+                judges = [newest_by_dir[index]] if index in newest_by_dir else []
+            else:
+                index = None
+                judges = list(newest_by_dir.values())
+            listed = not self._dir_lost and any(fid < n and live is not None and fid not in live for n, live in judges)
             if fid in retired or listed:
                 self.retired_files.add(fid)
                 continue
-            path = os.path.join(self.data_dirs[0], segment_name(fid))
+            path = os.path.join(self.data_dirs[index or 0], segment_name(fid))
             reason = "data file is missing, but the newest checkpoint lists it as live"
             if self.config.on_corruption != "skip":
                 raise CorruptLogError(path, 0, reason, _MISSING_HINT)
             self.missing_files.add(fid)
-            span = (self.voucher.woid, INF_WOID)
+            span = (voucher.woid, INF_WOID)
             self.report_corruption(CorruptionReport(path, 0, reason, 0, span, file_id=fid))
 
     def _start(self, snap: Snapshot | None, fid: int, h: fmt.FileHeader, size: int) -> int | None:
@@ -1211,6 +1224,10 @@ class Log:
             finally:
                 for lk in reversed(locks):
                     lk.release()
+
+    def file_dirs(self, file_ids: Iterable[int]) -> dict[int, int]:
+        """The data directory index of each of these live files (a checkpoint records it)."""
+        return {fid: self._files[fid][0] for fid in file_ids if fid in self._files}
 
     def counters(self) -> tuple[int, int, int, int]:
         """Return ``(last woid, next position, next txn id, next file id)``; call inside :meth:`freeze`."""

@@ -700,9 +700,12 @@ class WriteAheadLog:
         log = self._log
         with log.freeze() as files:
             woid, next_pos, next_txn, next_file = log.counters()
+            file_dirs = log.file_dirs(files)
         if woid <= 0 or not files:
             return
-        snap = Snapshot(woid, next_pos, next_txn, next_file, log.channel_id, _time.time_ns(), files)
+        snap = Snapshot(
+            woid, next_pos, next_txn, next_file, log.channel_id, _time.time_ns(), files, file_dirs=file_dirs
+        )
         self._store.write(snap, log.crc_kind)
 
     def __enter__(self) -> WriteAheadLog:

@@ -467,14 +467,16 @@ def test_background_checkpoint_spreads_its_writes_until_a_checkpoint_call_hurrie
     bg.join(1.0)
     # 2000 events are ~64 KB: unpaced, that is a few milliseconds; paced, a minute.
     assert bg.is_alive(), "the background checkpoint was not paced"
-    assert fractions and fractions[-1] < 0.5
+    assert fractions
+    assert fractions[-1] < 0.5
     put(ch, b"during")  # commits go on meanwhile
     t0 = time.monotonic()
     res = ch.checkpoint()  # not paced, and it stops the pacing of the one in progress
     assert time.monotonic() - t0 < 30, "checkpoint() waited for the paced one's spread (60 s)"
     bg.join(10)
     assert not bg.is_alive()
-    assert fractions == sorted(fractions) and fractions[-1] > 0.9
+    assert fractions == sorted(fractions)
+    assert fractions[-1] > 0.9
     assert res["events"] == 2001
     crash(ch)
     with op(chan_dir) as ch2:
@@ -483,7 +485,7 @@ def test_background_checkpoint_spreads_its_writes_until_a_checkpoint_call_hurrie
 
 
 def test_close_cuts_a_paced_checkpoint_short(chan_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    ch, fractions = _paced_channel(chan_dir, monkeypatch)
+    ch, _fractions = _paced_channel(chan_dir, monkeypatch)
     bg = _background_checkpoint(ch)
     bg.join(0.5)
     assert bg.is_alive()
@@ -491,7 +493,8 @@ def test_close_cuts_a_paced_checkpoint_short(chan_dir: str, monkeypatch: pytest.
     closer.start()
     closer.join(10)
     bg.join(10)
-    assert not closer.is_alive() and not bg.is_alive()
+    assert not closer.is_alive()
+    assert not bg.is_alive()
     with op(chan_dir) as ch2:
         assert ch2.stats()["recovery_source"] == "checkpoint"
         assert [e for _, e in contents(ch2)] == bodies(0, 2000)
@@ -500,7 +503,8 @@ def test_close_cuts_a_paced_checkpoint_short(chan_dir: str, monkeypatch: pytest.
 def test_explicit_checkpoints_are_never_paced(chan_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
     ch, fractions = _paced_channel(chan_dir, monkeypatch)
     res = ch.checkpoint()
-    assert res["events"] == 2000 and fractions == []
+    assert res["events"] == 2000
+    assert fractions == []
     ch.close()
 
 
@@ -627,11 +631,14 @@ def test_interval_retirement_never_loses_a_take_relogged_in_another_data_directo
 # -- a checkpoint written in blocks from the queue's lent columns (issue 14, round two) ---------
 
 
-def _reference_encode(s: ckpt.Snapshot, crc_kind: int) -> bytes:
-    """The one-buffer encoder the block encoder replaced (byte layout of docs/format.md)."""
+def _reference_encode(s: ckpt.Snapshot, crc_kind: int, version: int = 2) -> bytes:
+    """The one-buffer encoder the block encoder replaced (byte layout of docs/format.md).
+
+    ``version=1``: the layout before file table entries carried their data directory.
+    """
     head = ckpt._HEAD.pack(
         ckpt.MAGIC,
-        ckpt.VERSION,
+        version,
         0,
         crc_kind,
         s.channel_id,
@@ -644,7 +651,11 @@ def _reference_encode(s: ckpt.Snapshot, crc_kind: int) -> bytes:
         len(s.taken),
         len(s.positions),
     )
-    parts = [head] + [ckpt._FILE.pack(f, o) for f, o in sorted(s.files.items())]
+    if version == 1:
+        parts = [head] + [struct.pack("<QQ", f, o) for f, o in sorted(s.files.items())]
+    else:
+        dirs = s.file_dirs
+        parts = [head] + [struct.pack("<QQII", f, o, dirs.get(f, 0xFFFF_FFFF), 0) for f, o in sorted(s.files.items())]
     for f, ranges in sorted(s.taken.items()):
         parts.append(ckpt._TF.pack(f, len(ranges)))
         parts += [ckpt._RANGE.pack(a, c) for a, c in ranges]
@@ -678,7 +689,7 @@ def _snap(n: int, seed: int = 0, **kw: object) -> ckpt.Snapshot:
 @pytest.mark.parametrize("kind", [fmt.CRC32_ZLIB, fmt.CRC32C] if fmt.HAVE_CRC32C else [fmt.CRC32_ZLIB])
 @pytest.mark.parametrize("n", [0, 1, 7, 5000])
 def test_block_encoder_is_byte_identical_to_the_one_buffer_encoder(kind: int, n: int) -> None:
-    s = _snap(n, seed=n)
+    s = _snap(n, seed=n, file_dirs={2: 1})  # file 1's directory unknown
     want = _reference_encode(s, kind)
     assert ckpt.encode(s, kind) == want
     for block in (1, 8, 100, 4096, 1 << 20):
@@ -847,3 +858,71 @@ def test_checkpoint_holds_the_queue_as_it_was_while_commits_and_takes_continue(
     crash(ch)
     with op(chan_dir) as ch2:
         assert [b for _, b in contents(ch2)] == bodies(80, 130)
+
+
+# -- the data directory of each checkpointed file (version 2) --------------------------------------
+
+
+def test_version_1_checkpoints_are_still_read_and_version_2_records_directories() -> None:
+    kind = fmt.CRC32_ZLIB
+    s = _snap(50, seed=3, file_dirs={1: 0, 2: 1})
+    got = ckpt.decode(ckpt.encode(s, kind), kind, s.channel_id)
+    assert got.file_dirs == {1: 0, 2: 1}
+    assert got.files == s.files
+    old = ckpt.decode(_reference_encode(s, kind, version=1), kind, s.channel_id)
+    assert old.file_dirs == {}
+    assert old.files == s.files
+    assert list(old.positions) == list(s.positions)
+    assert old.taken == s.taken
+    bad = bytearray(_reference_encode(s, kind, version=3))
+    with pytest.raises(filechannel.FormatError, match="version 3"):
+        ckpt.decode(bytes(bad), kind, s.channel_id)
+
+
+@pytest.mark.parametrize("policy", ["fail", "skip"])
+def test_the_deleted_newest_file_of_one_data_directory_is_never_taken_for_retired(tmp_path: Path, policy: str) -> None:
+    """Two data directories; the checkpoint vouches for the newest file of one, which is then
+    deleted. The other directory's newest file is newer and does not list it (it never could):
+    that must not pass for a retirement. Before checkpoints recorded each file's directory,
+    the open succeeded without these events and without a word."""
+    d = str(tmp_path / "ch")
+    dirs = [str(tmp_path / "disk0"), str(tmp_path / "disk1")]
+    opts = {**OPTS, "data_dirs": dirs, "max_file_size": 8192}
+    with op(d, **opts) as ch:
+        i = 0
+        while True:
+            with ch.transaction() as tx:
+                for _ in range(3):
+                    tx.put(b"event-%05d" % i + b"." * 200)
+                    i += 1
+            newest = {k: w.file_id for k, w in enumerate(ch._log._writers)}
+            older = min(newest, key=lambda k: newest[k])
+            # Stop once the directory whose newest file is the older one holds events in it.
+            if i > 120 and any(e[1] == newest[older] for e in ch._queue):
+                break
+        victim = newest[older]
+        lost = sorted(p for p, f, _o, _s in ch._queue if f == victim)
+        before = contents(ch)
+        path = ch._log.file_path(victim)
+    assert lost
+    assert os.path.dirname(path) == dirs[older]
+    os.unlink(path)
+    if policy == "fail":
+        with pytest.raises(filechannel.CorruptLogError, match="missing") as ei:
+            op(d, **opts)
+        assert ei.value.path == path
+        return
+    with op(d, **{**opts, "on_corruption": "skip"}) as ch2:
+        st = ch2.stats()
+        assert [p for p, _ in contents(ch2)] == [p for p, _ in before if p not in set(lost)]
+        assert st["lost_positions"] == [[a, b] for a, b in _ranges(lost)]
+
+
+def _ranges(ps: list[int]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for p in ps:
+        if out and out[-1][1] == p:
+            out[-1] = (out[-1][0], p + 1)
+        else:
+            out.append((p, p + 1))
+    return out

@@ -369,14 +369,18 @@ def read_checkpoint(path: str, ch: ChannelInfo) -> Checkpoint:
     if buf[0:8] != CKPT_MAGIC:
         raise DocFormatError("checkpoint magic")
     version, reserved, kind = struct.unpack_from("<HHI", buf, 8)
-    if version != 1 or kind != ch.kind or buf[16:32] != ch.channel_id:
+    if version not in (1, 2) or kind != ch.kind or buf[16:32] != ch.channel_id:
         raise DocFormatError("checkpoint version, kind or channel")
     assert reserved == 0
     woid, next_pos, next_txn, next_file, _created = struct.unpack_from("<QQQQQ", buf, 32)
     n_files, n_taken, n_events = struct.unpack_from("<IIQ", buf, 72)
     pos = 88
-    files = [struct.unpack_from("<QQ", buf, pos + 16 * i) for i in range(n_files)]
-    pos += 16 * n_files
+    width = 16 if version == 1 else 24  # version 2: u32 data directory index, u32 reserved
+    files = [struct.unpack_from("<QQ", buf, pos + width * i) for i in range(n_files)]
+    if version == 2:
+        dirs = [struct.unpack_from("<II", buf, pos + width * i + 16) for i in range(n_files)]
+        assert all(r == 0 and d == 0 for d, r in dirs), "one data directory (the default): index 0"
+    pos += width * n_files
     taken: list[tuple[int, list[tuple[int, int]]]] = []
     for _ in range(n_taken):
         fid, nr = struct.unpack_from("<QI", buf, pos)
