@@ -234,11 +234,17 @@ class _Follower:
         store = CheckpointStore(self.fs, os.path.join(self.directory, CHECKPOINT_DIR))
         log = Log(self.directory, self.config, fs=self.fs, readonly=True, checkpoints=store)
         try:
+            self.data_dirs = list(log.data_dirs)
+            # Per data directory, a write-order id no record written there from now on can be at
+            # or below (records reach each directory in write-order): what recovery read of it.
+            self.frontier = [0] * len(self.data_dirs)
+            for scan in log._scans:
+                d = self._dir_of(scan.path)
+                self.frontier[d] = max(self.frontier[d], scan.last_woid)
             q, _, _ = replay_queue(log, log.base_snapshot)
             self.channel_id = log.channel_id
             self.crc_kind = log.crc_kind
             self.max_payload = log.max_payload
-            self.data_dirs = list(log.data_dirs)
             self.corruption: list[CorruptionReport] = list(log.corruption)
             self.index = _Index()
             for p, f, o, s in q:
@@ -250,9 +256,7 @@ class _Follower:
                 if got is None:
                     continue
                 header, cipher = got
-                self.files[fid] = _FileState(
-                    self.data_dirs.index(os.path.dirname(path)), path, header, log._file_end[fid], cipher
-                )
+                self.files[fid] = _FileState(self._dir_of(path), path, header, log._file_end[fid], cipher)
             # New records in a directory have write-order ids above everything read so far
             # (with one directory, above the log's last id; with several, the scanner's
             # per-file floor is the file header's base id).
@@ -268,6 +272,10 @@ class _Follower:
                 self._sync(self.files[newest].path)
         self.retired: set[int] = set()
         self.lock = threading.RLock()  # one reader may be shared by threads: refresh and lookups exclude each other
+        self._first_woids: dict[int, int] = {}  # position after a gap -> its PUT record's write-order id
+
+    def _dir_of(self, path: str) -> int:
+        return self.data_dirs.index(os.path.dirname(path))
 
     # ScanContext for the scanner ------------------------------------------------------
 
@@ -327,6 +335,8 @@ class _Follower:
                         break  # being created; the next call reads it
                     header, cipher = got
                     self.files[fid] = _FileState(i, path, header, header.header_len, cipher)
+                    # Every record of this file and of later ones has a higher write-order id.
+                    self.frontier[i] = max(self.frontier[i], header.base_woid - 1)
                 # Only the newest file of a directory grows; the one before it may have
                 # received its last batch before the roll. Older files are sealed.
                 present = set(ids)
@@ -390,7 +400,46 @@ class _Follower:
         st.end = s.end
         if s.records:
             self.last_woid[st.dir_index] = max(prev, s.last_woid)
+            self.frontier[st.dir_index] = max(self.frontier[st.dir_index], s.last_woid)
             self._apply(s.records)
+
+    def gap_is_final(self, k: int) -> bool:
+        """Whether the positions missing before index entry ``k`` can never be written.
+
+        Positions and write-order ids are handed out together, in the same order,
+        so a commit holding a missing position has write-order ids below those of
+        the entry after the gap. Each data directory receives records in
+        write-order: once every directory has durably shown one at or above the
+        entry's, no commit with a missing position can still appear (a commit that
+        failed after its positions were assigned, such as one refused for lack of
+        space).
+        """
+        idx = self.index
+        p = idx.pos[k]
+        woid = self._first_woids.get(p)
+        if woid is None:
+            fid, off, size = idx.fid[k], idx.off[k], idx.size[k]
+            st = self.files.get(fid)
+            if st is None:
+                return False
+            try:
+                fd = self.fs.open_read(st.path)
+            except FileNotFoundError:
+                return False
+            try:
+                buf = self.fs.pread(fd, size, off)
+            finally:
+                self.fs.close(fd)
+            try:
+                rec = fmt.decode_record(
+                    buf, 0, fmt.file_seed(self.crc_kind, self.channel_id, fid), self.crc_kind, 0xFFFF_FFFF
+                )
+            except FormatError:
+                return False  # damaged: reading it reports that; the gap stays until then
+            if not isinstance(rec, fmt.Record):
+                return False
+            woid = self._first_woids[p] = rec.woid
+        return all(w >= woid for w in self.frontier)
 
     def _apply(self, records: list[LogRecord]) -> None:
         puts: dict[int, list[tuple[int, int, int]]] = {}
@@ -533,13 +582,17 @@ class ChannelReader:
         end = f.visible_end
         if len(f.data_dirs) > 1:
             # With several data directories a later position can be visible before an
-            # earlier one is written: stop at the first position not yet seen.
-            i, j = f.index.span(start, end)
-            pos = f.index.pos
-            k = i
-            while k < j and pos[k] == start + (k - i):
-                k += 1
-            end = start + (k - i)
+            # earlier one is written: stop at the first position not yet seen, unless
+            # nothing can fill it any more (a failed commit's positions).
+            with f.lock:
+                i, j = f.index.span(start, end)
+                pos = f.index.pos
+                expect = start
+                for k in range(i, j):
+                    if pos[k] != expect and not f.gap_is_final(k):
+                        break
+                    expect = pos[k] + 1
+                end = expect
         return start, max(start, end)
 
     def read(self, start: int, end: int, limit: int | None = None) -> list[Event]:

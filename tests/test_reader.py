@@ -300,3 +300,71 @@ def test_sigkill_of_the_owner_while_a_reader_follows(tmp_path: Path) -> None:
     tail = r.read(max(start, len(seen)), end)
     assert [e.position for e in tail][-1] == base
     assert tail[-1].body == b"after"
+
+
+class _FailOnce(filechannel._fs.OsFS):
+    """The real file system; one armed write into ``target`` fails with ENOSPC (nothing written)."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.armed = False
+        self.paths: dict[int, str] = {}
+
+    def open_rw(self, path: str) -> int:
+        fd = super().open_rw(path)
+        self.paths[fd] = path
+        return fd
+
+    def create(self, path: str) -> int:
+        fd = super().create(path)
+        self.paths[fd] = path
+        return fd
+
+    def pwrite_all(self, fd: int, data: Any, offset: int) -> None:
+        if self.armed and os.path.dirname(self.paths.get(fd, "")) == self.target:
+            self.armed = False
+            raise OSError(28, "No space left on device (injected)")
+        super().pwrite_all(fd, data, offset)
+
+
+def test_a_reader_moves_past_a_failed_commits_positions_with_several_data_directories(tmp_path: Path) -> None:
+    """A commit that fails after its positions were assigned (ENOSPC) leaves a gap. With
+    several data directories the reader cannot tell a gap from a commit still in flight in
+    another directory, until every directory has durably written past the commit after the
+    gap: then nothing can fill it, and the reader goes on. Before, it stopped there for good."""
+    d = str(tmp_path / "ch")
+    dirs = [str(tmp_path / "d0"), str(tmp_path / "d1")]
+    fs = _FailOnce(dirs[1])
+    ch = filechannel.open(d, data_dirs=dirs, minimum_required_space=0, checkpoint_interval=0, fs=fs)
+    reader = ChannelReader(d, "c")
+    committed: list[bytes] = []
+
+    def commit(b: bytes) -> bool:
+        try:
+            with ch.transaction() as tx:
+                tx.put(b)
+        except OSError:
+            return False
+        committed.append(b)
+        return True
+
+    try:
+        for i in range(4):
+            assert commit(body(i))
+        assert reader.available() == (0, 4)
+        fs.armed = True
+        # Transactions alternate between the directories: one of these two writes to d1 and fails.
+        assert [commit(b"next-%d" % i) for i in range(2)].count(False) == 1
+        gap_end = ch.stats()["next_position"]
+        assert len(committed) == 5
+        assert gap_end == 6
+        stuck = reader.available()
+        for i in range(4, 10):  # both directories write past the gap
+            assert commit(body(i))
+        start, end = reader.available()
+        assert (start, end) == (0, ch.stats()["next_position"]), f"stuck at {stuck}"
+        assert [e.body for e in reader.read(start, end)] == committed
+        reader.ack(end)
+    finally:
+        reader.close()
+        ch.close()
