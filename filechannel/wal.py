@@ -318,6 +318,9 @@ class WriteAheadLog:
             refuses to open.
         on_corruption: ``"fail"`` (raise ``CorruptLogError``) or ``"skip"``
             (drop damaged records and report them).
+        minimum_required_space: Bytes that must stay free on the log's disk: a
+            write below it raises ``DiskSpaceError`` and writes nothing (default
+            0: no check, a full disk is the write's ``OSError``).
         fs: Internal: the I/O seam (tests pass a simulated file system).
 
     Raises:
@@ -337,6 +340,7 @@ class WriteAheadLog:
         encryption: Any = None,
         *,
         on_corruption: str = "fail",
+        minimum_required_space: int = 0,
         fs: FS | None = None,
     ) -> None:
         if (
@@ -353,7 +357,7 @@ class WriteAheadLog:
             fsync=fsync,
             fsync_interval=fsync_interval,
             on_corruption=on_corruption,
-            minimum_required_space=0,
+            minimum_required_space=minimum_required_space,
             encryption=encryption,
             # Every file is scanned at open; the checkpoint written on close only
             # vouches for the files' lengths (the channel's rule, docs/design.md).
@@ -461,6 +465,7 @@ class WriteAheadLog:
             TypeError: An item is not bytes-like, or ``time`` not a number.
             ValueError: ``time`` is out of range.
             EventTooLargeError: A record does not fit in a data file.
+            DiskSpaceError: Less than ``minimum_required_space`` is free (nothing written).
             OSError: The write or fsync failed (a failed fsync also fails the log).
             ChannelClosedError: The log is closed or has failed.
         """
@@ -472,6 +477,7 @@ class WriteAheadLog:
         if not payloads:
             return []
         log = self._log
+        log.check_space(0)
         item = _WalItem(log.new_txn_id(), payloads, t, log.seal_overhead)
         log._writers[0].submit(item)
         res = item.result

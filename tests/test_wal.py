@@ -399,6 +399,22 @@ def test_failed_write_surfaces_and_log_goes_on_after_enospc(tmp_path: Path) -> N
         assert list(w.read_all()) == [b"one", b"three"]
 
 
+def test_minimum_required_space_refuses_writes_and_writes_nothing(tmp_path: Path) -> None:
+    d = str(tmp_path / "wal")
+    with filechannel.WriteAheadLog(d) as w:
+        w.write(b"one")
+    with filechannel.WriteAheadLog(d, minimum_required_space=1 << 62) as w:
+        with pytest.raises(filechannel.DiskSpaceError) as info:
+            w.write_many([b"two", b"three"])
+        assert isinstance(info.value, filechannel.ChannelError)
+        assert list(w.read_all()) == [b"one"]  # nothing of the refused write, and reads still work
+    with filechannel.WriteAheadLog(d, minimum_required_space=1) as w:
+        w.write(b"four")
+        assert list(w.read_all()) == [b"one", b"four"]
+    with pytest.raises(filechannel.ConfigError, match="minimum_required_space"):
+        filechannel.WriteAheadLog(d, minimum_required_space=-1)
+
+
 def test_interval_mode_syncs_in_background(tmp_path: Path) -> None:
     fs = SimFS()
     d = "/sim/wal"
