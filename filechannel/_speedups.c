@@ -1,7 +1,7 @@
 /*
  * filechannel._speedups: the optional C fast path for the per-event hot loops.
  *
- * This module owns two functions and nothing else:
+ * This module owns these functions and nothing else:
  *
  *   encode_puts(seed, kind, woid, txn_id, payloads, offsets, sizes, offset, seal, tag_len)
  *       frames and checksums a batch of PUT records in one call; the twin of
@@ -17,6 +17,9 @@
  *       it stops at the first thing that is not a clean verified batch and
  *       returns where, so that scan.Scanner's Python loop (the reference
  *       implementation) takes over there and decides what it means.
+ *   trim_heap()
+ *       hands free heap pages back to the system (glibc's malloc_trim) once a
+ *       full replay has freed its scan (see channel.replay_queue).
  *
  * It performs no I/O, holds no state and never decides policy: every damage
  * decision stays in scan.py. Both functions accept any object with the buffer
@@ -678,6 +681,27 @@ extend_column(PyObject *arr, const int64_t *v, Py_ssize_t n)
     return 0;
 }
 
+/* After a full replay the heap holds the freed scan (file columns, records of other ops, the
+   vouching checkpoint) below the queue's columns, which grew last: glibc cannot give that back
+   on its own (it trims only the top of the heap), and RSS stayed at 2-3x the queue. */
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
+static PyObject *
+sp_trim_heap(PyObject *self, PyObject *noargs)
+{
+#if defined(__GLIBC__)
+    int r;
+    Py_BEGIN_ALLOW_THREADS
+    r = malloc_trim(0);
+    Py_END_ALLOW_THREADS
+    return PyBool_FromLong(r);
+#else
+    Py_RETURN_FALSE;
+#endif
+}
+
 static PyObject *
 sp_scan_batches(PyObject *self, PyObject *args)
 {
@@ -857,6 +881,7 @@ static PyMethodDef sp_methods[] = {
     {"encode_puts", sp_encode_puts, METH_VARARGS,
      "encode_puts(seed, kind, woid, txn_id, payloads, offsets, sizes, offset, seal=None, tag_len=0)"
      " -> (frames, end_offset)."},
+    {"trim_heap", sp_trim_heap, METH_NOARGS, "trim_heap() -> bool: glibc malloc_trim(0); False elsewhere."},
     {"scan_batches", sp_scan_batches, METH_VARARGS,
      "scan_batches(buf, pos, seed, kind, max_payload, batch_last_woid, base, file_id, record_type, records[, run_type, offsets, sizes]) -> (end_of_verified_prefix, last_woid)."},
     {NULL, NULL, 0, NULL},

@@ -634,6 +634,7 @@ class Log:
                     max_txn = max(max_txn, max(map(_TXN_ID, recs)))
                 # Only COMMIT and RETIRE records matter below; skip the rest at C speed.
                 for r in itertools.compress(recs, map(_COMMIT_OR_RETIRE, map(_OP, recs))):
+                    assert isinstance(r, LogRecord)
                     if r.op == fmt.COMMIT:
                         fp, npt, _ = fmt.decode_commit(r.payload)
                         if fp + npt > max_next_pos:
@@ -768,7 +769,9 @@ class Log:
         nstart, floor = self._resume(snap, newest, nh, len(nbuf), nfirst)
         nscan = Scanner(self, npath, newest, nbuf, nh).scan(True, 0, nstart, floor, self._vouched(newest), compact=True)
         nscan.header_damaged = ndamaged
-        retired = {fmt.decode_retire(r.payload) for r in nscan.records if r.op == fmt.RETIRE}
+        retired = {
+            fmt.decode_retire(r.payload) for r in nscan.records if isinstance(r, LogRecord) and r.op == fmt.RETIRE
+        }
         present = set(ids) - {newest}
         if ndamaged:
             # The live list is unreadable: every file present stays (none is deleted).
@@ -818,6 +821,7 @@ class Log:
             else:
                 s = Scanner(self, path, fid, buf, h).scan(False, prev_woid, start, floor, vouched, compact=True)
             s.header_damaged = damaged
+            buf = b""  # not two whole files in memory at once while the next one is read
             prev_woid = s.last_woid
             scans.append(s)
             self._register_file(fid, index, path)
@@ -1033,6 +1037,17 @@ class Log:
         as they are yielded, so call this once, right after opening.
         """
         return expand_runs(self.replay_runs())
+
+    def release_recovery_state(self) -> None:
+        """Drop what only recovery and replay use: the vouching checkpoint and the base snapshot.
+
+        Replay calls this when it is done (``voucher_path`` stays, for messages).
+        A queue built from the base snapshot shares its columns, so this frees
+        only what nothing else holds.
+        """
+        self.voucher = None
+        self.base_snapshot = None
+        self._scans = []
 
     def replay_runs(self) -> Iterator[ScanRecord]:
         """Like :meth:`replay`, but the PUTs of each verified batch come as :class:`PutRun` s.

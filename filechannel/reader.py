@@ -390,7 +390,7 @@ class _Follower:
         st.end = s.end
         if s.records:
             self.last_woid[st.dir_index] = max(prev, s.last_woid)
-            self._apply(s.records)
+            self._apply(s.plain())
 
     def _apply(self, records: list[LogRecord]) -> None:
         puts: dict[int, list[tuple[int, int, int]]] = {}

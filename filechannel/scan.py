@@ -109,10 +109,10 @@ class PutRun:
 
     def records(self) -> list[LogRecord]:
         """The PUT records this run stands for, as a non-compact scan keeps them."""
-        s, w, t, f = self.start, self.woid, self.txn_id, self.file_id
+        s, e, w, t, f = self.start, self.start + self.count, self.woid, self.txn_id, self.file_id
         return [
             LogRecord(fmt.PUT, w + i, t, f, o, z, b"")
-            for i, (o, z) in enumerate(zip(self.offsets[s : s + self.count], self.sizes[s : s + self.count], strict=True))
+            for i, (o, z) in enumerate(zip(self.offsets[s:e], self.sizes[s:e], strict=True))
         ]
 
 
@@ -205,6 +205,13 @@ class FileScan:
     size: int  # file size on disk
     last_woid: int
     header_damaged: bool = False
+    compact: bool = False  # the scan kept verified PUTs as PutRuns
+
+    def plain(self) -> list[LogRecord]:
+        """The records of a scan that was not compact: every one a :class:`LogRecord`."""
+        if self.compact:
+            raise ValueError("a compact scan holds PutRuns: use expand_runs(scan.records)")
+        return self.records  # type: ignore[return-value]  # no PutRun without compact=True
 
 
 # --------------------------------------------------------------------------
@@ -257,23 +264,27 @@ def _compact(batch: list[LogRecord], records: list[ScanRecord], offsets: array[i
     """
     first: LogRecord | None = None
     start = count = 0
+
+    def run(r: LogRecord) -> PutRun:
+        return PutRun(PUT_RUN, r.woid, r.txn_id, r.file_id, start, count, offsets, sizes)
+
     for r in batch:
         if r.op == fmt.PUT:
             if first is not None and r.txn_id == first.txn_id:
                 count += 1
             else:
                 if first is not None:
-                    records.append(PutRun(PUT_RUN, first.woid, first.txn_id, first.file_id, start, count, offsets, sizes))
+                    records.append(run(first))
                 first, start, count = r, len(offsets), 1
             offsets.append(r.offset)
             sizes.append(r.size)
         else:
             if first is not None:
-                records.append(PutRun(PUT_RUN, first.woid, first.txn_id, first.file_id, start, count, offsets, sizes))
+                records.append(run(first))
                 first = None
             records.append(r)
     if first is not None:
-        records.append(PutRun(PUT_RUN, first.woid, first.txn_id, first.file_id, start, count, offsets, sizes))
+        records.append(run(first))
 
 
 class Scanner:
@@ -407,7 +418,7 @@ class Scanner:
                 last = records[-1]  # a record salvaged just now, or one at or below last_woid
                 last_woid = max(last_woid, last.woid + (last.count - 1 if isinstance(last, PutRun) else 0))
             batch_last_woid = max(last_woid, floor)
-        return FileScan(fid, self.path, self.header, records, g + base, n + base, last_woid)
+        return FileScan(fid, self.path, self.header, records, g + base, n + base, last_woid, compact=compact)
 
     def _truncated(self, size: int, vouched: int, last_woid: int) -> None:
         """The file is shorter than a checkpoint recorded: acknowledged bytes are gone."""

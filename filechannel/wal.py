@@ -266,7 +266,7 @@ def _entries(log: Log, ctx: _ScanContext, files: Sequence[_Slot], keyless: bool 
         scan = Scanner(ctx, path, fid, buf, header).scan(False, prev_woid, start)
         prev_woid = scan.last_woid
         puts: dict[int, list[tuple[int, int, int]]] = {}
-        for r in scan.records:
+        for r in scan.plain():
             if r.op == fmt.PUT:
                 puts.setdefault(r.txn_id, []).append((r.offset, r.size, r.woid))
             elif r.op == fmt.COMMIT:
