@@ -292,7 +292,16 @@ def _woid_before(kind: int, base: int) -> int:
 
 
 def _scan(
-    accel: bool, data: bytes, kind: int, base: int, newest: bool, mode: str, fsync: str, vouched: int, floor: int
+    accel: bool,
+    data: bytes,
+    kind: int,
+    base: int,
+    newest: bool,
+    mode: str,
+    fsync: str,
+    vouched: int,
+    floor: int,
+    compact: bool = False,
 ) -> tuple[Any, ...]:
     hdr = fmt.decode_file_header(data)
     assert isinstance(hdr, fmt.FileHeader)
@@ -302,12 +311,19 @@ def _scan(
     try:
         s = scan.Scanner(ctx, "/f", 1, data[base:], hdr, base=base)
         try:
-            fs = s.scan(newest, 0, start=base if base else None, floor=floor, vouched=vouched)
+            fs = s.scan(newest, 0, start=base if base else None, floor=floor, vouched=vouched, compact=compact)
         except CorruptLogError as exc:
             return ("raised", type(exc).__name__, str(exc), ctx.reports)
     finally:
         fmt.speedups = saved
     return (fs.records, fs.end, fs.size, fs.last_woid, fs.header_damaged, ctx.reports)
+
+
+def _runs_expanded(result: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A compact scan's result with its runs expanded (what a non-compact scan keeps)."""
+    if result[0] == "raised":
+        return result
+    return (list(scan.expand_runs(result[0])), *result[1:])
 
 
 @needs_c
@@ -368,6 +384,12 @@ def test_scan_is_identical_on_both_paths(
     if how == "none" and not base and vouched <= len(data) and not floor:
         assert c[0]
         assert c[1] == ends[-1]
+    # Compact (recovery's scan): the same runs over the same columns on both paths, and
+    # expanded, exactly the records of the scan above (damage decisions included).
+    cc = _scan(True, data, kind, base, newest, mode, fsync, vouched, floor, compact=True)
+    pyc = _scan(False, data, kind, base, newest, mode, fsync, vouched, floor, compact=True)
+    assert cc == pyc
+    assert _runs_expanded(cc) == c
 
 
 @pytest.mark.parametrize("accel", [False, True])
@@ -416,6 +438,78 @@ def test_scan_hands_over_to_python_at_damage() -> None:
     assert c[0] == "raised"
     assert f"at byte {ends[3]}" in c[2] or str(ends[3]) in c[2]
     assert c == _scan(False, bytes(bad), fmt.CRC32C, 0, False, "fail", "commit", 0, 0)
+
+
+def _columns(records: list[Any]) -> list[tuple[int, int]]:
+    runs = [r for r in records if isinstance(r, scan.PutRun)]
+    assert len({id(r.offsets) for r in runs}) <= 1  # one pair of columns per scan
+    return list(zip(runs[0].offsets, runs[0].sizes, strict=True)) if runs else []
+
+
+@pytest.mark.parametrize("accel", [False, True])
+def test_a_compact_scan_keeps_one_run_per_transaction_stretch(accel: bool) -> None:
+    """Runs: one per stretch of a transaction's PUTs inside one batch, in write order, over one
+    pair of columns holding every verified PUT's pointer; other records stay records."""
+    if accel and C is None:
+        pytest.skip("the C accelerator is not built or FILECHANNEL_PURE_PYTHON is set")
+    data, _ends = _file(fmt.CRC32C)
+    plain = _scan(accel, data, fmt.CRC32C, 0, True, "fail", "commit", 0, 0)[0]
+    compact = _scan(accel, data, fmt.CRC32C, 0, True, "fail", "commit", 0, 0, compact=True)[0]
+    puts = [r for r in plain if r.op == fmt.PUT]
+    runs = [r for r in compact if isinstance(r, scan.PutRun)]
+    assert [r.count for r in runs] == [1, 2, 3, 4, 5, 6, 1]  # the file's transactions, put_many(i + 1) each
+    assert [r.op for r in compact if not isinstance(r, scan.PutRun)] == [r.op for r in plain if r.op != fmt.PUT]
+    assert _columns(compact) == [(r.offset, r.size) for r in puts]
+    assert [r.woid for r in compact] == sorted(r.woid for r in compact)
+    for run in runs:
+        assert run.op == scan.PUT_RUN
+        assert not run.salvaged
+        assert run.records() == [r for r in puts if r.txn_id == run.txn_id]
+    assert list(scan.expand_runs(compact)) == plain
+
+
+@needs_c
+def test_compact_scan_keeps_runs_before_damage_and_salvages_records_after() -> None:
+    """Damage in a batch: both paths keep runs around it, salvage that batch's intact records
+    as records (skip mode), and report the same; runs never hold a salvaged PUT."""
+    data, ends = _file(fmt.CRC32C)
+    bad = bytearray(data)
+    bad[ends[4] + 40] ^= 0xFF  # a payload byte of the first PUT of the fifth batch
+    c = _scan(True, bytes(bad), fmt.CRC32C, 0, False, "skip", "commit", 0, 0, compact=True)
+    py = _scan(False, bytes(bad), fmt.CRC32C, 0, False, "skip", "commit", 0, 0, compact=True)
+    assert c == py
+    assert _runs_expanded(c) == _scan(True, bytes(bad), fmt.CRC32C, 0, False, "skip", "commit", 0, 0)
+    salvaged = [r for r in c[0] if r.salvaged]
+    assert salvaged
+    assert all(isinstance(r, scan.LogRecord) for r in salvaged)
+    assert any(r.op == fmt.PUT for r in salvaged)
+    in_runs = [p.offset for r in c[0] if isinstance(r, scan.PutRun) for p in r.records()]
+    assert not [o for o in in_runs if ends[4] <= o < ends[5]]  # the damaged batch: records only
+    assert any(o >= ends[5] for o in in_runs)  # the verified batches after it: runs again
+
+
+@needs_c
+def test_c_compact_walk_fills_the_columns_it_is_given() -> None:
+    """Columns already holding rows (a scan resumed after damage): runs index past them."""
+    from array import array
+
+    data, ends = _file(fmt.CRC32C)
+    hdr = fmt.decode_file_header(data)
+    assert isinstance(hdr, fmt.FileHeader)
+    seed = fmt.file_seed(fmt.CRC32C, hdr.channel_id, 1)
+    offsets, sizes = array("q", [7, 8]), array("q", [9, 10])
+    records: list[Any] = []
+    end, _last = C.scan_batches(
+        data, ends[0], seed, fmt.CRC32C, 1 << 20, 0, 0, 1, scan.LogRecord, records, scan.PutRun, offsets, sizes
+    )
+    assert end == ends[-1]
+    runs = [r for r in records if isinstance(r, scan.PutRun)]
+    assert runs[0].start == 2
+    assert offsets[:2] == array("q", [7, 8])
+    assert sum(r.count for r in runs) == len(offsets) - 2
+    assert not any(gc.is_tracked(r) for r in records)
+    with pytest.raises(ValueError, match="two columns"):
+        C.scan_batches(data, ends[0], seed, fmt.CRC32C, 1 << 20, 0, 0, 1, scan.LogRecord, [], scan.PutRun, offsets)
 
 
 @needs_c
@@ -487,6 +581,9 @@ def test_scan_is_identical_with_every_byte_flipped(mode: str) -> None:
         data = orig[:at] + bytes([orig[at] ^ 0x20]) + orig[at + 1 :]
         c = _scan(True, data, fmt.CRC32C, 0, False, mode, "commit", 0, 0)
         assert c == _scan(False, data, fmt.CRC32C, 0, False, mode, "commit", 0, 0), at
+        cc = _scan(True, data, fmt.CRC32C, 0, False, mode, "commit", 0, 0, compact=True)
+        assert cc == _scan(False, data, fmt.CRC32C, 0, False, mode, "commit", 0, 0, compact=True), at
+        assert _runs_expanded(cc) == c, at
         differing += c != _scan(True, orig, fmt.CRC32C, 0, False, mode, "commit", 0, 0)
     assert differing == len(orig) - ends[0]  # no flipped byte goes unnoticed
 
