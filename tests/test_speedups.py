@@ -282,6 +282,44 @@ def _file(kind: int) -> tuple[bytes, list[int]]:
     return FILES[kind]
 
 
+def _batch_ends(data: bytes, kind: int) -> list[int]:
+    hdr = fmt.decode_file_header(data)
+    assert isinstance(hdr, fmt.FileHeader)
+    seed = fmt.file_seed(kind, hdr.channel_id, hdr.file_id)
+    ends = [hdr.header_len]
+    while (found := scan.find_verified_batch_end(data, ends[-1], seed, kind, 1 << 20)) is not None:
+        ends.append(found[0] + scan.BATCH_END_SIZE)
+    return ends
+
+
+def _interleaved_file(kind: int) -> tuple[bytes, list[int]]:
+    """The channel's file header, then batches whose PUTs interleave transactions (hand-made:
+    the writer keeps a transaction's PUTs together, but a run must end wherever its
+    transaction does, and both paths must agree on where)."""
+    orig, ends = _file(kind)
+    hdr = fmt.decode_file_header(orig)
+    assert isinstance(hdr, fmt.FileHeader)
+    seed = fmt.file_seed(kind, hdr.channel_id, hdr.file_id)
+    out = bytearray(orig[: ends[0]])
+    woid = hdr.base_woid
+    batches = [
+        [(fmt.PUT, 1), (fmt.PUT, 1), (fmt.PUT, 2), (fmt.PUT, 1), (fmt.COMMIT, 2), (fmt.PUT, 3), (fmt.PUT, 3)],
+        [(fmt.PUT, 3), (fmt.PUT, 1), (fmt.COMMIT, 1), (fmt.PUT, 4)],
+        [(fmt.COMMIT, 3), (fmt.PUT, 4), (fmt.PUT, 5), (fmt.PUT, 5), (fmt.PUT, 4)],
+    ]
+    for batch in batches:
+        start, first = len(out), woid
+        for op, txn in batch:
+            payload = b"put %d/%d" % (txn, woid) if op == fmt.PUT else fmt.encode_commit(txn * 10, 3, 0)
+            out += fmt.encode_record(op, woid, txn, payload, seed, kind)
+            woid += 1
+        be = fmt.BatchEnd(start, len(out) - start, fmt.crc(kind, bytes(out[start:]), seed), first, woid - 1)
+        out += fmt.encode_record(fmt.BATCH_END, woid, 0, fmt.encode_batch_end(be), seed, kind)
+        woid += 1
+    data = bytes(out)
+    return data, _batch_ends(data, kind)
+
+
 def _woid_before(kind: int, base: int) -> int:
     """The write-order id of the last BATCH_END before ``base`` in the clean file (0 at the start)."""
     if not base:
@@ -339,9 +377,20 @@ def _runs_expanded(result: tuple[Any, ...]) -> tuple[Any, ...]:
     vouch=st.integers(0, 10_000),
     floor=st.integers(0, 45),
     base_at=st.integers(0, 20),
+    interleaved=st.booleans(),
 )
 @example(
-    kind=fmt.CRC32C, at=0, junk=b"", how="none", newest=True, mode="fail", fsync="commit", vouch=0, floor=0, base_at=0
+    kind=fmt.CRC32C,
+    at=0,
+    junk=b"",
+    how="none",
+    newest=True,
+    mode="fail",
+    fsync="commit",
+    vouch=0,
+    floor=0,
+    base_at=0,
+    interleaved=True,
 )
 def test_scan_is_identical_on_both_paths(
     crc_impl: str,
@@ -355,8 +404,9 @@ def test_scan_is_identical_on_both_paths(
     vouch: int,
     floor: int,
     base_at: int,
+    interleaved: bool,
 ) -> None:
-    orig, ends = _file(kind)
+    orig, ends = _interleaved_file(kind) if interleaved else _file(kind)
     hl = ends[0]
     at = hl + at % (len(orig) - hl + 1)  # leave the file header alone: it is not the scanner's loop
     if how == "overwrite":
@@ -465,6 +515,21 @@ def test_a_compact_scan_keeps_one_run_per_transaction_stretch(accel: bool) -> No
         assert run.op == scan.PUT_RUN
         assert not run.salvaged
         assert run.records() == [r for r in puts if r.txn_id == run.txn_id]
+    assert list(scan.expand_runs(compact)) == plain
+
+
+@pytest.mark.parametrize("accel", [False, True])
+def test_runs_end_where_their_transaction_does(accel: bool) -> None:
+    """PUTs of several transactions in one batch: a run per stretch of one transaction."""
+    if accel and C is None:
+        pytest.skip("the C accelerator is not built or FILECHANNEL_PURE_PYTHON is set")
+    data, ends = _interleaved_file(fmt.CRC32C)
+    assert len(ends) == 4
+    plain = _scan(accel, data, fmt.CRC32C, 0, True, "fail", "commit", 0, 0)[0]
+    compact = _scan(accel, data, fmt.CRC32C, 0, True, "fail", "commit", 0, 0, compact=True)[0]
+    got = [(r.txn_id, r.count) if isinstance(r, scan.PutRun) else r.op for r in compact]
+    c = fmt.COMMIT
+    assert got == [(1, 2), (2, 1), (1, 1), c, (3, 2), (3, 1), (1, 1), c, (4, 1), c, (4, 1), (5, 2), (4, 1)]
     assert list(scan.expand_runs(compact)) == plain
 
 
