@@ -24,6 +24,7 @@ from operator import attrgetter
 from types import MappingProxyType, TracebackType
 from typing import Any, NamedTuple
 
+from . import _accel
 from . import format as fmt
 from ._fs import DEFAULT_FS, FS
 from ._queue import Entry, EventQueue
@@ -1331,9 +1332,8 @@ def replay_queue(
     # Recovery is over: the checkpoint it checked against is not needed again, and after a
     # full replay its columns (~34 B per queued event) would stay beside the queue's.
     log.release_recovery_state()
-    if fmt.speedups is not None:
-        # What recovery freed lies below the queue's columns (they grew last): hand it back.
-        fmt.speedups.trim_heap()
+    # What recovery freed lies below the queue's columns (they grew last): hand it back.
+    _accel.trim_heap(fmt.speedups)
     return q, targets, taken_from
 
 

@@ -206,9 +206,19 @@ def test_queue_missing_is_a_set_difference(
     assert q.missing(positions, chunk) == expected
 
 
-@pytest.mark.skipif(fmt.speedups is None, reason="the C accelerator is not built or FILECHANNEL_PURE_PYTHON is set")
-def test_trim_heap_is_callable() -> None:
-    assert fmt.speedups.trim_heap() in (True, False)
+def test_trim_heap_on_both_paths() -> None:
+    """glibc's malloc_trim through the accelerator, or through ctypes on the pure-Python path."""
+    import platform
+
+    from filechannel import _accel
+
+    glibc = platform.libc_ver()[0] == "glibc"
+    if fmt.speedups is not None:
+        assert fmt.speedups.trim_heap() in (True, False)
+    assert _accel.trim_heap(fmt.speedups) in (True, False)
+    assert _accel.trim_heap(None) in (True, False)
+    if not glibc:
+        assert _accel.trim_heap(None) is False
 
 
 def test_replay_queue_is_unchanged_by_the_accelerator(tmp_path: Path) -> None:
