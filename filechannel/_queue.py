@@ -328,11 +328,12 @@ class EventQueue:
         out: set[int] = set()
         for i in range(0, len(positions), chunk):
             part = positions[i : i + chunk]
+            lo = bisect_left(pos, part[0], h)
+            if pos[lo : lo + len(part)] == part:
+                continue  # every one of them is queued (whatever order ``positions`` is in)
             lo = bisect_left(pos, min(part), h)
             hi = bisect_right(pos, max(part), lo)
-            window = pos[lo:hi]
-            if window != part:
-                out.update(set(part).difference(window, returned))
+            out.update(set(part).difference(pos[lo:hi], returned))
         return out
 
     def entries_in(self, file_ids: set[int]) -> list[Entry]:
