@@ -7,6 +7,9 @@ google-crc32c's own CRC-32C (the ``libcrc32c`` its wheel ships) when that
 library can be found. ``format.py`` keeps the result as ``format.speedups``;
 the Python code in ``format.py`` and ``scan.py`` is the reference
 implementation that ``tests/test_speedups.py`` holds the C code to.
+
+It also owns :func:`trim_heap` (glibc's ``malloc_trim``, through the
+accelerator or else ``ctypes``), which replay calls once when it ends.
 """
 
 from __future__ import annotations
@@ -41,3 +44,20 @@ def load() -> Any:
         if mod.bind_crc32c(lib):
             break
     return mod
+
+
+def trim_heap(speedups: Any) -> bool:
+    """Hand free heap pages back to the system (glibc's ``malloc_trim(0)``); False where there is none.
+
+    After a full replay, what recovery freed lies below the queue's columns
+    (they grew last), and glibc returns only the top of the heap on its own.
+    """
+    if speedups is not None:
+        return bool(speedups.trim_heap())
+    try:
+        import ctypes
+
+        trim = ctypes.CDLL(None).malloc_trim  # the pure-Python path: the same call, through ctypes
+    except (OSError, AttributeError):  # not glibc
+        return False
+    return bool(trim(0))

@@ -1,20 +1,25 @@
 /*
  * filechannel._speedups: the optional C fast path for the per-event hot loops.
  *
- * This module owns two functions and nothing else:
+ * This module owns these functions and nothing else:
  *
  *   encode_puts(seed, kind, woid, txn_id, payloads, offsets, sizes, offset, seal, tag_len)
  *       frames and checksums a batch of PUT records in one call; the twin of
  *       format._RecordEncoder.add_puts (same bytes, same offsets and sizes).
  *       An encrypted file passes its sealer: it is called once per payload,
  *       exactly as the Python twin calls it (the cipher is cryptography's C).
- *   scan_batches(buf, pos, end_limit, seed, kind, max_payload, batch_last_woid,
- *                base, file_id, record_type, records)
+ *   scan_batches(buf, pos, seed, kind, max_payload, batch_last_woid,
+ *                base, file_id, record_type, records[, run_type, offsets, sizes])
  *       walks records from ``pos`` while they form complete, verified batches,
- *       appending one ``record_type`` (scan.LogRecord) per record to ``records``;
+ *       appending one ``record_type`` (scan.LogRecord) per record to ``records``
+ *       (with ``run_type``, scan.PutRun: one per stretch of a transaction's PUTs,
+ *       their pointers in the ``offsets``/``sizes`` array("q") columns);
  *       it stops at the first thing that is not a clean verified batch and
  *       returns where, so that scan.Scanner's Python loop (the reference
  *       implementation) takes over there and decides what it means.
+ *   trim_heap()
+ *       hands free heap pages back to the system (glibc's malloc_trim) once a
+ *       full replay has freed its scan (see channel.replay_queue).
  *
  * It performs no I/O, holds no state and never decides policy: every damage
  * decision stays in scan.py. Both functions accept any object with the buffer
@@ -462,15 +467,15 @@ decode_frame(const unsigned char *b, Py_ssize_t n, Py_ssize_t pos, uint32_t seed
 static const char *record_fields[8] = {"op", "woid", "txn_id", "file_id", "offset", "size", "payload", "salvaged"};
 
 static int
-slot_offsets(PyObject *type, Py_ssize_t *offs)
+slot_offsets_of(PyObject *type, const char *const *fields, int nfields, Py_ssize_t *offs)
 {
     if (!PyType_Check(type))
         return 0;
     PyTypeObject *tp = (PyTypeObject *)type;
     if (tp->tp_init == NULL || tp->tp_alloc == NULL)
         return 0;
-    for (int i = 0; i < 8; i++) {
-        PyObject *d = PyDict_GetItemString(tp->tp_dict, record_fields[i]);
+    for (int i = 0; i < nfields; i++) {
+        PyObject *d = PyDict_GetItemString(tp->tp_dict, fields[i]);
         if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type))
             return 0;
         PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
@@ -479,6 +484,12 @@ slot_offsets(PyObject *type, Py_ssize_t *offs)
         offs[i] = m->offset;
     }
     return 1;
+}
+
+static int
+slot_offsets(PyObject *type, Py_ssize_t *offs)
+{
+    return slot_offsets_of(type, record_fields, 8, offs);
 }
 
 /* The ints a run of records repeats (a transaction's id, an event size), kept from the last record. */
@@ -566,6 +577,131 @@ make_record(PyObject *type, const Py_ssize_t *offs, const unsigned char *b, cons
     return res;
 }
 
+/* Compact mode (recovery): the PUTs of a verified batch are not records. Their offsets and frame
+   sizes go to two int64 columns (the caller's array("q") pair, extended once at the end), and one
+   scan.PutRun stands for each stretch of one transaction's consecutive PUTs inside one batch:
+   (op=PUT_RUN, first woid, txn id, file id, start index in the columns, count, offsets, sizes,
+   salvaged=False), appended to ``records`` where the stretch ends, before the next record. The
+   twin is scan._compact. */
+#define OP_PUT_RUN 0x100 /* scan.PUT_RUN */
+static const char *run_fields[9] = {"op", "woid", "txn_id", "file_id", "start", "count", "offsets", "sizes", "salvaged"};
+
+typedef struct {
+    PyObject *type, *offsets, *sizes, *fid;
+    int direct;
+    Py_ssize_t offs[9];
+    Py_ssize_t base_index; /* len(offsets) when the walk started */
+    int64_t *off_col, *size_col;
+    Py_ssize_t n, cap;
+} run_cols;
+
+static int
+cols_push(run_cols *c, int64_t off, int64_t size)
+{
+    if (c->n == c->cap) {
+        Py_ssize_t ncap = c->cap ? c->cap * 2 : 4096;
+        int64_t *a = PyMem_Realloc(c->off_col, sizeof(int64_t) * (size_t)ncap);
+        if (a == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        c->off_col = a;
+        int64_t *z = PyMem_Realloc(c->size_col, sizeof(int64_t) * (size_t)ncap);
+        if (z == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        c->size_col = z;
+        c->cap = ncap;
+    }
+    c->off_col[c->n] = off;
+    c->size_col[c->n] = size;
+    c->n++;
+    return 0;
+}
+
+/* Append the run of ``count`` PUTs that starts at column index ``start`` (local to this walk). */
+static int
+emit_run(run_cols *c, PyObject *records, uint64_t woid, uint64_t txn_id, Py_ssize_t start, Py_ssize_t count)
+{
+    PyObject *argv[8] = {NULL};
+    PyObject *res = NULL;
+    argv[0] = PyLong_FromLong(OP_PUT_RUN);
+    argv[1] = PyLong_FromUnsignedLongLong(woid);
+    argv[2] = PyLong_FromUnsignedLongLong(txn_id);
+    argv[3] = c->fid;
+    argv[4] = PyLong_FromSsize_t(c->base_index + start);
+    argv[5] = PyLong_FromSsize_t(count);
+    argv[6] = c->offsets;
+    argv[7] = c->sizes;
+    if (argv[0] && argv[1] && argv[2] && argv[4] && argv[5]) {
+        if (c->direct) {
+            PyTypeObject *tp = (PyTypeObject *)c->type;
+            res = tp->tp_alloc(tp, 0);
+            if (res != NULL) {
+                for (int i = 0; i < 8; i++) {
+                    Py_INCREF(argv[i]);
+                    *(PyObject **)((char *)res + c->offs[i]) = argv[i];
+                }
+                Py_INCREF(Py_False);
+                *(PyObject **)((char *)res + c->offs[8]) = Py_False;
+            }
+        }
+        else {
+            res = PyObject_Vectorcall(c->type, argv, 8, NULL);
+        }
+        /* ints and two arrays (which hold no objects), frozen: never part of a cycle */
+        if (res != NULL && PyObject_IS_GC(res) && PyObject_GC_IsTracked(res))
+            PyObject_GC_UnTrack(res);
+    }
+    Py_XDECREF(argv[0]);
+    Py_XDECREF(argv[1]);
+    Py_XDECREF(argv[2]);
+    Py_XDECREF(argv[4]);
+    Py_XDECREF(argv[5]);
+    if (res == NULL)
+        return -1;
+    int rc = PyList_Append(records, res);
+    Py_DECREF(res);
+    return rc;
+}
+
+/* Extend one array("q") column with ``n`` int64s (array's frombytes: one call, one copy). */
+static int
+extend_column(PyObject *arr, const int64_t *v, Py_ssize_t n)
+{
+    PyObject *b = PyBytes_FromStringAndSize((const char *)v, n * (Py_ssize_t)sizeof(int64_t));
+    if (b == NULL)
+        return -1;
+    PyObject *r = PyObject_CallMethod(arr, "frombytes", "O", b);
+    Py_DECREF(b);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* After a full replay the heap holds the freed scan (file columns, records of other ops, the
+   vouching checkpoint) below the queue's columns, which grew last: glibc cannot give that back
+   on its own (it trims only the top of the heap), and RSS stayed at 2-3x the queue. */
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
+static PyObject *
+sp_trim_heap(PyObject *self, PyObject *noargs)
+{
+#if defined(__GLIBC__)
+    int r;
+    Py_BEGIN_ALLOW_THREADS
+    r = malloc_trim(0);
+    Py_END_ALLOW_THREADS
+    return PyBool_FromLong(r);
+#else
+    Py_RETURN_FALSE;
+#endif
+}
+
 static PyObject *
 sp_scan_batches(PyObject *self, PyObject *args)
 {
@@ -575,9 +711,28 @@ sp_scan_batches(PyObject *self, PyObject *args)
     int kind;
     unsigned long long max_payload, batch_last_woid;
     PyObject *fid, *type, *records;
-    if (!PyArg_ParseTuple(args, "y*nkiKKnOOO!", &view, &pos, &seed_l, &kind, &max_payload, &batch_last_woid, &base,
-                          &fid, &type, &PyList_Type, &records))
+    PyObject *run_type = Py_None, *run_offsets = NULL, *run_sizes = NULL;
+    if (!PyArg_ParseTuple(args, "y*nkiKKnOOO!|OOO", &view, &pos, &seed_l, &kind, &max_payload, &batch_last_woid,
+                          &base, &fid, &type, &PyList_Type, &records, &run_type, &run_offsets, &run_sizes))
         return NULL;
+    run_cols cols = {NULL, NULL, NULL, NULL, 0, {0}, 0, NULL, NULL, 0, 0};
+    int compact = run_type != Py_None;
+    if (compact) {
+        Py_ssize_t lo = run_offsets ? PyObject_Size(run_offsets) : -1;
+        Py_ssize_t ls = run_sizes ? PyObject_Size(run_sizes) : -1;
+        if (lo < 0 || ls != lo) {
+            PyBuffer_Release(&view);
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "a run type needs two columns of the same length");
+            return NULL;
+        }
+        cols.type = run_type;
+        cols.offsets = run_offsets;
+        cols.sizes = run_sizes;
+        cols.fid = fid;
+        cols.direct = slot_offsets_of(run_type, run_fields, 9, cols.offs);
+        cols.base_index = lo;
+    }
     extend_fn ext = pick_extend(kind);
     if (ext == NULL) {
         PyBuffer_Release(&view);
@@ -650,6 +805,42 @@ sp_scan_batches(PyObject *self, PyObject *args)
         }
         if (!ok)
             break;
+        if (compact) {
+            /* a run: PUTs i0..i-1 of one transaction; runs end at a batch's end and at any other record */
+            Py_ssize_t i0 = -1, c0 = 0;
+            for (Py_ssize_t i = 0; i <= np; i++) {
+                int put = i < np && pend[i].op == OP_PUT;
+                if (i0 >= 0 && !(put && pend[i].txn_id == pend[i0].txn_id)) {
+                    if (emit_run(&cols, records, pend[i0].woid, pend[i0].txn_id, c0, i - i0) < 0) {
+                        failed = 1;
+                        goto out;
+                    }
+                    i0 = -1;
+                }
+                if (i == np)
+                    break;
+                if (put) {
+                    if (i0 < 0) {
+                        i0 = i;
+                        c0 = cols.n;
+                    }
+                    if (cols_push(&cols, (int64_t)(pend[i].offset + base), (int64_t)pend[i].size) < 0) {
+                        failed = 1;
+                        goto out;
+                    }
+                    continue;
+                }
+                PyObject *rec = make_record(type, direct ? offs : NULL, b, &pend[i], fid, base, empty, &cache);
+                if (rec == NULL || PyList_Append(records, rec) < 0) {
+                    Py_XDECREF(rec);
+                    failed = 1;
+                    goto out;
+                }
+                Py_DECREF(rec);
+            }
+            g = p;
+            continue;
+        }
         for (Py_ssize_t i = 0; i < np; i++) {
             PyObject *rec = make_record(type, direct ? offs : NULL, b, &pend[i], fid, base, empty, &cache);
             if (rec == NULL || PyList_Append(records, rec) < 0) {
@@ -662,6 +853,13 @@ sp_scan_batches(PyObject *self, PyObject *args)
         g = p;
     }
 out:
+    if (!failed && cols.n > 0) {
+        /* the runs appended above point into these rows; both columns grow together */
+        if (extend_column(cols.offsets, cols.off_col, cols.n) < 0 || extend_column(cols.sizes, cols.size_col, cols.n) < 0)
+            failed = 1;
+    }
+    PyMem_Free(cols.off_col);
+    PyMem_Free(cols.size_col);
     Py_XDECREF(cache.txn_obj);
     Py_XDECREF(cache.size_obj);
     PyMem_Free(pend);
@@ -683,9 +881,9 @@ static PyMethodDef sp_methods[] = {
     {"encode_puts", sp_encode_puts, METH_VARARGS,
      "encode_puts(seed, kind, woid, txn_id, payloads, offsets, sizes, offset, seal=None, tag_len=0)"
      " -> (frames, end_offset)."},
+    {"trim_heap", sp_trim_heap, METH_NOARGS, "trim_heap() -> bool: glibc malloc_trim(0); False elsewhere."},
     {"scan_batches", sp_scan_batches, METH_VARARGS,
-     "scan_batches(buf, pos, seed, kind, max_payload, batch_last_woid, base, file_id, record_type, records)"
-     " -> (end_of_verified_prefix, last_woid)."},
+     "scan_batches(buf, pos, seed, kind, max_payload, batch_last_woid, base, file_id, record_type, records[, run_type, offsets, sizes]) -> (end_of_verified_prefix, last_woid)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -24,6 +24,7 @@ from operator import attrgetter
 from types import MappingProxyType, TracebackType
 from typing import Any, NamedTuple
 
+from . import _accel
 from . import format as fmt
 from ._fs import DEFAULT_FS, FS
 from ._queue import Entry, EventQueue
@@ -43,6 +44,7 @@ from .errors import (
     TransactionStateError,
 )
 from .log import INF_WOID, CommitResult, CorruptionReport, Log, LogRecord, merge_ranges, ranges_of
+from .scan import PUT_RUN, PutRun, ScanRecord, expand_runs
 
 CHECKPOINT_DIR = "checkpoints"
 _ACK_CHUNK = 1_000_000  # most events one take-only commit of acknowledgements holds
@@ -1214,6 +1216,29 @@ _OFFSET = attrgetter("offset")
 _SIZE = attrgetter("size")
 
 
+def _place_runs(tail: EventQueue, first: int, n: int, items: list[ScanRecord]) -> bool:
+    """Place a committed transaction's puts when they are all runs covering ``n`` PUTs.
+
+    Returns False (placing nothing) otherwise: a salvaged PUT record among them,
+    or a count that does not match the COMMIT; the caller decides what that means.
+    """
+    total = 0
+    for it in items:
+        if it.op != PUT_RUN:
+            return False
+        assert isinstance(it, PutRun)
+        total += it.count
+    if total != n:
+        return False
+    for it in items:
+        assert isinstance(it, PutRun)
+        s, c = it.start, it.count
+        # array slices: the pointers move between int64 columns without an object per PUT
+        tail.append_run(first, it.file_id, it.offsets[s : s + c], it.sizes[s : s + c])
+        first += c
+    return True
+
+
 def replay_queue(
     log: Log, base: Snapshot | None = None
 ) -> tuple[EventQueue, dict[int, set[int]], dict[int, list[tuple[int, int]]]]:
@@ -1238,26 +1263,32 @@ def replay_queue(
     # columns, in commit order; takes pop them from the head when they match it
     # (consumers take from the head) and are otherwise noted in ``removed``.
     tail = EventQueue()
-    puts: dict[int, list[LogRecord]] = {}  # a transaction's PUT records (their pointers), until its COMMIT
+    # A transaction's PUTs until its COMMIT: runs of verified PUTs (pointers in a scan's
+    # columns, no object per PUT) and, after damage, salvaged PUT records.
+    puts: dict[int, list[ScanRecord]] = {}
     takes: dict[int, tuple[int, list[tuple[int, int]]]] = {}
     targets: dict[int, set[int]] = {}
     taken_from: dict[int, list[tuple[int, int]]] = {f: list(r) for f, r in base.taken.items()} if base else {}
     removed: set[int] = set()
     acct = _LossAccounting(log, base)
-    for r in log.replay():
+    for r in log.replay_runs():
         op = r.op
-        if op == fmt.PUT:
+        if op == PUT_RUN or op == fmt.PUT:
             lst = puts.get(r.txn_id)
             if lst is None:
                 puts[r.txn_id] = [r]
             else:
                 lst.append(r)
         elif op == fmt.TAKE:
+            assert isinstance(r, LogRecord)
             takes[r.txn_id] = (r.file_id, fmt.decode_take(r.payload))
         elif op == fmt.COMMIT:
+            assert isinstance(r, LogRecord)
             first, n, n_taken = fmt.decode_commit(r.payload)
-            ptrs = puts.pop(r.txn_id, [])
-            if len(ptrs) == n:
+            items = puts.pop(r.txn_id, [])
+            if _place_runs(tail, first, n, items):
+                pass  # the usual case: every PUT verified in its batch, placed run by run
+            elif len(ptrs := list(expand_runs(items))) == n:
                 # A transaction's puts are written in one write, in write-order: when its first and
                 # last put are in one data file, all of them are (the usual case: one run).
                 if ptrs and ptrs[0].file_id == ptrs[-1].file_id:
@@ -1321,6 +1352,11 @@ def replay_queue(
     else:
         q = tail.without(removed, taken_from)
     q = acct.finish(q)
+    # Recovery is over: the checkpoint it checked against is not needed again, and after a
+    # full replay its columns (~34 B per queued event) would stay beside the queue's.
+    log.release_recovery_state()
+    # What recovery freed lies below the queue's columns (they grew last): hand it back.
+    _accel.trim_heap(fmt.speedups)
     return q, targets, taken_from
 
 
@@ -1403,9 +1439,9 @@ class _LossAccounting:
             # A full replay (or one from an older checkpoint) must hold everything
             # the newest checkpoint vouched for, unless it was taken after it or lived
             # in a file known retired.
-            # Set difference in C first: usually nothing is missing, and a million
-            # vouched positions need no Python-level loop.
-            missing = set(v.positions).difference(q.positions_array())
+            # Chunk by chunk in C: usually nothing is missing, and a million vouched
+            # positions need neither a Python-level loop nor a set of them all.
+            missing = q.missing(v.positions)
             retired = log.retired_files
             if missing:
                 for i in range(len(v.positions)):

@@ -62,8 +62,11 @@ from .scan import (
     CorruptionReport,
     FileScan,
     LogRecord,
+    PutRun,
     Scanner,
+    ScanRecord,
     all_zero,
+    expand_runs,
     find_verified_batch_end,
     format_ranges,
     merge_ranges,
@@ -79,6 +82,8 @@ __all__ = [
     "CorruptionReport",
     "Log",
     "LogRecord",
+    "PutRun",
+    "ScanRecord",
     "decode_channel_file",
     "encode_channel_file",
     "format_ranges",
@@ -110,7 +115,7 @@ _MISSING_HINT = (
 _SPACE_REFRESH_S = 1.0
 _TXN_ID = operator.attrgetter("txn_id")
 _OP = operator.attrgetter("op")
-_NOT_PUT = fmt.PUT.__ne__
+_COMMIT_OR_RETIRE = frozenset((fmt.COMMIT, fmt.RETIRE)).__contains__
 
 
 # --------------------------------------------------------------------------
@@ -630,11 +635,12 @@ class Log:
                 max_next_pos = max(max_next_pos, s.header.next_position)
                 max_txn = max(max_txn, s.header.next_txn_id - 1)
                 max_woid = max(max_woid, s.header.base_woid - 1, s.last_woid)
-                recs = s.records
+                recs = s.records  # a compact scan: one PutRun per transaction's PUTs, not one record each
                 if recs:
                     max_txn = max(max_txn, max(map(_TXN_ID, recs)))
-                # Only COMMIT and RETIRE records matter below; skip the PUTs at C speed.
-                for r in itertools.compress(recs, map(_NOT_PUT, map(_OP, recs))):
+                # Only COMMIT and RETIRE records matter below; skip the rest at C speed.
+                for r in itertools.compress(recs, map(_COMMIT_OR_RETIRE, map(_OP, recs))):
+                    assert isinstance(r, LogRecord)
                     if r.op == fmt.COMMIT:
                         fp, npt, _ = fmt.decode_commit(r.payload)
                         if fp + npt > max_next_pos:
@@ -776,9 +782,11 @@ class Log:
         npath = os.path.join(d, segment_name(newest))
         ndamaged = nfirst is not None
         nstart, floor = self._resume(snap, newest, nh, len(nbuf), nfirst)
-        nscan = Scanner(self, npath, newest, nbuf, nh).scan(True, 0, nstart, floor, self._vouched(newest))
+        nscan = Scanner(self, npath, newest, nbuf, nh).scan(True, 0, nstart, floor, self._vouched(newest), compact=True)
         nscan.header_damaged = ndamaged
-        retired = {fmt.decode_retire(r.payload) for r in nscan.records if r.op == fmt.RETIRE}
+        retired = {
+            fmt.decode_retire(r.payload) for r in nscan.records if isinstance(r, LogRecord) and r.op == fmt.RETIRE
+        }
         present = set(ids) - {newest}
         if ndamaged:
             # The live list is unreadable: every file present stays (none is deleted).
@@ -826,8 +834,9 @@ class Log:
                 if vouched > size:  # pragma: no cover - a header-only read means size == resume offset
                     Scanner(self, path, fid, buf, h)._truncated(size, vouched, s.last_woid)
             else:
-                s = Scanner(self, path, fid, buf, h).scan(False, prev_woid, start, floor, vouched)
+                s = Scanner(self, path, fid, buf, h).scan(False, prev_woid, start, floor, vouched, compact=True)
             s.header_damaged = damaged
+            buf = b""  # not two whole files in memory at once while the next one is read
             prev_woid = s.last_woid
             scans.append(s)
             self._register_file(fid, index, path)
@@ -1036,6 +1045,27 @@ class Log:
 
         The records are those found when the log was opened; they are released
         as they are yielded, so call this once, right after opening.
+        """
+        return expand_runs(self.replay_runs())
+
+    def release_recovery_state(self) -> None:
+        """Drop what only recovery and replay use: the vouching checkpoint and the base snapshot.
+
+        Replay calls this when it is done (``voucher_path`` stays, for messages).
+        A queue built from the base snapshot shares its columns, so this frees
+        only what nothing else holds.
+        """
+        self.voucher = None
+        self.base_snapshot = None
+        self._scans = []
+
+    def replay_runs(self) -> Iterator[ScanRecord]:
+        """Like :meth:`replay`, but the PUTs of each verified batch come as :class:`PutRun` s.
+
+        Recovery kept them compactly (two int64 columns per data file, one run
+        per stretch of a transaction's PUTs): no object per PUT. A run's ``woid``
+        is its first PUT's, and no other record's write-order id falls inside a
+        run, so the stream stays ordered. Salvaged PUTs are records, as in :meth:`replay`.
         """
         scans, self._scans = self._scans, []
         by_dir: dict[str, list[FileScan]] = {}

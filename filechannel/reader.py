@@ -401,7 +401,7 @@ class _Follower:
         if s.records:
             self.last_woid[st.dir_index] = max(prev, s.last_woid)
             self.frontier[st.dir_index] = max(self.frontier[st.dir_index], s.last_woid)
-            self._apply(s.records)
+            self._apply(s.plain())
 
     def gap_is_final(self, k: int) -> bool:
         """Whether the positions missing before index entry ``k`` can never be written.

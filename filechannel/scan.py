@@ -21,7 +21,8 @@ from __future__ import annotations
 import logging
 import re
 import struct
-from collections.abc import Sequence
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -78,6 +79,56 @@ class LogRecord:
     size: int
     payload: bytes
     salvaged: bool = False
+
+
+PUT_RUN = 0x100
+"""The ``op`` of a :class:`PutRun` (no record on disk has it: on-disk ops are one byte)."""
+
+
+@dataclass(frozen=True, slots=True, eq=True)
+class PutRun:
+    """Consecutive PUT records of one transaction in one verified batch, stored compactly.
+
+    A compact scan (``Scanner.scan(compact=True)``, what recovery uses) keeps
+    no :class:`LogRecord` per verified PUT: the PUTs' offsets and frame sizes
+    go into the scan's two ``array("q")`` columns, and one run stands for
+    ``count`` PUTs with write-order ids ``woid, woid + 1, ...``, at
+    ``offsets[start:start + count]`` and ``sizes[start:start + count]`` of
+    file ``file_id``. Runs never hold salvaged PUTs (those stay records).
+    """
+
+    op: int  # always PUT_RUN
+    woid: int  # the first PUT's write-order id
+    txn_id: int
+    file_id: int
+    start: int
+    count: int
+    offsets: array[int]
+    sizes: array[int]
+    salvaged: bool = False  # never: salvaged PUTs stay LogRecords (here so any record can be asked)
+
+    def records(self) -> list[LogRecord]:
+        """The PUT records this run stands for, as a non-compact scan keeps them."""
+        s, e, w, t, f = self.start, self.start + self.count, self.woid, self.txn_id, self.file_id
+        return [
+            LogRecord(fmt.PUT, w + i, t, f, o, z, b"")
+            for i, (o, z) in enumerate(zip(self.offsets[s:e], self.sizes[s:e], strict=True))
+        ]
+
+
+ScanRecord = LogRecord | PutRun
+"""What a scan keeps: records, and (compact scans only) runs of PUTs."""
+
+
+def expand_runs(records: Iterable[ScanRecord]) -> Iterator[LogRecord]:
+    """Yield ``records`` with every :class:`PutRun` replaced by the PUT records it stands for."""
+    for r in records:
+        if r.op == PUT_RUN:
+            assert isinstance(r, PutRun)
+            yield from r.records()
+        else:
+            assert isinstance(r, LogRecord)
+            yield r
 
 
 INF_WOID = 1 << 64
@@ -149,11 +200,18 @@ class FileScan:
     file_id: int
     path: str
     header: fmt.FileHeader
-    records: list[LogRecord]
+    records: list[ScanRecord]  # LogRecords, and PutRuns when the scan was compact
     end: int  # offset after the last verified batch
     size: int  # file size on disk
     last_woid: int
     header_damaged: bool = False
+    compact: bool = False  # the scan kept verified PUTs as PutRuns
+
+    def plain(self) -> list[LogRecord]:
+        """The records of a scan that was not compact: every one a :class:`LogRecord`."""
+        if self.compact:
+            raise ValueError("a compact scan holds PutRuns: use expand_runs(scan.records)")
+        return self.records  # type: ignore[return-value]  # no PutRun without compact=True
 
 
 # --------------------------------------------------------------------------
@@ -199,6 +257,36 @@ def find_verified_batch_end(
     return None
 
 
+def _compact(batch: list[LogRecord], records: list[ScanRecord], offsets: array[int], sizes: array[int]) -> None:
+    """Keep a verified batch compactly: each stretch of one transaction's PUTs becomes one run.
+
+    The twin of the C walk's compact mode (``_speedups.scan_batches`` with a run type).
+    """
+    first: LogRecord | None = None
+    start = count = 0
+
+    def run(r: LogRecord) -> PutRun:
+        return PutRun(PUT_RUN, r.woid, r.txn_id, r.file_id, start, count, offsets, sizes)
+
+    for r in batch:
+        if r.op == fmt.PUT:
+            if first is not None and r.txn_id == first.txn_id:
+                count += 1
+            else:
+                if first is not None:
+                    records.append(run(first))
+                first, start, count = r, len(offsets), 1
+            offsets.append(r.offset)
+            sizes.append(r.size)
+        else:
+            if first is not None:
+                records.append(run(first))
+                first = None
+            records.append(r)
+    if first is not None:
+        records.append(run(first))
+
+
 class Scanner:
     """Walks one data file's records and classifies damage (policy lives here).
 
@@ -224,7 +312,13 @@ class Scanner:
         self.max_payload = log.max_payload
 
     def scan(
-        self, newest: bool, prev_woid: int, start: int | None = None, floor: int = 0, vouched: int = 0
+        self,
+        newest: bool,
+        prev_woid: int,
+        start: int | None = None,
+        floor: int = 0,
+        vouched: int = 0,
+        compact: bool = False,
     ) -> FileScan:
         """Walk the file's records from ``start`` (default: after the header).
 
@@ -232,9 +326,15 @@ class Scanner:
         is one that every record read must exceed (a checkpoint's, when resuming);
         ``vouched`` is the length a checkpoint recorded for this file: bytes
         below it were durable and acknowledged, so losing them is never a torn tail.
+        ``compact``: keep the PUTs of verified batches as :class:`PutRun` s over two
+        shared columns instead of one :class:`LogRecord` each (recovery's choice:
+        it needs only their pointers). Which bytes count and every damage decision
+        are the same either way; salvaged PUTs stay records.
         """
         buf, seed, kind, base = self.buf, self.seed, self.kind, self.base
-        records: list[LogRecord] = []
+        records: list[ScanRecord] = []
+        offsets: array[int] = array("q")
+        sizes: array[int] = array("q")
         pending: list[LogRecord] = []
         # ``g`` is the end of the last verified batch; a checkpoint may say where to start.
         # Offsets in this loop are relative to ``buf`` (``base`` is 0 unless following a file).
@@ -251,9 +351,11 @@ class Scanner:
         if accel is not None and 0 <= batch_last_woid < INF_WOID and g >= 0:
             # The C twin of this loop walks clean, verified batches only and stops at the
             # first thing that is not one; this loop then carries on from there.
-            end, w = accel.scan_batches(
-                buf, g, seed, kind, min(self.max_payload, 0xFFFFFFFF), batch_last_woid, base, fid, LogRecord, records
-            )
+            args = (buf, g, seed, kind, min(self.max_payload, 0xFFFFFFFF), batch_last_woid, base, fid, LogRecord)
+            if compact:
+                end, w = accel.scan_batches(*args, records, PutRun, offsets, sizes)
+            else:
+                end, w = accel.scan_batches(*args, records)
             if end != g:
                 pos = g = end
                 last_woid = batch_last_woid = w
@@ -290,7 +392,10 @@ class Scanner:
                         elif not pending or be.first_woid != pending[0].woid or be.last_woid != pending[-1].woid:
                             bad_reason = "BATCH_END's write-order ids do not match its batch"
                         else:
-                            records.extend(pending)
+                            if compact:
+                                _compact(pending, records, offsets, sizes)
+                            else:
+                                records.extend(pending)
                             pending = []
                             batch_last_woid = rec.woid
                             last_woid = rec.woid
@@ -310,9 +415,10 @@ class Scanner:
             g = pos = resumed
             pending = []
             if records:
-                last_woid = max(last_woid, records[-1].woid)
+                last = records[-1]  # a record salvaged just now, or one at or below last_woid
+                last_woid = max(last_woid, last.woid + (last.count - 1 if isinstance(last, PutRun) else 0))
             batch_last_woid = max(last_woid, floor)
-        return FileScan(fid, self.path, self.header, records, g + base, n + base, last_woid)
+        return FileScan(fid, self.path, self.header, records, g + base, n + base, last_woid, compact=compact)
 
     def _truncated(self, size: int, vouched: int, last_woid: int) -> None:
         """The file is shorter than a checkpoint recorded: acknowledged bytes are gone."""
@@ -325,7 +431,7 @@ class Scanner:
         )
 
     def _handle_damage(
-        self, newest: bool, g: int, x: int, reason: str, records: list[LogRecord], last_woid: int, vouched: int
+        self, newest: bool, g: int, x: int, reason: str, records: list[ScanRecord], last_woid: int, vouched: int
     ) -> int | None:
         """Decide what damage at ``x`` means. Return the offset to resume at, or None to stop.
 
@@ -379,7 +485,7 @@ class Scanner:
         self._salvage(g, stop, records, last_woid, problem)
         return stop if stop < n else None
 
-    def _salvage(self, start: int, stop: int, records: list[LogRecord], last_woid: int, problem: str) -> None:
+    def _salvage(self, start: int, stop: int, records: list[ScanRecord], last_woid: int, problem: str) -> None:
         """Keep every record in ``[start, stop)`` that verifies on its own; report the rest.
 
         A record whose frame is intact but whose checksum fails is stepped over

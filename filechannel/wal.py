@@ -49,7 +49,7 @@ from .errors import (
     InvalidHandleError,
 )
 from .log import Log
-from .scan import CorruptionReport, Scanner
+from .scan import CorruptionReport, PutRun, Scanner
 from .writer import Item
 
 __all__ = ["RecordHandle", "WalReport", "WriteAheadLog", "dump_wal", "verify_wal"]
@@ -266,7 +266,7 @@ def _entries(log: Log, ctx: _ScanContext, files: Sequence[_Slot], keyless: bool 
         scan = Scanner(ctx, path, fid, buf, header).scan(False, prev_woid, start)
         prev_woid = scan.last_woid
         puts: dict[int, list[tuple[int, int, int]]] = {}
-        for r in scan.records:
+        for r in scan.plain():
             if r.op == fmt.PUT:
                 puts.setdefault(r.txn_id, []).append((r.offset, r.size, r.woid))
             elif r.op == fmt.COMMIT:
@@ -393,8 +393,12 @@ class WriteAheadLog:
         """Read the SPAN record that opens each recovered file (one read per file)."""
         log = self._log
         first: dict[int, tuple[int, int]] = {}
-        for r in log.replay():
-            if r.op == fmt.PUT and r.file_id not in first:
+        for r in log.replay_runs():  # a run's first PUT is its first row: no record per PUT
+            if r.file_id in first:
+                continue
+            if isinstance(r, PutRun):
+                first[r.file_id] = (r.offsets[r.start], r.sizes[r.start])
+            elif r.op == fmt.PUT:
                 first[r.file_id] = (r.offset, r.size)
         for fid in log.file_ids():
             got = first.get(fid)

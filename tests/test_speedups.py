@@ -282,6 +282,44 @@ def _file(kind: int) -> tuple[bytes, list[int]]:
     return FILES[kind]
 
 
+def _batch_ends(data: bytes, kind: int) -> list[int]:
+    hdr = fmt.decode_file_header(data)
+    assert isinstance(hdr, fmt.FileHeader)
+    seed = fmt.file_seed(kind, hdr.channel_id, hdr.file_id)
+    ends = [hdr.header_len]
+    while (found := scan.find_verified_batch_end(data, ends[-1], seed, kind, 1 << 20)) is not None:
+        ends.append(found[0] + scan.BATCH_END_SIZE)
+    return ends
+
+
+def _interleaved_file(kind: int) -> tuple[bytes, list[int]]:
+    """The channel's file header, then batches whose PUTs interleave transactions (hand-made:
+    the writer keeps a transaction's PUTs together, but a run must end wherever its
+    transaction does, and both paths must agree on where)."""
+    orig, ends = _file(kind)
+    hdr = fmt.decode_file_header(orig)
+    assert isinstance(hdr, fmt.FileHeader)
+    seed = fmt.file_seed(kind, hdr.channel_id, hdr.file_id)
+    out = bytearray(orig[: ends[0]])
+    woid = hdr.base_woid
+    batches = [
+        [(fmt.PUT, 1), (fmt.PUT, 1), (fmt.PUT, 2), (fmt.PUT, 1), (fmt.COMMIT, 2), (fmt.PUT, 3), (fmt.PUT, 3)],
+        [(fmt.PUT, 3), (fmt.PUT, 1), (fmt.COMMIT, 1), (fmt.PUT, 4)],
+        [(fmt.COMMIT, 3), (fmt.PUT, 4), (fmt.PUT, 5), (fmt.PUT, 5), (fmt.PUT, 4)],
+    ]
+    for batch in batches:
+        start, first = len(out), woid
+        for op, txn in batch:
+            payload = b"put %d/%d" % (txn, woid) if op == fmt.PUT else fmt.encode_commit(txn * 10, 3, 0)
+            out += fmt.encode_record(op, woid, txn, payload, seed, kind)
+            woid += 1
+        be = fmt.BatchEnd(start, len(out) - start, fmt.crc(kind, bytes(out[start:]), seed), first, woid - 1)
+        out += fmt.encode_record(fmt.BATCH_END, woid, 0, fmt.encode_batch_end(be), seed, kind)
+        woid += 1
+    data = bytes(out)
+    return data, _batch_ends(data, kind)
+
+
 def _woid_before(kind: int, base: int) -> int:
     """The write-order id of the last BATCH_END before ``base`` in the clean file (0 at the start)."""
     if not base:
@@ -292,7 +330,16 @@ def _woid_before(kind: int, base: int) -> int:
 
 
 def _scan(
-    accel: bool, data: bytes, kind: int, base: int, newest: bool, mode: str, fsync: str, vouched: int, floor: int
+    accel: bool,
+    data: bytes,
+    kind: int,
+    base: int,
+    newest: bool,
+    mode: str,
+    fsync: str,
+    vouched: int,
+    floor: int,
+    compact: bool = False,
 ) -> tuple[Any, ...]:
     hdr = fmt.decode_file_header(data)
     assert isinstance(hdr, fmt.FileHeader)
@@ -302,12 +349,19 @@ def _scan(
     try:
         s = scan.Scanner(ctx, "/f", 1, data[base:], hdr, base=base)
         try:
-            fs = s.scan(newest, 0, start=base if base else None, floor=floor, vouched=vouched)
+            fs = s.scan(newest, 0, start=base if base else None, floor=floor, vouched=vouched, compact=compact)
         except CorruptLogError as exc:
             return ("raised", type(exc).__name__, str(exc), ctx.reports)
     finally:
         fmt.speedups = saved
     return (fs.records, fs.end, fs.size, fs.last_woid, fs.header_damaged, ctx.reports)
+
+
+def _runs_expanded(result: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A compact scan's result with its runs expanded (what a non-compact scan keeps)."""
+    if result[0] == "raised":
+        return result
+    return (list(scan.expand_runs(result[0])), *result[1:])
 
 
 @needs_c
@@ -323,9 +377,20 @@ def _scan(
     vouch=st.integers(0, 10_000),
     floor=st.integers(0, 45),
     base_at=st.integers(0, 20),
+    interleaved=st.booleans(),
 )
 @example(
-    kind=fmt.CRC32C, at=0, junk=b"", how="none", newest=True, mode="fail", fsync="commit", vouch=0, floor=0, base_at=0
+    kind=fmt.CRC32C,
+    at=0,
+    junk=b"",
+    how="none",
+    newest=True,
+    mode="fail",
+    fsync="commit",
+    vouch=0,
+    floor=0,
+    base_at=0,
+    interleaved=True,
 )
 def test_scan_is_identical_on_both_paths(
     crc_impl: str,
@@ -339,8 +404,9 @@ def test_scan_is_identical_on_both_paths(
     vouch: int,
     floor: int,
     base_at: int,
+    interleaved: bool,
 ) -> None:
-    orig, ends = _file(kind)
+    orig, ends = _interleaved_file(kind) if interleaved else _file(kind)
     hl = ends[0]
     at = hl + at % (len(orig) - hl + 1)  # leave the file header alone: it is not the scanner's loop
     if how == "overwrite":
@@ -368,6 +434,12 @@ def test_scan_is_identical_on_both_paths(
     if how == "none" and not base and vouched <= len(data) and not floor:
         assert c[0]
         assert c[1] == ends[-1]
+    # Compact (recovery's scan): the same runs over the same columns on both paths, and
+    # expanded, exactly the records of the scan above (damage decisions included).
+    cc = _scan(True, data, kind, base, newest, mode, fsync, vouched, floor, compact=True)
+    pyc = _scan(False, data, kind, base, newest, mode, fsync, vouched, floor, compact=True)
+    assert cc == pyc
+    assert _runs_expanded(cc) == c
 
 
 @pytest.mark.parametrize("accel", [False, True])
@@ -416,6 +488,93 @@ def test_scan_hands_over_to_python_at_damage() -> None:
     assert c[0] == "raised"
     assert f"at byte {ends[3]}" in c[2] or str(ends[3]) in c[2]
     assert c == _scan(False, bytes(bad), fmt.CRC32C, 0, False, "fail", "commit", 0, 0)
+
+
+def _columns(records: list[Any]) -> list[tuple[int, int]]:
+    runs = [r for r in records if isinstance(r, scan.PutRun)]
+    assert len({id(r.offsets) for r in runs}) <= 1  # one pair of columns per scan
+    return list(zip(runs[0].offsets, runs[0].sizes, strict=True)) if runs else []
+
+
+@pytest.mark.parametrize("accel", [False, True])
+def test_a_compact_scan_keeps_one_run_per_transaction_stretch(accel: bool) -> None:
+    """Runs: one per stretch of a transaction's PUTs inside one batch, in write order, over one
+    pair of columns holding every verified PUT's pointer; other records stay records."""
+    if accel and C is None:
+        pytest.skip("the C accelerator is not built or FILECHANNEL_PURE_PYTHON is set")
+    data, _ends = _file(fmt.CRC32C)
+    plain = _scan(accel, data, fmt.CRC32C, 0, True, "fail", "commit", 0, 0)[0]
+    compact = _scan(accel, data, fmt.CRC32C, 0, True, "fail", "commit", 0, 0, compact=True)[0]
+    puts = [r for r in plain if r.op == fmt.PUT]
+    runs = [r for r in compact if isinstance(r, scan.PutRun)]
+    assert [r.count for r in runs] == [1, 2, 3, 4, 5, 6, 1]  # the file's transactions, put_many(i + 1) each
+    assert [r.op for r in compact if not isinstance(r, scan.PutRun)] == [r.op for r in plain if r.op != fmt.PUT]
+    assert _columns(compact) == [(r.offset, r.size) for r in puts]
+    assert [r.woid for r in compact] == sorted(r.woid for r in compact)
+    for run in runs:
+        assert run.op == scan.PUT_RUN
+        assert not run.salvaged
+        assert run.records() == [r for r in puts if r.txn_id == run.txn_id]
+    assert list(scan.expand_runs(compact)) == plain
+
+
+@pytest.mark.parametrize("accel", [False, True])
+def test_runs_end_where_their_transaction_does(accel: bool) -> None:
+    """PUTs of several transactions in one batch: a run per stretch of one transaction."""
+    if accel and C is None:
+        pytest.skip("the C accelerator is not built or FILECHANNEL_PURE_PYTHON is set")
+    data, ends = _interleaved_file(fmt.CRC32C)
+    assert len(ends) == 4
+    plain = _scan(accel, data, fmt.CRC32C, 0, True, "fail", "commit", 0, 0)[0]
+    compact = _scan(accel, data, fmt.CRC32C, 0, True, "fail", "commit", 0, 0, compact=True)[0]
+    got = [(r.txn_id, r.count) if isinstance(r, scan.PutRun) else r.op for r in compact]
+    c = fmt.COMMIT
+    assert got == [(1, 2), (2, 1), (1, 1), c, (3, 2), (3, 1), (1, 1), c, (4, 1), c, (4, 1), (5, 2), (4, 1)]
+    assert list(scan.expand_runs(compact)) == plain
+
+
+@needs_c
+def test_compact_scan_keeps_runs_before_damage_and_salvages_records_after() -> None:
+    """Damage in a batch: both paths keep runs around it, salvage that batch's intact records
+    as records (skip mode), and report the same; runs never hold a salvaged PUT."""
+    data, ends = _file(fmt.CRC32C)
+    bad = bytearray(data)
+    bad[ends[4] + 40] ^= 0xFF  # a payload byte of the first PUT of the fifth batch
+    c = _scan(True, bytes(bad), fmt.CRC32C, 0, False, "skip", "commit", 0, 0, compact=True)
+    py = _scan(False, bytes(bad), fmt.CRC32C, 0, False, "skip", "commit", 0, 0, compact=True)
+    assert c == py
+    assert _runs_expanded(c) == _scan(True, bytes(bad), fmt.CRC32C, 0, False, "skip", "commit", 0, 0)
+    salvaged = [r for r in c[0] if r.salvaged]
+    assert salvaged
+    assert all(isinstance(r, scan.LogRecord) for r in salvaged)
+    assert any(r.op == fmt.PUT for r in salvaged)
+    in_runs = [p.offset for r in c[0] if isinstance(r, scan.PutRun) for p in r.records()]
+    assert not [o for o in in_runs if ends[4] <= o < ends[5]]  # the damaged batch: records only
+    assert any(o >= ends[5] for o in in_runs)  # the verified batches after it: runs again
+
+
+@needs_c
+def test_c_compact_walk_fills_the_columns_it_is_given() -> None:
+    """Columns already holding rows (a scan resumed after damage): runs index past them."""
+    from array import array
+
+    data, ends = _file(fmt.CRC32C)
+    hdr = fmt.decode_file_header(data)
+    assert isinstance(hdr, fmt.FileHeader)
+    seed = fmt.file_seed(fmt.CRC32C, hdr.channel_id, 1)
+    offsets, sizes = array("q", [7, 8]), array("q", [9, 10])
+    records: list[Any] = []
+    end, _last = C.scan_batches(
+        data, ends[0], seed, fmt.CRC32C, 1 << 20, 0, 0, 1, scan.LogRecord, records, scan.PutRun, offsets, sizes
+    )
+    assert end == ends[-1]
+    runs = [r for r in records if isinstance(r, scan.PutRun)]
+    assert runs[0].start == 2
+    assert offsets[:2] == array("q", [7, 8])
+    assert sum(r.count for r in runs) == len(offsets) - 2
+    assert not any(gc.is_tracked(r) for r in records)
+    with pytest.raises(ValueError, match="two columns"):
+        C.scan_batches(data, ends[0], seed, fmt.CRC32C, 1 << 20, 0, 0, 1, scan.LogRecord, [], scan.PutRun, offsets)
 
 
 @needs_c
@@ -487,6 +646,9 @@ def test_scan_is_identical_with_every_byte_flipped(mode: str) -> None:
         data = orig[:at] + bytes([orig[at] ^ 0x20]) + orig[at + 1 :]
         c = _scan(True, data, fmt.CRC32C, 0, False, mode, "commit", 0, 0)
         assert c == _scan(False, data, fmt.CRC32C, 0, False, mode, "commit", 0, 0), at
+        cc = _scan(True, data, fmt.CRC32C, 0, False, mode, "commit", 0, 0, compact=True)
+        assert cc == _scan(False, data, fmt.CRC32C, 0, False, mode, "commit", 0, 0, compact=True), at
+        assert _runs_expanded(cc) == c, at
         differing += c != _scan(True, orig, fmt.CRC32C, 0, False, mode, "commit", 0, 0)
     assert differing == len(orig) - ends[0]  # no flipped byte goes unnoticed
 

@@ -109,7 +109,7 @@ def _records(fs: FS, directory: str) -> list[tuple[str, list[LogRecord], int]]:
         assert m is not None
         scan = Scanner(ctx, path, int(m.group(1), 16), buf, header).scan(newest=True, prev_woid=0)
         if scan.records:
-            out.append((path, scan.records, len(buf)))
+            out.append((path, scan.plain(), len(buf)))
     return out
 
 
