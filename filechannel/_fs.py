@@ -238,13 +238,14 @@ class OsFS:
 
 def _pwritev_all(fd: int, bufs: list[bytes], offset: int) -> None:
     """Write ``bufs`` back to back at ``offset`` with ``pwritev``, looping on short writes."""
+    total = sum(map(len, bufs))
+    done = os.pwritev(fd, bufs, offset) if len(bufs) <= _IOV_MAX else 0
+    if done == total:  # the usual case: everything in one call
+        return
     views = [memoryview(b) for b in bufs if len(b)]
     i = 0
-    while i < len(views):
-        n = os.pwritev(fd, views[i : i + _IOV_MAX], offset)
-        if n <= 0:  # pragma: no cover - the kernel raises instead
-            raise OSError(errno.EIO, "pwritev wrote nothing")
-        offset += n
+    n = done
+    while True:
         while n and i < len(views):  # step over what went out; a partly written buffer keeps its rest
             k = len(views[i])
             if n >= k:
@@ -253,6 +254,12 @@ def _pwritev_all(fd: int, bufs: list[bytes], offset: int) -> None:
             else:
                 views[i] = views[i][n:]
                 n = 0
+        if i == len(views):
+            return
+        n = os.pwritev(fd, views[i : i + _IOV_MAX], offset + done)
+        if n <= 0:  # pragma: no cover - the kernel raises instead
+            raise OSError(errno.EIO, "pwritev wrote nothing")
+        done += n
 
 
 def read_file(fs: FS, path: str) -> bytes:
