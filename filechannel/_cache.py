@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from bisect import bisect_right, insort
 from collections.abc import Mapping, Sequence
+from typing import cast
 
 #: Bytes counted per cached event besides its body (the slot, the headers' reference).
 OVERHEAD = 64
@@ -87,44 +88,59 @@ class TakeCache:
         self._head = head
 
     def pop(self, positions: Sequence[int]) -> list[Cached | None]:
-        """Remove and return the events at ``positions`` (None where one is not held)."""
-        out: list[Cached | None] = []
+        """Remove and return the events at ``positions`` (None where one is not held).
+
+        ``positions`` must be ascending and distinct, as the queue hands them out: a stretch
+        of them that spans as many positions as it has entries is then consecutive, and is
+        served with slices of its run instead of one slot at a time.
+        """
         if not self.events:
             return [None] * len(positions)
+        out: list[Cached | None] = []
         runs = self._runs
         firsts = self._firsts
-        run: _Run | None = None
-        first = end = 0
+        head = self._head
         freed = taken = 0
-        for p in positions:
-            if not first <= p < end:
-                i = bisect_right(firsts, p, self._head) - 1
-                run = runs.get(firsts[i]) if i >= self._head else None
-                if run is None:
-                    end = first = 0
-                    out.append(None)
-                    continue
-                first = firsts[i]
-                end = first + len(run.bodies)
-                if p >= end:
-                    out.append(None)
-                    continue
-            assert run is not None
-            k = p - first
-            body = run.bodies[k]
-            if body is None:
+        i = 0
+        n_pos = len(positions)
+        while i < n_pos:
+            p = positions[i]
+            k = bisect_right(firsts, p, head) - 1
+            run = runs.get(firsts[k]) if k >= head else None
+            if run is None:
                 out.append(None)
+                i += 1
                 continue
-            run.bodies[k] = None
-            size = len(body) + OVERHEAD
+            first = firsts[k]
+            bodies = run.bodies
+            a = p - first
+            if a >= len(bodies):
+                out.append(None)
+                i += 1
+                continue
+            j = min(n_pos, i + len(bodies) - a)  # entries i..j-1 may lie in this run
+            while positions[j - 1] - p != j - 1 - i:  # not consecutive: shrink to the consecutive part
+                j = i + 1 + (j - i - 1) // 2 if j - i > 2 else i + 1
+            m = j - i
+            seg = bodies[a : a + m]
+            if None in seg:  # some already taken: one at a time
+                m = 1
+                seg = bodies[a : a + 1]
+                if seg[0] is None:
+                    out.append(None)
+                    i += 1
+                    continue
+            held = cast("list[bytes]", seg)  # no None in it
+            out += zip(held, run.headers[a : a + m], positions[i : i + m], strict=True)
+            bodies[a : a + m] = [None] * m
+            size = sum(map(len, held)) + OVERHEAD * m
             run.nbytes -= size
-            run.left -= 1
+            run.left -= m
             freed += size
-            taken += 1
-            out.append((body, run.headers[k], p))
+            taken += m
             if not run.left:
                 del runs[first]
-                end = first = 0
+            i += m
         self.nbytes -= freed
         self.events -= taken
         return out
