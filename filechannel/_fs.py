@@ -20,7 +20,15 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+from collections.abc import Sequence
 from typing import Protocol
+
+#: What a write takes: one buffer, or a sequence of buffers written back to back (a gathered
+#: write: ``pwritev``, so the caller need not join them into one copy first).
+Data = bytes | Sequence[bytes]
+
+#: Buffers per ``pwritev`` call (Linux's IOV_MAX is 1024).
+_IOV_MAX = min(1024, os.sysconf("SC_IOV_MAX")) if hasattr(os, "sysconf") else 16
 
 
 class FS(Protocol):
@@ -47,8 +55,8 @@ class FS(Protocol):
     def open_rw(self, path: str) -> int:
         """Open an existing file for reading and writing."""
 
-    def pwrite_all(self, fd: int, data: bytes, offset: int) -> None:
-        """Write all of ``data`` at ``offset``, or raise ``OSError``."""
+    def pwrite_all(self, fd: int, data: Data, offset: int) -> None:
+        """Write all of ``data`` (a buffer, or buffers back to back) at ``offset``, or raise ``OSError``."""
 
     def pread(self, fd: int, n: int, offset: int) -> bytes:
         """Read up to ``n`` bytes at ``offset`` (fewer only at end of file)."""
@@ -128,8 +136,14 @@ class OsFS:
         """Open an existing file for reading and writing."""
         return os.open(path, os.O_RDWR | os.O_CLOEXEC)
 
-    def pwrite_all(self, fd: int, data: bytes, offset: int) -> None:
-        """Write all of ``data`` at ``offset``, looping on short writes."""
+    def pwrite_all(self, fd: int, data: Data, offset: int) -> None:
+        """Write all of ``data`` at ``offset``, looping on short writes.
+
+        A sequence of buffers goes out with ``pwritev`` (no joined copy).
+        """
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            _pwritev_all(fd, list(data), offset)
+            return
         view = memoryview(data)
         while view:
             n = os.pwrite(fd, view, offset)
@@ -220,6 +234,32 @@ class OsFS:
         """Return ``(inode, size, mtime_ns, ctime_ns)`` of ``path`` (one ``stat``)."""
         st = os.stat(path)
         return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _pwritev_all(fd: int, bufs: list[bytes], offset: int) -> None:
+    """Write ``bufs`` back to back at ``offset`` with ``pwritev``, looping on short writes."""
+    total = sum(map(len, bufs))
+    done = os.pwritev(fd, bufs, offset) if len(bufs) <= _IOV_MAX else 0
+    if done == total:  # the usual case: everything in one call
+        return
+    views = [memoryview(b) for b in bufs if len(b)]
+    i = 0
+    n = done
+    while True:
+        while n and i < len(views):  # step over what went out; a partly written buffer keeps its rest
+            k = len(views[i])
+            if n >= k:
+                n -= k
+                i += 1
+            else:
+                views[i] = views[i][n:]
+                n = 0
+        if i == len(views):
+            return
+        n = os.pwritev(fd, views[i : i + _IOV_MAX], offset + done)
+        if n <= 0:  # pragma: no cover - the kernel raises instead
+            raise OSError(errno.EIO, "pwritev wrote nothing")
+        done += n
 
 
 def read_file(fs: FS, path: str) -> bytes:

@@ -17,7 +17,6 @@ import logging
 import os
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from operator import attrgetter
@@ -26,6 +25,7 @@ from typing import Any, NamedTuple
 
 from . import _accel
 from . import format as fmt
+from ._cache import Cached, TakeCache
 from ._fs import DEFAULT_FS, FS
 from ._queue import Entry, EventQueue
 from .checkpoint import CheckpointStore, Snapshot
@@ -52,9 +52,6 @@ _ACK_CHUNK = 1_000_000  # most events one take-only commit of acknowledgements h
 logger = logging.getLogger(__name__)
 
 _NO_HEADERS: Mapping[str, str] = MappingProxyType({})
-_Cached = tuple[bytes, Mapping[str, str], int]
-"""A cached event's fields: body, headers, position (``tuple.__new__`` makes it an Event)."""
-_CACHE_OVERHEAD = 64  # bytes counted per cached event besides its body
 
 
 class Event(NamedTuple):
@@ -540,10 +537,7 @@ class FileChannel:
             "last_checkpoint_bytes": None,
             "last_checkpoint_time": None,
         }
-        # Insertion-ordered, evicted from the front: an OrderedDict pops its oldest
-        # item in O(1), where next(iter(dict)) rescans the deleted front (quadratic).
-        self._cache: OrderedDict[int, _Cached] = OrderedDict()
-        self._cache_bytes = 0
+        self._cache = TakeCache(self.config.cache_bytes)
         self._counters: dict[str, int] = dict.fromkeys(
             (
                 "puts_attempted",
@@ -677,7 +671,7 @@ class FileChannel:
                 next_position=self._log.next_position,
                 head_position=self._queue.first_position(),
                 cache_events=len(self._cache),
-                cache_bytes=self._cache_bytes,
+                cache_bytes=self._cache.nbytes,
                 queue_memory_bytes=self._queue.memory_bytes(),
                 replay_seconds=round(self.replay_seconds, 6),
                 failed=self._log.failed is not None,
@@ -813,11 +807,7 @@ class FileChannel:
                     entries = self._queue.pop(min(self._queue.count_below(low), _ACK_CHUNK))
                     tx._taken.extend(entries)
                     self._inflight_takes += len(entries)
-                    if self._cache:
-                        for e in entries:
-                            c = self._cache.pop(e[0], None)
-                            if c is not None:
-                                self._cache_bytes -= len(c[0]) + _CACHE_OVERHEAD
+                    self._cache.pop([e[0] for e in entries])
                 tx.commit()  # a failure returns the entries to the queue and raises
                 total += len(entries)
                 self._count("acked_events_taken", len(entries))
@@ -1045,7 +1035,7 @@ class FileChannel:
                 self._check_open()
             self._inflight_puts += n
 
-    def _pop(self, tx: Transaction, n: int, timeout: float) -> tuple[list[Entry], list[_Cached | None]]:
+    def _pop(self, tx: Transaction, n: int, timeout: float) -> tuple[list[Entry], list[Cached | None]]:
         with self._lock:
             self._check_open()
             self._counters["takes_attempted"] += 1
@@ -1061,15 +1051,10 @@ class FileChannel:
             entries = q.pop(n)
             tx._taken.extend(entries)
             self._inflight_takes += len(entries)
-            cache = self._cache
-            cached: list[_Cached | None] = []
-            if cache:
-                pop = cache.pop
-                cached = [pop(e[0], None) for e in entries]
-                self._cache_bytes -= sum(len(c[0]) + _CACHE_OVERHEAD for c in cached if c is not None)
+            cached = self._cache.pop([e[0] for e in entries]) if self._cache.events else []
             return entries, cached
 
-    def _load(self, tx: Transaction, entries: list[Entry], cached: list[_Cached | None]) -> list[Event]:
+    def _load(self, tx: Transaction, entries: list[Entry], cached: list[Cached | None]) -> list[Event]:
         out: list[Event] = []
         hits = 0
         damaged: list[tuple[Entry, CorruptLogError]] = []
@@ -1142,17 +1127,7 @@ class FileChannel:
                 self._refs[fid] = self._refs.get(fid, 0) + n
                 self._inflight_puts -= n
                 self._counters["puts_committed"] += n
-                limit = self.config.cache_bytes
-                if limit:
-                    # position -> (body, headers, position): the fields of the Event a take returns.
-                    cache = self._cache
-                    bodies = tx._bodies
-                    positions = range(first, first + n)
-                    cache.update(zip(positions, zip(bodies, tx._headers, positions, strict=True), strict=True))
-                    total = self._cache_bytes + sum(map(len, bodies)) + _CACHE_OVERHEAD * n
-                    while total > limit and cache:
-                        total -= len(cache.popitem(last=False)[1][0]) + _CACHE_OVERHEAD
-                    self._cache_bytes = total
+                self._cache.add(first, tx._bodies, tx._headers)
                 self._not_empty.notify(n)
             taken = tx._taken
             if taken:

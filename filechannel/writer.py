@@ -40,6 +40,9 @@ logger = logging.getLogger(__name__)
 # all-zero tail after the last verified batch of the newest file as a clean end.
 PREALLOC_STEP = 1 << 20
 _ZEROS = bytes(PREALLOC_STEP)
+# A batch of at most this many frame buffers is written with one gathered write (pwritev)
+# and checksummed buffer by buffer; more (the pure-Python framing gives four per PUT) are joined first.
+_GATHER_MAX = 16
 
 
 @dataclass
@@ -327,22 +330,28 @@ class Writer:
                     for fid in it.retire:
                         off += enc.add(parts, fmt.RETIRE, woid, 0, fmt.encode_retire(fid))
                         woid += 1
-            body = b"".join(parts)
-            be = fmt.BatchEnd(start, len(body), fmt.crc(log.crc_kind, body, self.seed), first_woid, woid - 1)
-            tail: list[bytes] = []
-            enc.add(tail, fmt.BATCH_END, woid, 0, fmt.encode_batch_end(be))
+            if len(parts) > _GATHER_MAX:  # many small frames (the pure-Python path): one join is cheaper
+                parts = [b"".join(parts)]
+            kind = log.crc_kind
+            body_crc = self.seed
+            body_len = 0
+            for part in parts:
+                body_crc = fmt.crc(kind, part, body_crc)
+                body_len += len(part)
+            be = fmt.BatchEnd(start, body_len, body_crc, first_woid, woid - 1)
+            enc.add(parts, fmt.BATCH_END, woid, 0, fmt.encode_batch_end(be))
             log._next_woid = woid + 1
-        data = body + b"".join(tail)
+        nbytes = sum(map(len, parts))
         assert self.fd is not None
         try:
-            log.fs.pwrite_all(self.fd, data, start)
+            log.fs.pwrite_all(self.fd, parts, start)  # gathered: the frames are not joined into one copy
         except OSError as exc:
             self._undo_write(start, exc)
             raise
-        end = self.offset = start + len(data)
+        end = self.offset = start + nbytes
         self.phys_end = max(self.phys_end, end)
-        log._bytes_written += len(data)
-        log._space_used(self.index, len(data))
+        log._bytes_written += nbytes
+        log._space_used(self.index, nbytes)
         if self.phys_end - end < PREALLOC_STEP // 2:
             self._preallocate(start, end)
         self._unpublished.extend(chunk)

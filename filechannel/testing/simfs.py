@@ -47,6 +47,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from filechannel._fs import Data
+
 CRASH_MODES = ("drop", "keep", "prefix", "subset", "torn", "extend", "random", "torn_prefix")
 _FILE_MODES = ("drop", "keep", "prefix", "subset", "torn", "extend")
 # The (mode, seed) pairs a crash-point harness tries at every persistence point: the two
@@ -400,12 +402,15 @@ class SimFS:
             raise OSError(errno.EBADF, "Bad file descriptor")
         return of
 
-    def pwrite_all(self, fd: int, data: bytes, offset: int) -> None:
-        """Write ``data`` at ``offset`` (pending until a sync); honour injected faults and ``capacity``."""
+    def pwrite_all(self, fd: int, data: Data, offset: int) -> None:
+        """Write ``data`` at ``offset`` (pending until a sync); honour injected faults and ``capacity``.
+
+        A sequence of buffers is one write of their concatenation, as ``pwritev`` is.
+        """
         of = self._fd(fd)
         if not of.writable:
             raise OSError(errno.EBADF, "Bad file descriptor")
-        data = bytes(data)
+        data = bytes(data) if isinstance(data, (bytes, bytearray, memoryview)) else b"".join(data)
         try:
             self._op("pwrite_all", of.path)
         except _Short as s:

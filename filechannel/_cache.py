@@ -1,0 +1,146 @@
+"""The take cache: recently committed event bodies kept in memory, one entry per commit.
+
+A take whose event is still here is served without reading its record back
+from disk. This module owns only that memory: which positions are held, how
+many bytes they count for, and what is evicted first when the limit is
+passed. It knows nothing of files, locks or the queue; the channel calls it
+under its own lock.
+
+A commit's events have consecutive positions, so a commit is one entry (a
+run): its first position, its bodies and headers, and how many of them are
+still held. Adding a commit costs one entry whatever its size, and eviction
+drops whole runs, lowest positions first (the events a FIFO take reaches
+soonest are also the oldest). Taking an event clears its slot; a run whose
+slots are all cleared is dropped.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right, insort
+from collections.abc import Mapping, Sequence
+from typing import cast
+
+#: Bytes counted per cached event besides its body (the slot, the headers' reference).
+OVERHEAD = 64
+
+#: What a hit returns: the fields of the Event a take hands out.
+Cached = tuple[bytes, Mapping[str, str], int]
+
+
+class _Run:
+    """One commit's events: ``bodies[k]`` is position ``first + k``, None once taken."""
+
+    __slots__ = ("bodies", "headers", "left", "nbytes")
+
+    def __init__(self, bodies: list[bytes | None], headers: Sequence[Mapping[str, str]], nbytes: int) -> None:
+        self.bodies = bodies
+        self.headers = headers
+        self.left = len(bodies)
+        self.nbytes = nbytes
+
+
+class TakeCache:
+    """Event bodies by position, in runs, within ``limit`` counted bytes."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.nbytes = 0
+        self.events = 0
+        self._runs: dict[int, _Run] = {}
+        # First positions of the runs, ascending; entries before _head are gone. A run that was
+        # emptied by takes leaves its first position here until eviction or compaction steps over it.
+        self._firsts: list[int] = []
+        self._head = 0
+
+    def __len__(self) -> int:
+        return self.events
+
+    def add(self, first: int, bodies: Sequence[bytes], headers: Sequence[Mapping[str, str]]) -> None:
+        """Hold a commit's events (positions ``first, first + 1, ...``), evicting the lowest runs past the limit."""
+        n = len(bodies)
+        if not n or not self.limit:
+            return
+        nbytes = sum(map(len, bodies)) + OVERHEAD * n
+        self._runs[first] = _Run(list(bodies), headers, nbytes)
+        firsts = self._firsts
+        if not firsts or first > firsts[-1]:
+            firsts.append(first)
+        else:  # several data directories: commits can take effect out of position order
+            insort(firsts, first, lo=self._head)
+        self.nbytes += nbytes
+        self.events += n
+        if self.nbytes > self.limit:
+            self._evict()
+
+    def _evict(self) -> None:
+        runs = self._runs
+        firsts = self._firsts
+        head = self._head
+        while self.nbytes > self.limit and head < len(firsts):
+            run = runs.pop(firsts[head], None)
+            head += 1
+            if run is not None:
+                self.nbytes -= run.nbytes
+                self.events -= run.left
+        if head > 1024 and head * 2 > len(firsts):
+            del firsts[:head]
+            head = 0
+        self._head = head
+
+    def pop(self, positions: Sequence[int]) -> list[Cached | None]:
+        """Remove and return the events at ``positions`` (None where one is not held).
+
+        ``positions`` must be ascending and distinct, as the queue hands them out: a stretch
+        of them that spans as many positions as it has entries is then consecutive, and is
+        served with slices of its run instead of one slot at a time.
+        """
+        if not self.events:
+            return [None] * len(positions)
+        out: list[Cached | None] = []
+        runs = self._runs
+        firsts = self._firsts
+        head = self._head
+        freed = taken = 0
+        i = 0
+        n_pos = len(positions)
+        while i < n_pos:
+            p = positions[i]
+            k = bisect_right(firsts, p, head) - 1
+            run = runs.get(firsts[k]) if k >= head else None
+            if run is None:
+                out.append(None)
+                i += 1
+                continue
+            first = firsts[k]
+            bodies = run.bodies
+            a = p - first
+            if a >= len(bodies):
+                out.append(None)
+                i += 1
+                continue
+            j = min(n_pos, i + len(bodies) - a)  # entries i..j-1 may lie in this run
+            while positions[j - 1] - p != j - 1 - i:  # not consecutive: shrink to the consecutive part
+                j = i + 1 + (j - i - 1) // 2 if j - i > 2 else i + 1
+            m = j - i
+            seg = bodies[a : a + m]
+            if None in seg:  # some already taken: one at a time
+                m = 1
+                seg = bodies[a : a + 1]
+                if seg[0] is None:
+                    out.append(None)
+                    i += 1
+                    continue
+            held = cast("list[bytes]", seg)  # no None in it
+            out += zip(held, run.headers[a : a + m], positions[i : i + m], strict=True)
+            bodies[a : a + m] = [None] * m
+            size = sum(map(len, held)) + OVERHEAD * m
+            run.nbytes -= size
+            run.left -= m
+            freed += size
+            taken += m
+            if not run.left:
+                del runs[first]
+            i += m
+        self.nbytes -= freed
+        self.events -= taken
+        return out

@@ -1,0 +1,78 @@
+"""The take cache (``filechannel._cache``) against a plain model: what it holds, counts and evicts."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from filechannel._cache import OVERHEAD, TakeCache
+
+# An operation: ("add", n events, body size, out_of_order) or ("pop", positions as offsets from the lowest live one).
+_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), st.integers(0, 6), st.integers(0, 40), st.booleans()),
+        st.tuples(st.just("pop"), st.lists(st.integers(-3, 40), max_size=30)),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=_ops, limit=st.integers(0, 1500))
+def test_matches_a_model(ops: list[tuple], limit: int) -> None:
+    cache = TakeCache(limit)
+    model: dict[int, tuple[int, dict[int, tuple[bytes, dict[str, str]]]]] = {}  # first -> (n, held slots)
+    nxt = 100
+    spare: list[int] = []  # first positions kept back to add later, out of order
+    for op in ops:
+        if op[0] == "add":
+            _, n, size, late = op
+            if late and spare:
+                first = spare.pop()
+            else:
+                first = nxt
+                nxt += max(n, 1) + 3
+                if late:  # leave a gap here and fill it on a later "add"
+                    spare.append(first)
+                    first = nxt
+                    nxt += max(n, 1) + 3
+            bodies = [bytes([first % 256, k]) * size for k in range(n)]
+            headers = [{"k": str(first + k)} for k in range(n)]
+            cache.add(first, bodies, headers)
+            if n and limit:
+                model[first] = (n, {first + k: (bodies[k], headers[k]) for k in range(n)})
+                total = sum(len(b) + OVERHEAD for _, held in model.values() for b, _ in held.values())
+                for f in sorted(model):  # evict whole runs, lowest positions first
+                    if total <= limit:
+                        break
+                    total -= sum(len(b) + OVERHEAD for b, _ in model.pop(f)[1].values())
+        else:
+            low = min(model, default=nxt)
+            positions = sorted({low + d for d in op[1]})  # as the queue hands them out
+            got = cache.pop(positions)
+            want = []
+            for p in positions:
+                hit = None
+                for _n, held in model.values():
+                    if p in held:
+                        body, hdrs = held.pop(p)
+                        hit = (body, hdrs, p)
+                        break
+                want.append(hit)
+            for f in [f for f, (_n, held) in model.items() if not held]:
+                del model[f]
+            assert got == want
+        assert len(cache) == sum(len(held) for _, held in model.values())
+        assert cache.nbytes == sum(len(b) + OVERHEAD for _, held in model.values() for b, _ in held.values())
+        assert cache.nbytes <= limit or not limit
+
+
+def test_a_full_cache_keeps_the_newest_commits() -> None:
+    cache = TakeCache(10 * (100 + OVERHEAD))
+    for first in range(0, 50, 5):
+        cache.add(first, [b"x" * 100] * 5, [{}] * 5)
+    assert len(cache) == 10  # two commits of five fit
+    got = cache.pop(list(range(50)))
+    assert [p for p, c in enumerate(got) if c is not None] == list(range(40, 50))
+    assert len(cache) == 0
+    assert cache.nbytes == 0
