@@ -1056,6 +1056,11 @@ sp_decode_puts(PyObject *self, PyObject *args)
     if (out == NULL)
         goto done;
     for (Py_ssize_t i = 0; i < count; i++) {
+        /* error_type and event_error are Python code: never trust a list's length across them */
+        if (i >= PySequence_Fast_GET_SIZE(offs) || i >= PySequence_Fast_GET_SIZE(szs)) {
+            PyErr_SetString(PyExc_RuntimeError, "offsets or sizes changed size during decode_puts");
+            goto fail;
+        }
         Py_ssize_t off = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(offs, i));
         if (off == -1 && PyErr_Occurred())
             goto fail;

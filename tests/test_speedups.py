@@ -872,3 +872,15 @@ def test_decode_puts_results_hold_no_extra_references() -> None:
     assert sys.getrefcount(headers) == 3
     bad = C.decode_puts(buf, offs, [s + 8 for s in sizes], seed, fmt.CRC32C, 100, True, fmt.FormatError, None)
     assert [type(b) for b in bad] == [fmt.FormatError] * 3
+
+
+@needs_c
+def test_decode_puts_survives_an_error_type_that_shrinks_the_offsets() -> None:
+    buf, offs, sizes, seed = _put_buffer(fmt.CRC32C, [b"\0\0\0\0x"] * 4, [False], 0)
+
+    def shrinking(offset: int, reason: str) -> fmt.FormatError:
+        del offs[:]
+        return fmt.FormatError(offset, reason)
+
+    with pytest.raises(RuntimeError, match="changed size"):
+        C.decode_puts(buf, offs, [s + 8 for s in sizes], seed, fmt.CRC32C, 100, True, shrinking, None)
