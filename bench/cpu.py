@@ -1,6 +1,6 @@
 """CPU per event on the hot paths, C accelerator against the pure-Python twin (issue 14).
 
-    .venv/bin/python -m bench.cpu [--n 200000] [--repeats 5] [--replay 1000000] [--profile]
+    .venv/bin/python -m bench.cpu [--n 200000] [--repeats 5] [--replay 1000000] [--stages take] [--profile]
 
 No fsync and a tmpfs directory (``/dev/shm`` when it exists): what is left is
 the CPU each path spends per event. Stages, per event, median and spread over
@@ -8,7 +8,10 @@ interleaved repeats (C, pure, pure, C, ...):
 
 - ``frame``: framing and checksumming 100-event batches alone (``add_puts``);
 - ``put x100``: ``Transaction.put_many`` + ``commit`` with ``fsync="interval"``;
-- ``take x100``: ``take_batch`` + ``commit`` of the same events;
+- ``take x100``: ``take_batch`` + ``commit`` of the same events (with the default
+  16 MiB take cache: at 100 B about half of them are cache hits, at 4 KiB few);
+- ``take x100 disk``: the same with ``cache_bytes=0``: every event read from disk
+  (the page cache of tmpfs), verified and decoded;
 - ``scan``: ``Scanner.scan`` of a data file already in memory;
 - ``replay``: ``filechannel.open(replay="full")`` of ``--replay`` queued events.
 
@@ -79,12 +82,12 @@ def stage_frame(n: int, size: int) -> float:
     return (time.perf_counter() - t0) / n
 
 
-def stage_put_take(n: int, size: int) -> tuple[float, float]:
+def stage_put_take(n: int, size: int, **kw: object) -> tuple[float, float]:
     d = tmpdir()
     try:
         body = os.urandom(size)
         batch = [body] * 100
-        with opened(d) as ch:
+        with opened(d, **kw) as ch:
             t0 = time.perf_counter()
             for _ in range(n // 100):
                 tx = ch.transaction()
@@ -160,8 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=200_000, help="events per put/take/frame stage")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--replay", type=int, default=1_000_000, help="queued events for the replay and scan stages")
+    ap.add_argument("--stages", default="frame,put,take,scan,replay", help="comma-separated stages to run")
     ap.add_argument("--profile", action="store_true")
     a = ap.parse_args(argv)
+    stages = set(a.stages.split(","))
     paths = ["c", "python"] if ACCEL is not None else ["python"]
     if ACCEL is None:
         print("# the C accelerator is not active: only the pure-Python path is measured", file=sys.stderr)
@@ -172,19 +177,27 @@ def main(argv: list[str] | None = None) -> int:
 
     rd = tmpdir()
     try:
-        build(rd, a.replay)
+        if stages & {"scan", "replay"}:
+            build(rd, a.replay)
         for r in range(a.repeats):
             order = paths if r % 2 == 0 else paths[::-1]
             for p in order:
                 with path(p):
                     for size in (100, 4096):
-                        add("frame", p, size, stage_frame(a.n, size))
-                        put, take = stage_put_take(a.n if size == 100 else a.n // 4, size)
-                        add("put x100", p, size, put)
-                        add("take x100", p, size, take)
-                    t, _count = stage_scan(rd)
-                    add("scan", p, 100, t / a.replay)
-                    add("replay", p, 100, stage_replay(rd, a.replay))
+                        n = a.n if size == 100 else a.n // 4
+                        if "frame" in stages:
+                            add("frame", p, size, stage_frame(a.n, size))
+                        if stages & {"put", "take"}:
+                            put, take = stage_put_take(n, size)
+                            add("put x100", p, size, put)
+                            add("take x100", p, size, take)
+                        if "take" in stages:
+                            add("take x100 disk", p, size, stage_put_take(n, size, cache_bytes=0)[1])
+                    if "scan" in stages:
+                        t, _count = stage_scan(rd)
+                        add("scan", p, 100, t / a.replay)
+                    if "replay" in stages:
+                        add("replay", p, 100, stage_replay(rd, a.replay))
         for (stage, p, size), vals in sorted(res.items()):
             unit = "s" if stage == "replay" else "us_per_event"
             scale = 1 if stage == "replay" else 1e6

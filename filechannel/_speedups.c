@@ -17,6 +17,12 @@
  *       it stops at the first thing that is not a clean verified batch and
  *       returns where, so that scan.Scanner's Python loop (the reference
  *       implementation) takes over there and decides what it means.
+ *   decode_puts(buf, offsets, sizes, seed, kind, max_payload, decode, frame_error, event_error)
+ *       verifies the records a take reads from disk (one buffer per run of adjacent records)
+ *       and decodes their events in one call; the twin of format._decode_puts: per
+ *       record (body, headers), the payload bytes (sealed, or decode off), or an
+ *       instance of frame_error / event_error (FormatError / EventFormatError,
+ *       returned, not raised) with the offset and reason the Python twin gives.
  *   trim_heap()
  *       hands free heap pages back to the system (glibc's malloc_trim) once a
  *       full replay has freed its scan (see channel.replay_queue).
@@ -871,6 +877,217 @@ out:
 }
 
 /* ------------------------------------------------------------------------ */
+/* decode_puts: the records a take reads from disk, verified and decoded in one call */
+
+/* A FormatError-like marker (not raised): error_type(offset, reason); steals ``reason``. */
+static PyObject *
+make_marker(PyObject *error_type, Py_ssize_t offset, PyObject *reason)
+{
+    if (reason == NULL)
+        return NULL;
+    PyObject *r = PyObject_CallFunction(error_type, "nO", offset, reason);
+    Py_DECREF(reason);
+    return r;
+}
+
+/* Decode one header's key or value as format.decode_event does (UTF-8, surrogatepass).
+   Returns the str, or NULL with *bad set (and no error) when the bytes are not valid. */
+static PyObject *
+decode_header_text(const unsigned char *p, Py_ssize_t n, int *bad)
+{
+    PyObject *s = PyUnicode_DecodeUTF8((const char *)p, n, "surrogatepass");
+    if (s == NULL && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+        PyErr_Clear();
+        *bad = 1;
+    }
+    return s;
+}
+
+/* The twin of format.decode_event on ``n`` bytes at ``p``: (body, headers), or an event_error
+   marker; NULL only on a Python error (memory). Every length is checked before it is used. */
+static PyObject *
+decode_event_c(const unsigned char *p, Py_ssize_t n, PyObject *event_error)
+{
+    if (n < 4)
+        return make_marker(event_error, 0, PyUnicode_FromString("event payload shorter than its header count"));
+    uint32_t count = get_u32(p);
+    if (count == 0) {
+        PyObject *body = PyBytes_FromStringAndSize((const char *)p + 4, n - 4);
+        if (body == NULL)
+            return NULL;
+        PyObject *hd = PyDict_New();
+        if (hd == NULL) {
+            Py_DECREF(body);
+            return NULL;
+        }
+        return Py_BuildValue("(NN)", body, hd);
+    }
+    if ((Py_ssize_t)count > (n - 4) / 8)
+        return make_marker(event_error, 0,
+                           PyUnicode_FromFormat("event header count %lu exceeds the payload", (unsigned long)count));
+    PyObject *hd = PyDict_New();
+    if (hd == NULL)
+        return NULL;
+    Py_ssize_t pos = 4;
+    for (uint32_t i = 0; i < count; i++) {
+        if (pos + 8 > n) {
+            Py_DECREF(hd);
+            return make_marker(event_error, pos, PyUnicode_FromString("event header runs past the payload"));
+        }
+        uint32_t kl = get_u32(p + pos), vl = get_u32(p + pos + 4);
+        pos += 8;
+        if ((uint64_t)pos + kl + vl > (uint64_t)n) {
+            Py_DECREF(hd);
+            return make_marker(event_error, pos, PyUnicode_FromString("event header runs past the payload"));
+        }
+        int bad = 0;
+        PyObject *k = decode_header_text(p + pos, (Py_ssize_t)kl, &bad);
+        PyObject *v = k != NULL ? decode_header_text(p + pos + kl, (Py_ssize_t)vl, &bad) : NULL;
+        if (k == NULL || v == NULL) {
+            Py_XDECREF(k);
+            Py_DECREF(hd);
+            if (bad)
+                return make_marker(event_error, pos, PyUnicode_FromString("event header is not valid UTF-8"));
+            return NULL;
+        }
+        int rc = PyDict_SetItem(hd, k, v);
+        Py_DECREF(k);
+        Py_DECREF(v);
+        if (rc < 0) {
+            Py_DECREF(hd);
+            return NULL;
+        }
+        pos += (Py_ssize_t)kl + (Py_ssize_t)vl;
+    }
+    PyObject *body = PyBytes_FromStringAndSize((const char *)p + pos, n - pos);
+    if (body == NULL) {
+        Py_DECREF(hd);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", body, hd);
+}
+
+/* One record, as format._decode_puts handles it: the ``size`` bytes at ``off`` (fewer where the
+   buffer ends) must be exactly one valid record; then its payload, decoded or not. */
+static PyObject *
+decode_put_c(const unsigned char *b, Py_ssize_t len, Py_ssize_t off, Py_ssize_t size, uint32_t seed, extend_fn ext,
+             unsigned long long max_payload, PyObject *max_obj, int decode, PyObject *frame_error,
+             PyObject *event_error)
+{
+    Py_ssize_t avail = off < len ? len - off : 0;
+    if (size < avail)
+        avail = size > 0 ? size : 0;
+    const unsigned char *h = b + (avail > 0 ? off : 0); /* never read when avail is 0 */
+    if (avail < HEADER_LEN) {
+        if (avail > 0 && (h[0] < 1 || h[0] > OP_MAX))
+            return make_marker(frame_error, 0, PyUnicode_FromFormat("invalid record op %d", (int)h[0]));
+        return make_marker(frame_error, 0, PyUnicode_FromString("record is shorter than expected"));
+    }
+    unsigned char op = h[0], flags = h[1];
+    if (op < 1 || op > OP_MAX)
+        return make_marker(frame_error, 0, PyUnicode_FromFormat("invalid record op %d", (int)op));
+    if (h[2] != 0 || h[3] != 0 || (flags != 0 && (flags != FLAG_SEALED || op != OP_PUT)))
+        return make_marker(frame_error, 1, PyUnicode_FromString("reserved record bits are set"));
+    uint32_t plen = get_u32(h + 4);
+    if ((unsigned long long)plen > max_payload)
+        return make_marker(frame_error, 4,
+                           PyUnicode_FromFormat("record payload length %lu exceeds the limit %S", (unsigned long)plen,
+                                                max_obj));
+    Py_ssize_t rsize = HEADER_LEN + (Py_ssize_t)plen + (-(Py_ssize_t)plen & 7);
+    if (avail < rsize)
+        return make_marker(frame_error, 0, PyUnicode_FromString("record is shorter than expected"));
+    uint32_t c = ext(seed, h, 24);
+    c = ext(c, h + HEADER_LEN, plen);
+    if (c != get_u32(h + 24) || get_u32(h + 28) != 0)
+        return make_marker(frame_error, 0, PyUnicode_FromString("record checksum mismatch"));
+    if (rsize != size)
+        return make_marker(frame_error, 0, PyUnicode_FromString("record is shorter than expected"));
+    if (!decode || flags == FLAG_SEALED)
+        return PyBytes_FromStringAndSize((const char *)h + HEADER_LEN, (Py_ssize_t)plen);
+    return decode_event_c(h + HEADER_LEN, (Py_ssize_t)plen, event_error);
+}
+
+static PyObject *
+sp_decode_puts(PyObject *self, PyObject *args)
+{
+    Py_buffer view;
+    PyObject *offsets, *sizes, *max_obj, *frame_error, *event_error;
+    unsigned long seed_l;
+    int kind, decode;
+    if (!PyArg_ParseTuple(args, "y*OOkiOpOO", &view, &offsets, &sizes, &seed_l, &kind, &max_obj, &decode,
+                          &frame_error, &event_error))
+        return NULL;
+    PyObject *out = NULL, *offs = NULL, *szs = NULL;
+    extend_fn ext = pick_extend(kind);
+    if (ext == NULL) {
+        /* format._decode_puts raises FormatError(0, ...) here */
+        PyObject *e = make_marker(frame_error, 0, PyUnicode_FromFormat("unknown checksum algorithm %d", kind));
+        if (e != NULL) {
+            PyErr_SetObject((PyObject *)Py_TYPE(e), e);
+            Py_DECREF(e);
+        }
+        goto done;
+    }
+    offs = PySequence_Fast(offsets, "offsets must be a sequence");
+    szs = offs ? PySequence_Fast(sizes, "sizes must be a sequence") : NULL;
+    if (szs == NULL)
+        goto done;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(offs);
+    if (PySequence_Fast_GET_SIZE(szs) != count) {
+        PyErr_SetString(PyExc_ValueError, "offsets and sizes differ in length");
+        goto done;
+    }
+    if (!PyLong_Check(max_obj)) {
+        PyErr_SetString(PyExc_TypeError, "max_payload must be an int");
+        goto done;
+    }
+    int overflow = 0;
+    long long max_ll = PyLong_AsLongLongAndOverflow(max_obj, &overflow);
+    if (max_ll == -1 && PyErr_Occurred())
+        goto done;
+    if (overflow < 0 || (overflow == 0 && max_ll < 0)) {
+        PyErr_SetString(PyExc_ValueError, "max_payload must not be negative");
+        goto done;
+    }
+    /* above every u32 length when it overflows: nothing exceeds it */
+    unsigned long long max_payload = overflow > 0 ? ~0ULL : (unsigned long long)max_ll;
+    const unsigned char *b = (const unsigned char *)view.buf;
+    out = PyList_New(count);
+    if (out == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        /* error_type and event_error are Python code: never trust a list's length across them */
+        if (i >= PySequence_Fast_GET_SIZE(offs) || i >= PySequence_Fast_GET_SIZE(szs)) {
+            PyErr_SetString(PyExc_RuntimeError, "offsets or sizes changed size during decode_puts");
+            goto fail;
+        }
+        Py_ssize_t off = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(offs, i));
+        if (off == -1 && PyErr_Occurred())
+            goto fail;
+        Py_ssize_t size = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(szs, i));
+        if (size == -1 && PyErr_Occurred())
+            goto fail;
+        if (off < 0) {
+            PyErr_Format(PyExc_ValueError, "negative record offset %zd", off);
+            goto fail;
+        }
+        PyObject *r = decode_put_c(b, view.len, off, size, (uint32_t)seed_l, ext, max_payload, max_obj, decode,
+                                   frame_error, event_error);
+        if (r == NULL)
+            goto fail;
+        PyList_SET_ITEM(out, i, r);
+    }
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    Py_XDECREF(offs);
+    Py_XDECREF(szs);
+    PyBuffer_Release(&view);
+    return out;
+}
+
+/* ------------------------------------------------------------------------ */
 
 static PyMethodDef sp_methods[] = {
     {"bind_crc32c", sp_bind_crc32c, METH_VARARGS, "bind_crc32c(path) -> bool: use libcrc32c's crc32c_extend."},
@@ -881,6 +1098,9 @@ static PyMethodDef sp_methods[] = {
     {"encode_puts", sp_encode_puts, METH_VARARGS,
      "encode_puts(seed, kind, woid, txn_id, payloads, offsets, sizes, offset, seal=None, tag_len=0)"
      " -> (frames, end_offset)."},
+    {"decode_puts", sp_decode_puts, METH_VARARGS,
+     "decode_puts(buf, offsets, sizes, seed, kind, max_payload, decode, frame_error, event_error)"
+     " -> list: per record (body, headers), its payload bytes, or an error instance (format.decode_puts)."},
     {"trim_heap", sp_trim_heap, METH_NOARGS, "trim_heap() -> bool: glibc malloc_trim(0); False elsewhere."},
     {"scan_batches", sp_scan_batches, METH_VARARGS,
      "scan_batches(buf, pos, seed, kind, max_payload, batch_last_woid, base, file_id, record_type, records[, run_type, offsets, sizes]) -> (end_of_verified_prefix, last_woid)."},
@@ -889,7 +1109,7 @@ static PyMethodDef sp_methods[] = {
 
 static struct PyModuleDef sp_module = {
     PyModuleDef_HEAD_INIT, "filechannel._speedups",
-    "The optional C fast path: batch framing and verified-batch scanning (see _speedups.c).", -1, sp_methods,
+    "The optional C fast path: batch framing, verified-batch scanning, batch take decoding (see _speedups.c).", -1, sp_methods,
     NULL, NULL, NULL, NULL,
 };
 

@@ -94,6 +94,15 @@ class FormatError(ChannelError, ValueError):
         super().__init__(f"{reason} at offset {offset}")
 
 
+class EventFormatError(FormatError):
+    """A PUT payload that does not decode as an event, though its record's frame verified.
+
+    Raised by ``format.decode_event``; ``offset`` is relative to the payload. It is a
+    :class:`FormatError` to every caller: the subclass only lets a batch decoder
+    (``format.decode_puts``) say which of the two steps failed for a record.
+    """
+
+
 class CorruptLogError(ChannelError):
     """Acknowledged data on disk is damaged, missing or not from this channel."""
 

@@ -668,3 +668,219 @@ def test_stat_reports_the_active_path(tmp_path: Any) -> None:
         )
         assert out.returncode == 0, out.stderr
         assert json.loads(out.stdout)["accelerator"] == want
+
+
+# --------------------------------------------------------------------------
+# decoding the records a take reads from disk (format.decode_puts)
+
+header_text = st.text(max_size=12)
+# raw header bytes: mostly valid UTF-8, sometimes not (lone continuation bytes, encoded surrogates)
+header_raw = st.one_of(
+    header_text.map(lambda t: t.encode("utf-8")),
+    st.binary(max_size=8),
+    st.sampled_from([b"\xed\xa0\x80", b"\xff", b"\xc3", b"a\x80b"]),
+)
+
+
+@st.composite
+def put_payloads(draw: st.DrawFn) -> bytes:
+    """A PUT payload: a well-formed event, one with raw (maybe invalid) header bytes, or any bytes."""
+    body = draw(st.binary(max_size=200))
+    shape = draw(st.sampled_from(["event", "raw-headers", "bytes"]))
+    if shape == "event":
+        headers = draw(st.dictionaries(header_text, header_text, max_size=4))
+        return fmt.encode_event(body, headers)
+    if shape == "bytes":
+        return draw(st.binary(max_size=40))
+    pairs = draw(st.lists(st.tuples(header_raw, header_raw), max_size=3))
+    count = len(pairs) + draw(st.sampled_from([0, 0, 0, 1, 2**32 - 1 - len(pairs)]))
+    out = fmt._U32.pack(count)
+    for k, v in pairs:
+        out += fmt._KV_LEN.pack(len(k), len(v) + draw(st.sampled_from([0, 0, 0, 1, 2**31]))) + k + v
+    return out + body
+
+
+def _put_buffer(
+    kind: int, payloads: list[bytes], sealed: list[bool], gap: int
+) -> tuple[bytes, list[int], list[int], int]:
+    """Records back to back (``gap`` bytes of junk first), their offsets and sizes, and the file seed."""
+    seed = fmt.file_seed(kind, CID, 5)
+    buf = b"\xab" * gap
+    offs, sizes = [], []
+    for i, p in enumerate(payloads):
+        rec = bytearray(fmt.encode_record(fmt.PUT, i + 1, 9, p, seed, kind))
+        if sealed[i % len(sealed)]:  # a sealed PUT: the flag, then the checksum again
+            rec[1] = fmt.FLAG_SEALED
+            c = fmt.crc(kind, bytes(rec[32 : 32 + len(p)]), fmt.crc(kind, bytes(rec[:24]), seed))
+            rec[24:28] = c.to_bytes(4, "little")
+        offs.append(len(buf))
+        sizes.append(len(rec))
+        buf += rec
+    return buf, offs, sizes, seed
+
+
+def _outcome(results: Any) -> list[Any]:
+    """Comparable form of decode_puts results: values as they are, errors by type, offset and reason."""
+    out: list[Any] = []
+    for r in results:
+        if isinstance(r, BaseException):
+            assert isinstance(r, fmt.FormatError), r
+            out.append((type(r).__name__, r.offset, r.reason, str(r)))
+        else:
+            assert type(r) in (tuple, bytes), r
+            out.append(r)
+    return out
+
+
+def _decode_event_outcome(payload: bytes) -> Any:
+    """What decode_puts should hold for a verified, decoded record: the event, or decode_event's error."""
+    try:
+        return fmt.decode_event(payload)
+    except fmt.FormatError as exc:
+        return _outcome([exc])[0]
+
+
+def _both(buf: Any, offs: list[int], sizes: list[int], seed: int, kind: int, max_payload: int, decode: bool) -> Any:
+    """Run both twins; return the pure result after checking the C one is identical."""
+    c = _outcome(
+        C.decode_puts(buf, offs, sizes, seed, kind, max_payload, decode, fmt.FormatError, fmt.EventFormatError)
+    )
+    py = _outcome(fmt._decode_puts(buf, offs, sizes, seed, kind, max_payload, decode))
+    assert c == py
+    return py
+
+
+@needs_c
+@settings(TWIN, max_examples=400)
+@given(
+    payloads=st.lists(put_payloads(), min_size=1, max_size=12),
+    sealed=st.lists(st.booleans(), min_size=1, max_size=4),
+    kind=st.sampled_from(KINDS),
+    gap=st.integers(0, 9),
+    edits=st.lists(
+        st.tuples(
+            st.sampled_from(["flip", "overwrite", "truncate", "insert", "length", "zero"]),
+            st.integers(0, 10_000),
+            st.integers(0, 255),
+        ),
+        max_size=4,
+    ),
+    moves=st.lists(st.tuples(st.integers(0, 11), st.integers(-40, 40), st.integers(-40, 40)), max_size=3),
+    max_payload=st.sampled_from([0, 7, 64, 300, 2**32 - 1, 2**40]),
+    decode=st.booleans(),
+    wrap=st.sampled_from(["bytes", "bytearray", "memoryview"]),
+)
+@example(
+    payloads=[b"\0\0\0\0hi"],
+    sealed=[False],
+    kind=fmt.CRC32C,
+    gap=0,
+    edits=[],
+    moves=[],
+    max_payload=2**32 - 1,
+    decode=True,
+    wrap="bytes",
+)
+def test_decode_puts_is_identical_on_both_paths(
+    crc_impl: str,
+    payloads: list[bytes],
+    sealed: list[bool],
+    kind: int,
+    gap: int,
+    edits: list[tuple[str, int, int]],
+    moves: list[tuple[int, int, int]],
+    max_payload: int,
+    decode: bool,
+    wrap: str,
+) -> None:
+    buf, offs, sizes, seed = _put_buffer(kind, payloads, sealed, gap)
+    clean = _both(buf, offs, sizes, seed, kind, 2**32 - 1, decode)
+    for p, s, r in zip(payloads, sealed * len(payloads), clean, strict=False):
+        # undamaged: every record verifies; decoded exactly when decode_event would decode it
+        assert r == (p if s or not decode else _decode_event_outcome(p))
+    data = bytearray(buf)
+    for how, at, val in edits:
+        if not data:
+            break
+        at %= len(data)
+        if how == "flip":
+            data[at] ^= 1 << (val & 7)
+        elif how == "overwrite":
+            data[at] = val
+        elif how == "truncate":
+            del data[at:]
+        elif how == "insert":
+            data[at:at] = bytes([val])
+        elif how == "length":  # a record's payload length, made large or off by a little
+            i = offs[val % len(offs)] + 4
+            if i + 4 <= len(data):
+                data[i : i + 4] = (val * 0x01010101 if val & 1 else len(payloads[val % len(offs)]) + 1).to_bytes(
+                    4, "little"
+                )
+        else:
+            data[at : at + 32] = bytes(min(32, len(data) - at))
+    for i, doff, dsize in moves:  # pointers that are not quite right
+        i %= len(offs)
+        offs[i] = max(0, offs[i] + doff)
+        sizes[i] += dsize
+    wrapped: Any = {"bytes": bytes, "bytearray": bytearray, "memoryview": memoryview}[wrap](bytes(data))
+    _both(wrapped, offs, sizes, seed, kind, max_payload, decode)
+
+
+@needs_c
+@pytest.mark.parametrize("kind", KINDS)
+def test_decode_puts_is_identical_with_every_byte_flipped_or_cut(kind: int) -> None:
+    payloads = [fmt.encode_event(b"body-%d" % i, {"k": "v" * i, "ü": "€"} if i % 2 else None) for i in range(5)] + [
+        b"\x02\0\0\0" + b"\x01\0\0\0\x01\0\0\0" + b"a\xff"
+    ]
+    buf, offs, sizes, seed = _put_buffer(kind, payloads, [False, False, True, False, False, False], 0)
+    clean = _both(buf, offs, sizes, seed, kind, 2**32 - 1, True)
+    assert clean[-1][0] == "EventFormatError"  # the crafted header count
+    for at in range(len(buf)):
+        flipped = buf[:at] + bytes([buf[at] ^ 0x10]) + buf[at + 1 :]
+        got = _both(flipped, offs, sizes, seed, kind, 2**32 - 1, True)
+        hit = next(i for i in range(len(offs)) if offs[i] <= at < offs[i] + sizes[i])
+        assert [g for i, g in enumerate(got) if i != hit] == [c for i, c in enumerate(clean) if i != hit]
+        # every flipped byte of a record is noticed, except in its zero padding (only batch checksums cover it)
+        assert got[hit] != clean[hit] or at >= offs[hit] + 32 + len(payloads[hit])
+        _both(buf[:at], offs, sizes, seed, kind, 2**32 - 1, True)
+
+
+@needs_c
+def test_decode_puts_rejects_what_the_python_twin_rejects() -> None:
+    buf, offs, sizes, seed = _put_buffer(fmt.CRC32C, [b"\0\0\0\0x"], [False], 0)
+    for args, exc in [
+        ((buf, offs, sizes, seed, 9, 100, True), fmt.FormatError),
+        ((buf, offs, [*sizes, 1], seed, fmt.CRC32C, 100, True), ValueError),
+        ((buf, [-1], sizes, seed, fmt.CRC32C, 100, True), ValueError),
+        ((buf, offs, sizes, seed, fmt.CRC32C, -1, True), ValueError),
+    ]:
+        with pytest.raises(exc) as c_err:
+            C.decode_puts(*args, fmt.FormatError, fmt.EventFormatError)
+        with pytest.raises(exc) as py_err:
+            fmt._decode_puts(*args)  # type: ignore[arg-type]
+        assert str(c_err.value) == str(py_err.value)
+
+
+@needs_c
+def test_decode_puts_results_hold_no_extra_references() -> None:
+    buf, offs, sizes, seed = _put_buffer(fmt.CRC32C, [fmt.encode_event(b"x" * 100, {"a": "b"})] * 3, [False], 0)
+    got = C.decode_puts(buf, offs, sizes, seed, fmt.CRC32C, 2**32 - 1, True, fmt.FormatError, fmt.EventFormatError)
+    body, headers = got[0]
+    # the tuple, the local name, getrefcount's argument
+    assert sys.getrefcount(body) == 3
+    assert sys.getrefcount(headers) == 3
+    bad = C.decode_puts(buf, offs, [s + 8 for s in sizes], seed, fmt.CRC32C, 100, True, fmt.FormatError, None)
+    assert [type(b) for b in bad] == [fmt.FormatError] * 3
+
+
+@needs_c
+def test_decode_puts_survives_an_error_type_that_shrinks_the_offsets() -> None:
+    buf, offs, sizes, seed = _put_buffer(fmt.CRC32C, [b"\0\0\0\0x"] * 4, [False], 0)
+
+    def shrinking(offset: int, reason: str) -> fmt.FormatError:
+        del offs[:]
+        return fmt.FormatError(offset, reason)
+
+    with pytest.raises(RuntimeError, match="changed size"):
+        C.decode_puts(buf, offs, [s + 8 for s in sizes], seed, fmt.CRC32C, 100, True, shrinking, None)
