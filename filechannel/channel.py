@@ -19,9 +19,10 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from operator import attrgetter
+from functools import partial
+from operator import attrgetter, itemgetter
 from types import MappingProxyType, TracebackType
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from . import _accel
 from . import format as fmt
@@ -71,6 +72,9 @@ class Event(NamedTuple):
 
 
 _as_event: Any = tuple.__new__  # _as_event(Event, (body, headers, position)), without Python-level __new__
+_to_event: Any = partial(_as_event, Event)  # map(_to_event, cached): a take's cache hits as Events, in C
+_position = itemgetter(0)  # of an Entry (position, file_id, offset, size)
+_file_id = itemgetter(1)
 
 # -- transaction states, as a table ------------------------------------------------
 
@@ -104,6 +108,19 @@ def _coerce_event(body: object, headers: Mapping[str, str] | None) -> tuple[byte
     if isinstance(body, (bytearray, memoryview)):
         return bytes(body), headers
     raise TypeError(f"event body must be bytes-like, got {type(body).__name__}")
+
+
+_BYTES_ONLY = frozenset({bytes})
+
+
+def _as_body(b: object) -> bytes:
+    """One body given to ``put_many``, as ``bytes`` (other bytes-like objects are copied)."""
+    if type(b) is bytes:
+        return b
+    if isinstance(b, (bytearray, memoryview)):
+        return bytes(b)
+    what = "an Event: put Events one at a time with put()" if isinstance(b, Event) else type(b).__name__
+    raise TypeError(f"event body must be bytes-like, got {what}")
 
 
 def _check_headers(headers: object) -> Mapping[str, str]:
@@ -235,15 +252,9 @@ class Transaction:
             TransactionStateError: The transaction is no longer open.
             ChannelClosedError: The channel is closed or has failed.
         """
-        bl: list[bytes] = []
-        for b in bodies:
-            if type(b) is not bytes:
-                if isinstance(b, (bytearray, memoryview)):
-                    b = bytes(b)
-                else:
-                    what = "an Event: put Events one at a time with put()" if isinstance(b, Event) else type(b).__name__
-                    raise TypeError(f"event body must be bytes-like, got {what}")
-            bl.append(b)
+        given = list(bodies)
+        # All bytes (checked in C), or each body made bytes or refused, in order.
+        bl = [_as_body(b) for b in given] if set(map(type, given)) - _BYTES_ONLY else cast("list[bytes]", given)
         hdrs = _check_headers(headers) if headers else _NO_HEADERS
         if hdrs:
             try:
@@ -251,7 +262,7 @@ class Transaction:
             except UnicodeEncodeError as exc:
                 raise _bad_header_text(hdrs) from exc
         else:
-            payloads = [fmt.EMPTY_HEADERS + b for b in bl]
+            payloads = list(map(fmt.EMPTY_HEADERS.__add__, bl))
         ch = self._ch
         cfg = ch.config
         n = len(payloads)
@@ -362,7 +373,7 @@ class Transaction:
             return
         if self._payloads:
             self._log.check_space(self._dir)
-        takes = _ranges(sorted([e[0] for e in self._taken]))
+        takes = _ranges(sorted(map(_position, self._taken)))
         try:
             self._log.commit(self.txn_id, self._payloads, takes, self._on_written)
         except BaseException:
@@ -448,6 +459,17 @@ def _add_run(taken_from: dict[int, list[tuple[int, int]]], file_id: int, first: 
 
 def _file_runs(entries: list[Entry]) -> list[tuple[int, int, int]]:
     """Group entries into ``(file_id, first_position, count)`` runs of consecutive positions in one file."""
+    n = len(entries)
+    if n > 1:
+        p0, f0 = entries[0][0], entries[0][1]
+        # The usual take: consecutive positions of one file, one run (checked with C loops).
+        if (
+            entries[-1][1] == f0
+            and entries[-1][0] - p0 == n - 1
+            and list(map(_position, entries)) == list(range(p0, p0 + n))
+            and list(map(_file_id, entries)).count(f0) == n
+        ):
+            return [(f0, p0, n)]
     out: list[tuple[int, int, int]] = []
     f0 = first = end = -1
     for p, f, _off, _size in entries:
@@ -464,6 +486,9 @@ def _file_runs(entries: list[Entry]) -> list[tuple[int, int, int]]:
 
 def _ranges(positions: list[int]) -> list[tuple[int, int]]:
     """Compress sorted positions into ``(first, count)`` runs."""
+    n = len(positions)
+    if n > 1 and positions == list(range(positions[0], positions[0] + n)):  # the usual take: one run (C compare)
+        return [(positions[0], n)]
     out: list[tuple[int, int]] = []
     first = end = -1
     for p in positions:
@@ -1051,12 +1076,15 @@ class FileChannel:
             entries = q.pop(n)
             tx._taken.extend(entries)
             self._inflight_takes += len(entries)
-            cached = self._cache.pop([e[0] for e in entries]) if self._cache.events else []
+            cached = self._cache.pop(list(map(_position, entries))) if self._cache.events else []
             return entries, cached
 
     def _load(self, tx: Transaction, entries: list[Entry], cached: list[Cached | None]) -> list[Event]:
         # The cache misses are read from disk in one call: one pread per run of adjacent
         # records, verified and decoded together (Log.read_events); errors come back per entry.
+        if cached and None not in cached:  # every event from the cache: build them in C
+            self._counters["cache_hits"] += len(cached)
+            return list(map(_to_event, cached))
         misses = [e for e, c in zip(entries, cached, strict=True) if c is None] if cached else entries
         read = iter(self._log.read_events(misses))
         out: list[Event] = []

@@ -1,0 +1,76 @@
+"""The take path's grouping helpers: their one-run fast paths give what the general loops give."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from filechannel.channel import _file_runs, _ranges
+
+
+def _ranges_by_loop(positions: list[int]) -> list[tuple[int, int]]:
+    out: list[list[int]] = []
+    for p in positions:
+        if out and out[-1][0] + out[-1][1] == p:
+            out[-1][1] += 1
+        else:
+            out.append([p, 1])
+    return [(a, c) for a, c in out]
+
+
+def _file_runs_by_loop(entries: list[tuple[int, int, int, int]]) -> list[tuple[int, int, int]]:
+    out: list[list[int]] = []
+    for p, f, _off, _size in entries:
+        if out and out[-1][0] == f and out[-1][1] + out[-1][2] == p:
+            out[-1][2] += 1
+        else:
+            out.append([f, p, 1])
+    return [(f, a, c) for f, a, c in out]
+
+
+# Mostly the usual take (consecutive positions of one file), with a change of file, a gap,
+# a repeat or a step back somewhere in some of them.
+_edits = st.lists(st.tuples(st.integers(0, 60), st.sampled_from(["file", "gap", "repeat", "back"])), max_size=3)
+
+
+@st.composite
+def _entries(draw: st.DrawFn) -> list[tuple[int, int, int, int]]:
+    n = draw(st.integers(0, 60))
+    p0 = draw(st.integers(0, 1000))
+    f0 = draw(st.integers(1, 3))
+    ps = list(range(p0, p0 + n))
+    fs = [f0] * n
+    for i, what in draw(_edits):
+        if i >= n:
+            continue
+        if what == "file":
+            fs[i] = fs[i] + 1
+        elif what == "gap":
+            ps[i:] = [p + 1 for p in ps[i:]]
+        elif what == "repeat" and i:
+            ps[i] = ps[i - 1]
+        elif what == "back" and i:
+            ps[i] = ps[i - 1] - 1
+    return [(p, f, 64 * k, 40) for k, (p, f) in enumerate(zip(ps, fs, strict=True))]
+
+
+@settings(max_examples=500, deadline=None)
+@given(entries=_entries())
+def test_file_runs_fast_path_matches_the_loop(entries: list[tuple[int, int, int, int]]) -> None:
+    assert _file_runs(entries) == _file_runs_by_loop(entries)
+
+
+@settings(max_examples=500, deadline=None)
+@given(entries=_entries())
+def test_ranges_fast_path_matches_the_loop(entries: list[tuple[int, int, int, int]]) -> None:
+    positions = sorted(e[0] for e in entries)
+    assert _ranges(positions) == _ranges_by_loop(positions)
+
+
+def test_the_usual_take_is_one_run() -> None:
+    entries = [(p, 7, 64 * p, 40) for p in range(10, 110)]
+    assert _file_runs(entries) == [(7, 10, 100)]
+    assert _ranges(list(range(10, 110))) == [(10, 100)]
+    # the same positions over two files are two runs; a gap splits them too
+    assert _file_runs(entries[:50] + [(p, 8, o, s) for p, _, o, s in entries[50:]]) == [(7, 10, 50), (8, 60, 50)]
+    assert _ranges([*range(10, 60), *range(61, 111)]) == [(10, 50), (61, 50)]
