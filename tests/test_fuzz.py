@@ -9,7 +9,10 @@ Longer coverage-guided runs: tests/fuzz/ (atheris).
 from __future__ import annotations
 
 import struct
+import sys
+from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +22,7 @@ from filechannel.errors import FormatError
 KIND = fmt.default_crc_kind()
 SEED = fmt.file_seed(KIND, b"\x01" * 16, 7)
 RUNS = {"n": 0}
+sys.path.insert(0, str(Path(__file__).parent / "fuzz"))  # the atheris targets, run here by Hypothesis
 
 FAST = settings(suppress_health_check=[HealthCheck.too_slow])
 
@@ -233,6 +237,22 @@ def test_scanner_on_mutated_files_raises_only_documented_errors(at: int, junk: b
             pass
         finally:
             ch.close()
+
+
+# --------------------------------------------------------------------------
+# the C accelerator against its pure-Python twin, through the atheris target tests/fuzz/fuzz_twins.py
+
+
+@pytest.mark.skipif(fmt.speedups is None, reason="the C accelerator is not built or FILECHANNEL_PURE_PYTHON is set")
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(min_size=4, max_size=300))
+@example(b"\x00\x00\x00\x00")
+@example(b"\x01\xff\xff\x03" + b"\x05hello" * 3)
+def test_fuzz_twins_target_finds_no_difference(data: bytes) -> None:
+    import fuzz_twins
+
+    fuzz_twins.test_one_input(data)
+    RUNS["n"] += 1
 
 
 def test_zz_report() -> None:
