@@ -438,10 +438,25 @@ def test_disk_space_error_fails_puts_and_takes_keep_working(chan_dir: str) -> No
 # -- threads ---------------------------------------------------------------------------------------------
 
 
-def test_many_producers_and_consumers_exactly_once(chan_dir: str) -> None:
+@pytest.mark.parametrize(
+    ("n_dirs", "cache_bytes"),
+    [
+        (1, None),  # the default cache: every take a cache hit
+        (2, 2048),  # two data directories (commits publish out of order) and a cache that evicts all the time
+        (2, 0),  # no cache: every take reads its runs from disk
+    ],
+)
+def test_many_producers_and_consumers_exactly_once(
+    tmp_path: Path, chan_dir: str, n_dirs: int, cache_bytes: int | None
+) -> None:
     producers, per_producer, per_txn = 4, 300, 7
     consumers = 3
-    with opn(chan_dir, max_file_size=16 * 1024, background=True) as ch:
+    opts: dict[str, Any] = {"max_file_size": 16 * 1024, "background": True}
+    if n_dirs > 1:
+        opts["data_dirs"] = [str(tmp_path / f"disk{i}") for i in range(n_dirs)]
+    if cache_bytes is not None:
+        opts["cache_bytes"] = cache_bytes
+    with opn(chan_dir, **opts) as ch:
         got: list[list[Event]] = [[] for _ in range(consumers)]
         done = threading.Event()
         errors: list[BaseException] = []
@@ -451,8 +466,11 @@ def test_many_producers_and_consumers_exactly_once(chan_dir: str) -> None:
                 bodies = [b"%d:%d" % (p, i) for i in range(per_producer)]
                 for i in range(0, per_producer, per_txn):
                     with ch.transaction() as tx:
-                        for b in bodies[i : i + per_txn]:
-                            tx.put(b)
+                        if i % 2:
+                            tx.put_many(bodies[i : i + per_txn])
+                        else:
+                            for b in bodies[i : i + per_txn]:
+                                tx.put(b)
             except BaseException as exc:
                 errors.append(exc)
 
@@ -496,6 +514,10 @@ def test_many_producers_and_consumers_exactly_once(chan_dir: str) -> None:
         st = ch.stats()
         assert st["takes_committed"] == st["puts_committed"] == producers * per_producer
         assert st["inflight_puts"] == st["inflight_takes"] == 0
+        if cache_bytes == 0:
+            assert st["cache_hits"] == 0
+        if cache_bytes is not None:  # taken again after a rollback: from disk (the cache gave them out)
+            assert st["disk_reads"] >= producers * per_producer
 
 
 # -- restart --------------------------------------------------------------------------------------------------
