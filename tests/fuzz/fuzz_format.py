@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 
 def test_one_input(data: bytes) -> None:
     from filechannel import format as fmt
@@ -28,17 +26,9 @@ def test_one_input(data: bytes) -> None:
 
 
 def main() -> None:
-    try:
-        import atheris
-    except ImportError:  # replay the given files without coverage guidance
-        for p in sys.argv[1:]:
-            with open(p, "rb") as f:
-                test_one_input(f.read())
-        return
-    with atheris.instrument_imports():
-        import filechannel.format  # noqa: F401
-    atheris.Setup(sys.argv, test_one_input)
-    atheris.Fuzz()
+    from _cli import run
+
+    run(test_one_input, ["filechannel.format"])
 
 
 if __name__ == "__main__":

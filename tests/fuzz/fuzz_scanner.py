@@ -54,18 +54,9 @@ def test_one_input(data: bytes) -> None:
 
 
 def main() -> None:
-    try:
-        import atheris
-    except ImportError:
-        for p in sys.argv[1:]:
-            with open(p, "rb") as f:
-                test_one_input(f.read())
-        return
-    with atheris.instrument_imports():
-        import filechannel.format
-        import filechannel.log  # noqa: F401
-    atheris.Setup(sys.argv, test_one_input)
-    atheris.Fuzz()
+    from _cli import run
+
+    run(test_one_input, ["filechannel.format", "filechannel.log"])
 
 
 if __name__ == "__main__":

@@ -10,8 +10,8 @@ exceptions is a crash (an ``AssertionError``):
   by both ``decode_puts`` (events, and payloads left undecoded);
 - payloads cut from the input are framed by both PUT encoders.
 
-Needs the C accelerator (it compares it with the Python code); without it the target says
-so and exits.
+Needs the C accelerator (it compares it with the Python code); without it every input fails
+with an AssertionError that says so.
 """
 
 from __future__ import annotations
@@ -180,23 +180,9 @@ def test_one_input(data: bytes) -> None:
 
 
 def main() -> None:
-    from filechannel import format as fmt
+    from _cli import run
 
-    if fmt.speedups is None:
-        print("fuzz_twins: the C accelerator is not built or FILECHANNEL_PURE_PYTHON is set: nothing to compare")
-        sys.exit(2)
-    try:
-        import atheris
-    except ImportError:  # replay the given files without coverage guidance
-        for p in sys.argv[1:]:
-            with open(p, "rb") as f:
-                test_one_input(f.read())
-        return
-    with atheris.instrument_imports():
-        import filechannel.format
-        import filechannel.scan  # noqa: F401
-    atheris.Setup(sys.argv, test_one_input)
-    atheris.Fuzz()
+    run(test_one_input, ["filechannel.format", "filechannel.scan"])
 
 
 if __name__ == "__main__":
