@@ -533,6 +533,36 @@ cached_ssize(PyObject **slot, Py_ssize_t *have, Py_ssize_t v)
     return *slot;
 }
 
+/* An instance of the frozen, slotted dataclass ``type`` (a record, a run) whose fields are
+   argv[0..n-1] followed by ``salvaged`` = False. With ``offs`` (the slots' offsets, checked by
+   the caller) the slots are filled directly, without calling its __init__; without, the type is
+   called. The instance holds no container of objects, so it is untracked by the cyclic GC. */
+static PyObject *
+new_frozen(PyObject *type, const Py_ssize_t *offs, PyObject *const *argv, int n)
+{
+    PyObject *res;
+    if (offs != NULL) {
+        PyTypeObject *tp = (PyTypeObject *)type;
+        res = tp->tp_alloc(tp, 0);
+        if (res == NULL)
+            return NULL;
+        for (int i = 0; i < n; i++) {
+            Py_INCREF(argv[i]);
+            *(PyObject **)((char *)res + offs[i]) = argv[i];
+        }
+        Py_INCREF(Py_False);
+        *(PyObject **)((char *)res + offs[n]) = Py_False;
+    }
+    else {
+        res = PyObject_Vectorcall(type, argv, (size_t)n, NULL);
+        if (res == NULL)
+            return NULL;
+    }
+    if (PyObject_IS_GC(res) && PyObject_GC_IsTracked(res))
+        PyObject_GC_UnTrack(res);
+    return res;
+}
+
 static PyObject *
 make_record(PyObject *type, const Py_ssize_t *offs, const unsigned char *b, const pending_rec *r, PyObject *fid,
             Py_ssize_t base, PyObject *empty, int_cache *cache)
@@ -551,29 +581,12 @@ make_record(PyObject *type, const Py_ssize_t *offs, const unsigned char *b, cons
     } else {
         argv[6] = PyBytes_FromStringAndSize((const char *)b + r->offset + HEADER_LEN, r->payload_len);
     }
-    if (argv[0] && argv[1] && argv[2] && argv[4] && argv[5] && argv[6]) {
-        if (offs != NULL) {
-            PyTypeObject *tp = (PyTypeObject *)type;
-            res = tp->tp_alloc(tp, 0);
-            if (res != NULL) {
-                for (int i = 0; i < 7; i++) {
-                    Py_INCREF(argv[i]);
-                    *(PyObject **)((char *)res + offs[i]) = argv[i];
-                }
-                Py_INCREF(Py_False);
-                *(PyObject **)((char *)res + offs[7]) = Py_False;
-            }
-        }
-        else {
-            res = PyObject_Vectorcall(type, argv, 7, NULL);
-        }
-        /* A record holds only ints, bytes and a bool, and is frozen: it can never be part of a
-           reference cycle. Untracked, the cyclic GC does not walk the million records a
-           recovery holds over and over as their list grows (that walk was ~0.85 s of a 2.4 s
-           replay of 1M events). */
-        if (res != NULL && PyObject_IS_GC(res) && PyObject_GC_IsTracked(res))
-            PyObject_GC_UnTrack(res);
-    }
+    /* A record holds only ints, bytes and a bool, and is frozen: it can never be part of a
+       reference cycle. Untracked, the cyclic GC does not walk the million records a recovery
+       holds over and over as their list grows (that walk was ~0.85 s of a 2.4 s replay of 1M
+       events). */
+    if (argv[0] && argv[1] && argv[2] && argv[4] && argv[5] && argv[6])
+        res = new_frozen(type, offs, argv, 7);
     Py_XDECREF(argv[0]);
     Py_XDECREF(argv[1]);
     Py_XDECREF(argv[2]);
@@ -640,26 +653,9 @@ emit_run(run_cols *c, PyObject *records, uint64_t woid, uint64_t txn_id, Py_ssiz
     argv[5] = PyLong_FromSsize_t(count);
     argv[6] = c->offsets;
     argv[7] = c->sizes;
-    if (argv[0] && argv[1] && argv[2] && argv[4] && argv[5]) {
-        if (c->direct) {
-            PyTypeObject *tp = (PyTypeObject *)c->type;
-            res = tp->tp_alloc(tp, 0);
-            if (res != NULL) {
-                for (int i = 0; i < 8; i++) {
-                    Py_INCREF(argv[i]);
-                    *(PyObject **)((char *)res + c->offs[i]) = argv[i];
-                }
-                Py_INCREF(Py_False);
-                *(PyObject **)((char *)res + c->offs[8]) = Py_False;
-            }
-        }
-        else {
-            res = PyObject_Vectorcall(c->type, argv, 8, NULL);
-        }
-        /* ints and two arrays (which hold no objects), frozen: never part of a cycle */
-        if (res != NULL && PyObject_IS_GC(res) && PyObject_GC_IsTracked(res))
-            PyObject_GC_UnTrack(res);
-    }
+    /* ints and two arrays (which hold no objects), frozen: never part of a cycle */
+    if (argv[0] && argv[1] && argv[2] && argv[4] && argv[5])
+        res = new_frozen(c->type, c->direct ? c->offs : NULL, argv, 8);
     Py_XDECREF(argv[0]);
     Py_XDECREF(argv[1]);
     Py_XDECREF(argv[2]);

@@ -578,6 +578,41 @@ def test_c_compact_walk_fills_the_columns_it_is_given() -> None:
 
 
 @needs_c
+def test_c_walk_calls_a_record_type_whose_slots_it_cannot_fill() -> None:
+    """A record or run type without the expected slots is called with the fields instead of
+    filled slot by slot: the same values either way."""
+    from array import array
+
+    def plain(fields: list[str]) -> type:  # no __slots__: its fields live in a __dict__
+        def init(self: Any, *args: Any) -> None:
+            self.__dict__.update(zip(fields, args, strict=True))
+
+        return type("Plain", (), {"__init__": init})
+
+    def values(records: list[Any]) -> list[dict[str, Any]]:
+        names = ("op", "woid", "txn_id", "file_id", "offset", "size", "payload", "first_woid", "start", "count")
+        return [{k: getattr(r, k) for k in names if hasattr(r, k)} for r in records]
+
+    data, ends = _file(fmt.CRC32C)
+    hdr = fmt.decode_file_header(data)
+    assert isinstance(hdr, fmt.FileHeader)
+    seed = fmt.file_seed(fmt.CRC32C, hdr.channel_id, 1)
+    rec_plain = plain([f.name for f in dataclasses.fields(scan.LogRecord)][:7])
+    run_plain = plain([f.name for f in dataclasses.fields(scan.PutRun)][:8])
+    for compact in (False, True):
+        got = []
+        for rec_type, run_type in ((scan.LogRecord, scan.PutRun), (rec_plain, run_plain)):
+            records: list[Any] = []
+            extra = (run_type, array("q"), array("q")) if compact else ()
+            end, _last = C.scan_batches(data, ends[0], seed, fmt.CRC32C, 1 << 20, 0, 0, 1, rec_type, records, *extra)
+            assert end == ends[-1]
+            assert {type(r) for r in records} == ({rec_type, run_type} if compact else {rec_type})
+            got.append(values(records))
+        assert got[0] == got[1]
+        assert len(got[0]) > 5
+
+
+@needs_c
 def test_c_records_are_not_tracked_by_the_cyclic_gc() -> None:
     """Records hold only ints, bytes and a bool (no cycle possible): the C walk untracks them,
     so a recovery holding a million of them does not make every GC pass walk them all."""
