@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import unquote, urlparse
 
-from filechannel.testing.stream import session_pids
+from filechannel.testing.stream import kill_session, session_pids
 
 REGIONS = ("eu-west", "us-east", "ap-south", "sa-east")
 CONSUMER = "parquet-table"
@@ -570,17 +570,16 @@ class Child:
         )
         self.pid = self.proc.pid
         self.relay: threading.Thread | None = None
-        self.stragglers = 0  # processes still alive 10 s after their group was killed
+        self.stragglers = 0  # processes still alive 10 s after their session was killed
 
     def kill9(self) -> str:
-        """SIGKILL the process group, then wait until nothing of the session is left."""
+        """SIGKILL every process of the session at once, then wait until nothing of it is left."""
         kinds: dict[str, int] = {}
         for p in session_pids(self.pid):
             kind = _kind(p)
             kinds[kind] = kinds.get(kind, 0) + 1
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, signal.SIGKILL)
         t = time.monotonic()
+        kill_session(self.pid)  # every process at once: PySpark's workers sit in a process group of their own
         self.proc.wait()
         left = self.reap(10.0)
         what = ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))

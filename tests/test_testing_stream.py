@@ -12,8 +12,13 @@ Each costs two driver (JVM) starts; the argument checks need no Spark.
 from __future__ import annotations
 
 import fnmatch
+import os
 import re
+import signal
+import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,7 +38,7 @@ from filechannel.testing import (
     StreamTestError,
     stream_test,
 )
-from filechannel.testing.stream import _expected_matches
+from filechannel.testing.stream import _expected_matches, kill_session, session_pids
 
 
 def doc_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
@@ -144,3 +149,54 @@ def test_bad_arguments_are_config_errors() -> None:
         stream_test("stream_queries:file_sink", [StartStream(), "StartStream"])
     with pytest.raises(ConfigError, match="invalid option timeout"):
         stream_test("stream_queries:file_sink", [], timeout=0)
+
+
+# A session like a Spark driver's: the leader, and a child that moves itself into a process group of
+# its own (as PySpark's worker daemon does) and starts one more process.
+_SESSION = r"""
+import os, sys, time
+if os.fork() == 0:
+    os.setpgid(0, 0)
+    if os.fork() == 0:
+        time.sleep(60)
+        os._exit(0)
+    print(os.getpid(), flush=True)
+    time.sleep(60)
+    os._exit(0)
+time.sleep(60)
+"""
+
+
+def _start_session() -> tuple[subprocess.Popen[str], int]:
+    proc = subprocess.Popen([sys.executable, "-c", _SESSION], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout is not None
+    daemon = int(proc.stdout.readline())
+    deadline = time.monotonic() + 10
+    while len(session_pids(proc.pid)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(session_pids(proc.pid)) == 3
+    assert os.getpgid(daemon) == daemon != proc.pid
+    return proc, daemon
+
+
+def test_kill_session_kills_the_processes_a_process_group_kill_misses() -> None:
+    proc, daemon = _start_session()
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # what a process-group kill reaches: the leader only
+        proc.wait()
+        time.sleep(0.2)
+        left = session_pids(proc.pid)
+        assert daemon in left
+        assert len(left) == 2
+        assert sorted(kill_session(proc.pid)) == sorted(left)
+        assert session_pids(proc.pid) == []
+    finally:
+        kill_session(proc.pid)
+        proc.wait()
+    proc, daemon = _start_session()
+    try:
+        assert len(kill_session(proc.pid)) == 3
+        assert session_pids(proc.pid) == []
+    finally:
+        kill_session(proc.pid)
+        proc.wait()

@@ -267,6 +267,32 @@ def session_pids(sid: int) -> list[int]:
     return out
 
 
+def kill_session(sid: int, timeout: float = 5.0) -> list[int]:
+    """SIGKILL every process of session ``sid``, sweep after sweep until none is left; return those found first.
+
+    Killing the process group alone is not a crash of the whole session: PySpark's worker
+    daemon moves itself and its workers into a process group of their own, so after a
+    ``killpg`` of the driver they run on (and can still write) until they notice the JVM is
+    gone. Called from inside the session, the caller is killed last.
+    """
+    first = session_pids(sid)
+    me = os.getpid()
+    pids = first
+    deadline = time.monotonic() + timeout
+    while pids:
+        for p in pids:
+            if p != me:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGKILL)
+        if me in pids:
+            os.kill(me, signal.SIGKILL)
+        if time.monotonic() > deadline:
+            break  # in uninterruptible sleep: the caller's reap waits for them
+        time.sleep(0.01)
+        pids = session_pids(sid)
+    return first
+
+
 def _child_env() -> dict[str, str]:
     env = dict(os.environ)
     paths = [p or os.getcwd() for p in sys.path]
@@ -352,10 +378,8 @@ class _Child:
             return msg  # type: ignore[no-any-return]
 
     def kill(self) -> int:
-        """SIGKILL the whole process group; wait until nothing of the session is left; return the count killed."""
-        n = len(session_pids(self.proc.pid))
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        """SIGKILL every process of the child's session; wait until nothing of it is left; return the count killed."""
+        n = len(kill_session(self.proc.pid))
         self.proc.wait()
         self.reap()
         return n
@@ -918,7 +942,7 @@ class _DriverServer:
                 func(df, batch_id)
                 if server.armed:
                     server.reply({"crashed": batch_id})
-                    os.killpg(os.getpgrp(), signal.SIGKILL)
+                    kill_session(os.getsid(0))  # the JVM, the Python workers, then this process
 
             return orig_foreach(self, batch)
 
