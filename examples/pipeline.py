@@ -10,7 +10,7 @@ runs, in separate processes:
    process, reading the channel with ``maxEventsPerTrigger`` into a Parquet
    table with a checkpoint (the file sink is exactly-once);
 3. mid-stream, during a micro-batch, the driver and its JVM and Python workers
-   are killed with SIGKILL (the whole process group) and a new driver is started
+   are killed with SIGKILL (every process of its session) and a new driver is started
    on the same checkpoint; then the producer is killed with SIGKILL and restarted:
    it recovers the channel, settles the transaction it was committing from what
    the channel holds, and continues the sequence;
@@ -792,7 +792,7 @@ class Orchestrator:
         what = driver.kill9()
         self.phase("driver killed")
         when = "between micro-batches" if mid is None else f"in the middle of micro-batch {mid}"
-        self.say(f"SIGKILL to Spark driver #1's process group {when} ({before:,} events delivered): {what}")
+        self.say(f"SIGKILL to Spark driver #1's session {when} ({before:,} events delivered): {what}")
 
         self.phase("driver #2: JVM start, replay")
         driver = self.start_driver()

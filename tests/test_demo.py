@@ -70,7 +70,7 @@ def test_demo_delivers_every_committed_event_exactly_once(tmp_path: Path) -> Non
     # The run did what it says: the driver and the producer were killed and restarted,
     # nothing of them was left, and the table was shown through Spark.
     kills = [line for line in out.splitlines() if "SIGKILL" in line]  # shown whole if a check fails
-    assert re.search(r"SIGKILL to Spark driver #1's process group .*JVM 1.*left afterwards: 0", out), kills
+    assert re.search(r"SIGKILL to Spark driver #1's session .*JVM 1.*left afterwards: 0", out), kills
     assert re.search(r"SIGKILL to producer #1 .*left afterwards: 0", out), kills
     assert "Spark driver #2 started" in out
     assert "producer #2" in out

@@ -18,7 +18,7 @@ Both see the caller's ``sys.path`` (as ``PYTHONPATH``). They talk to this
 process over pipes in length-prefixed pickles. ``CrashDriver(at="after_sink")``
 wraps the function given to ``DataStreamWriter.foreachBatch`` (the driver patches
 the method before calling the user's function): once armed, the driver kills its
-process group right after the user's batch function returns, that is after the
+session right after the user's batch function returns, that is after the
 sink wrote the batch and before Spark wrote its commit log. Other sinks cannot
 be cut there, and arming the crash for them is refused with a clear error.
 
@@ -655,7 +655,7 @@ class _Run:
             raise _StepFailed("CrashDriver(): no driver is running (StartStream first)")
         n = self.driver.kill()
         self.result.driver_crashes.append("now")
-        self.result.log.append(f"  SIGKILL of the driver's process group: {n} processes")
+        self.result.log.append(f"  SIGKILL of the driver's session: {n} processes")
         self.driver = None
         self.streaming = False
 
