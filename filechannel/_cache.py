@@ -17,14 +17,20 @@ slots are all cleared is dropped.
 from __future__ import annotations
 
 from bisect import bisect_right, insort
-from collections.abc import Mapping, Sequence
-from typing import cast
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
 
 #: Bytes counted per cached event besides its body (the slot, the headers' reference).
 OVERHEAD = 64
 
 #: What a hit returns: the fields of the Event a take hands out.
 Cached = tuple[bytes, Mapping[str, str], int]
+Make = Callable[[list[bytes], Sequence[Mapping[str, str]], int], list[Any]]
+"""How :meth:`TakeCache.pop` turns a stretch of consecutive events (bodies, headers, first position) into items."""
+
+
+def _as_tuples(bodies: list[bytes], headers: Sequence[Mapping[str, str]], first: int) -> list[Cached]:
+    return list(zip(bodies, headers, range(first, first + len(bodies)), strict=True))
 
 
 class _Run:
@@ -87,16 +93,20 @@ class TakeCache:
             head = 0
         self._head = head
 
-    def pop(self, positions: Sequence[int]) -> list[Cached | None]:
+    def pop(self, positions: Sequence[int], make: Make | None = None) -> list[Any]:
         """Remove and return the events at ``positions`` (None where one is not held).
 
         ``positions`` must be ascending and distinct, as the queue hands them out: a stretch
         of them that spans as many positions as it has entries is then consecutive, and is
-        served with slices of its run instead of one slot at a time.
+        served with slices of its run instead of one slot at a time. Each stretch becomes
+        ``make(bodies, headers, first_position)`` (a list of its events); by default a
+        :data:`Cached` tuple per event.
         """
         if not self.events:
             return [None] * len(positions)
-        out: list[Cached | None] = []
+        if make is None:
+            make = _as_tuples
+        out: list[Any] = []
         runs = self._runs
         firsts = self._firsts
         head = self._head
@@ -131,7 +141,7 @@ class TakeCache:
                     i += 1
                     continue
             held = cast("list[bytes]", seg)  # no None in it
-            out += zip(held, run.headers[a : a + m], positions[i : i + m], strict=True)
+            out += make(held, run.headers[a : a + m], p)
             bodies[a : a + m] = [None] * m
             size = sum(map(len, held)) + OVERHEAD * m
             run.nbytes -= size

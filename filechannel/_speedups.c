@@ -1085,6 +1085,53 @@ done:
 
 /* ------------------------------------------------------------------------ */
 
+/* make_events(cls, bodies, headers, first) -> [cls((bodies[i], headers[i], first + i)), ...]:
+   a take's cache hits as instances of the 3-field tuple subclass ``cls`` (channel.Event), built
+   directly, without the intermediate tuple that tuple.__new__(cls, iterable) makes. */
+static PyObject *
+sp_make_events(PyObject *self, PyObject *args)
+{
+    PyObject *cls, *bodies, *headers;
+    Py_ssize_t first;
+    if (!PyArg_ParseTuple(args, "O!O!O!n", &PyType_Type, &cls, &PyList_Type, &bodies, &PyList_Type, &headers,
+                          &first))
+        return NULL;
+    PyTypeObject *tp = (PyTypeObject *)cls;
+    if (!PyType_IsSubtype(tp, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "make_events: cls must be a tuple subclass");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(bodies);
+    if (PyList_GET_SIZE(headers) != n) {
+        PyErr_SetString(PyExc_ValueError, "make_events: bodies and headers differ in length");
+        return NULL;
+    }
+    if (n > 0 && first > PY_SSIZE_T_MAX - n) {
+        PyErr_SetString(PyExc_OverflowError, "make_events: positions overflow");
+        return NULL;
+    }
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *pos = PyLong_FromSsize_t(first + i);
+        PyObject *ev = pos == NULL ? NULL : tp->tp_alloc(tp, 3);
+        if (ev == NULL) {
+            Py_XDECREF(pos);
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyObject *b = PyList_GET_ITEM(bodies, i), *h = PyList_GET_ITEM(headers, i);
+        Py_INCREF(b);
+        Py_INCREF(h);
+        PyTuple_SET_ITEM(ev, 0, b);
+        PyTuple_SET_ITEM(ev, 1, h);
+        PyTuple_SET_ITEM(ev, 2, pos);
+        PyList_SET_ITEM(out, i, ev);
+    }
+    return out;
+}
+
 static PyMethodDef sp_methods[] = {
     {"bind_crc32c", sp_bind_crc32c, METH_VARARGS, "bind_crc32c(path) -> bool: use libcrc32c's crc32c_extend."},
     {"unbind_crc32c", sp_unbind_crc32c, METH_NOARGS, "unbind_crc32c(): use the built-in CRC-32C again."},
@@ -1097,6 +1144,8 @@ static PyMethodDef sp_methods[] = {
     {"decode_puts", sp_decode_puts, METH_VARARGS,
      "decode_puts(buf, offsets, sizes, seed, kind, max_payload, decode, frame_error, event_error)"
      " -> list: per record (body, headers), its payload bytes, or an error instance (format.decode_puts)."},
+    {"make_events", sp_make_events, METH_VARARGS,
+     "make_events(cls, bodies, headers, first) -> list: cls((bodies[i], headers[i], first + i)) for each i."},
     {"trim_heap", sp_trim_heap, METH_NOARGS, "trim_heap() -> bool: glibc malloc_trim(0); False elsewhere."},
     {"scan_batches", sp_scan_batches, METH_VARARGS,
      "scan_batches(buf, pos, seed, kind, max_payload, batch_last_woid, base, file_id, record_type, records[, run_type, offsets, sizes]) -> (end_of_verified_prefix, last_woid)."},

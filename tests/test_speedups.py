@@ -919,3 +919,65 @@ def test_decode_puts_survives_an_error_type_that_shrinks_the_offsets() -> None:
 
     with pytest.raises(RuntimeError, match="changed size"):
         C.decode_puts(buf, offs, [s + 8 for s in sizes], seed, fmt.CRC32C, 100, True, shrinking, None)
+
+
+# --------------------------------------------------------------------------
+# a take's cache hits as Events
+
+
+def _events_both(bodies: list[Any], headers: list[Any], first: int) -> list[Any]:
+    from filechannel.channel import _make_events
+
+    saved = fmt.speedups
+    out = []
+    for accel in (True, False):
+        fmt.speedups = saved if accel else None
+        try:
+            out.append(("ok", _make_events(bodies, headers, first)))
+        except (ValueError, TypeError, OverflowError) as exc:
+            out.append(("raised", type(exc).__name__, str(exc)))
+        finally:
+            fmt.speedups = saved
+    assert out[0] == out[1]
+    if out[0][0] == "ok":
+        assert [type(e) for e in out[0][1]] == [type(e) for e in out[1][1]]
+    return out[0]  # type: ignore[no-any-return]
+
+
+@needs_c
+@TWIN
+@given(
+    bodies=st.lists(st.binary(max_size=20), max_size=30),
+    headers=st.lists(st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2), max_size=31),
+    first=st.integers(0, 2**62),
+)
+def test_make_events_is_identical_on_both_paths(bodies: list[bytes], headers: list[Any], first: int) -> None:
+    from filechannel.channel import Event
+
+    headers = headers[: len(bodies)] if len(headers) > len(bodies) + 1 else headers
+    got = _events_both(bodies, headers, first)
+    if len(headers) != len(bodies):
+        assert got == ("raised", "ValueError", "make_events: bodies and headers differ in length")
+        return
+    assert got[0] == "ok"
+    assert got[1] == [Event(b, h, first + i) for i, (b, h) in enumerate(zip(bodies, headers, strict=True))]
+    assert all(type(e) is Event for e in got[1])
+
+
+@needs_c
+def test_make_events_refuses_what_it_cannot_build_and_keeps_references_right() -> None:
+    from filechannel.channel import Event
+
+    with pytest.raises(TypeError, match="tuple subclass"):
+        C.make_events(dict, [b"a"], [{}], 0)
+    with pytest.raises(TypeError):
+        C.make_events(Event, (b"a",), [{}], 0)  # lists only (the wrapper sends other sequences to the twin)
+    with pytest.raises(OverflowError):
+        C.make_events(Event, [b"a", b"b"], [{}, {}], sys.maxsize)
+    body, hdrs = b"x" * 100, {"k": "v"}
+    before = (sys.getrefcount(body), sys.getrefcount(hdrs))
+    evs = C.make_events(Event, [body] * 50, [hdrs] * 50, 7)
+    assert (sys.getrefcount(body), sys.getrefcount(hdrs)) == (before[0] + 50, before[1] + 50)
+    del evs
+    assert (sys.getrefcount(body), sys.getrefcount(hdrs)) == before
+    assert C.make_events(Event, [], [], 0) == []

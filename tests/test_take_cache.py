@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -76,3 +78,21 @@ def test_a_full_cache_keeps_the_newest_commits() -> None:
     assert [p for p, c in enumerate(got) if c is not None] == list(range(40, 50))
     assert len(cache) == 0
     assert cache.nbytes == 0
+
+
+def test_pop_hands_each_consecutive_stretch_to_make() -> None:
+    cache = TakeCache(1 << 20)
+    cache.add(10, [b"a", b"b", b"c"], [{}, {"k": "v"}, {}])
+    cache.add(13, [b"d", b"e"], [{}, {}])
+    calls: list[tuple[list[bytes], int]] = []
+
+    def make(bodies: list[bytes], headers: Any, first: int) -> list[Any]:
+        calls.append((list(bodies), first))
+        return [("ev", first + i, b, dict(h)) for i, (b, h) in enumerate(zip(bodies, headers, strict=True))]
+
+    got = cache.pop([11, 12, 13, 14, 20], make)
+    # one call per run's consecutive stretch; a position not held is None
+    assert calls == [([b"b", b"c"], 11), ([b"d", b"e"], 13)]
+    assert got == [("ev", 11, b"b", {"k": "v"}), ("ev", 12, b"c", {}), ("ev", 13, b"d", {}), ("ev", 14, b"e", {}), None]
+    assert cache.pop([10]) == [(b"a", {}, 10)]  # the default: a (body, headers, position) tuple per event
+    assert cache.events == 0
