@@ -596,6 +596,19 @@ make_record(PyObject *type, const Py_ssize_t *offs, const unsigned char *b, cons
     return res;
 }
 
+/* Append the record of ``r`` to ``records``; -1 with an exception set on failure. */
+static int
+append_record(PyObject *records, PyObject *type, const Py_ssize_t *offs, const unsigned char *b, const pending_rec *r,
+              PyObject *fid, Py_ssize_t base, PyObject *empty, int_cache *cache)
+{
+    PyObject *rec = make_record(type, offs, b, r, fid, base, empty, cache);
+    if (rec == NULL)
+        return -1;
+    int rc = PyList_Append(records, rec);
+    Py_DECREF(rec);
+    return rc;
+}
+
 /* Compact mode (recovery): the PUTs of a verified batch are not records. Their offsets and frame
    sizes go to two int64 columns (the caller's array("q") pair, extended once at the end), and one
    scan.PutRun stands for each stretch of one transaction's consecutive PUTs inside one batch:
@@ -832,25 +845,19 @@ sp_scan_batches(PyObject *self, PyObject *args)
                     }
                     continue;
                 }
-                PyObject *rec = make_record(type, direct ? offs : NULL, b, &pend[i], fid, base, empty, &cache);
-                if (rec == NULL || PyList_Append(records, rec) < 0) {
-                    Py_XDECREF(rec);
+                if (append_record(records, type, direct ? offs : NULL, b, &pend[i], fid, base, empty, &cache) < 0) {
                     failed = 1;
                     goto out;
                 }
-                Py_DECREF(rec);
             }
             g = p;
             continue;
         }
         for (Py_ssize_t i = 0; i < np; i++) {
-            PyObject *rec = make_record(type, direct ? offs : NULL, b, &pend[i], fid, base, empty, &cache);
-            if (rec == NULL || PyList_Append(records, rec) < 0) {
-                Py_XDECREF(rec);
+            if (append_record(records, type, direct ? offs : NULL, b, &pend[i], fid, base, empty, &cache) < 0) {
                 failed = 1;
                 goto out;
             }
-            Py_DECREF(rec);
         }
         g = p;
     }
