@@ -273,19 +273,23 @@ def kill_session(sid: int, timeout: float = 5.0) -> list[int]:
     Killing the process group alone is not a crash of the whole session: PySpark's worker
     daemon moves itself and its workers into a process group of their own, so after a
     ``killpg`` of the driver they run on (and can still write) until they notice the JVM is
-    gone. Called from inside the session, the caller is killed last.
+    gone. Each process group is killed at one instant; called from inside the session, the
+    caller's own group goes last.
     """
     first = session_pids(sid)
-    me = os.getpid()
+    mine = os.getpgrp()
     pids = first
     deadline = time.monotonic() + timeout
     while pids:
+        groups = set()
         for p in pids:
-            if p != me:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(p, signal.SIGKILL)
-        if me in pids:
-            os.kill(me, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                groups.add(os.getpgid(p))
+        for g in sorted(groups - {mine}):  # each process group at one instant, as killpg does
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(g, signal.SIGKILL)
+        if mine in groups:
+            os.killpg(mine, signal.SIGKILL)
         if time.monotonic() > deadline:
             break  # in uninterruptible sleep: the caller's reap waits for them
         time.sleep(0.01)
