@@ -23,7 +23,7 @@ from typing import Any, cast
 #: Bytes counted per cached event besides its body (the slot, the headers' reference).
 OVERHEAD = 64
 
-#: What a hit returns: the fields of the Event a take hands out.
+#: What a hit returns by default (``pop`` without ``make``): the fields of the Event a take hands out.
 Cached = tuple[bytes, Mapping[str, str], int]
 Make = Callable[[list[bytes], Sequence[Mapping[str, str]], int], list[Any]]
 """How :meth:`TakeCache.pop` turns a stretch of consecutive events (bodies, headers, first position) into items."""

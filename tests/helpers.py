@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+from typing import Any
+
 import filechannel
+from filechannel import format as fmt
+from filechannel.log import CHANNEL_FILE, decode_channel_file
 
 
 def contents(ch: filechannel.FileChannel) -> list[tuple[int, bytes]]:
@@ -18,3 +24,46 @@ def put(ch: filechannel.FileChannel, *bodies: bytes) -> None:
     with ch.transaction() as tx:
         for b in bodies:
             tx.put(b)
+
+
+def put_records(d: str | Path) -> list[tuple[str, int, fmt.Record, int]]:
+    """Every PUT record in the ``data`` directory of the channel at ``d``, in file order.
+
+    As ``(data file path, file id, record, file seed)``: each file read frame by frame up to the
+    first frame that does not decode (the zero-filled space after its last record).
+    """
+    cid, kind, _ = decode_channel_file(Path(d, CHANNEL_FILE).read_bytes())
+    files = []
+    for name in os.listdir(Path(d, "data")):
+        if name.endswith(".wal"):
+            buf = Path(d, "data", name).read_bytes()
+            h = fmt.decode_file_header(buf)
+            assert isinstance(h, fmt.FileHeader)
+            files.append((h.file_id, str(Path(d, "data", name)), buf, h.header_len))
+    found = []
+    for fid, path, buf, off in sorted(files):
+        seed = fmt.file_seed(kind, cid, fid)
+        while True:
+            try:
+                rec = fmt.decode_record(buf, off, seed, kind, 1 << 30)
+            except fmt.FormatError:
+                break
+            if not isinstance(rec, fmt.Record):
+                break
+            if rec.op == fmt.PUT:
+                found.append((path, fid, rec, seed))
+            off = rec.end
+    return found
+
+
+def decode_puts_outcome(results: list[Any]) -> list[Any]:
+    """Comparable form of ``format.decode_puts`` results: values as they are, errors by type, offset and reason."""
+    out: list[Any] = []
+    for r in results:
+        if isinstance(r, BaseException):
+            assert isinstance(r, fmt.FormatError), r
+            out.append((type(r).__name__, r.offset, r.reason, str(r)))
+        else:
+            assert type(r) in (tuple, bytes), r
+            out.append(r)
+    return out

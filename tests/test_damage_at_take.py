@@ -28,11 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import contents
+from helpers import contents, put_records
 
 import filechannel
 from filechannel import format as fmt
-from filechannel.log import CHANNEL_FILE, decode_channel_file
 
 OPTS: dict[str, Any] = {"minimum_required_space": 0}
 N = 200
@@ -68,26 +67,9 @@ def build(d: str) -> None:
 
 def find_put(d: str, body: bytes) -> tuple[str, fmt.Record]:
     """The data file and the PUT record (offsets are file offsets) that hold the event ``body``."""
-    cid, kind, _ = decode_channel_file(Path(d, CHANNEL_FILE).read_bytes())
-    data = Path(d, "data")
-    for name in sorted(os.listdir(data)):
-        if not name.endswith(".wal"):
-            continue
-        buf = (data / name).read_bytes()
-        h = fmt.decode_file_header(buf)
-        assert isinstance(h, fmt.FileHeader)
-        seed = fmt.file_seed(kind, cid, h.file_id)
-        off = h.header_len
-        while True:
-            try:
-                rec = fmt.decode_record(buf, off, seed, kind, 1 << 30)
-            except filechannel.FormatError:  # the zero-filled space after the last record
-                break
-            if not isinstance(rec, fmt.Record):
-                break
-            if rec.op == fmt.PUT and fmt.decode_event(rec.payload)[0] == body:
-                return str(data / name), rec
-            off = rec.end
+    for path, _fid, rec, _seed in put_records(d):
+        if fmt.decode_event(rec.payload)[0] == body:
+            return path, rec
     raise AssertionError(f"no PUT record holds {body!r}")
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import google_crc32c
 import pytest
+from helpers import decode_puts_outcome
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -754,33 +755,20 @@ def _put_buffer(
     return buf, offs, sizes, seed
 
 
-def _outcome(results: Any) -> list[Any]:
-    """Comparable form of decode_puts results: values as they are, errors by type, offset and reason."""
-    out: list[Any] = []
-    for r in results:
-        if isinstance(r, BaseException):
-            assert isinstance(r, fmt.FormatError), r
-            out.append((type(r).__name__, r.offset, r.reason, str(r)))
-        else:
-            assert type(r) in (tuple, bytes), r
-            out.append(r)
-    return out
-
-
 def _decode_event_outcome(payload: bytes) -> Any:
     """What decode_puts should hold for a verified, decoded record: the event, or decode_event's error."""
     try:
         return fmt.decode_event(payload)
     except fmt.FormatError as exc:
-        return _outcome([exc])[0]
+        return decode_puts_outcome([exc])[0]
 
 
 def _both(buf: Any, offs: list[int], sizes: list[int], seed: int, kind: int, max_payload: int, decode: bool) -> Any:
     """Run both twins; return the pure result after checking the C one is identical."""
-    c = _outcome(
+    c = decode_puts_outcome(
         C.decode_puts(buf, offs, sizes, seed, kind, max_payload, decode, fmt.FormatError, fmt.EventFormatError)
     )
-    py = _outcome(fmt._decode_puts(buf, offs, sizes, seed, kind, max_payload, decode))
+    py = decode_puts_outcome(fmt._decode_puts(buf, offs, sizes, seed, kind, max_payload, decode))
     assert c == py
     return py
 

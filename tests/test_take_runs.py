@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import helpers
 import pytest
 
 import filechannel
@@ -57,27 +58,7 @@ def fill(ch: filechannel.FileChannel) -> None:
 
 def put_records(d: str) -> list[tuple[str, int, fmt.Record, int]]:
     """Every PUT record in write order (= position order here): (path, file id, record, seed)."""
-    cid, kind, _ = decode_channel_file(Path(d, CHANNEL_FILE).read_bytes())
-    found = []
-    files = []
-    for name in os.listdir(Path(d, "data")):
-        if name.endswith(".wal"):
-            buf = Path(d, "data", name).read_bytes()
-            h = fmt.decode_file_header(buf)
-            assert isinstance(h, fmt.FileHeader)
-            files.append((h.file_id, str(Path(d, "data", name)), buf, h.header_len))
-    for fid, path, buf, off in sorted(files):
-        seed = fmt.file_seed(kind, cid, fid)
-        while True:
-            try:
-                rec = fmt.decode_record(buf, off, seed, kind, 1 << 30)
-            except fmt.FormatError:  # the zero-filled space after the last record
-                break
-            if not isinstance(rec, fmt.Record):
-                break
-            if rec.op == fmt.PUT:
-                found.append((path, fid, rec, seed))
-            off = rec.end
+    found = helpers.put_records(d)
     assert len(found) == N
     assert len({fid for _, fid, _, _ in found}) >= 3  # the take spans several files
     return found

@@ -99,19 +99,6 @@ def _scan(accel: bool, data: bytes, kind: int, mode: str, compact: bool) -> tupl
     return (fs.records, fs.end, fs.size, fs.last_woid, fs.header_damaged, ctx.reports)
 
 
-def _outcome(results: list[Any]) -> list[Any]:
-    from filechannel import format as fmt
-
-    out: list[Any] = []
-    for r in results:
-        if isinstance(r, BaseException):
-            assert isinstance(r, fmt.FormatError), r
-            out.append((type(r).__name__, r.offset, r.reason, str(r)))
-        else:
-            out.append(r)
-    return out
-
-
 def _encoded(enc: Any, payloads: list[bytes], woid: int, offset: int) -> tuple[Any, ...]:
     parts: list[bytes] = []
     offs: list[int] = []
@@ -124,6 +111,8 @@ def _encoded(enc: Any, payloads: list[bytes], woid: int, offset: int) -> tuple[A
 
 
 def test_one_input(data: bytes) -> None:
+    from helpers import decode_puts_outcome
+
     from filechannel import format as fmt
 
     c = fmt.speedups
@@ -162,7 +151,7 @@ def test_one_input(data: bytes) -> None:
                 damaged, offs, sizes, seed, kind, max_payload, decode, fmt.FormatError, fmt.EventFormatError
             )
             got_py = fmt._decode_puts(damaged, offs, sizes, seed, kind, max_payload, decode)
-            assert _outcome(got_c) == _outcome(got_py)
+            assert decode_puts_outcome(got_c) == decode_puts_outcome(got_py)
 
     # 3. payloads cut from the input (each length byte, then that many bytes), framed by both encoders
     payloads: list[bytes] = []
