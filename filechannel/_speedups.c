@@ -425,6 +425,52 @@ done:
     return r;
 }
 
+/* frame_record(seed, kind, head, payload) -> bytes: one record's frame, the twin of
+   format._RecordEncoder.add once the caller has packed the 24-byte ``head`` (so packing errors
+   stay struct's): head, checksum over head and payload, zero word, payload, zero padding to 8. */
+static PyObject *
+sp_frame_record(PyObject *self, PyObject *args)
+{
+    unsigned long seed_l;
+    int kind;
+    PyObject *head, *payload;
+    if (!PyArg_ParseTuple(args, "kiO!O", &seed_l, &kind, &PyBytes_Type, &head, &payload))
+        return NULL;
+    extend_fn ext = pick_extend(kind);
+    if (ext == NULL) {
+        PyErr_Format(PyExc_ValueError, "unknown checksum algorithm %d", kind);
+        return NULL;
+    }
+    if (PyBytes_GET_SIZE(head) != 24) {
+        PyErr_SetString(PyExc_ValueError, "a record head is 24 bytes");
+        return NULL;
+    }
+    if (kind == KIND_CRC32C && !PyBytes_Check(payload)) {
+        /* google_crc32c.extend ("y#"), which the Python twin calls on the payload, takes bytes only */
+        PyErr_Format(PyExc_TypeError, "argument 2 must be read-only bytes-like object, not %.100s",
+                     Py_TYPE(payload)->tp_name);
+        return NULL;
+    }
+    Py_buffer pb;
+    if (PyObject_GetBuffer(payload, &pb, PyBUF_SIMPLE) < 0)
+        return NULL;
+    Py_ssize_t n = pb.len;
+    Py_ssize_t pad = -n & 7;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, HEADER_LEN + n + pad);
+    if (out != NULL) {
+        unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+        memcpy(p, PyBytes_AS_STRING(head), 24);
+        uint32_t c = ext((uint32_t)seed_l, p, 24);
+        c = ext(c, (const unsigned char *)pb.buf, (size_t)n);
+        put_u32(p + 24, c);
+        put_u32(p + 28, 0);
+        memcpy(p + HEADER_LEN, pb.buf, (size_t)n);
+        memset(p + HEADER_LEN + n, 0, (size_t)pad);
+    }
+    PyBuffer_Release(&pb);
+    return out;
+}
+
 /* ------------------------------------------------------------------------ */
 /* scan_batches */
 
@@ -1139,6 +1185,91 @@ sp_make_events(PyObject *self, PyObject *args)
     return out;
 }
 
+/* take_runs(entries) -> (ranges, file_runs) or None: a transaction's takes grouped for its commit,
+   the twin of channel._ranges(sorted(positions)) and channel._file_runs(entries). ``entries`` is a
+   list of (position, file_id, offset, size) tuples. When the positions strictly ascend (the usual
+   case) it returns ``ranges``, [(first, count)] of consecutive positions, and ``file_runs``,
+   [(file_id, first, count)] of consecutive positions in one file; otherwise (or for anything
+   but such tuples of ints) None, and the caller takes the Python path. */
+static int
+append_pair(PyObject *list, long long a, long long b)
+{
+    PyObject *t = Py_BuildValue("(LL)", a, b);
+    if (t == NULL)
+        return -1;
+    int r = PyList_Append(list, t);
+    Py_DECREF(t);
+    return r;
+}
+
+static int
+append_triple(PyObject *list, PyObject *fid, long long a, long long b)
+{
+    PyObject *t = Py_BuildValue("(OLL)", fid, a, b);
+    if (t == NULL)
+        return -1;
+    int r = PyList_Append(list, t);
+    Py_DECREF(t);
+    return r;
+}
+
+static PyObject *
+sp_take_runs(PyObject *self, PyObject *entries)
+{
+    if (!PyList_Check(entries)) {
+        PyErr_SetString(PyExc_TypeError, "take_runs: entries must be a list");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(entries);
+    PyObject *ranges = PyList_New(0), *fruns = PyList_New(0);
+    if (ranges == NULL || fruns == NULL)
+        goto fail;
+    long long rfirst = 0, rcount = 0, ffirst = 0, fcount = 0, prev = 0, ffid_v = 0;
+    PyObject *ffid = NULL; /* borrowed from the entry that began the file run */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *e = PyList_GET_ITEM(entries, i);
+        if (!PyTuple_CheckExact(e) || PyTuple_GET_SIZE(e) != 4)
+            goto python;
+        PyObject *po = PyTuple_GET_ITEM(e, 0), *fo = PyTuple_GET_ITEM(e, 1);
+        if (!PyLong_CheckExact(po) || !PyLong_CheckExact(fo))
+            goto python;
+        int of1 = 0, of2 = 0;
+        long long p = PyLong_AsLongLongAndOverflow(po, &of1);
+        long long f = PyLong_AsLongLongAndOverflow(fo, &of2);
+        if (of1 || of2 || p == LLONG_MAX)
+            goto python;
+        if (i > 0 && p <= prev)
+            goto python; /* not strictly ascending */
+        if (i > 0 && p == prev + 1) {
+            rcount++;
+            if (f == ffid_v) {
+                fcount++;
+            } else {
+                if (append_triple(fruns, ffid, ffirst, fcount) < 0)
+                    goto fail;
+                ffid = fo, ffid_v = f, ffirst = p, fcount = 1;
+            }
+        } else {
+            if (i > 0 && (append_pair(ranges, rfirst, rcount) < 0 || append_triple(fruns, ffid, ffirst, fcount) < 0))
+                goto fail;
+            rfirst = p, rcount = 1;
+            ffid = fo, ffid_v = f, ffirst = p, fcount = 1;
+        }
+        prev = p;
+    }
+    if (n > 0 && (append_pair(ranges, rfirst, rcount) < 0 || append_triple(fruns, ffid, ffirst, fcount) < 0))
+        goto fail;
+    return Py_BuildValue("(NN)", ranges, fruns);
+python:
+    Py_DECREF(ranges);
+    Py_DECREF(fruns);
+    Py_RETURN_NONE;
+fail:
+    Py_XDECREF(ranges);
+    Py_XDECREF(fruns);
+    return NULL;
+}
+
 static PyMethodDef sp_methods[] = {
     {"bind_crc32c", sp_bind_crc32c, METH_VARARGS, "bind_crc32c(path) -> bool: use libcrc32c's crc32c_extend."},
     {"unbind_crc32c", sp_unbind_crc32c, METH_NOARGS, "unbind_crc32c(): use the built-in CRC-32C again."},
@@ -1148,9 +1279,13 @@ static PyMethodDef sp_methods[] = {
     {"encode_puts", sp_encode_puts, METH_VARARGS,
      "encode_puts(seed, kind, woid, txn_id, payloads, offsets, sizes, offset, seal=None, tag_len=0)"
      " -> (frames, end_offset)."},
+    {"frame_record", sp_frame_record, METH_VARARGS,
+     "frame_record(seed, kind, head, payload) -> bytes: one record frame after its packed 24-byte head."},
     {"decode_puts", sp_decode_puts, METH_VARARGS,
      "decode_puts(buf, offsets, sizes, seed, kind, max_payload, decode, frame_error, event_error)"
      " -> list: per record (body, headers), its payload bytes, or an error instance (format.decode_puts)."},
+    {"take_runs", sp_take_runs, METH_O,
+     "take_runs(entries) -> (ranges, file_runs) or None: a transaction's takes grouped (channel._take_runs)."},
     {"make_events", sp_make_events, METH_VARARGS,
      "make_events(cls, bodies, headers, first) -> list: cls((bodies[i], headers[i], first + i)) for each i."},
     {"trim_heap", sp_trim_heap, METH_NOARGS, "trim_heap() -> bool: glibc malloc_trim(0); False elsewhere."},

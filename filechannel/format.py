@@ -387,7 +387,7 @@ def record_encoder(seed: int, kind: int, sealer: Sealer | None = None) -> _Recor
 class _RecordEncoder:
     """Appends encoded frames to a list of parts; avoids per-call lookups."""
 
-    __slots__ = ("_extend", "_sealer", "_seed")
+    __slots__ = ("_extend", "_sealer", "_seed", "extend")
 
     def __init__(self, seed: int, kind: int, sealer: Sealer | None = None) -> None:
         self._seed = seed
@@ -398,6 +398,8 @@ class _RecordEncoder:
             self._extend = _zlib_extend
         else:  # pragma: no cover
             raise FormatError(0, f"unknown checksum algorithm {kind}")
+        #: ``extend(crc, data)``: the file's checksum algorithm, continuing ``crc`` over ``data``.
+        self.extend: Callable[[int, bytes], int] = self._extend
 
     def add(self, parts: list[bytes], op: int, woid: int, txn_id: int, payload: bytes) -> int:
         """Append one frame's pieces to ``parts``; return its size in bytes."""
@@ -456,6 +458,15 @@ class _CRecordEncoder(_RecordEncoder):
     def __init__(self, seed: int, kind: int, sealer: Sealer | None = None) -> None:
         super().__init__(seed, kind, sealer)
         self._kind = kind
+
+    def add(self, parts: list[bytes], op: int, woid: int, txn_id: int, payload: bytes) -> int:
+        """Append the frame of :meth:`_RecordEncoder.add` to ``parts`` as one bytes object."""
+        assert speedups is not None
+        frame: bytes = speedups.frame_record(
+            self._seed, self._kind, _REC_HEAD.pack(op, 0, 0, len(payload), woid, txn_id), payload
+        )
+        parts.append(frame)
+        return len(frame)
 
     def add_puts(
         self,

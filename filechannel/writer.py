@@ -309,8 +309,9 @@ class Writer:
                     txn = it.txn_id
                     offs = res.put_offsets
                     sizes = res.put_sizes
-                    off = enc.add_puts(parts, woid, txn, it.payloads, offs, sizes, off)
-                    woid += len(it.payloads)
+                    if it.payloads:  # a take-only commit frames no PUTs
+                        off = enc.add_puts(parts, woid, txn, it.payloads, offs, sizes, off)
+                        woid += len(it.payloads)
                     if it.takes:
                         off += enc.add(parts, fmt.TAKE, woid, txn, fmt.encode_take(it.takes))
                         woid += 1
@@ -332,12 +333,11 @@ class Writer:
                         woid += 1
             if len(parts) > _GATHER_MAX:  # many small frames (the pure-Python path): one join is cheaper
                 parts = [b"".join(parts)]
-            kind = log.crc_kind
+            ext = enc.extend  # the file's checksum, bound (fmt.crc without its dispatch per part)
             body_crc = self.seed
-            body_len = 0
             for part in parts:
-                body_crc = fmt.crc(kind, part, body_crc)
-                body_len += len(part)
+                body_crc = ext(body_crc, part)
+            body_len = off - start
             be = fmt.BatchEnd(start, body_len, body_crc, first_woid, woid - 1)
             enc.add(parts, fmt.BATCH_END, woid, 0, fmt.encode_batch_end(be))
             log._next_woid = woid + 1

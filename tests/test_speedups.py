@@ -969,3 +969,58 @@ def test_make_events_refuses_what_it_cannot_build_and_keeps_references_right() -
     del evs
     assert (sys.getrefcount(body), sys.getrefcount(hdrs)) == before
     assert C.make_events(Event, [], [], 0) == []
+
+
+@needs_c
+@TWIN
+@given(
+    op=st.integers(-1, 257),
+    woid=st.integers(-1, 2**64),
+    txn=st.integers(0, 2**64 - 1),
+    payload=st.binary(max_size=70),
+    kind=st.sampled_from(KINDS),
+    wrap=st.sampled_from(["bytes", "bytearray", "memoryview"]),
+)
+@example(op=fmt.TAKE, woid=5, txn=6, payload=b"", kind=fmt.CRC32C, wrap="bytes")
+def test_add_is_byte_identical(
+    crc_impl: str, op: int, woid: int, txn: int, payload: bytes, kind: int, wrap: str
+) -> None:
+    """One non-PUT frame (TAKE, COMMIT, BATCH_END ...): the C ``add`` gives the Python parts' bytes, or its error."""
+    seed = fmt.file_seed(kind, CID, 3)
+    given_payload: Any = {"bytes": payload, "bytearray": bytearray(payload), "memoryview": memoryview(payload)}[wrap]
+
+    def run(enc: fmt._RecordEncoder) -> tuple[str, int, bytes] | tuple[str, type, str]:
+        parts: list[bytes] = [b"before"]
+        try:
+            n = enc.add(parts, op, woid, txn, given_payload)
+        except Exception as exc:  # compared between the twins
+            return ("error", type(exc), str(exc))
+        return ("ok", n, b"".join(parts))
+
+    c_enc = fmt.record_encoder(seed, kind)
+    assert isinstance(c_enc, fmt._CRecordEncoder)
+    py = run(fmt._RecordEncoder(seed, kind))
+    assert run(c_enc) == py
+    if py[0] == "ok" and op in fmt.OP_NAMES:
+        rec = fmt.decode_record(py[2], len(b"before"), seed, kind, 1 << 20)
+        assert isinstance(rec, fmt.Record)
+        assert (rec.op, rec.woid, rec.txn_id, rec.payload, rec.size) == (op, woid, txn, payload, py[1])
+
+
+@needs_c
+def test_take_runs_falls_back_on_anything_unusual() -> None:
+    """``take_runs`` answers None (the Python path decides) unless the positions are ints that strictly ascend."""
+    assert C.take_runs([]) == ([], [])
+    assert C.take_runs([(5, 1, 0, 40), (6, 1, 40, 40), (8, 2, 0, 40)]) == ([(5, 2), (8, 1)], [(1, 5, 2), (2, 8, 1)])
+    for odd in (
+        [(5, 1, 0, 40), (5, 1, 0, 40)],  # repeated
+        [(6, 1, 0, 40), (5, 1, 0, 40)],  # descending
+        [(5, 1, 0)],  # not an entry
+        [[5, 1, 0, 40]],  # a list, not a tuple
+        [(5.0, 1, 0, 40)],  # not an int
+        [(2**63, 1, 0, 40)],  # past int64
+        [(2**63 - 1, 1, 0, 40)],  # the next position would overflow
+    ):
+        assert C.take_runs(odd) is None, odd
+    with pytest.raises(TypeError):
+        C.take_runs((1, 2))

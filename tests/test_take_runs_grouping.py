@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from filechannel.channel import _file_runs, _ranges
+from filechannel import format as fmt
+from filechannel.channel import _file_runs, _ranges, _take_runs
 
 
 def _ranges_by_loop(positions: list[int]) -> list[tuple[int, int]]:
@@ -74,3 +77,19 @@ def test_the_usual_take_is_one_run() -> None:
     # the same positions over two files are two runs; a gap splits them too
     assert _file_runs(entries[:50] + [(p, 8, o, s) for p, _, o, s in entries[50:]]) == [(7, 10, 50), (8, 60, 50)]
     assert _ranges([*range(10, 60), *range(61, 111)]) == [(10, 50), (61, 50)]
+
+
+@settings(max_examples=500, deadline=None)
+@given(entries=_entries())
+def test_take_runs_twins_agree(entries: list[tuple[int, int, int, int]]) -> None:
+    """The commit's grouping (``_take_runs``): the C pass and the Python twin give the same runs."""
+    python = (_ranges_by_loop(sorted(e[0] for e in entries)), _file_runs_by_loop(entries))
+    saved = fmt.speedups
+    try:
+        fmt.speedups = None
+        assert _take_runs(entries) == python
+    finally:
+        fmt.speedups = saved
+    assert _take_runs(entries) == python  # C when built (it falls back to Python when positions do not ascend)
+    if fmt.speedups is not None and all(a[0] < b[0] for a, b in itertools.pairwise(entries)):
+        assert fmt.speedups.take_runs(entries) == python  # ascending: answered by C, not the fallback
