@@ -34,15 +34,22 @@ def _as_tuples(bodies: list[bytes], headers: Sequence[Mapping[str, str]], first:
 
 
 class _Run:
-    """One commit's events: ``bodies[k]`` is position ``first + k``, None once taken."""
+    """One commit's events: ``bodies[k]`` is position ``first + k``, None once taken.
 
-    __slots__ = ("bodies", "headers", "left", "nbytes")
+    FIFO takes clear a run from its start, so the cleared slots are usually a
+    prefix: ``lo`` counts them, and while ``holes`` is false no slot at or after
+    ``lo`` is cleared (a pop there needs no search for None).
+    """
+
+    __slots__ = ("bodies", "headers", "holes", "left", "lo", "nbytes")
 
     def __init__(self, bodies: list[bytes | None], headers: Sequence[Mapping[str, str]], nbytes: int) -> None:
         self.bodies = bodies
         self.headers = headers
         self.left = len(bodies)
         self.nbytes = nbytes
+        self.lo = 0
+        self.holes = False
 
 
 class TakeCache:
@@ -133,7 +140,7 @@ class TakeCache:
                 j = i + 1 + (j - i - 1) // 2 if j - i > 2 else i + 1
             m = j - i
             seg = bodies[a : a + m]
-            if None in seg:  # some already taken: one at a time
+            if (run.holes or a < run.lo) and None in seg:  # some already taken: one at a time
                 m = 1
                 seg = bodies[a : a + 1]
                 if seg[0] is None:
@@ -143,6 +150,10 @@ class TakeCache:
             held = cast("list[bytes]", seg)  # no None in it
             out += make(held, run.headers[a : a + m], p)
             bodies[a : a + m] = [None] * m
+            if a == run.lo:
+                run.lo = a + m
+            elif a > run.lo:
+                run.holes = True
             size = sum(map(len, held)) + OVERHEAD * m
             run.nbytes -= size
             run.left -= m
