@@ -64,6 +64,7 @@ class TakeCache:
         # emptied by takes leaves its first position here until eviction or compaction steps over it.
         self._firsts: list[int] = []
         self._head = 0
+        self.last_hits = 0  # how many events the last pop returned (not None)
 
     def __len__(self) -> int:
         return self.events
@@ -110,6 +111,7 @@ class TakeCache:
         :data:`Cached` tuple per event.
         """
         if not self.events:
+            self.last_hits = 0
             return [None] * len(positions)
         if make is None:
             make = _as_tuples
@@ -164,4 +166,5 @@ class TakeCache:
             i += m
         self.nbytes -= freed
         self.events -= taken
+        self.last_hits = taken
         return out

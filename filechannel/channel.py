@@ -355,15 +355,15 @@ class Transaction:
         # The entries join self._taken inside the channel lock (a checkpoint reads them);
         # if loading fails they stay with the transaction, and a rollback returns them.
         want = min(max_events, room)
-        entries, cached = self._ch._pop(self, want, timeout)
-        out = self._ch._load(self, entries, cached)
+        entries, cached, hits = self._ch._pop(self, want, timeout)
+        out = self._ch._load(self, entries, cached, hits)
         if len(out) < len(entries):
             # on_corruption="skip" dropped damaged events: take more in their place, so a
             # short or empty answer still means the queue had no more (within the timeout).
             deadline = time.monotonic() + timeout
             while entries and len(out) < want:
-                entries, cached = self._ch._pop(self, want - len(out), max(0.0, deadline - time.monotonic()))
-                out += self._ch._load(self, entries, cached)
+                entries, cached, hits = self._ch._pop(self, want - len(out), max(0.0, deadline - time.monotonic()))
+                out += self._ch._load(self, entries, cached, hits)
         return out
 
     # -- ending -------------------------------------------------------------------------
@@ -1093,7 +1093,9 @@ class FileChannel:
                 self._check_open()
             self._inflight_puts += n
 
-    def _pop(self, tx: Transaction, n: int, timeout: float) -> tuple[list[Entry], list[Event | None]]:
+    def _pop(self, tx: Transaction, n: int, timeout: float) -> tuple[list[Entry], list[Event | None], int]:
+        """Pop up to ``n`` entries for ``tx``: the entries, their cached Events (None where not
+        held; ``[]`` when the cache is empty) and how many were held."""
         with self._lock:
             self._check_open()
             self._counters["takes_attempted"] += 1
@@ -1109,14 +1111,17 @@ class FileChannel:
             entries = q.pop(n)
             tx._taken.extend(entries)
             self._inflight_takes += len(entries)
-            cached = self._cache.pop(list(map(_position, entries)), _make_events) if self._cache.events else []
-            return entries, cached
+            cache = self._cache
+            if not cache.events:
+                return entries, [], 0
+            cached = cache.pop(list(map(_position, entries)), _make_events)
+            return entries, cached, cache.last_hits
 
-    def _load(self, tx: Transaction, entries: list[Entry], cached: list[Event | None]) -> list[Event]:
+    def _load(self, tx: Transaction, entries: list[Entry], cached: list[Event | None], hits: int) -> list[Event]:
         # The cache misses are read from disk in one call: one pread per run of adjacent
         # records, verified and decoded together (Log.read_events); errors come back per entry.
-        if cached and None not in cached:  # every event from the cache (built as Events by _make_events)
-            self._counters["cache_hits"] += len(cached)
+        if hits and hits == len(entries):  # every event from the cache (built as Events by _make_events)
+            self._counters["cache_hits"] += hits
             return cast("list[Event]", cached)
         misses = [e for e, c in zip(entries, cached, strict=True) if c is None] if cached else entries
         read = iter(self._log.read_events(misses))

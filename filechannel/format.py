@@ -738,6 +738,11 @@ def encode_batch_end(b: BatchEnd) -> bytes:
     return _BATCH_END.pack(b.batch_start, b.batch_len, b.batch_crc, b.first_woid, b.last_woid)
 
 
+pack_batch_end: Callable[[int, int, int, int, int], bytes] = _BATCH_END.pack
+"""``pack_batch_end(batch_start, batch_len, batch_crc, first_woid, last_woid)``: :func:`encode_batch_end`
+without building a :class:`BatchEnd` (the writer's hot path)."""
+
+
 def decode_batch_end(payload: bytes) -> BatchEnd:
     """Decode a BATCH_END payload.
 

@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import format as fmt
@@ -43,6 +44,7 @@ _ZEROS = bytes(PREALLOC_STEP)
 # A batch of at most this many frame buffers is written with one gathered write (pwritev)
 # and checksummed buffer by buffer; more (the pure-Python framing gives four per PUT) are joined first.
 _GATHER_MAX = 16
+_count_of = itemgetter(1)  # of a (first_position, count) take range
 
 
 @dataclass
@@ -223,7 +225,10 @@ class Writer:
                 time.sleep(0)
             with lock:
                 batch = self.pending
-                if not any(i.durable or i.on_written for i in batch):
+                for i in batch:
+                    if i.durable or i.on_written:
+                        break
+                else:  # nothing pending that anyone waits for
                     self.leading = False
                     for it in batch:  # nothing waits for these, but stay safe
                         self._wake(it)
@@ -318,7 +323,7 @@ class Writer:
                     res.first_position = log._next_position
                     log._next_position += len(it.payloads)
                     res.woid = woid
-                    n_taken = sum(c for _, c in it.takes)
+                    n_taken = sum(map(_count_of, it.takes))
                     off += enc.add(
                         parts, fmt.COMMIT, woid, txn, fmt.encode_commit(res.first_position, len(it.payloads), n_taken)
                     )
@@ -338,10 +343,11 @@ class Writer:
             for part in parts:
                 body_crc = ext(body_crc, part)
             body_len = off - start
-            be = fmt.BatchEnd(start, body_len, body_crc, first_woid, woid - 1)
-            enc.add(parts, fmt.BATCH_END, woid, 0, fmt.encode_batch_end(be))
+            off += enc.add(
+                parts, fmt.BATCH_END, woid, 0, fmt.pack_batch_end(start, body_len, body_crc, first_woid, woid - 1)
+            )
             log._next_woid = woid + 1
-        nbytes = sum(map(len, parts))
+        nbytes = off - start
         assert self.fd is not None
         try:
             log.fs.pwrite_all(self.fd, parts, start)  # gathered: the frames are not joined into one copy

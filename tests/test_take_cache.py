@@ -64,6 +64,7 @@ def test_matches_a_model(ops: list[tuple], limit: int) -> None:
             for f in [f for f, (_n, held) in model.items() if not held]:
                 del model[f]
             assert got == want
+            assert cache.last_hits == len(want) - want.count(None)
         assert len(cache) == sum(len(held) for _, held in model.values())
         assert cache.nbytes == sum(len(b) + OVERHEAD for _, held in model.values() for b, _ in held.values())
         assert cache.nbytes <= limit or not limit
