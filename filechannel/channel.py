@@ -1094,8 +1094,11 @@ class FileChannel:
             self._inflight_puts += n
 
     def _pop(self, tx: Transaction, n: int, timeout: float) -> tuple[list[Entry], list[Event | None], int]:
-        """Pop up to ``n`` entries for ``tx``: the entries, their cached Events (None where not
-        held; ``[]`` when the cache is empty) and how many were held."""
+        """Pop up to ``n`` entries for ``tx``.
+
+        Returns the entries, their cached Events (None where not held; ``[]`` when
+        the cache is empty) and how many were held.
+        """
         with self._lock:
             self._check_open()
             self._counters["takes_attempted"] += 1
