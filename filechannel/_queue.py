@@ -24,6 +24,9 @@ from typing import Any
 Entry = tuple[int, int, int, int]
 """``(position, file_id, offset, size)``."""
 
+Columns = tuple["array[int]", "array[int]", "array[int]", "array[int]"]
+"""Entries as four parallel columns: positions, file ids, offsets, sizes."""
+
 _COMPACT_MIN = 1 << 14
 
 
@@ -108,6 +111,23 @@ class EventQueue:
                 self._head = end
                 self._maybe_compact()
         return out
+
+    def pop_columns(self, n: int) -> Columns | None:
+        """Remove up to ``n`` entries from the head and return them as column slices.
+
+        The take path's form of :meth:`pop`: no tuple or int object per entry.
+        Returns None (and removes nothing) while rolled-back takes wait in front
+        of the columns; then :meth:`pop` merges them.
+        """
+        if self._returned:
+            return None
+        h = self._head
+        end = min(h + n, len(self._pos))
+        cols = (self._pos[h:end], self._fid[h:end], self._off[h:end], self._size[h:end])
+        if end > h:
+            self._head = end
+            self._maybe_compact()
+        return cols
 
     def count_below(self, position: int) -> int:
         """Return how many queued entries have a position below ``position``."""
@@ -372,3 +392,61 @@ def _note(taken_from: dict[int, list[tuple[int, int]]], file_id: int, position: 
         lst[-1] = (lst[-1][0], lst[-1][1] + 1)
     else:
         lst.append((position, 1))
+
+
+class Taken:
+    """The entries one transaction has taken, kept as popped: column slices or tuples.
+
+    A take pops the head as column slices (:meth:`EventQueue.pop_columns`);
+    they become ``Entry`` tuples only when something needs them one by one (a
+    rollback, a checkpoint, a damaged event). Parts are only appended, under
+    the channel's lock, so a checkpoint reading :meth:`entries` under that lock
+    sees every part whole; whoever removes entries assigns a new ``Taken``.
+    """
+
+    __slots__ = ("_parts", "count")
+
+    def __init__(self, entries: list[Entry] | None = None) -> None:
+        self._parts: list[list[Entry] | Columns] = [entries] if entries else []
+        self.count = len(entries) if entries else 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def add(self, part: list[Entry] | Columns) -> None:
+        """Append entries popped from the queue (a list of entries, or columns)."""
+        n = len(part[0]) if isinstance(part, tuple) else len(part)
+        if n:
+            self._parts.append(part)
+            self.count += n
+
+    def entries(self) -> list[Entry]:
+        """Return every entry, in the order taken (a new list)."""
+        out: list[Entry] = []
+        for part in self._parts:
+            if isinstance(part, tuple):
+                out.extend(zip(*part, strict=True))
+            else:
+                out.extend(part)
+        return out
+
+    def __iter__(self) -> Iterator[Entry]:
+        return iter(self.entries())
+
+    def one_run(self) -> tuple[int, int, int] | None:
+        """Return ``(file_id, first_position, count)`` for the usual take, else None.
+
+        The usual take: every entry popped as columns in one call, one run of
+        consecutive positions in one file.
+        """
+        if len(self._parts) != 1:
+            return None
+        part = self._parts[0]
+        if not isinstance(part, tuple):
+            return None
+        pos, fid = part[0], part[1]
+        n = len(pos)
+        # The columns hold distinct positions in ascending order: first and last decide.
+        if pos[n - 1] - pos[0] == n - 1 and fid == array("q", (fid[0],)) * n:  # compared in C
+            return fid[0], pos[0], n
+        return None

@@ -27,7 +27,7 @@ from . import _accel
 from . import format as fmt
 from ._cache import TakeCache
 from ._fs import DEFAULT_FS, FS
-from ._queue import Entry, EventQueue
+from ._queue import Columns, Entry, EventQueue, Taken
 from .checkpoint import CheckpointStore, Snapshot
 from .config import MAX_CHECKPOINT_SPREAD, ChannelConfig
 from .consumers import ConsumerStore
@@ -184,7 +184,7 @@ class Transaction:
         self._payloads: list[bytes] = []
         self._bodies: list[bytes] = []
         self._headers: list[Mapping[str, str]] = []
-        self._taken: list[Entry] = []
+        self._taken = Taken()
         self._runs: list[tuple[int, int, int]] = []  # _taken as (file_id, first, count) runs, set at commit
         self._freed = False
         self._dir = self._log.writer_for(self.txn_id)
@@ -355,15 +355,15 @@ class Transaction:
         # The entries join self._taken inside the channel lock (a checkpoint reads them);
         # if loading fails they stay with the transaction, and a rollback returns them.
         want = min(max_events, room)
-        entries, cached, hits = self._ch._pop(self, want, timeout)
-        out = self._ch._load(self, entries, cached, hits)
-        if len(out) < len(entries):
+        popped, n, cached, hits = self._ch._pop(self, want, timeout)
+        out = self._ch._load(self, popped, n, cached, hits)
+        if len(out) < n:
             # on_corruption="skip" dropped damaged events: take more in their place, so a
             # short or empty answer still means the queue had no more (within the timeout).
             deadline = time.monotonic() + timeout
-            while entries and len(out) < want:
-                entries, cached, hits = self._ch._pop(self, want - len(out), max(0.0, deadline - time.monotonic()))
-                out += self._ch._load(self, entries, cached, hits)
+            while n and len(out) < want:
+                popped, n, cached, hits = self._ch._pop(self, want - len(out), max(0.0, deadline - time.monotonic()))
+                out += self._ch._load(self, popped, n, cached, hits)
         return out
 
     # -- ending -------------------------------------------------------------------------
@@ -388,7 +388,11 @@ class Transaction:
             return
         if self._payloads:
             self._log.check_space(self._dir)
-        takes, self._runs = _take_runs(self._taken)
+        run = self._taken.one_run()
+        if run is not None:  # the usual take: one run of consecutive positions in one file
+            takes, self._runs = [(run[1], run[2])], [run]
+        else:
+            takes, self._runs = _take_runs(self._taken.entries())
         try:
             self._log.commit(self.txn_id, self._payloads, takes, self._on_written)
         except BaseException:
@@ -403,7 +407,7 @@ class Transaction:
         self._payloads = []
         self._bodies = []
         self._headers = []
-        self._taken = []
+        self._taken = Taken()
 
     def _on_written(self, res: CommitResult) -> None:
         # Runs on the writing thread, in commit order, once the records are durable
@@ -428,7 +432,7 @@ class Transaction:
         self._payloads = []
         self._bodies = []
         self._headers = []
-        self._taken = []
+        self._taken = Taken()
 
     def __enter__(self) -> Transaction:
         return self
@@ -863,7 +867,7 @@ class FileChannel:
                 with self._lock:
                     # Like _pop: the entries join the transaction inside the lock (a checkpoint reads them).
                     entries = self._queue.pop(min(self._queue.count_below(low), _ACK_CHUNK))
-                    tx._taken.extend(entries)
+                    tx._taken.add(entries)
                     self._inflight_takes += len(entries)
                     self._cache.pop([e[0] for e in entries])
                 tx.commit()  # a failure returns the entries to the queue and raises
@@ -1093,11 +1097,14 @@ class FileChannel:
                 self._check_open()
             self._inflight_puts += n
 
-    def _pop(self, tx: Transaction, n: int, timeout: float) -> tuple[list[Entry], list[Event | None], int]:
+    def _pop(
+        self, tx: Transaction, n: int, timeout: float
+    ) -> tuple[list[Entry] | Columns, int, list[Event | None], int]:
         """Pop up to ``n`` entries for ``tx``.
 
-        Returns the entries, their cached Events (None where not held; ``[]`` when
-        the cache is empty) and how many were held.
+        Returns the entries as popped (column slices, or a list of entries while
+        rolled-back takes are at the head), how many, their cached Events (None
+        where not held; ``[]`` when the cache is empty) and how many were held.
         """
         with self._lock:
             self._check_open()
@@ -1111,21 +1118,31 @@ class FileChannel:
                         break
                     self._not_empty.wait(left)
                     self._check_open()
-            entries = q.pop(n)
-            tx._taken.extend(entries)
-            self._inflight_takes += len(entries)
+            popped: list[Entry] | Columns | None = q.pop_columns(n)
+            if popped is None:
+                popped = q.pop(n)
+                got = len(popped)
+                positions: Sequence[int] = list(map(_position, popped))
+            else:
+                positions = popped[0]
+                got = len(positions)
+            tx._taken.add(popped)
+            self._inflight_takes += got
             cache = self._cache
             if not cache.events:
-                return entries, [], 0
-            cached = cache.pop(list(map(_position, entries)), _make_events)
-            return entries, cached, cache.last_hits
+                return popped, got, [], 0
+            cached = cache.pop(positions, _make_events)
+            return popped, got, cached, cache.last_hits
 
-    def _load(self, tx: Transaction, entries: list[Entry], cached: list[Event | None], hits: int) -> list[Event]:
+    def _load(
+        self, tx: Transaction, popped: list[Entry] | Columns, n: int, cached: list[Event | None], hits: int
+    ) -> list[Event]:
         # The cache misses are read from disk in one call: one pread per run of adjacent
         # records, verified and decoded together (Log.read_events); errors come back per entry.
-        if hits and hits == len(entries):  # every event from the cache (built as Events by _make_events)
+        if hits and hits == n:  # every event from the cache (built as Events by _make_events)
             self._counters["cache_hits"] += hits
             return cast("list[Event]", cached)
+        entries = list(zip(*popped, strict=True)) if isinstance(popped, tuple) else popped
         misses = [e for e, c in zip(entries, cached, strict=True) if c is None] if cached else entries
         read = iter(self._log.read_events(misses))
         out: list[Event] = []
@@ -1163,16 +1180,17 @@ class FileChannel:
         bad = {e[0] for e, _ in damaged}
         if self.config.on_corruption != "skip":
             keep = {e[0] for e in entries}
-            mine = [e for e in tx._taken if e[0] in keep]
-            tx._taken = [e for e in tx._taken if e[0] not in keep]
-            with self._lock:
+            with self._lock:  # a checkpoint must see each entry in the transaction or in the queue
+                mine = [e for e in tx._taken if e[0] in keep]
+                tx._taken = Taken([e for e in tx._taken if e[0] not in keep])
                 self._queue.push_back(mine)
                 self._inflight_takes -= len(mine)
                 self._not_empty.notify(len(mine))
             raise damaged[0][1]
         drop = Transaction(self)
-        drop._taken = [e for e in tx._taken if e[0] in bad]
-        tx._taken = [e for e in tx._taken if e[0] not in bad]
+        with self._lock:  # a checkpoint must see each entry in one transaction, not two
+            drop._taken = Taken([e for e in tx._taken if e[0] in bad])
+            tx._taken = Taken([e for e in tx._taken if e[0] not in bad])
         drop.commit()  # durable per the fsync policy; raises (and returns them to the queue) if it fails
         for e, exc in damaged:
             self._log.report_corruption(
@@ -1221,7 +1239,7 @@ class FileChannel:
             self._open_txns.pop(tx.txn_id, None)
         return freed
 
-    def _undo(self, tx: Transaction, n_puts: int, taken: list[Entry]) -> None:
+    def _undo(self, tx: Transaction, n_puts: int, taken: Taken) -> None:
         with self._lock:
             self._open_txns.pop(tx.txn_id, None)
             self._inflight_puts -= n_puts

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from filechannel import format as fmt
+from filechannel._queue import EventQueue, Taken
 from filechannel.channel import _file_runs, _ranges, _take_runs
 
 
@@ -93,3 +94,64 @@ def test_take_runs_twins_agree(entries: list[tuple[int, int, int, int]]) -> None
     assert _take_runs(entries) == python  # C when built (it falls back to Python when positions do not ascend)
     if fmt.speedups is not None and all(a[0] < b[0] for a, b in itertools.pairwise(entries)):
         assert fmt.speedups.take_runs(entries) == python  # ascending: answered by C, not the fallback
+
+
+# A queue's history: appends of runs (several files, out-of-order data directories, gaps),
+# and takes that roll back (their entries return to the head).
+_queue_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("append"), st.integers(1, 30), st.integers(1, 3), st.integers(0, 2)),
+        st.tuples(st.just("take"), st.integers(1, 40), st.booleans()),
+        st.tuples(st.just("fill"), st.integers(1, 3)),
+    ),
+    max_size=25,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(ops=_queue_ops)
+def test_taken_columns_match_the_entries(ops: list[tuple]) -> None:
+    """A take popped as columns (``Taken``) holds what ``pop`` hands out; ``one_run`` agrees with the loops."""
+    q = EventQueue()
+    model = EventQueue()  # the same history through pop() only
+    nxt = 0
+    gaps: list[tuple[int, int]] = []  # (first, count) left free by an append, filled later out of order
+    for op in ops:
+        if op[0] == "fill":
+            if gaps:
+                first, n = gaps.pop()
+                for queue in (q, model):
+                    queue.append_run(first, op[1], [64 * (first + k) for k in range(n)], [40] * n)
+            continue
+        if op[0] == "append":
+            _, n, fid, gap = op
+            if gap:
+                gaps.append((nxt, gap))
+            nxt += gap
+            offsets = [64 * (nxt + k) for k in range(n)]
+            for queue in (q, model):
+                queue.append_run(nxt, fid, offsets, [40] * n)
+            nxt += n
+            continue
+        _, n, roll_back = op
+        taken = Taken()
+        cols = q.pop_columns(n)
+        if cols is None:  # rolled-back takes wait at the head: the tuple path
+            taken.add(q.pop(n))
+        else:
+            taken.add(cols)
+            assert len(cols[0]) == len(taken)
+        want = model.pop(n)
+        assert taken.entries() == want
+        assert list(taken) == want and len(taken) == len(want)
+        run = taken.one_run()
+        if run is not None:
+            assert cols is not None
+            assert [run] == _file_runs_by_loop(want)
+            assert [(run[1], run[2])] == _ranges_by_loop(sorted(e[0] for e in want))
+        elif cols is not None and want:
+            assert len(_file_runs_by_loop(want)) > 1  # one_run says None only when it is not one run
+        if roll_back:
+            q.push_back(taken)
+            model.push_back(want)
+        assert list(q) == list(model)
