@@ -143,7 +143,8 @@ def test_taken_columns_match_the_entries(ops: list[tuple]) -> None:
             assert len(cols[0]) == len(taken)
         want = model.pop(n)
         assert taken.entries() == want
-        assert list(taken) == want and len(taken) == len(want)
+        assert list(taken) == want
+        assert len(taken) == len(want)
         run = taken.one_run()
         if run is not None:
             assert cols is not None
