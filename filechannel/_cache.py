@@ -18,19 +18,28 @@ from __future__ import annotations
 
 from bisect import bisect_right, insort
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 #: Bytes counted per cached event besides its body (the slot, the headers' reference).
 OVERHEAD = 64
 
-#: What a hit returns by default (``pop`` without ``make``): the fields of the Event a take hands out.
+#: What a hit returns by default (``pop`` without ``take``): the fields of the Event a take hands out.
 Cached = tuple[bytes, Mapping[str, str], int]
-Make = Callable[[list[bytes], Sequence[Mapping[str, str]], int], list[Any]]
-"""How :meth:`TakeCache.pop` turns a stretch of consecutive events (bodies, headers, first position) into items."""
+Take = Callable[[list[Any], Sequence[Mapping[str, str]], int, int, int], tuple[list[Any], int]]
+"""How :meth:`TakeCache.pop` takes a stretch of a run: ``take(bodies, headers, a, m, first)`` turns
+slots ``a .. a + m - 1`` (positions ``first, first + 1, ...``, none of them cleared) into items, sets
+those slots to None, and returns the items and the bodies' total length."""
 
 
-def _as_tuples(bodies: list[bytes], headers: Sequence[Mapping[str, str]], first: int) -> list[Cached]:
-    return list(zip(bodies, headers, range(first, first + len(bodies)), strict=True))
+def take_tuples(
+    bodies: list[Any], headers: Sequence[Mapping[str, str]], a: int, m: int, first: int
+) -> tuple[list[Cached], int]:
+    """The default :data:`Take`: a :data:`Cached` tuple per event."""
+    seg = bodies[a : a + m]
+    nbytes = sum(map(len, seg))
+    items = list(zip(seg, headers[a : a + m], range(first, first + m), strict=True))
+    bodies[a : a + m] = [None] * m
+    return items, nbytes
 
 
 class _Run:
@@ -101,20 +110,19 @@ class TakeCache:
             head = 0
         self._head = head
 
-    def pop(self, positions: Sequence[int], make: Make | None = None) -> list[Any]:
+    def pop(self, positions: Sequence[int], take: Take | None = None) -> list[Any]:
         """Remove and return the events at ``positions`` (None where one is not held).
 
         ``positions`` must be ascending and distinct, as the queue hands them out: a stretch
         of them that spans as many positions as it has entries is then consecutive, and is
-        served with slices of its run instead of one slot at a time. Each stretch becomes
-        ``make(bodies, headers, first_position)`` (a list of its events); by default a
-        :data:`Cached` tuple per event.
+        served as one call of ``take`` (see :data:`Take`); by default a :data:`Cached`
+        tuple per event.
         """
         if not self.events:
             self.last_hits = 0
             return [None] * len(positions)
-        if make is None:
-            make = _as_tuples
+        if take is None:
+            take = take_tuples
         out: list[Any] = []
         runs = self._runs
         firsts = self._firsts
@@ -141,22 +149,19 @@ class TakeCache:
             while positions[j - 1] - p != j - 1 - i:  # not consecutive: shrink to the consecutive part
                 j = i + 1 + (j - i - 1) // 2 if j - i > 2 else i + 1
             m = j - i
-            seg = bodies[a : a + m]
-            if (run.holes or a < run.lo) and None in seg:  # some already taken: one at a time
+            if (run.holes or a < run.lo) and None in bodies[a : a + m]:  # some already taken: one at a time
                 m = 1
-                seg = bodies[a : a + 1]
-                if seg[0] is None:
+                if bodies[a] is None:
                     out.append(None)
                     i += 1
                     continue
-            held = cast("list[bytes]", seg)  # no None in it
-            out += make(held, run.headers[a : a + m], p)
-            bodies[a : a + m] = [None] * m
+            items, held = take(bodies, run.headers, a, m, p)
+            out += items
             if a == run.lo:
                 run.lo = a + m
             elif a > run.lo:
                 run.holes = True
-            size = sum(map(len, held)) + OVERHEAD * m
+            size = held + OVERHEAD * m
             run.nbytes -= size
             run.left -= m
             freed += size

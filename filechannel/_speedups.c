@@ -1138,53 +1138,6 @@ done:
 
 /* ------------------------------------------------------------------------ */
 
-/* make_events(cls, bodies, headers, first) -> [cls((bodies[i], headers[i], first + i)), ...]:
-   a take's cache hits as instances of the 3-field tuple subclass ``cls`` (channel.Event), built
-   directly, without the intermediate tuple that tuple.__new__(cls, iterable) makes. */
-static PyObject *
-sp_make_events(PyObject *self, PyObject *args)
-{
-    PyObject *cls, *bodies, *headers;
-    Py_ssize_t first;
-    if (!PyArg_ParseTuple(args, "O!O!O!n", &PyType_Type, &cls, &PyList_Type, &bodies, &PyList_Type, &headers,
-                          &first))
-        return NULL;
-    PyTypeObject *tp = (PyTypeObject *)cls;
-    if (!PyType_IsSubtype(tp, &PyTuple_Type)) {
-        PyErr_SetString(PyExc_TypeError, "make_events: cls must be a tuple subclass");
-        return NULL;
-    }
-    Py_ssize_t n = PyList_GET_SIZE(bodies);
-    if (PyList_GET_SIZE(headers) != n) {
-        PyErr_SetString(PyExc_ValueError, "make_events: bodies and headers differ in length");
-        return NULL;
-    }
-    if (n > 0 && first > PY_SSIZE_T_MAX - n) {
-        PyErr_SetString(PyExc_OverflowError, "make_events: positions overflow");
-        return NULL;
-    }
-    PyObject *out = PyList_New(n);
-    if (out == NULL)
-        return NULL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *pos = PyLong_FromSsize_t(first + i);
-        PyObject *ev = pos == NULL ? NULL : tp->tp_alloc(tp, 3);
-        if (ev == NULL) {
-            Py_XDECREF(pos);
-            Py_DECREF(out);
-            return NULL;
-        }
-        PyObject *b = PyList_GET_ITEM(bodies, i), *h = PyList_GET_ITEM(headers, i);
-        Py_INCREF(b);
-        Py_INCREF(h);
-        PyTuple_SET_ITEM(ev, 0, b);
-        PyTuple_SET_ITEM(ev, 1, h);
-        PyTuple_SET_ITEM(ev, 2, pos);
-        PyList_SET_ITEM(out, i, ev);
-    }
-    return out;
-}
-
 /* take_runs(entries) -> (ranges, file_runs) or None: a transaction's takes grouped for its commit,
    the twin of channel._ranges(sorted(positions)) and channel._file_runs(entries). ``entries`` is a
    list of (position, file_id, offset, size) tuples. When the positions strictly ascend (the usual
@@ -1270,6 +1223,76 @@ fail:
     return NULL;
 }
 
+/* take_slots(cls, bodies, headers, a, m, first) -> (events, nbytes): take a stretch of a cache run,
+   the twin of channel._take_slots. Builds cls((bodies[a + i], headers[a + i], first + i)) for i < m,
+   clears bodies[a .. a + m) to None (each body's reference moves into its event) and returns the
+   events with the sum of the bodies' lengths. Checks everything before changing anything: a stretch
+   past either list's end is a ValueError, a slot already cleared a TypeError (len(None), as in
+   the twin). */
+static PyObject *
+sp_take_slots(PyObject *self, PyObject *args)
+{
+    PyObject *cls, *bodies, *headers;
+    Py_ssize_t a, m, first;
+    if (!PyArg_ParseTuple(args, "O!O!O!nnn", &PyType_Type, &cls, &PyList_Type, &bodies, &PyList_Type, &headers, &a,
+                          &m, &first))
+        return NULL;
+    PyTypeObject *tp = (PyTypeObject *)cls;
+    if (!PyType_IsSubtype(tp, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "take_slots: cls must be a tuple subclass");
+        return NULL;
+    }
+    if (a < 0 || m < 0 || a > PyList_GET_SIZE(bodies) - m || a > PyList_GET_SIZE(headers) - m) {
+        PyErr_SetString(PyExc_ValueError, "take_slots: the stretch is not inside the run");
+        return NULL;
+    }
+    if (m > 0 && first > PY_SSIZE_T_MAX - m) {
+        PyErr_SetString(PyExc_OverflowError, "take_slots: positions overflow");
+        return NULL;
+    }
+    Py_ssize_t nbytes = 0;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *b = PyList_GET_ITEM(bodies, a + i);
+        Py_ssize_t k = PyBytes_CheckExact(b) ? PyBytes_GET_SIZE(b) : PyObject_Size(b);
+        if (k < 0)
+            return NULL;
+        nbytes += k;
+    }
+    PyObject *out = PyList_New(m);
+    if (out == NULL)
+        return NULL;
+    PyObject **evs = ((PyListObject *)out)->ob_item;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *pos = PyLong_FromSsize_t(first + i);
+        PyObject *ev = pos == NULL ? NULL : tp->tp_alloc(tp, 3);
+        if (ev == NULL) {
+            Py_XDECREF(pos);
+            Py_DECREF(out); /* the slots are untouched: nothing was cleared yet */
+            return NULL;
+        }
+        PyObject *h = PyList_GET_ITEM(headers, a + i);
+        Py_INCREF(h);
+        PyTuple_SET_ITEM(ev, 1, h);
+        PyTuple_SET_ITEM(ev, 2, pos);
+        PyTuple_SET_ITEM(ev, 0, NULL);
+        evs[i] = ev;
+    }
+    /* Everything is allocated: move each body's reference from its slot into its event. (An
+       allocation can run the garbage collector, and with it arbitrary code: check the list again.) */
+    if (a > PyList_GET_SIZE(bodies) - m) {
+        Py_DECREF(out);
+        PyErr_SetString(PyExc_RuntimeError, "take_slots: the run changed while its events were built");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject **slot = &((PyListObject *)bodies)->ob_item[a + i];
+        PyTuple_SET_ITEM(evs[i], 0, *slot);
+        Py_INCREF(Py_None);
+        *slot = Py_None;
+    }
+    return Py_BuildValue("(Nn)", out, nbytes);
+}
+
 static PyMethodDef sp_methods[] = {
     {"bind_crc32c", sp_bind_crc32c, METH_VARARGS, "bind_crc32c(path) -> bool: use libcrc32c's crc32c_extend."},
     {"unbind_crc32c", sp_unbind_crc32c, METH_NOARGS, "unbind_crc32c(): use the built-in CRC-32C again."},
@@ -1286,8 +1309,9 @@ static PyMethodDef sp_methods[] = {
      " -> list: per record (body, headers), its payload bytes, or an error instance (format.decode_puts)."},
     {"take_runs", sp_take_runs, METH_O,
      "take_runs(entries) -> (ranges, file_runs) or None: a transaction's takes grouped (channel._take_runs)."},
-    {"make_events", sp_make_events, METH_VARARGS,
-     "make_events(cls, bodies, headers, first) -> list: cls((bodies[i], headers[i], first + i)) for each i."},
+    {"take_slots", sp_take_slots, METH_VARARGS,
+     "take_slots(cls, bodies, headers, a, m, first) -> (events, nbytes): take a stretch of a cache run"
+     " (channel._take_slots)."},
     {"trim_heap", sp_trim_heap, METH_NOARGS, "trim_heap() -> bool: glibc malloc_trim(0); False elsewhere."},
     {"scan_batches", sp_scan_batches, METH_VARARGS,
      "scan_batches(buf, pos, seed, kind, max_payload, batch_last_woid, base, file_id, record_type, records[, run_type, offsets, sizes]) -> (end_of_verified_prefix, last_woid)."},

@@ -73,18 +73,26 @@ class Event(NamedTuple):
 _as_event: Any = tuple.__new__  # _as_event(Event, (body, headers, position)), without Python-level __new__
 
 
-def _make_events(bodies: list[bytes], headers: Sequence[Mapping[str, str]], first: int) -> list[Event]:
-    """Events for a stretch of consecutive cache hits (positions ``first, first + 1, ...``).
+def _take_slots(
+    bodies: list[Any], headers: Sequence[Mapping[str, str]], a: int, m: int, first: int
+) -> tuple[list[Event], int]:
+    """A take's cache hits as Events: the channel's :data:`filechannel._cache.Take`.
 
-    With the accelerator, one C call builds them (``_speedups.make_events``); this
-    comprehension is its twin.
+    Slots ``a .. a + m - 1`` of a cache run (positions ``first, first + 1, ...``)
+    become Events and are cleared; returns them with the bodies' total length.
+    With the accelerator, one C call does it (``_speedups.take_slots``: each body's
+    reference moves into its Event); this is its twin.
     """
     sp = fmt.speedups
     if sp is not None and type(bodies) is list and type(headers) is list:
-        return sp.make_events(Event, bodies, headers, first)  # type: ignore[no-any-return]
-    if len(bodies) != len(headers):
-        raise ValueError("make_events: bodies and headers differ in length")
-    return [_as_event(Event, (b, h, first + i)) for i, (b, h) in enumerate(zip(bodies, headers, strict=True))]
+        return sp.take_slots(Event, bodies, headers, a, m, first)  # type: ignore[no-any-return]
+    if a < 0 or m < 0 or a > len(bodies) - m or a > len(headers) - m:
+        raise ValueError("take_slots: the stretch is not inside the run")
+    seg = bodies[a : a + m]
+    nbytes = sum(map(len, seg))  # a cleared slot (None) raises here, before anything changes
+    events = [_as_event(Event, (b, h, first + i)) for i, (b, h) in enumerate(zip(seg, headers[a : a + m], strict=True))]
+    bodies[a : a + m] = [None] * m
+    return events, nbytes
 
 
 _position = itemgetter(0)  # of an Entry (position, file_id, offset, size)
@@ -1131,7 +1139,7 @@ class FileChannel:
             cache = self._cache
             if not cache.events:
                 return popped, got, [], 0
-            cached = cache.pop(positions, _make_events)
+            cached = cache.pop(positions, _take_slots)
             return popped, got, cached, cache.last_hits
 
     def _load(
@@ -1139,7 +1147,7 @@ class FileChannel:
     ) -> list[Event]:
         # The cache misses are read from disk in one call: one pread per run of adjacent
         # records, verified and decoded together (Log.read_events); errors come back per entry.
-        if hits and hits == n:  # every event from the cache (built as Events by _make_events)
+        if hits and hits == n:  # every event from the cache (built as Events by _take_slots)
             self._counters["cache_hits"] += hits
             return cast("list[Event]", cached)
         entries = list(zip(*popped, strict=True)) if isinstance(popped, tuple) else popped

@@ -910,65 +910,81 @@ def test_decode_puts_survives_an_error_type_that_shrinks_the_offsets() -> None:
 
 
 # --------------------------------------------------------------------------
-# a take's cache hits as Events
+# a take's cache hits as Events (take_slots)
 
 
-def _events_both(bodies: list[Any], headers: list[Any], first: int) -> list[Any]:
-    from filechannel.channel import _make_events
+def _take_both(bodies: list[Any], headers: list[Any], a: int, m: int, first: int) -> Any:
+    """Run ``channel._take_slots`` on copies of the run through each path; both must agree on
+    everything: the Events (and their type), the byte count, what is left in the run, or the error."""
+    from filechannel.channel import _take_slots
 
     saved = fmt.speedups
     out = []
     for accel in (True, False):
         fmt.speedups = saved if accel else None
+        run = list(bodies)
         try:
-            out.append(("ok", _make_events(bodies, headers, first)))
+            events, nbytes = _take_slots(run, list(headers), a, m, first)
+            out.append(("ok", events, [type(e) for e in events], nbytes, run))
         except (ValueError, TypeError, OverflowError) as exc:
-            out.append(("raised", type(exc).__name__, str(exc)))
+            out.append(("raised", type(exc).__name__, str(exc), run))
         finally:
             fmt.speedups = saved
     assert out[0] == out[1]
-    if out[0][0] == "ok":
-        assert [type(e) for e in out[0][1]] == [type(e) for e in out[1][1]]
-    return out[0]  # type: ignore[no-any-return]
+    return out[0]
 
 
 @needs_c
 @TWIN
 @given(
-    bodies=st.lists(st.binary(max_size=20), max_size=30),
+    bodies=st.lists(st.one_of(st.binary(max_size=20), st.none()), max_size=30),
     headers=st.lists(st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2), max_size=31),
+    a=st.integers(-2, 32),
+    m=st.integers(-1, 32),
     first=st.integers(0, 2**62),
 )
-def test_make_events_is_identical_on_both_paths(bodies: list[bytes], headers: list[Any], first: int) -> None:
+@example(bodies=[b"a", b"bc", b"def"], headers=[{}, {"k": "v"}, {}], a=1, m=2, first=10)
+def test_take_slots_is_identical_on_both_paths(
+    bodies: list[bytes | None], headers: list[Any], a: int, m: int, first: int
+) -> None:
     from filechannel.channel import Event
 
-    headers = headers[: len(bodies)] if len(headers) > len(bodies) + 1 else headers
-    got = _events_both(bodies, headers, first)
-    if len(headers) != len(bodies):
-        assert got == ("raised", "ValueError", "make_events: bodies and headers differ in length")
+    got = _take_both(bodies, headers, a, m, first)
+    if a < 0 or m < 0 or a + m > min(len(bodies), len(headers)):
+        assert got == ("raised", "ValueError", "take_slots: the stretch is not inside the run", bodies)
+        return
+    seg = bodies[a : a + m]
+    if None in seg:  # a slot already cleared: refused before anything changes
+        assert got == ("raised", "TypeError", "object of type 'NoneType' has no len()", bodies)
         return
     assert got[0] == "ok"
-    assert got[1] == [Event(b, h, first + i) for i, (b, h) in enumerate(zip(bodies, headers, strict=True))]
-    assert all(type(e) is Event for e in got[1])
+    assert got[1] == [Event(b, h, first + i) for i, (b, h) in enumerate(zip(seg, headers[a : a + m], strict=True))]
+    assert got[2] == [Event] * m
+    assert got[3] == sum(len(b) for b in seg if b is not None)
+    assert got[4] == bodies[:a] + [None] * m + bodies[a + m :]
 
 
 @needs_c
-def test_make_events_refuses_what_it_cannot_build_and_keeps_references_right() -> None:
+def test_take_slots_refuses_what_it_cannot_build_and_keeps_references_right() -> None:
     from filechannel.channel import Event
 
     with pytest.raises(TypeError, match="tuple subclass"):
-        C.make_events(dict, [b"a"], [{}], 0)
+        C.take_slots(dict, [b"a"], [{}], 0, 1, 0)
     with pytest.raises(TypeError):
-        C.make_events(Event, (b"a",), [{}], 0)  # lists only (the wrapper sends other sequences to the twin)
+        C.take_slots(Event, (b"a",), [{}], 0, 1, 0)  # lists only (the wrapper sends other sequences to the twin)
     with pytest.raises(OverflowError):
-        C.make_events(Event, [b"a", b"b"], [{}, {}], sys.maxsize)
+        C.take_slots(Event, [b"a", b"b"], [{}, {}], 0, 2, sys.maxsize)
     body, hdrs = b"x" * 100, {"k": "v"}
+    bodies = [body] * 60
     before = (sys.getrefcount(body), sys.getrefcount(hdrs))
-    evs = C.make_events(Event, [body] * 50, [hdrs] * 50, 7)
-    assert (sys.getrefcount(body), sys.getrefcount(hdrs)) == (before[0] + 50, before[1] + 50)
+    evs, n = C.take_slots(Event, bodies, [hdrs] * 60, 5, 50, 7)
+    assert n == 5000
+    assert bodies == [body] * 5 + [None] * 50 + [body] * 5
+    # each taken body's reference moved from its slot into its Event; each Event holds one more on the headers
+    assert (sys.getrefcount(body), sys.getrefcount(hdrs)) == (before[0], before[1] + 50)
     del evs
-    assert (sys.getrefcount(body), sys.getrefcount(hdrs)) == before
-    assert C.make_events(Event, [], [], 0) == []
+    assert (sys.getrefcount(body), sys.getrefcount(hdrs)) == (before[0] - 50, before[1])
+    assert C.take_slots(Event, [], [], 0, 0, 0) == ([], 0)
 
 
 @needs_c

@@ -7,7 +7,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from filechannel._cache import OVERHEAD, TakeCache
+from filechannel._cache import OVERHEAD, TakeCache, take_tuples
 
 # An operation: ("add", n events, body size, out_of_order) or ("pop", positions as offsets from the lowest live one).
 _ops = st.lists(
@@ -81,19 +81,22 @@ def test_a_full_cache_keeps_the_newest_commits() -> None:
     assert cache.nbytes == 0
 
 
-def test_pop_hands_each_consecutive_stretch_to_make() -> None:
+def test_pop_hands_each_consecutive_stretch_to_take() -> None:
     cache = TakeCache(1 << 20)
     cache.add(10, [b"a", b"b", b"c"], [{}, {"k": "v"}, {}])
     cache.add(13, [b"d", b"e"], [{}, {}])
-    calls: list[tuple[list[bytes], int]] = []
+    calls: list[tuple[list[bytes], int, int, int]] = []
 
-    def make(bodies: list[bytes], headers: Any, first: int) -> list[Any]:
-        calls.append((list(bodies), first))
-        return [("ev", first + i, b, dict(h)) for i, (b, h) in enumerate(zip(bodies, headers, strict=True))]
+    def take(bodies: list[Any], headers: Any, a: int, m: int, first: int) -> tuple[list[Any], int]:
+        calls.append((list(bodies), a, m, first))
+        items, nbytes = take_tuples(bodies, headers, a, m, first)
+        return [("ev", p, b, dict(h)) for b, h, p in items], nbytes
 
-    got = cache.pop([11, 12, 13, 14, 20], make)
+    got = cache.pop([11, 12, 13, 14, 20], take)
     # one call per run's consecutive stretch; a position not held is None
-    assert calls == [([b"b", b"c"], 11), ([b"d", b"e"], 13)]
+    assert calls == [([b"a", b"b", b"c"], 1, 2, 11), ([b"d", b"e"], 0, 2, 13)]
     assert got == [("ev", 11, b"b", {"k": "v"}), ("ev", 12, b"c", {}), ("ev", 13, b"d", {}), ("ev", 14, b"e", {}), None]
+    assert cache.nbytes == 1 + OVERHEAD  # what take reported is what the cache stopped counting
     assert cache.pop([10]) == [(b"a", {}, 10)]  # the default: a (body, headers, position) tuple per event
     assert cache.events == 0
+    assert cache.nbytes == 0
