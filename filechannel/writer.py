@@ -179,31 +179,35 @@ class Writer:
             self.pending.append(item)
             if not item.durable and not item.on_written:
                 return  # rides along with the next write
+            wake = self._lead_or_wait(item)
         while True:
+            if wake is None:  # this committer leads
+                try:
+                    self._lead()  # returns having given up leadership
+                except BaseException:
+                    with lock:
+                        self.leading = False
+                        for it in self.pending:
+                            self._wake(it)
+                    raise
+                break  # a leader writes until nothing is pending: its own item is done
+            wake.acquire()  # released by a leader: the item is written, or nobody leads any more
             with lock:
                 if item.done:
                     break
-                lead = not self.leading
-                if lead:
-                    self.leading = True
-                else:
-                    wake = item.wake = threading.Lock()
-                    wake.acquire()
-                    self.waiting += 1
-            if not lead:
-                wake.acquire()
-                continue
-            try:
-                self._lead()  # returns having given up leadership
-            except BaseException:
-                with lock:
-                    self.leading = False
-                    for it in self.pending:
-                        self._wake(it)
-                raise
-            break  # a leader writes until nothing is pending: its own item is done
+                wake = self._lead_or_wait(item)
         if item.error is not None:
             raise item.error
+
+    def _lead_or_wait(self, item: Item) -> threading.Lock | None:
+        """Lead if nobody does (None); else return ``item``'s armed wake lock (the caller holds ``lock``)."""
+        if not self.leading:
+            self.leading = True
+            return None
+        wake = item.wake = threading.Lock()
+        wake.acquire()
+        self.waiting += 1
+        return wake
 
     def _wake(self, item: Item) -> None:
         """Release ``item``'s committer if it is blocked (the caller holds ``lock``)."""
@@ -245,6 +249,9 @@ class Writer:
                 for it in batch:
                     it.done = True
                     self._wake(it)
+                if not self.pending:  # nothing came in meanwhile: stop leading now
+                    self.leading = False
+                    return
 
     # -- I/O (leader only) ------------------------------------------------------
 
