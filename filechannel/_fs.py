@@ -118,7 +118,7 @@ class OsFS:
 
     def exists(self, path: str) -> bool:
         """Return whether ``path`` exists."""
-        return os.path.exists(path)
+        return os.access(path, os.F_OK)  # os.path.exists without an exception when it does not
 
     def isdir(self, path: str) -> bool:
         """Return whether ``path`` is a directory."""

@@ -350,7 +350,7 @@ class Transaction:
             raise ValueError(f"max_events must be a positive int, got {max_events!r}")
         if self.state is not OPEN:
             self._advance("take")
-        consumers = self._ch._consumers.cached_list()  # one stat while the registry is unchanged
+        consumers = self._ch._consumers.cached_list()  # one access() while no consumer was ever registered
         if consumers:
             raise ConsumerConflictError(self._ch.directory, sorted(consumers))
         cap = self._ch.config.transaction_capacity

@@ -166,10 +166,13 @@ class ConsumerStore:
     def mtime_token(self) -> tuple[int, int, int, int] | None:
         """Return a token that changes when a consumer file is added, replaced or removed.
 
-        One ``stat`` of ``DIR/consumers``; None while that directory does not exist.
+        One ``access`` of ``DIR/consumers`` (None while that directory does not
+        exist, the usual case) and, when it exists, one ``stat``.
         Within the file system's timestamp granularity two changes may share a
         token: :meth:`cached_list` distrusts recent tokens for that reason.
         """
+        if not self.fs.exists(self.path):  # no consumer yet (the usual case): no exception to raise
+            return None
         try:
             return self.fs.stat_token(self.path)
         except FileNotFoundError:
@@ -178,7 +181,7 @@ class ConsumerStore:
     def cached_list(self) -> dict[str, ConsumerState]:
         """Return :meth:`list`, re-read only when :meth:`mtime_token` changed.
 
-        Costs one ``stat`` while the registry is unchanged. A token whose times
+        Costs one or two system calls (see :meth:`mtime_token`) while the registry is unchanged. A token whose times
         are within 2 s of now is not trusted (a change in the same timestamp
         tick would not show), so the files are read again until it settles.
         The returned dict is shared: do not modify it.
