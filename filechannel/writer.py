@@ -22,7 +22,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -47,16 +46,28 @@ _GATHER_MAX = 16
 _count_of = itemgetter(1)  # of a (first_position, count) take range
 
 
-@dataclass
 class CommitResult:
     """What a durable (or, with ``fsync="interval"``, written) commit produced."""
 
-    txn_id: int
-    woid: int = 0
-    first_position: int = 0
-    file_id: int = 0
-    put_offsets: list[int] = field(default_factory=list)
-    put_sizes: list[int] = field(default_factory=list)
+    __slots__ = ("file_id", "first_position", "put_offsets", "put_sizes", "txn_id", "woid")
+
+    def __init__(self, txn_id: int) -> None:
+        self.txn_id = txn_id
+        self.woid = 0
+        self.first_position = 0
+        self.file_id = 0
+        self.put_offsets: list[int] = []
+        self.put_sizes: list[int] = []
+
+    def __repr__(self) -> str:
+        return (
+            f"CommitResult(txn_id={self.txn_id}, woid={self.woid}, first_position={self.first_position}, "
+            f"file_id={self.file_id}, puts={len(self.put_offsets)})"
+        )
+
+
+_COMMIT_SIZE = fmt.record_size(16)
+_NOTE_SIZE = fmt.record_size(8)  # a ROLLBACK or a RETIRE record
 
 
 class FilePolicy(Protocol):
@@ -125,16 +136,17 @@ class Item:
         self.published = False
         self.error: BaseException | None = None
         self.wake: Any = None  # a held lock its committer blocks on until a leader releases it
-        rs = fmt.record_size
         if kind == fmt.COMMIT:
-            # rs(k) == (k + 39) & ~7; ``overhead``: what sealing adds to a PUT payload (encryption)
-            n = sum([(k + 39 + overhead) & ~7 for k in map(len, payloads)]) + rs(16)
+            n = _COMMIT_SIZE
+            if payloads:
+                # record_size(k) == (k + 39) & ~7; ``overhead``: what sealing adds to a PUT payload (encryption)
+                n += sum([(k + 39 + overhead) & ~7 for k in map(len, payloads)])
             if takes:
-                n += rs(4 + 16 * len(takes))
+                n += fmt.record_size(4 + 16 * len(takes))
         elif kind == fmt.ROLLBACK:
-            n = rs(8)
+            n = _NOTE_SIZE
         else:
-            n = rs(8) * len(retire)
+            n = _NOTE_SIZE * len(retire)
         self.nbytes = n
 
 
