@@ -580,6 +580,10 @@ class FileChannel:
         self._lock = threading.Lock()
         self._not_empty = threading.Condition(self._lock)
         self._not_full = threading.Condition(self._lock)
+        # Threads waiting on each condition (counted under the lock): a commit notifies only when
+        # someone waits (Condition.notify is Python code, paid on every commit otherwise).
+        self._put_waiters = 0
+        self._take_waiters = 0
         self._gc_wanted = threading.Event()
         self._gc_lock = threading.Lock()
         self._gc_start_lock = threading.Lock()
@@ -1101,7 +1105,11 @@ class FileChannel:
                             f"channel is full: capacity={cfg.capacity} events are queued or in flight, and no "
                             f"room appeared within keep_alive={cfg.keep_alive} s; take events or raise capacity"
                         )
-                    self._not_full.wait(left)
+                    self._put_waiters += 1
+                    try:
+                        self._not_full.wait(left)
+                    finally:
+                        self._put_waiters -= 1
                 self._check_open()
             self._inflight_puts += n
 
@@ -1124,7 +1132,11 @@ class FileChannel:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         break
-                    self._not_empty.wait(left)
+                    self._take_waiters += 1
+                    try:
+                        self._not_empty.wait(left)
+                    finally:
+                        self._take_waiters -= 1
                     self._check_open()
             popped: list[Entry] | Columns | None = q.pop_columns(n)
             if popped is None:
@@ -1193,7 +1205,8 @@ class FileChannel:
                 tx._taken = Taken([e for e in tx._taken if e[0] not in keep])
                 self._queue.push_back(mine)
                 self._inflight_takes -= len(mine)
-                self._not_empty.notify(len(mine))
+                if self._take_waiters:
+                    self._not_empty.notify(len(mine))
             raise damaged[0][1]
         drop = Transaction(self)
         with self._lock:  # a checkpoint must see each entry in one transaction, not two
@@ -1226,7 +1239,8 @@ class FileChannel:
                 self._inflight_puts -= n
                 self._counters["puts_committed"] += n
                 self._cache.add(first, tx._bodies, tx._headers)
-                self._not_empty.notify(n)
+                if self._take_waiters:
+                    self._not_empty.notify(n)
             taken = tx._taken
             if taken:
                 refs = self._refs
@@ -1243,7 +1257,8 @@ class FileChannel:
                     _add_run(tfrom, f, first_taken, k)
                 self._inflight_takes -= len(taken)
                 self._counters["takes_committed"] += len(taken)
-                self._not_full.notify(len(taken))
+                if self._put_waiters:
+                    self._not_full.notify(len(taken))
             self._open_txns.pop(tx.txn_id, None)
         return freed
 
@@ -1254,9 +1269,11 @@ class FileChannel:
             if taken:
                 self._queue.push_back(taken)
                 self._inflight_takes -= len(taken)
-                self._not_empty.notify(len(taken))
+                if self._take_waiters:
+                    self._not_empty.notify(len(taken))
             if n_puts:
-                self._not_full.notify(n_puts)
+                if self._put_waiters:
+                    self._not_full.notify(n_puts)
 
     def _want_gc(self) -> None:
         if not self._background:

@@ -105,6 +105,7 @@ _U64: Final = struct.Struct("<Q")
 _KV_LEN: Final = struct.Struct("<II")
 _COMMIT: Final = struct.Struct("<QII")
 _RANGE: Final = struct.Struct("<QQ")
+_TAKE_ONE: Final = struct.Struct("<IQQ")  # a TAKE payload of one range: its count (1), then the range
 _ROLLBACK: Final = struct.Struct("<II")
 _BATCH_END: Final = struct.Struct("<QIIQQ")
 EMPTY_HEADERS: Final = b"\0\0\0\0"
@@ -689,7 +690,9 @@ def decode_commit(payload: bytes) -> tuple[int, int, int]:
 def encode_take(ranges: Iterable[tuple[int, int]]) -> bytes:
     """Encode a TAKE payload: ``(first_position, count)`` ranges of taken positions."""
     rs = list(ranges)
-    return _U32.pack(len(rs)) + b"".join(_RANGE.pack(a, c) for a, c in rs)
+    if len(rs) == 1:  # the usual take
+        return _TAKE_ONE.pack(1, *rs[0])
+    return _U32.pack(len(rs)) + b"".join([_RANGE.pack(a, c) for a, c in rs])
 
 
 def decode_take(payload: bytes) -> list[tuple[int, int]]:
