@@ -1271,9 +1271,8 @@ class FileChannel:
                 self._inflight_takes -= len(taken)
                 if self._take_waiters:
                     self._not_empty.notify(len(taken))
-            if n_puts:
-                if self._put_waiters:
-                    self._not_full.notify(n_puts)
+            if n_puts and self._put_waiters:
+                self._not_full.notify(n_puts)
 
     def _want_gc(self) -> None:
         if not self._background:
