@@ -261,7 +261,9 @@ class Writer:
                 for it in batch:
                     it.done = True
                     self._wake(it)
-                if not self.pending:  # nothing came in meanwhile: stop leading now
+                if not self.pending and not self.waiting and len(batch) == 1:
+                    # A lone committer, nothing came in meanwhile: stop leading now. (After a
+                    # group, the loop first yields, so the committers just released can queue.)
                     self.leading = False
                     return
 
