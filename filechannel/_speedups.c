@@ -303,6 +303,8 @@ append_ssize(PyObject *list, Py_ssize_t v)
     return r;
 }
 
+static int extend_column(PyObject *arr, const int64_t *v, Py_ssize_t n);
+
 static PyObject *
 sp_encode_puts(PyObject *self, PyObject *args)
 {
@@ -313,9 +315,19 @@ sp_encode_puts(PyObject *self, PyObject *args)
     Py_ssize_t offset;
     PyObject *seal = Py_None;
     Py_ssize_t tag_len = 0;
-    if (!PyArg_ParseTuple(args, "kiKKOO!O!n|On", &seed_l, &kind, &woid, &txn_id, &payloads, &PyList_Type, &offsets,
-                          &PyList_Type, &sizes, &offset, &seal, &tag_len))
+    if (!PyArg_ParseTuple(args, "kiKKOOOn|On", &seed_l, &kind, &woid, &txn_id, &payloads, &offsets, &sizes, &offset,
+                          &seal, &tag_len))
         return NULL;
+    /* offsets and sizes: lists (each value appended as an int), or array("q") columns (extended
+       once, from the int64 values, at the end) */
+    if (!PyList_Check(offsets) && !PyObject_HasAttrString(offsets, "frombytes")) {
+        PyErr_SetString(PyExc_TypeError, "offsets must be a list or an array('q')");
+        return NULL;
+    }
+    if (!PyList_Check(sizes) && !PyObject_HasAttrString(sizes, "frombytes")) {
+        PyErr_SetString(PyExc_TypeError, "sizes must be a list or an array('q')");
+        return NULL;
+    }
     if (seal == Py_None)
         tag_len = 0;
     else if (tag_len < 0) {
@@ -334,11 +346,13 @@ sp_encode_puts(PyObject *self, PyObject *args)
     Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
     Py_buffer *bufs = NULL;
+    int64_t *cols = NULL; /* each frame's offset, then each frame's size */
     Py_ssize_t got = 0;
     PyObject *out = NULL;
     if (count > 0) {
         bufs = PyMem_Calloc((size_t)count, sizeof(Py_buffer));
-        if (bufs == NULL) {
+        cols = PyMem_Malloc((size_t)count * 2 * sizeof(int64_t));
+        if (bufs == NULL || cols == NULL) {
             PyErr_NoMemory();
             goto done;
         }
@@ -406,18 +420,34 @@ sp_encode_puts(PyObject *self, PyObject *args)
         Py_XDECREF(ct);
         memset(p + HEADER_LEN + n, 0, (size_t)pad);
         Py_ssize_t size = HEADER_LEN + n + pad;
-        if (append_ssize(offsets, offset) < 0 || append_ssize(sizes, size) < 0) {
-            Py_CLEAR(out);
-            goto done;
-        }
+        cols[i] = offset;
+        cols[count + i] = size;
         offset += size;
         p += size;
         woid++;
+    }
+    if (out != NULL && count > 0) {
+        for (int k = 0; k < 2; k++) {
+            PyObject *col = k == 0 ? offsets : sizes;
+            const int64_t *v = cols + (k == 0 ? 0 : count);
+            int bad = 0;
+            if (PyList_Check(col)) {
+                for (Py_ssize_t i = 0; i < count && !bad; i++)
+                    bad = append_ssize(col, (Py_ssize_t)v[i]) < 0;
+            } else {
+                bad = extend_column(col, v, count) < 0;
+            }
+            if (bad) {
+                Py_CLEAR(out);
+                break;
+            }
+        }
     }
 done:
     for (Py_ssize_t i = 0; i < got; i++)
         PyBuffer_Release(&bufs[i]);
     PyMem_Free(bufs);
+    PyMem_Free(cols);
     Py_DECREF(seq);
     if (out == NULL)
         return NULL;
@@ -1293,6 +1323,32 @@ sp_take_slots(PyObject *self, PyObject *args)
     return Py_BuildValue("(Nn)", out, nbytes);
 }
 
+/* int64_range(first, n) -> bytes: first, first + 1, ..., first + n - 1 as native int64s, for
+   array("q").frombytes (the queue's positions column; its twin is fromlist(range)). */
+static PyObject *
+sp_int64_range(PyObject *self, PyObject *args)
+{
+    long long first;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "Ln", &first, &n))
+        return NULL;
+    if (n < 0 || n > PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(int64_t)) {
+        PyErr_SetString(PyExc_ValueError, "int64_range: bad count");
+        return NULL;
+    }
+    if (n > 0 && first > LLONG_MAX - (n - 1)) {
+        PyErr_SetString(PyExc_OverflowError, "int64_range: values past int64");
+        return NULL;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int64_t));
+    if (out == NULL)
+        return NULL;
+    int64_t *v = (int64_t *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++)
+        v[i] = (int64_t)(first + i);
+    return out;
+}
+
 static PyMethodDef sp_methods[] = {
     {"bind_crc32c", sp_bind_crc32c, METH_VARARGS, "bind_crc32c(path) -> bool: use libcrc32c's crc32c_extend."},
     {"unbind_crc32c", sp_unbind_crc32c, METH_NOARGS, "unbind_crc32c(): use the built-in CRC-32C again."},
@@ -1309,6 +1365,8 @@ static PyMethodDef sp_methods[] = {
      " -> list: per record (body, headers), its payload bytes, or an error instance (format.decode_puts)."},
     {"take_runs", sp_take_runs, METH_O,
      "take_runs(entries) -> (ranges, file_runs) or None: a transaction's takes grouped (channel._take_runs)."},
+    {"int64_range", sp_int64_range, METH_VARARGS,
+     "int64_range(first, n) -> bytes: first .. first + n - 1 as native int64s (for array('q').frombytes)."},
     {"take_slots", sp_take_slots, METH_VARARGS,
      "take_slots(cls, bodies, headers, a, m, first) -> (events, nbytes): take a stretch of a cache run"
      " (channel._take_slots)."},

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, MutableSequence, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -418,8 +418,8 @@ class _RecordEncoder:
         woid: int,
         txn_id: int,
         payloads: Iterable[bytes],
-        offsets: list[int],
-        sizes: list[int],
+        offsets: MutableSequence[int],
+        sizes: MutableSequence[int],
         offset: int,
     ) -> int:
         """Append a PUT frame per payload (write-order ids ``woid, woid + 1, ...``).
@@ -475,8 +475,8 @@ class _CRecordEncoder(_RecordEncoder):
         woid: int,
         txn_id: int,
         payloads: Iterable[bytes],
-        offsets: list[int],
-        sizes: list[int],
+        offsets: MutableSequence[int],
+        sizes: MutableSequence[int],
         offset: int,
     ) -> int:
         """Append the frames of :meth:`_RecordEncoder.add_puts` to ``parts`` as one bytes object."""

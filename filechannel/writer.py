@@ -21,6 +21,7 @@ import logging
 import os
 import threading
 import time
+from array import array
 from collections.abc import Callable, Sequence
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Protocol
@@ -56,8 +57,9 @@ class CommitResult:
         self.woid = 0
         self.first_position = 0
         self.file_id = 0
-        self.put_offsets: list[int] = []
-        self.put_sizes: list[int] = []
+        # each PUT frame's offset and size, as columns the queue extends from in one copy
+        self.put_offsets: array[int] = array("q")
+        self.put_sizes: array[int] = array("q")
 
     def __repr__(self) -> str:
         return (

@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import zlib
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -95,10 +96,16 @@ payload_lists = st.lists(st.binary(max_size=300), max_size=40)
 
 
 def _encode(enc: fmt._RecordEncoder, woid: int, txn: int, payloads: list[Any], offset: int) -> tuple[Any, ...]:
+    """Frame ``payloads`` into lists of offsets and sizes, and again into array("q") columns
+    (what the writer passes): both forms must hold the same values."""
     parts: list[bytes] = [b"prefix"]
     offs: list[int] = [-1]
     sizes: list[int] = []
     end = enc.add_puts(parts, woid, txn, payloads, offs, sizes, offset)
+    col_offs, col_sizes = array("q", [-1]), array("q")
+    col_parts: list[bytes] = [b"prefix"]
+    col_end = enc.add_puts(col_parts, woid, txn, payloads, col_offs, col_sizes, offset)
+    assert (b"".join(col_parts), list(col_offs), list(col_sizes), col_end) == (b"".join(parts), offs, sizes, end)
     return b"".join(parts), offs, sizes, end
 
 
@@ -184,7 +191,7 @@ def test_encode_puts_sealed_is_byte_identical(
     assert isinstance(c_enc, fmt._CRecordEncoder)
     assert _encode(c_enc, woid, 9, given_payloads, offset) == py
     assert calls["c"] == calls["py"]
-    assert len(calls["c"]) == len(payloads)
+    assert len(calls["c"]) == 2 * len(payloads)  # _encode frames twice: into lists, then into columns
 
 
 @needs_c
@@ -1040,3 +1047,27 @@ def test_take_runs_falls_back_on_anything_unusual() -> None:
         assert C.take_runs(odd) is None, odd
     with pytest.raises(TypeError):
         C.take_runs((1, 2))
+
+
+@needs_c
+@TWIN
+@given(first=st.integers(-(2**63), 2**63 - 1), n=st.integers(0, 300))
+def test_int64_range_is_the_range(first: int, n: int) -> None:
+    """The queue's positions column, extended from ``int64_range`` bytes, holds ``range(first, first + n)``."""
+    if first + n - 1 > 2**63 - 1 and n:
+        with pytest.raises(OverflowError):
+            C.int64_range(first, n)
+        return
+    col = array("q")
+    col.frombytes(C.int64_range(first, n))
+    assert col == array("q", range(first, first + n))
+
+
+@needs_c
+def test_encode_puts_refuses_columns_it_cannot_extend() -> None:
+    enc = fmt.record_encoder(fmt.file_seed(fmt.CRC32C, CID, 3), fmt.CRC32C)
+    for bad in ((), "offsets", 7):
+        with pytest.raises(TypeError, match="list or an array"):
+            enc.add_puts([], 1, 1, [b"a"], bad, [], 0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="bad count"):
+        C.int64_range(0, -1)
