@@ -315,9 +315,13 @@ sp_encode_puts(PyObject *self, PyObject *args)
     Py_ssize_t offset;
     PyObject *seal = Py_None;
     Py_ssize_t tag_len = 0;
-    if (!PyArg_ParseTuple(args, "kiKKOOOn|On", &seed_l, &kind, &woid, &txn_id, &payloads, &offsets, &sizes, &offset,
-                          &seal, &tag_len))
+    const char *prefix = "";
+    Py_ssize_t prefix_len = 0;
+    if (!PyArg_ParseTuple(args, "kiKKOOOn|Ony#", &seed_l, &kind, &woid, &txn_id, &payloads, &offsets, &sizes, &offset,
+                          &seal, &tag_len, &prefix, &prefix_len))
         return NULL;
+    /* prefix: bytes every payload starts with that the caller did not join to it (an event
+       without headers: its 4-byte empty header block); the frame holds prefix + payload */
     /* offsets and sizes: lists (each value appended as an int), or array("q") columns (extended
        once, from the int64 values, at the end) */
     if (!PyList_Check(offsets) && !PyObject_HasAttrString(offsets, "frombytes")) {
@@ -359,7 +363,7 @@ sp_encode_puts(PyObject *self, PyObject *args)
     }
     Py_ssize_t total = 0;
     for (; got < count; got++) {
-        if (kind == KIND_CRC32C && seal == Py_None && !PyBytes_Check(items[got])) {
+        if (kind == KIND_CRC32C && seal == Py_None && prefix_len == 0 && !PyBytes_Check(items[got])) {
             /* google_crc32c.extend ("y#"), which the Python twin calls on the payload, takes bytes only */
             PyErr_Format(PyExc_TypeError, "argument 2 must be read-only bytes-like object, not %.100s",
                          Py_TYPE(items[got])->tp_name);
@@ -367,7 +371,7 @@ sp_encode_puts(PyObject *self, PyObject *args)
         }
         if (PyObject_GetBuffer(items[got], &bufs[got], PyBUF_SIMPLE) < 0)
             goto done;
-        Py_ssize_t n = bufs[got].len + tag_len;
+        Py_ssize_t n = prefix_len + bufs[got].len + tag_len;
         if ((unsigned long long)n > 0xFFFFFFFFull) {
             PyErr_SetString(PyExc_OverflowError, "record payload does not fit a u32 length");
             goto done;
@@ -379,7 +383,7 @@ sp_encode_puts(PyObject *self, PyObject *args)
         goto done;
     unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
     for (Py_ssize_t i = 0; i < count; i++) {
-        Py_ssize_t n = bufs[i].len + tag_len;
+        Py_ssize_t n = prefix_len + bufs[i].len + tag_len;
         Py_ssize_t pad = -n & 7;
         p[0] = OP_PUT;
         p[1] = seal != Py_None ? FLAG_SEALED : 0; /* a sealed PUT says so in its frame */
@@ -388,15 +392,27 @@ sp_encode_puts(PyObject *self, PyObject *args)
         put_u64(p + 8, (uint64_t)woid);
         put_u64(p + 16, (uint64_t)txn_id);
         const unsigned char *body = (const unsigned char *)bufs[i].buf;
+        Py_ssize_t body_len = bufs[i].len;
         PyObject *ct = NULL;
         if (seal != Py_None) {
-            /* seal(frame bytes [0, 24), offset, payload) -> ciphertext, as the Python twin calls it */
+            /* seal(frame bytes [0, 24), offset, payload) -> ciphertext, as the Python twin calls it
+               (with a prefix, the payload it seals is prefix + payload, one bytes object) */
             PyObject *head = PyBytes_FromStringAndSize((const char *)p, 24);
             PyObject *off_obj = head ? PyLong_FromSsize_t(offset) : NULL;
-            if (off_obj != NULL) {
-                PyObject *argv[3] = {head, off_obj, items[i]};
+            PyObject *plain = items[i];
+            if (off_obj != NULL && prefix_len > 0) {
+                plain = PyBytes_FromStringAndSize(NULL, prefix_len + body_len);
+                if (plain != NULL) {
+                    memcpy(PyBytes_AS_STRING(plain), prefix, (size_t)prefix_len);
+                    memcpy(PyBytes_AS_STRING(plain) + prefix_len, body, (size_t)body_len);
+                }
+            }
+            if (off_obj != NULL && plain != NULL) {
+                PyObject *argv[3] = {head, off_obj, plain};
                 ct = PyObject_Vectorcall(seal, argv, 3, NULL);
             }
+            if (plain != items[i])
+                Py_XDECREF(plain);
             Py_XDECREF(head);
             Py_XDECREF(off_obj);
             if (ct == NULL) {
@@ -413,10 +429,17 @@ sp_encode_puts(PyObject *self, PyObject *args)
             body = (const unsigned char *)PyBytes_AS_STRING(ct);
         }
         uint32_t c = ext(seed, p, 24);
-        c = ext(c, body, (size_t)n);
+        if (ct != NULL) { /* the ciphertext is the whole stored payload */
+            c = ext(c, body, (size_t)n);
+            memcpy(p + HEADER_LEN, body, (size_t)n);
+        } else { /* prefix, then the payload */
+            c = ext(c, (const unsigned char *)prefix, (size_t)prefix_len);
+            c = ext(c, body, (size_t)body_len);
+            memcpy(p + HEADER_LEN, prefix, (size_t)prefix_len);
+            memcpy(p + HEADER_LEN + prefix_len, body, (size_t)body_len);
+        }
         put_u32(p + 24, c);
         put_u32(p + 28, 0);
-        memcpy(p + HEADER_LEN, body, (size_t)n);
         Py_XDECREF(ct);
         memset(p + HEADER_LEN + n, 0, (size_t)pad);
         Py_ssize_t size = HEADER_LEN + n + pad;

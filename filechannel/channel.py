@@ -95,6 +95,8 @@ def _take_slots(
     return events, nbytes
 
 
+_PLAIN_PREFIX_LEN = len(fmt.EMPTY_HEADERS)
+
 _position = itemgetter(0)  # of an Entry (position, file_id, offset, size)
 _file_id = itemgetter(1)
 
@@ -189,7 +191,10 @@ class Transaction:
         self._log = channel._log
         self.txn_id = channel._log.new_txn_id()
         self.state = OPEN
+        # Each put's PUT payload; while ``_plain`` (no put so far had headers) without the empty
+        # header block every one of them begins with, which the commit passes once as a prefix.
         self._payloads: list[bytes] = []
+        self._plain = True
         self._bodies: list[bytes] = []
         self._headers: list[Mapping[str, str]] = []
         self._taken = Taken()
@@ -226,14 +231,19 @@ class Transaction:
         if type(body) is not bytes:
             body, headers = _coerce_event(body, headers)
         hdrs = _check_headers(headers) if headers else _NO_HEADERS
-        try:
-            payload = fmt.encode_event(body, hdrs)
-        except UnicodeEncodeError as exc:
-            raise _bad_header_text(hdrs) from exc
+        if hdrs:
+            try:
+                payload = fmt.encode_event(body, hdrs)
+            except UnicodeEncodeError as exc:
+                raise _bad_header_text(hdrs) from exc
+            size = len(payload)
+        else:
+            payload = body
+            size = len(body) + _PLAIN_PREFIX_LEN
         ch = self._ch
         cfg = ch.config
-        if len(payload) > cfg.max_event_size:
-            raise EventTooLargeError(len(payload), cfg.max_event_size)
+        if size > cfg.max_event_size:
+            raise EventTooLargeError(size, cfg.max_event_size)
         if self.state is not OPEN:
             self._advance("put")
         if len(self._payloads) >= cfg.transaction_capacity:
@@ -248,9 +258,16 @@ class Transaction:
             # anything is written (puts write nothing; the check costs ~0.5 us).
             self._log.check_space(self._dir)
         ch._reserve_put()
-        self._payloads.append(payload)
+        if hdrs and self._plain:
+            self._unplain()
+        self._payloads.append(payload if self._plain or hdrs else fmt.EMPTY_HEADERS + payload)
         self._bodies.append(body)
         self._headers.append(hdrs)
+
+    def _unplain(self) -> None:
+        """A put with headers joins: from now on ``_payloads`` hold whole PUT payloads."""
+        self._payloads = [fmt.EMPTY_HEADERS + p for p in self._payloads]
+        self._plain = False
 
     def put_many(
         self, bodies: Iterable[bytes | bytearray | memoryview], headers: Mapping[str, str] | None = None
@@ -284,13 +301,14 @@ class Transaction:
                 payloads = [fmt.encode_event(b, hdrs) for b in bl]
             except UnicodeEncodeError as exc:
                 raise _bad_header_text(hdrs) from exc
+            big = max(map(len, payloads), default=0)
         else:
-            payloads = list(map(fmt.EMPTY_HEADERS.__add__, bl))
+            payloads = bl  # framed behind the empty header block (see _plain)
+            big = max(map(len, bl), default=0) + _PLAIN_PREFIX_LEN
         ch = self._ch
         cfg = ch.config
         n = len(payloads)
-        big = max(map(len, payloads), default=0)
-        if big > cfg.max_event_size:
+        if n and big > cfg.max_event_size:
             raise EventTooLargeError(big, cfg.max_event_size)
         if self.state is not OPEN:
             self._advance("put")
@@ -306,6 +324,11 @@ class Transaction:
         if not self._payloads:
             self._log.check_space(self._dir)
         ch._reserve_put(n)
+        if hdrs:
+            if self._plain:
+                self._unplain()
+        elif not self._plain:
+            payloads = list(map(fmt.EMPTY_HEADERS.__add__, bl))
         self._payloads += payloads
         self._bodies += bl
         self._headers += [hdrs] * n
@@ -402,7 +425,8 @@ class Transaction:
         else:
             takes, self._runs = _take_runs(self._taken.entries())
         try:
-            self._log.commit(self.txn_id, self._payloads, takes, self._on_written)
+            prefix = fmt.EMPTY_HEADERS if self._plain else b""
+            self._log.commit(self.txn_id, self._payloads, takes, self._on_written, prefix)
         except BaseException:
             self._advance("fail")
             ch._undo(self, len(self._payloads), self._taken)
@@ -413,6 +437,7 @@ class Transaction:
         if self._freed:
             ch._want_gc()
         self._payloads = []
+        self._plain = True
         self._bodies = []
         self._headers = []
         self._taken = Taken()
@@ -438,6 +463,7 @@ class Transaction:
         if n_puts or n_takes:
             self._log.rollback(self.txn_id, n_puts, n_takes)
         self._payloads = []
+        self._plain = True
         self._bodies = []
         self._headers = []
         self._taken = Taken()

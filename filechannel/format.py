@@ -421,12 +421,15 @@ class _RecordEncoder:
         offsets: MutableSequence[int],
         sizes: MutableSequence[int],
         offset: int,
+        prefix: bytes = b"",
     ) -> int:
         """Append a PUT frame per payload (write-order ids ``woid, woid + 1, ...``).
 
         Each frame's offset (starting at ``offset``) and size go to ``offsets``
-        and ``sizes``. Returns the offset after the last frame. This is
-        :meth:`add` in one loop, without a call per event.
+        and ``sizes`` (lists, or ``array("q")`` columns). Each frame holds
+        ``prefix + payload``: a caller whose payloads all begin alike (events
+        without headers) passes that part once. Returns the offset after the
+        last frame. This is :meth:`add` in one loop, without a call per event.
         """
         ext = self._extend
         seed = self._seed
@@ -438,6 +441,8 @@ class _RecordEncoder:
         # ENC_TAG_LEN bytes longer, and the checksum covers that.
         flags, grow = (FLAG_SEALED, ENC_TAG_LEN) if seal is not None else (0, 0)
         for payload in payloads:
+            if prefix:  # the frame's payload is prefix + payload (see the C twin: no join there)
+                payload = prefix + payload
             n = len(payload) + grow
             head = head_pack(PUT, flags, 0, n, woid, txn_id)
             data = payload if seal is None else seal(head, offset, payload)
@@ -478,10 +483,11 @@ class _CRecordEncoder(_RecordEncoder):
         offsets: MutableSequence[int],
         sizes: MutableSequence[int],
         offset: int,
+        prefix: bytes = b"",
     ) -> int:
         """Append the frames of :meth:`_RecordEncoder.add_puts` to ``parts`` as one bytes object."""
         frames, end = speedups.encode_puts(
-            self._seed, self._kind, woid, txn_id, payloads, offsets, sizes, offset, self._sealer, ENC_TAG_LEN
+            self._seed, self._kind, woid, txn_id, payloads, offsets, sizes, offset, self._sealer, ENC_TAG_LEN, prefix
         )
         parts.append(frames)
         return int(end)

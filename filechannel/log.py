@@ -1100,8 +1100,12 @@ class Log:
         payloads: Sequence[bytes],
         takes: Sequence[tuple[int, int]] = (),
         on_written: Callable[[CommitResult], None] | None = None,
+        prefix: bytes = b"",
     ) -> CommitResult:
         """Append a transaction (PUT records, one TAKE record, a COMMIT) and wait for it.
+
+        Each PUT record's payload is ``prefix + payloads[i]`` (a channel passes
+        the empty header block once for a transaction whose events have none).
 
         With ``fsync="commit"`` this returns once the records are durable;
         with ``"interval"``, once they are written to the OS. ``on_written`` is
@@ -1112,7 +1116,7 @@ class Log:
             OSError: The write or fsync failed; the transaction did not commit.
             ChannelClosedError: The log is closed or has failed.
         """
-        item = Item(fmt.COMMIT, txn_id, payloads, takes, True, on_written, overhead=self.seal_overhead)
+        item = Item(fmt.COMMIT, txn_id, payloads, takes, True, on_written, overhead=self.seal_overhead, prefix=prefix)
         self._writers[txn_id % len(self._writers)].submit(item)
         return item.result
 

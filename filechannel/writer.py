@@ -107,6 +107,7 @@ class Item:
         "nbytes",
         "on_written",
         "payloads",
+        "prefix",
         "published",
         "result",
         "retire",
@@ -125,10 +126,12 @@ class Item:
         on_written: Callable[[CommitResult], None] | None = None,
         retire: Sequence[int] = (),
         overhead: int = 0,
+        prefix: bytes = b"",
     ) -> None:
         self.kind = kind
         self.txn_id = txn_id
-        self.payloads = payloads
+        self.payloads = payloads  # each PUT's payload is prefix + payloads[i]
+        self.prefix = prefix
         self.takes = takes
         self.durable = durable
         self.on_written = on_written
@@ -142,7 +145,8 @@ class Item:
             n = _COMMIT_SIZE
             if payloads:
                 # record_size(k) == (k + 39) & ~7; ``overhead``: what sealing adds to a PUT payload (encryption)
-                n += sum([(k + 39 + overhead) & ~7 for k in map(len, payloads)])
+                extra = 39 + overhead + len(prefix)
+                n += sum([(k + extra) & ~7 for k in map(len, payloads)])
             if takes:
                 n += fmt.record_size(4 + 16 * len(takes))
         elif kind == fmt.ROLLBACK:
@@ -338,7 +342,7 @@ class Writer:
                     offs = res.put_offsets
                     sizes = res.put_sizes
                     if it.payloads:  # a take-only commit frames no PUTs
-                        off = enc.add_puts(parts, woid, txn, it.payloads, offs, sizes, off)
+                        off = enc.add_puts(parts, woid, txn, it.payloads, offs, sizes, off, it.prefix)
                         woid += len(it.payloads)
                     if it.takes:
                         off += enc.add(parts, fmt.TAKE, woid, txn, fmt.encode_take(it.takes))

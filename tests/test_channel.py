@@ -1087,3 +1087,34 @@ def test_too_many_live_files_is_a_clear_error_and_the_channel_stays_usable(
         monkeypatch.undo()
         with ch.transaction() as tx2:
             assert len(tx2.take_batch(10)) == 4
+
+
+@pytest.mark.parametrize("cache_bytes", [0, 1 << 20])
+def test_events_with_and_without_headers_mix_in_one_transaction(chan_dir: str, cache_bytes: int) -> None:
+    """A transaction whose puts have no headers frames them behind one shared empty header
+    block; a put with headers in the same transaction (before or after) changes nothing seen."""
+    hdr = {"k": "v"}
+    want: list[tuple[bytes, dict[str, str]]] = []
+    with opn(chan_dir, cache_bytes=cache_bytes) as ch:
+        with ch.transaction() as tx:  # plain, then headers, then plain again
+            tx.put_many([b"a", b"b"])
+            tx.put(b"c", hdr)
+            tx.put(b"d")
+            tx.put_many([b"e"], hdr)
+            tx.put_many([b"f", b""])
+        want += [(b"a", {}), (b"b", {}), (b"c", hdr), (b"d", {}), (b"e", hdr), (b"f", {}), (b"", {})]
+        tx = ch.transaction()  # a rolled-back transaction with headers leaves the next one plain
+        tx.put(b"x", hdr)
+        tx.rollback()
+        with ch.transaction() as tx:
+            tx.put_many([b"g"])
+            tx.put(b"h")
+        want += [(b"g", {}), (b"h", {})]
+        with ch.transaction() as tx:
+            got = [(e.body, dict(e.headers)) for e in tx.take_batch(100)]
+            tx.rollback()
+        assert got == want
+    with opn(chan_dir) as ch:  # and read back from the data files after a restart
+        assert [(e.body, dict(e.headers)) for e in drain(ch)] == want
+    with pytest.raises(filechannel.EventTooLargeError), opn(chan_dir, max_event_size=8) as ch:
+        ch.transaction().put_many([b"1234", b"12345"])  # 5 bytes + the 4-byte header block > 8

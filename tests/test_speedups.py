@@ -95,16 +95,18 @@ def test_crc_check_value_and_unknown_kind() -> None:
 payload_lists = st.lists(st.binary(max_size=300), max_size=40)
 
 
-def _encode(enc: fmt._RecordEncoder, woid: int, txn: int, payloads: list[Any], offset: int) -> tuple[Any, ...]:
+def _encode(
+    enc: fmt._RecordEncoder, woid: int, txn: int, payloads: list[Any], offset: int, prefix: bytes = b""
+) -> tuple[Any, ...]:
     """Frame ``payloads`` into lists of offsets and sizes, and again into array("q") columns
     (what the writer passes): both forms must hold the same values."""
     parts: list[bytes] = [b"prefix"]
     offs: list[int] = [-1]
     sizes: list[int] = []
-    end = enc.add_puts(parts, woid, txn, payloads, offs, sizes, offset)
+    end = enc.add_puts(parts, woid, txn, payloads, offs, sizes, offset, prefix)
     col_offs, col_sizes = array("q", [-1]), array("q")
     col_parts: list[bytes] = [b"prefix"]
-    col_end = enc.add_puts(col_parts, woid, txn, payloads, col_offs, col_sizes, offset)
+    col_end = enc.add_puts(col_parts, woid, txn, payloads, col_offs, col_sizes, offset, prefix)
     assert (b"".join(col_parts), list(col_offs), list(col_sizes), col_end) == (b"".join(parts), offs, sizes, end)
     return b"".join(parts), offs, sizes, end
 
@@ -118,11 +120,13 @@ def _encode(enc: fmt._RecordEncoder, woid: int, txn: int, payloads: list[Any], o
     offset=st.integers(0, 2**40),
     kind=st.sampled_from(KINDS),
     wrap=st.sampled_from(["bytes", "bytearray", "memoryview", "tuple"]),
+    prefix=st.sampled_from([b"", fmt.EMPTY_HEADERS, b"\x01\x02\x03"]),
 )
-@example(payloads=[], woid=0, txn=0, offset=0, kind=fmt.CRC32C, wrap="bytes")
-@example(payloads=[b"x" * n for n in range(17)], woid=1, txn=2, offset=3, kind=fmt.CRC32C, wrap="bytes")
+@example(payloads=[], woid=0, txn=0, offset=0, kind=fmt.CRC32C, wrap="bytes", prefix=b"")
+@example(payloads=[b"x" * n for n in range(17)], woid=1, txn=2, offset=3, kind=fmt.CRC32C, wrap="bytes", prefix=b"")
+@example(payloads=[b"x" * n for n in range(9)], woid=1, txn=2, offset=3, kind=fmt.CRC32C, wrap="bytes", prefix=b"ab")
 def test_encode_puts_is_byte_identical(
-    crc_impl: str, payloads: list[bytes], woid: int, txn: int, offset: int, kind: int, wrap: str
+    crc_impl: str, payloads: list[bytes], woid: int, txn: int, offset: int, kind: int, wrap: str, prefix: bytes
 ) -> None:
     seed = fmt.file_seed(kind, CID, 3)
     given_payloads: Any = payloads
@@ -135,22 +139,31 @@ def test_encode_puts_is_byte_identical(
     c_enc = fmt.record_encoder(seed, kind)
     assert isinstance(c_enc, fmt._CRecordEncoder)
     try:
-        py = _encode(fmt._RecordEncoder(seed, kind), woid, txn, given_payloads, offset)
+        py = _encode(fmt._RecordEncoder(seed, kind), woid, txn, given_payloads, offset, prefix)
     except TypeError as exc:  # google_crc32c takes read-only buffers only: so must the twin
         assert wrap in ("bytearray", "memoryview")
         assert payloads
         assert kind == fmt.CRC32C
+        assert not prefix  # with a prefix, the twin frames prefix + payload: bytes
         with pytest.raises(TypeError, match=str(exc)):
-            _encode(c_enc, woid, txn, given_payloads, offset)
+            _encode(c_enc, woid, txn, given_payloads, offset, prefix)
         return
-    assert _encode(c_enc, woid, txn, given_payloads, offset) == py
+    assert _encode(c_enc, woid, txn, given_payloads, offset, prefix) == py
+    if prefix and wrap == "bytes":  # a prefix frames exactly what joining it to each payload frames
+        assert _encode(c_enc, woid, txn, [prefix + p for p in payloads], offset) == py
     # and every frame decodes back to its payload
     blob, offs, sizes, _end = py
     pos = len(b"prefix")
     for i, p in enumerate(payloads):
         rec = fmt.decode_record(blob, pos, seed, kind, 1 << 20)
         assert isinstance(rec, fmt.Record)
-        assert (rec.op, rec.woid, rec.txn_id, rec.payload, rec.size) == (fmt.PUT, woid + i, txn, p, sizes[i + 0])
+        assert (rec.op, rec.woid, rec.txn_id, rec.payload, rec.size) == (
+            fmt.PUT,
+            woid + i,
+            txn,
+            prefix + p,
+            sizes[i + 0],
+        )
         assert offs[i + 1] == offset + pos - len(b"prefix")
         pos = rec.end
 
@@ -170,9 +183,10 @@ def _fake_seal(head: bytes, offset: int, payload: bytes) -> bytes:
     offset=st.integers(0, 2**40),
     kind=st.sampled_from(KINDS),
     wrap=st.sampled_from(["bytes", "bytearray"]),
+    prefix=st.sampled_from([b"", fmt.EMPTY_HEADERS]),
 )
 def test_encode_puts_sealed_is_byte_identical(
-    crc_impl: str, payloads: list[bytes], woid: int, offset: int, kind: int, wrap: str
+    crc_impl: str, payloads: list[bytes], woid: int, offset: int, kind: int, wrap: str, prefix: bytes
 ) -> None:
     """An encrypted file: the sealer is called with the same arguments, the frames cover its output."""
     seed = fmt.file_seed(kind, CID, 3)
@@ -186,11 +200,12 @@ def test_encode_puts_sealed_is_byte_identical(
         return seal
 
     given_payloads = [bytearray(p) for p in payloads] if wrap == "bytearray" else payloads
-    py = _encode(fmt._RecordEncoder(seed, kind, sealer("py")), woid, 9, given_payloads, offset)
+    py = _encode(fmt._RecordEncoder(seed, kind, sealer("py")), woid, 9, given_payloads, offset, prefix)
     c_enc = fmt.record_encoder(seed, kind, sealer("c"))
     assert isinstance(c_enc, fmt._CRecordEncoder)
-    assert _encode(c_enc, woid, 9, given_payloads, offset) == py
+    assert _encode(c_enc, woid, 9, given_payloads, offset, prefix) == py
     assert calls["c"] == calls["py"]
+    assert all(sealed.startswith(prefix) for _, _, sealed in calls["c"])  # the prefix is sealed with the payload
     assert len(calls["c"]) == 2 * len(payloads)  # _encode frames twice: into lists, then into columns
 
 
