@@ -1372,6 +1372,36 @@ sp_int64_range(PyObject *self, PyObject *args)
     return out;
 }
 
+/* frames_size(payloads, extra) -> int: the bytes the PUT frames of ``payloads`` occupy when each
+   stored payload is ``extra`` bytes longer than given (a prefix, a sealing tag): the sum of
+   record_size(len(p) + extra). The twin of format.frames_size's Python loop. */
+static PyObject *
+sp_frames_size(PyObject *self, PyObject *args)
+{
+    PyObject *payloads;
+    Py_ssize_t extra;
+    if (!PyArg_ParseTuple(args, "On", &payloads, &extra))
+        return NULL;
+    PyObject *seq = PySequence_Fast(payloads, "payloads must be iterable");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    long long total = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *p = items[i];
+        Py_ssize_t k = PyBytes_CheckExact(p) ? PyBytes_GET_SIZE(p) : PyObject_Size(p);
+        if (k < 0) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        long long n = (long long)k + extra;
+        total += (n + HEADER_LEN + 7) & ~7LL;
+    }
+    Py_DECREF(seq);
+    return PyLong_FromLongLong(total);
+}
+
 static PyMethodDef sp_methods[] = {
     {"bind_crc32c", sp_bind_crc32c, METH_VARARGS, "bind_crc32c(path) -> bool: use libcrc32c's crc32c_extend."},
     {"unbind_crc32c", sp_unbind_crc32c, METH_NOARGS, "unbind_crc32c(): use the built-in CRC-32C again."},
@@ -1388,6 +1418,8 @@ static PyMethodDef sp_methods[] = {
      " -> list: per record (body, headers), its payload bytes, or an error instance (format.decode_puts)."},
     {"take_runs", sp_take_runs, METH_O,
      "take_runs(entries) -> (ranges, file_runs) or None: a transaction's takes grouped (channel._take_runs)."},
+    {"frames_size", sp_frames_size, METH_VARARGS,
+     "frames_size(payloads, extra) -> int: bytes of the PUT frames of payloads, each stored extra bytes longer."},
     {"int64_range", sp_int64_range, METH_VARARGS,
      "int64_range(first, n) -> bytes: first .. first + n - 1 as native int64s (for array('q').frombytes)."},
     {"take_slots", sp_take_slots, METH_VARARGS,

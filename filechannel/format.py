@@ -160,6 +160,18 @@ def record_size(payload_len: int) -> int:
     return RECORD_HEADER_LEN + payload_len + (-payload_len & 7)
 
 
+def frames_size(payloads: Sequence[bytes], extra: int = 0) -> int:
+    """Return the bytes the PUT frames of ``payloads`` occupy, each stored ``extra`` bytes longer.
+
+    ``extra``: what the frame adds to each given payload (a shared prefix, a
+    sealing tag). One C call with the accelerator (``_speedups.frames_size``).
+    """
+    if speedups is not None:
+        return int(speedups.frames_size(payloads, extra))
+    # record_size(k) == (k + 39) & ~7
+    return sum([(k + extra + 39) & ~7 for k in map(len, payloads)])
+
+
 # --------------------------------------------------------------------------
 # file header
 

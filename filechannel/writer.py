@@ -143,10 +143,8 @@ class Item:
         self.wake: Any = None  # a held lock its committer blocks on until a leader releases it
         if kind == fmt.COMMIT:
             n = _COMMIT_SIZE
-            if payloads:
-                # record_size(k) == (k + 39) & ~7; ``overhead``: what sealing adds to a PUT payload (encryption)
-                extra = 39 + overhead + len(prefix)
-                n += sum([(k + extra) & ~7 for k in map(len, payloads)])
+            if payloads:  # ``overhead``: what sealing adds to a PUT payload (encryption)
+                n += fmt.frames_size(payloads, overhead + len(prefix))
             if takes:
                 n += fmt.record_size(4 + 16 * len(takes))
         elif kind == fmt.ROLLBACK:

@@ -1086,3 +1086,30 @@ def test_encode_puts_refuses_columns_it_cannot_extend() -> None:
             enc.add_puts([], 1, 1, [b"a"], bad, [], 0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="bad count"):
         C.int64_range(0, -1)
+
+
+@needs_c
+@TWIN
+@given(
+    payloads=st.lists(
+        st.one_of(st.binary(max_size=40), st.binary(max_size=40).map(bytearray), st.integers()), max_size=20
+    ),
+    extra=st.integers(0, 64),
+)
+def test_frames_size_is_the_sum_of_record_sizes(payloads: list[Any], extra: int) -> None:
+    """A commit's size estimate: C and the Python loop agree with record_size, or fail alike."""
+    out = []
+    saved = fmt.speedups
+    for accel in (True, False):
+        fmt.speedups = saved if accel else None
+        try:
+            out.append(("ok", fmt.frames_size(payloads, extra)))
+        except TypeError as exc:
+            out.append(("raised", str(exc)))
+        finally:
+            fmt.speedups = saved
+    assert out[0] == out[1]
+    if all(isinstance(p, (bytes, bytearray)) for p in payloads):
+        assert out[0] == ("ok", sum(fmt.record_size(len(p) + extra) for p in payloads))
+    else:
+        assert out[0][0] == "raised"
