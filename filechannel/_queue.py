@@ -420,9 +420,10 @@ class Taken:
     def __len__(self) -> int:
         return self.count
 
-    def add(self, part: list[Entry] | Columns) -> None:
-        """Append entries popped from the queue (a list of entries, or columns)."""
-        n = len(part[0]) if isinstance(part, tuple) else len(part)
+    def add(self, part: list[Entry] | Columns, n: int | None = None) -> None:
+        """Append entries popped from the queue (a list of entries, or columns), ``n`` of them."""
+        if n is None:
+            n = len(part[0]) if isinstance(part, tuple) else len(part)
         if n:
             self._parts.append(part)
             self.count += n

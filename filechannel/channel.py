@@ -369,7 +369,9 @@ class Transaction:
             CorruptLogError: An event's record no longer verifies on disk, or a
                 consumer's ``.ack`` file does not decode.
         """
-        if not isinstance(max_events, int) or isinstance(max_events, bool) or max_events <= 0:
+        if (type(max_events) is not int or max_events <= 0) and (
+            not isinstance(max_events, int) or isinstance(max_events, bool) or max_events <= 0
+        ):
             raise ValueError(f"max_events must be a positive int, got {max_events!r}")
         if self.state is not OPEN:
             self._advance("take")
@@ -377,7 +379,7 @@ class Transaction:
         if consumers:
             raise ConsumerConflictError(self._ch.directory, sorted(consumers))
         cap = self._ch.config.transaction_capacity
-        room = cap - len(self._taken)
+        room = cap - self._taken.count
         if room <= 0:
             raise TransactionCapacityError(
                 f"more than transaction_capacity={cap} takes in one transaction; "
@@ -412,7 +414,7 @@ class Transaction:
         if self.state is not OPEN:
             self._advance("commit")
         ch = self._ch
-        if not self._payloads and not self._taken:
+        if not self._payloads and not self._taken.count:
             self._advance("commit")
             ch._count("transactions_committed")
             ch._open_txns.pop(self.txn_id, None)
@@ -1149,10 +1151,11 @@ class FileChannel:
         where not held; ``[]`` when the cache is empty) and how many were held.
         """
         with self._lock:
-            self._check_open()
+            if self._closed or self._log._failed is not None:
+                self._check_open()
             self._counters["takes_attempted"] += 1
             q = self._queue
-            if not len(q) and timeout > 0:
+            if timeout > 0 and not len(q):
                 deadline = time.monotonic() + timeout
                 while not len(q):
                     left = deadline - time.monotonic()
@@ -1172,7 +1175,7 @@ class FileChannel:
             else:
                 positions = popped[0]
                 got = len(positions)
-            tx._taken.add(popped)
+            tx._taken.add(popped, got)
             self._inflight_takes += got
             cache = self._cache
             if not cache.events:
@@ -1267,8 +1270,8 @@ class FileChannel:
                 self._cache.add(first, tx._bodies, tx._headers)
                 if self._take_waiters:
                     self._not_empty.notify(n)
-            taken = tx._taken
-            if taken:
+            n_taken = tx._taken.count
+            if n_taken:
                 refs = self._refs
                 tset = self._take_targets.setdefault(fid, set())
                 tfrom = self._taken_from
@@ -1281,10 +1284,10 @@ class FileChannel:
                         freed = True
                     tset.add(f)
                     _add_run(tfrom, f, first_taken, k)
-                self._inflight_takes -= len(taken)
-                self._counters["takes_committed"] += len(taken)
+                self._inflight_takes -= n_taken
+                self._counters["takes_committed"] += n_taken
                 if self._put_waiters:
-                    self._not_full.notify(len(taken))
+                    self._not_full.notify(n_taken)
             self._open_txns.pop(tx.txn_id, None)
         return freed
 
