@@ -1402,6 +1402,74 @@ sp_frames_size(PyObject *self, PyObject *args)
     return PyLong_FromLongLong(total);
 }
 
+/* close_batch(seed, kind, parts, start, first_woid, woid) -> bytes: the BATCH_END frame that closes
+   a batch: its payload (start, body length, checksum over every byte of ``parts`` seeded with
+   ``seed``, first_woid, woid - 1) framed with write-order id ``woid``. The twin of
+   format._RecordEncoder.close_batch. */
+static PyObject *
+sp_close_batch(PyObject *self, PyObject *args)
+{
+    unsigned long seed_l;
+    int kind;
+    PyObject *parts, *start_o, *first_o, *woid_o;
+    if (!PyArg_ParseTuple(args, "kiO!OOO", &seed_l, &kind, &PyList_Type, &parts, &start_o, &first_o, &woid_o))
+        return NULL;
+    /* checked conversions: a negative or too large value is an OverflowError, never wrapped */
+    unsigned long long woid = PyLong_AsUnsignedLongLong(woid_o);
+    if (PyErr_Occurred())
+        return NULL;
+    if (woid == 0) {
+        PyErr_SetString(PyExc_ValueError, "close_batch: a batch ends after its first record");
+        return NULL;
+    }
+    unsigned long long start = PyLong_AsUnsignedLongLong(start_o);
+    unsigned long long first_woid = PyErr_Occurred() ? 0 : PyLong_AsUnsignedLongLong(first_o);
+    if (PyErr_Occurred())
+        return NULL;
+    extend_fn ext = pick_extend(kind);
+    if (ext == NULL) {
+        PyErr_Format(PyExc_ValueError, "unknown checksum algorithm %d", kind);
+        return NULL;
+    }
+    uint32_t body_crc = (uint32_t)seed_l;
+    unsigned long long body_len = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(parts); i++) {
+        PyObject *part = PyList_GET_ITEM(parts, i);
+        if (!PyBytes_Check(part)) {
+            PyErr_Format(PyExc_TypeError, "close_batch: parts must be bytes, not %.100s", Py_TYPE(part)->tp_name);
+            return NULL;
+        }
+        body_crc = ext(body_crc, (const unsigned char *)PyBytes_AS_STRING(part), (size_t)PyBytes_GET_SIZE(part));
+        body_len += (unsigned long long)PyBytes_GET_SIZE(part);
+    }
+    if (body_len > 0xFFFFFFFFull) {
+        PyErr_SetString(PyExc_OverflowError, "close_batch: the batch does not fit a u32 length");
+        return NULL;
+    }
+    /* BATCH_END payload "<QIIQQ": batch_start, batch_len, batch_crc, first_woid, last_woid (32 bytes) */
+    PyObject *out = PyBytes_FromStringAndSize(NULL, HEADER_LEN + 32);
+    if (out == NULL)
+        return NULL;
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+    p[0] = OP_BATCH_END;
+    p[1] = 0;
+    put_u16(p + 2, 0);
+    put_u32(p + 4, 32);
+    put_u64(p + 8, woid);
+    put_u64(p + 16, 0);
+    unsigned char *q = p + HEADER_LEN;
+    put_u64(q, start);
+    put_u32(q + 8, (uint32_t)body_len);
+    put_u32(q + 12, body_crc);
+    put_u64(q + 16, first_woid);
+    put_u64(q + 24, woid - 1);
+    uint32_t c = ext((uint32_t)seed_l, p, 24);
+    c = ext(c, q, 32);
+    put_u32(p + 24, c);
+    put_u32(p + 28, 0);
+    return out;
+}
+
 static PyMethodDef sp_methods[] = {
     {"bind_crc32c", sp_bind_crc32c, METH_VARARGS, "bind_crc32c(path) -> bool: use libcrc32c's crc32c_extend."},
     {"unbind_crc32c", sp_unbind_crc32c, METH_NOARGS, "unbind_crc32c(): use the built-in CRC-32C again."},
@@ -1418,6 +1486,8 @@ static PyMethodDef sp_methods[] = {
      " -> list: per record (body, headers), its payload bytes, or an error instance (format.decode_puts)."},
     {"take_runs", sp_take_runs, METH_O,
      "take_runs(entries) -> (ranges, file_runs) or None: a transaction's takes grouped (channel._take_runs)."},
+    {"close_batch", sp_close_batch, METH_VARARGS,
+     "close_batch(seed, kind, parts, start, first_woid, woid) -> bytes: the BATCH_END frame closing parts."},
     {"frames_size", sp_frames_size, METH_VARARGS,
      "frames_size(payloads, extra) -> int: bytes of the PUT frames of payloads, each stored extra bytes longer."},
     {"int64_range", sp_int64_range, METH_VARARGS,

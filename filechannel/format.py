@@ -400,7 +400,7 @@ def record_encoder(seed: int, kind: int, sealer: Sealer | None = None) -> _Recor
 class _RecordEncoder:
     """Appends encoded frames to a list of parts; avoids per-call lookups."""
 
-    __slots__ = ("_extend", "_sealer", "_seed", "extend")
+    __slots__ = ("_extend", "_sealer", "_seed")
 
     def __init__(self, seed: int, kind: int, sealer: Sealer | None = None) -> None:
         self._seed = seed
@@ -411,8 +411,6 @@ class _RecordEncoder:
             self._extend = _zlib_extend
         else:  # pragma: no cover
             raise FormatError(0, f"unknown checksum algorithm {kind}")
-        #: ``extend(crc, data)``: the file's checksum algorithm, continuing ``crc`` over ``data``.
-        self.extend: Callable[[int, bytes], int] = self._extend
 
     def add(self, parts: list[bytes], op: int, woid: int, txn_id: int, payload: bytes) -> int:
         """Append one frame's pieces to ``parts``; return its size in bytes."""
@@ -467,6 +465,23 @@ class _RecordEncoder:
             woid += 1
         return offset
 
+    def close_batch(self, parts: list[bytes], start: int, first_woid: int, woid: int) -> int:
+        """Append the BATCH_END frame that closes the batch in ``parts``; return its size.
+
+        The batch was written at offset ``start`` and holds write-order ids
+        ``first_woid .. woid - 1``; the frame takes ``woid``. Its checksum,
+        seeded with the file's seed, covers every byte of ``parts``.
+        """
+        if woid == 0:
+            raise ValueError("close_batch: a batch ends after its first record")
+        ext = self._extend
+        body_crc = self._seed
+        body_len = 0
+        for part in parts:
+            body_crc = ext(body_crc, part)
+            body_len += len(part)
+        return self.add(parts, BATCH_END, woid, 0, _BATCH_END.pack(start, body_len, body_crc, first_woid, woid - 1))
+
 
 class _CRecordEncoder(_RecordEncoder):
     """:class:`_RecordEncoder` with :meth:`add_puts` in C: the same bytes, one call per batch."""
@@ -483,6 +498,13 @@ class _CRecordEncoder(_RecordEncoder):
         frame: bytes = speedups.frame_record(
             self._seed, self._kind, _REC_HEAD.pack(op, 0, 0, len(payload), woid, txn_id), payload
         )
+        parts.append(frame)
+        return len(frame)
+
+    def close_batch(self, parts: list[bytes], start: int, first_woid: int, woid: int) -> int:
+        """:meth:`_RecordEncoder.close_batch` in one C call."""
+        assert speedups is not None
+        frame: bytes = speedups.close_batch(self._seed, self._kind, parts, start, first_woid, woid)
         parts.append(frame)
         return len(frame)
 
@@ -757,11 +779,6 @@ class BatchEnd:
 def encode_batch_end(b: BatchEnd) -> bytes:
     """Encode a BATCH_END payload."""
     return _BATCH_END.pack(b.batch_start, b.batch_len, b.batch_crc, b.first_woid, b.last_woid)
-
-
-pack_batch_end: Callable[[int, int, int, int, int], bytes] = _BATCH_END.pack
-"""``pack_batch_end(batch_start, batch_len, batch_crc, first_woid, last_woid)``: :func:`encode_batch_end`
-without building a :class:`BatchEnd` (the writer's hot path)."""
 
 
 def decode_batch_end(payload: bytes) -> BatchEnd:

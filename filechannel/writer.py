@@ -363,14 +363,7 @@ class Writer:
                         woid += 1
             if len(parts) > _GATHER_MAX:  # many small frames (the pure-Python path): one join is cheaper
                 parts = [b"".join(parts)]
-            ext = enc.extend  # the file's checksum, bound (fmt.crc without its dispatch per part)
-            body_crc = self.seed
-            for part in parts:
-                body_crc = ext(body_crc, part)
-            body_len = off - start
-            off += enc.add(
-                parts, fmt.BATCH_END, woid, 0, fmt.pack_batch_end(start, body_len, body_crc, first_woid, woid - 1)
-            )
+            off += enc.close_batch(parts, start, first_woid, woid)  # checksums every byte of parts
             log._next_woid = woid + 1
         nbytes = off - start
         assert self.fd is not None

@@ -18,6 +18,7 @@ import gc
 import hashlib
 import json
 import os
+import struct
 import subprocess
 import sys
 import zlib
@@ -1113,3 +1114,48 @@ def test_frames_size_is_the_sum_of_record_sizes(payloads: list[Any], extra: int)
         assert out[0] == ("ok", sum(fmt.record_size(len(p) + extra) for p in payloads))
     else:
         assert out[0][0] == "raised"
+
+
+@needs_c
+@TWIN
+@given(
+    parts=st.lists(st.binary(max_size=80), max_size=6),
+    start=st.integers(-1, 2**64),
+    first_woid=st.integers(0, 2**64 - 1),
+    woid=st.integers(0, 2**64 - 1),
+    kind=st.sampled_from(KINDS),
+)
+@example(parts=[b"a" * 56, b"b" * 48], start=4096, first_woid=10, woid=12, kind=fmt.CRC32C)
+def test_close_batch_is_byte_identical(
+    crc_impl: str, parts: list[bytes], start: int, first_woid: int, woid: int, kind: int
+) -> None:
+    """The BATCH_END frame that closes a write: the same bytes from C and Python, which decode back."""
+    seed = fmt.file_seed(kind, CID, 3)
+
+    def run(enc: fmt._RecordEncoder) -> tuple[Any, ...]:
+        got = list(parts)
+        try:
+            n = enc.close_batch(got, start, first_woid, woid)
+        except (OverflowError, struct.error):
+            return ("raised", "out of range")
+        except ValueError as exc:
+            return ("raised", str(exc))
+        assert got[: len(parts)] == parts
+        return ("ok", n, b"".join(got[len(parts) :]))  # the frame (one part from C, four from Python)
+
+    py = run(fmt._RecordEncoder(seed, kind))
+    c_enc = fmt.record_encoder(seed, kind)
+    assert isinstance(c_enc, fmt._CRecordEncoder)
+    # (out-of-range ints, which the writer never passes: struct.error from Python, OverflowError from C)
+    assert run(c_enc) == py
+    in_range = 0 <= start < 2**64 and woid > 0
+    assert (py[0] == "ok") == in_range
+    if in_range:
+        _ok, n, frame = py
+        body = b"".join(parts)
+        rec = fmt.decode_record(frame, 0, seed, kind, 1 << 20)
+        assert isinstance(rec, fmt.Record)
+        assert (rec.op, rec.woid, rec.size) == (fmt.BATCH_END, woid, n)
+        assert fmt.decode_batch_end(rec.payload) == fmt.BatchEnd(
+            start, len(body), fmt.crc(kind, body, seed), first_woid, woid - 1
+        )
