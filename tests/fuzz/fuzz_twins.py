@@ -8,7 +8,8 @@ exceptions is a crash (an ``AssertionError``):
   ``on_corruption`` fail and skip;
 - the clean file's PUT records, read back from the damaged bytes, are verified and decoded
   by both ``decode_puts`` (events, and payloads left undecoded);
-- payloads cut from the input are framed by both PUT encoders.
+- payloads cut from the input are framed by both PUT encoders (alone and behind a shared
+  prefix), the write is closed by both ``close_batch``, and sized by both ``frames_size``.
 
 Needs the C accelerator (it compares it with the Python code); without it every input fails
 with an AssertionError that says so.
@@ -99,12 +100,14 @@ def _scan(accel: bool, data: bytes, kind: int, mode: str, compact: bool) -> tupl
     return (fs.records, fs.end, fs.size, fs.last_woid, fs.header_damaged, ctx.reports)
 
 
-def _encoded(enc: Any, payloads: list[bytes], woid: int, offset: int) -> tuple[Any, ...]:
+def _encoded(enc: Any, payloads: list[bytes], woid: int, offset: int, prefix: bytes) -> tuple[Any, ...]:
+    """Frame ``payloads`` (behind ``prefix``) as one write and close it with its BATCH_END."""
     parts: list[bytes] = []
     offs: list[int] = []
     sizes: list[int] = []
     try:
-        end = enc.add_puts(parts, woid, 7, payloads, offs, sizes, offset)
+        end = enc.add_puts(parts, woid, 7, payloads, offs, sizes, offset, prefix)
+        end += enc.close_batch(parts, offset, woid, woid + len(payloads))
     except (ValueError, OverflowError) as exc:
         return ("raised", type(exc).__name__, str(exc))
     return b"".join(parts), offs, sizes, end
@@ -165,7 +168,15 @@ def test_one_input(data: bytes) -> None:
     c_enc = fmt.record_encoder(enc_seed, kind)
     assert isinstance(c_enc, fmt._CRecordEncoder)
     py_enc = fmt._RecordEncoder(enc_seed, kind)
-    assert _encoded(c_enc, payloads, woid, at) == _encoded(py_enc, payloads, woid, at)
+    for prefix in (b"", fmt.EMPTY_HEADERS, payloads[0] if payloads else b"x"):
+        assert _encoded(c_enc, payloads, woid, at, prefix) == _encoded(py_enc, payloads, woid, at, prefix)
+        saved = fmt.speedups
+        try:
+            fmt.speedups = None
+            py_size = fmt.frames_size(payloads, len(prefix))
+        finally:
+            fmt.speedups = saved
+        assert fmt.frames_size(payloads, len(prefix)) == py_size
 
 
 def main() -> None:
