@@ -169,6 +169,16 @@ pick_extend(int kind)
     return NULL;
 }
 
+/* pick_extend, or NULL with a ValueError naming ``kind`` */
+static extend_fn
+extend_for(int kind)
+{
+    extend_fn ext = pick_extend(kind);
+    if (ext == NULL)
+        PyErr_Format(PyExc_ValueError, "unknown checksum algorithm %d", kind);
+    return ext;
+}
+
 /* ------------------------------------------------------------------------ */
 /* little-endian helpers */
 
@@ -219,10 +229,9 @@ sp_crc(PyObject *self, PyObject *args)
     unsigned long seed = 0;
     if (!PyArg_ParseTuple(args, "iy*|k", &kind, &data, &seed))
         return NULL;
-    extend_fn ext = pick_extend(kind);
+    extend_fn ext = extend_for(kind);
     if (ext == NULL) {
         PyBuffer_Release(&data);
-        PyErr_Format(PyExc_ValueError, "unknown checksum algorithm %d", kind);
         return NULL;
     }
     uint32_t c;
@@ -292,15 +301,22 @@ sp_use_table(PyObject *self, PyObject *args)
 /* ------------------------------------------------------------------------ */
 /* encode_puts */
 
+/* Append a new reference ``item`` to ``list`` and drop it (NULL: its constructor failed, the error
+   is set). The one shape of every "build an object, append it" in this file. */
+static int
+append_new(PyObject *list, PyObject *item)
+{
+    if (item == NULL)
+        return -1;
+    int r = PyList_Append(list, item);
+    Py_DECREF(item);
+    return r;
+}
+
 static int
 append_ssize(PyObject *list, Py_ssize_t v)
 {
-    PyObject *o = PyLong_FromSsize_t(v);
-    if (o == NULL)
-        return -1;
-    int r = PyList_Append(list, o);
-    Py_DECREF(o);
-    return r;
+    return append_new(list, PyLong_FromSsize_t(v));
 }
 
 static int extend_column(PyObject *arr, const int64_t *v, Py_ssize_t n);
@@ -338,11 +354,9 @@ sp_encode_puts(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "tag_len must not be negative");
         return NULL;
     }
-    extend_fn ext = pick_extend(kind);
-    if (ext == NULL) {
-        PyErr_Format(PyExc_ValueError, "unknown checksum algorithm %d", kind);
+    extend_fn ext = extend_for(kind);
+    if (ext == NULL)
         return NULL;
-    }
     uint32_t seed = (uint32_t)seed_l;
     PyObject *seq = PySequence_Fast(payloads, "payloads must be iterable");
     if (seq == NULL)
@@ -489,11 +503,9 @@ sp_frame_record(PyObject *self, PyObject *args)
     PyObject *head, *payload;
     if (!PyArg_ParseTuple(args, "kiO!O", &seed_l, &kind, &PyBytes_Type, &head, &payload))
         return NULL;
-    extend_fn ext = pick_extend(kind);
-    if (ext == NULL) {
-        PyErr_Format(PyExc_ValueError, "unknown checksum algorithm %d", kind);
+    extend_fn ext = extend_for(kind);
+    if (ext == NULL)
         return NULL;
-    }
     if (PyBytes_GET_SIZE(head) != 24) {
         PyErr_SetString(PyExc_ValueError, "a record head is 24 bytes");
         return NULL;
@@ -700,12 +712,7 @@ static int
 append_record(PyObject *records, PyObject *type, const Py_ssize_t *offs, const unsigned char *b, const pending_rec *r,
               PyObject *fid, Py_ssize_t base, PyObject *empty, int_cache *cache)
 {
-    PyObject *rec = make_record(type, offs, b, r, fid, base, empty, cache);
-    if (rec == NULL)
-        return -1;
-    int rc = PyList_Append(records, rec);
-    Py_DECREF(rec);
-    return rc;
+    return append_new(records, make_record(type, offs, b, r, fid, base, empty, cache));
 }
 
 /* Compact mode (recovery): the PUTs of a verified batch are not records. Their offsets and frame
@@ -773,11 +780,7 @@ emit_run(run_cols *c, PyObject *records, uint64_t woid, uint64_t txn_id, Py_ssiz
     Py_XDECREF(argv[2]);
     Py_XDECREF(argv[4]);
     Py_XDECREF(argv[5]);
-    if (res == NULL)
-        return -1;
-    int rc = PyList_Append(records, res);
-    Py_DECREF(res);
-    return rc;
+    return append_new(records, res);
 }
 
 /* Extend one array("q") column with ``n`` int64s (array's frombytes: one call, one copy). */
@@ -847,10 +850,9 @@ sp_scan_batches(PyObject *self, PyObject *args)
         cols.direct = slot_offsets_of(run_type, run_fields, 9, cols.offs);
         cols.base_index = lo;
     }
-    extend_fn ext = pick_extend(kind);
+    extend_fn ext = extend_for(kind);
     if (ext == NULL) {
         PyBuffer_Release(&view);
-        PyErr_Format(PyExc_ValueError, "unknown checksum algorithm %d", kind);
         return NULL;
     }
     uint32_t seed = (uint32_t)seed_l;
@@ -1200,23 +1202,13 @@ done:
 static int
 append_pair(PyObject *list, long long a, long long b)
 {
-    PyObject *t = Py_BuildValue("(LL)", a, b);
-    if (t == NULL)
-        return -1;
-    int r = PyList_Append(list, t);
-    Py_DECREF(t);
-    return r;
+    return append_new(list, Py_BuildValue("(LL)", a, b));
 }
 
 static int
 append_triple(PyObject *list, PyObject *fid, long long a, long long b)
 {
-    PyObject *t = Py_BuildValue("(OLL)", fid, a, b);
-    if (t == NULL)
-        return -1;
-    int r = PyList_Append(list, t);
-    Py_DECREF(t);
-    return r;
+    return append_new(list, Py_BuildValue("(OLL)", fid, a, b));
 }
 
 static PyObject *
@@ -1426,11 +1418,9 @@ sp_close_batch(PyObject *self, PyObject *args)
     unsigned long long first_woid = PyErr_Occurred() ? 0 : PyLong_AsUnsignedLongLong(first_o);
     if (PyErr_Occurred())
         return NULL;
-    extend_fn ext = pick_extend(kind);
-    if (ext == NULL) {
-        PyErr_Format(PyExc_ValueError, "unknown checksum algorithm %d", kind);
+    extend_fn ext = extend_for(kind);
+    if (ext == NULL)
         return NULL;
-    }
     uint32_t body_crc = (uint32_t)seed_l;
     unsigned long long body_len = 0;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(parts); i++) {
