@@ -10,6 +10,9 @@ The queue is always in position order. Puts append at the tail (an insert
 near the tail when two data directories publish out of order). Takes pop from
 the head; rolled-back takes go to a small heap, which the head drains first,
 because their positions are smaller than anything left in the columns.
+
+A take pops column slices, not tuples; ``Taken`` holds them for the
+transaction and makes ``Entry`` tuples only when one is needed at a time.
 """
 
 from __future__ import annotations

@@ -181,9 +181,10 @@ class ConsumerStore:
     def cached_list(self) -> dict[str, ConsumerState]:
         """Return :meth:`list`, re-read only when :meth:`mtime_token` changed.
 
-        Costs one or two system calls (see :meth:`mtime_token`) while the registry is unchanged. A token whose times
-        are within 2 s of now is not trusted (a change in the same timestamp
-        tick would not show), so the files are read again until it settles.
+        Costs one or two system calls (see :meth:`mtime_token`) while the
+        registry is unchanged. A token whose times are within 2 s of now is not
+        trusted (a change in the same timestamp tick would not show), so the
+        files are read again until it settles.
         The returned dict is shared: do not modify it.
 
         Raises:
