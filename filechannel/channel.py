@@ -251,7 +251,7 @@ class Transaction:
                 f"more than transaction_capacity={cfg.transaction_capacity} puts in one transaction; "
                 "commit smaller batches or raise transaction_capacity"
             )
-        if ch._closed or self._log._failed is not None:
+        if ch._closed or self._log.failed is not None:
             ch._check_open()
         if not self._payloads:
             # Free space is checked at the first put and again at commit, before
@@ -319,7 +319,7 @@ class Transaction:
                 f"{len(self._payloads) + n} puts exceed transaction_capacity={cfg.transaction_capacity} in one "
                 "transaction; commit smaller batches or raise transaction_capacity"
             )
-        if ch._closed or self._log._failed is not None:
+        if ch._closed or self._log.failed is not None:
             ch._check_open()
         if not self._payloads:
             self._log.check_space(self._dir)
@@ -935,11 +935,11 @@ class FileChannel:
             return
         top = max(registry.values(), key=lambda c: c.acked)
         log = self._log
-        with log._seq_lock:
-            lost = log._next_position
+        with log.seq_lock:
+            lost = log.next_position
             if top.acked <= lost:
                 return
-            log._next_position = top.acked
+            log.next_position = top.acked
         logger.warning(
             "consumer %s acknowledged positions up to %d, but the channel recovered positions below %d only "
             "(a crash lost events the consumer had read before they were durable); positions [%d, %d) are "
@@ -1113,7 +1113,7 @@ class FileChannel:
         if self._closed:
             raise ChannelClosedError(f"channel {self.directory} is closed")
         if self._log.failed is not None:
-            self._log._check_writable()
+            self._log.check_writable()
 
     def _count(self, name: str, n: int = 1) -> None:
         self._counters[name] += n
@@ -1151,7 +1151,7 @@ class FileChannel:
         where not held; ``[]`` when the cache is empty) and how many were held.
         """
         with self._lock:
-            if self._closed or self._log._failed is not None:
+            if self._closed or self._log.failed is not None:
                 self._check_open()
             self._counters["takes_attempted"] += 1
             q = self._queue

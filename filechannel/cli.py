@@ -30,8 +30,9 @@ from .checkpoint import CheckpointStore
 from .config import ChannelConfig
 from .consumers import ConsumerState, ConsumerStore, validate_name
 from .crypto import Encryption, check_key_id, keystore_json, load_keystore
+from .directory import CHANNEL_FILE, LOCK_FILE
 from .errors import ChannelError, ConfigError, CorruptLogError, DecryptionError, NotAChannelError
-from .log import CHANNEL_FILE, LOCK_FILE, Log, format_ranges
+from .log import Log, format_ranges
 from .wal import dump_wal, verify_wal
 
 _EPILOG = (

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._fs import FS, read_file, replace_durably
+from .directory import decode_meta, encode_meta
 from .errors import ChannelError, ConfigError, ConsumerIdentityError, CorruptLogError, FormatError
-from .log import decode_meta, encode_meta
 
 __all__ = ["CONSUMERS_DIR", "ConsumerState", "ConsumerStore", "validate_name"]
 

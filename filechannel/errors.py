@@ -156,6 +156,17 @@ class ChannelCopyError(ChannelError):
         )
 
 
+class DataDirOwnershipError(ChannelError):
+    """A data directory belongs to another channel (nothing is damaged: the options name the wrong one)."""
+
+    def __init__(self, data_dir: str, owner_id: str, channel_id: str | None, hint: str) -> None:
+        self.data_dir = data_dir
+        self.owner_id = owner_id
+        self.channel_id = channel_id
+        this = f", this is {channel_id}" if channel_id else ""
+        super().__init__(f"data directory {data_dir} belongs to another channel (id {owner_id}{this}); {hint}")
+
+
 class ConsumerIdentityError(ChannelError):
     """A consumer name is registered with another identity (another query or job uses it)."""
 

@@ -238,7 +238,7 @@ class _Follower:
             # Per data directory, a write-order id no record written there from now on can be at
             # or below (records reach each directory in write-order): what recovery read of it.
             self.frontier = [0] * len(self.data_dirs)
-            for scan in log._scans:
+            for scan in log.scans:
                 d = self._dir_of(scan.path)
                 self.frontier[d] = max(self.frontier[d], scan.last_woid)
             q, _, _ = replay_queue(log, log.base_snapshot)
@@ -256,7 +256,7 @@ class _Follower:
                 if got is None:
                     continue
                 header, cipher = got
-                self.files[fid] = _FileState(self._dir_of(path), path, header, log._file_end[fid], cipher)
+                self.files[fid] = _FileState(self._dir_of(path), path, header, log.file_end[fid], cipher)
             # New records in a directory have write-order ids above everything read so far
             # (with one directory, above the log's last id; with several, the scanner's
             # per-file floor is the file header's base id).

@@ -49,6 +49,7 @@ from .errors import (
     InvalidHandleError,
 )
 from .log import Log
+from .recovery import first_record
 from .scan import CorruptionReport, PutRun, Scanner
 from .writer import Item
 
@@ -209,7 +210,7 @@ def _sealed_end(log: Log, fid: int) -> int | None:
     """
     size = log.file_sizes.get(fid)
     if size is None or any(path == log.file_path(fid) for path, _start, _size in log.torn_tails):
-        return log._file_end.get(fid)  # a torn tail stays on disk in a read-only inspection
+        return log.file_end.get(fid)  # a torn tail stays on disk in a read-only inspection
     return size
 
 
@@ -260,7 +261,7 @@ def _entries(log: Log, ctx: _ScanContext, files: Sequence[_Slot], keyless: bool 
                 raise CorruptLogError(path, exc.offset, exc.reason) from exc
             # As recovery does: only the header is lost; the records are read with the
             # seed the file name gives, from the first one that verifies.
-            start = log._first_record(buf, fid)
+            start = first_record(log, buf, fid)
             ctx.report_corruption(CorruptionReport(path, exc.offset, f"file header: {exc.reason}", start, file_id=fid))
             header = fmt.FileHeader(log.crc_kind, log.channel_id, fid, 0, 0, 0, 0)
         scan = Scanner(ctx, path, fid, buf, header).scan(False, prev_woid, start)

@@ -10,7 +10,9 @@ write that cannot be cleanly undone moves the log to FAILED: every later
 write raises, and nothing is fsynced again as if it were safe. Files are
 zero-filled ahead of the writer and rolled at ``max_file_size``.
 
-It never reads a data file back; the counters it advances belong to ``Log``.
+It never reads a data file back; the counters it advances belong to the log's
+shared state (``logstate.LogState``), which it is handed: it imports nothing
+from ``log.py``.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from .errors import ChannelFullError
 from .scan import BATCH_END_SIZE, segment_name
 
 if TYPE_CHECKING:
-    from .log import Log
+    from .logstate import LogState
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +159,7 @@ class Item:
 class Writer:
     """Appends batches to the active data file of one data directory."""
 
-    def __init__(self, log: Log, index: int, path: str, live: list[int]) -> None:
+    def __init__(self, log: LogState, index: int, path: str, live: list[int]) -> None:
         self.log = log
         self.index = index
         self.path = path
@@ -191,7 +193,7 @@ class Writer:
         """
         lock = self.lock
         with lock:
-            self.log._check_writable()
+            self.log.check_writable()
             self.pending.append(item)
             if not item.durable and not item.on_written:
                 return  # rides along with the next write
@@ -280,8 +282,8 @@ class Writer:
         check that refuses new work once closing has begun.
         """
         log = self.log
-        if not closing or log._failed is not None:
-            log._check_writable()
+        if not closing or log.failed is not None:
+            log.check_writable()
         limit = log.config.max_file_size
         policy = self.policy
         if policy is not None:
@@ -329,8 +331,8 @@ class Writer:
             first = self.policy.first_item(file_id)
             if first is not None:
                 chunk = [first, *chunk]
-        with log._seq_lock:
-            first_woid = log._next_woid
+        with log.seq_lock:
+            first_woid = log.next_woid
             woid = first_woid
             for it in chunk:
                 res = it.result
@@ -345,8 +347,8 @@ class Writer:
                     if it.takes:
                         off += enc.add(parts, fmt.TAKE, woid, txn, fmt.encode_take(it.takes))
                         woid += 1
-                    res.first_position = log._next_position
-                    log._next_position += len(it.payloads)
+                    res.first_position = log.next_position
+                    log.next_position += len(it.payloads)
                     res.woid = woid
                     n_taken = sum(map(_count_of, it.takes))
                     off += enc.add(
@@ -364,7 +366,7 @@ class Writer:
             if len(parts) > _GATHER_MAX:  # many small frames (the pure-Python path): one join is cheaper
                 parts = [b"".join(parts)]
             off += enc.close_batch(parts, start, first_woid, woid)  # checksums every byte of parts
-            log._next_woid = woid + 1
+            log.next_woid = woid + 1
         nbytes = off - start
         assert self.fd is not None
         try:
@@ -374,8 +376,8 @@ class Writer:
             raise
         end = self.offset = start + nbytes
         self.phys_end = max(self.phys_end, end)
-        log._bytes_written += nbytes
-        log._space_used(self.index, nbytes)
+        log.bytes_written += nbytes
+        log.space_used(self.index, nbytes)
         if self.phys_end - end < PREALLOC_STEP // 2:
             self._preallocate(start, end)
         self._unpublished.extend(chunk)
@@ -390,10 +392,10 @@ class Writer:
         try:
             log.fs.fdatasync(self.fd)
         except OSError as exc:
-            log._fail(exc, f"fdatasync of {self._path(self.file_id)} failed")
+            log.fail(exc, f"fdatasync of {self._path(self.file_id)} failed")
             self._unpublished.clear()
             raise
-        log._fsyncs += 1
+        log.fsyncs += 1
         self.synced = self.offset
         self._publish()
 
@@ -421,14 +423,14 @@ class Writer:
                 try:
                     log.fs.truncate(self.fd, end)
                 except OSError as exc2:
-                    log._fail(exc2, f"truncate after failed zero-fill of {self._path(self.file_id)} failed")
+                    log.fail(exc2, f"truncate after failed zero-fill of {self._path(self.file_id)} failed")
                     raise
                 self.phys_end = end
                 return
             self._undo_write(start, exc)
             raise
         self.phys_end = to
-        log._space_used(self.index, to - frm)
+        log.space_used(self.index, to - frm)
 
     def _undo_write(self, start: int, exc: OSError) -> None:
         """A write failed: cut the file back so no partial record stays behind."""
@@ -438,10 +440,10 @@ class Writer:
         try:
             log.fs.truncate(self.fd, start)
         except OSError as exc2:
-            log._fail(exc2, f"truncate after failed write to {self._path(self.file_id)} failed")
+            log.fail(exc2, f"truncate after failed write to {self._path(self.file_id)} failed")
             return
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-            log._fail(exc, f"write to {self._path(self.file_id)} failed")
+            log.fail(exc, f"write to {self._path(self.file_id)} failed")
 
     def _path(self, file_id: int) -> str:
         return os.path.join(self.path, segment_name(file_id))
@@ -460,25 +462,25 @@ class Writer:
                         self.phys_end = self.offset
                     fs.fdatasync(self.fd)
                 except OSError as exc:
-                    log._fail(exc, f"sealing {self._path(self.file_id)} failed")
+                    log.fail(exc, f"sealing {self._path(self.file_id)} failed")
                     raise
-                log._fsyncs += 1
+                log.fsyncs += 1
                 self.synced = self.offset
             self._publish()
-            log._file_end[self.file_id] = self.offset
+            log.file_end[self.file_id] = self.offset
             fs.close(self.fd)
             self.fd = None
         enc = log.config.encryption
-        with log._seq_lock:
-            file_id = log._next_file_id
-            log._next_file_id += 1
+        with log.seq_lock:
+            file_id = log.next_file_id
+            log.next_file_id += 1
             header = fmt.FileHeader(
                 crc_kind=log.crc_kind,
                 channel_id=log.channel_id,
                 file_id=file_id,
-                base_woid=log._next_woid,
-                next_position=log._next_position,
-                next_txn_id=log._peek_txn_id(),
+                base_woid=log.next_woid,
+                next_position=log.next_position,
+                next_txn_id=log.peek_txn_id(),
                 created_ns=time.time_ns(),
                 live_files=tuple(self.live),
             )
@@ -513,33 +515,33 @@ class Writer:
             # removed, and may be tried again. A failed fsync is never retried as if
             # the data were safe: the log fails, whatever the errno.
             if syncing or exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                log._fail(exc, f"creating {path} failed")
+                log.fail(exc, f"creating {path} failed")
             raise
-        log._fsyncs += 2
-        log._register_file(file_id, self.index, path)
+        log.fsyncs += 2
+        log.register_file(file_id, self.index, path)
         if cipher is not None:
-            log._ciphers[file_id] = cipher
-            log._key_ids[file_id] = cipher.key_id
+            log.ciphers[file_id] = cipher
+            log.key_ids[file_id] = cipher.key_id
         self.live.append(file_id)
         self.fd = fd
         self.file_id = file_id
         self.offset = self.synced = self.header_len = self.phys_end = len(data)
         self.seed = fmt.file_seed(log.crc_kind, log.channel_id, file_id)
         self.encoder = fmt.record_encoder(self.seed, log.crc_kind, cipher.seal if cipher is not None else None)
-        log._files_created += 1
+        log.files_created += 1
         logger.debug("started data file %s", path)
 
     def sync_now(self) -> None:
         """Make everything written so far durable (the interval syncer)."""
         with self.io_lock:
-            if self.log._failed is not None or self.fd is None or self.synced == self.offset:
+            if self.log.failed is not None or self.fd is None or self.synced == self.offset:
                 return
             try:
                 self.log.fs.fdatasync(self.fd)
             except OSError as exc:
-                self.log._fail(exc, f"background fdatasync of {self._path(self.file_id)} failed")
+                self.log.fail(exc, f"background fdatasync of {self._path(self.file_id)} failed")
                 return
-            self.log._fsyncs += 1
+            self.log.fsyncs += 1
             self.synced = self.offset
 
     def close(self) -> None:
@@ -548,11 +550,11 @@ class Writer:
             if self.fd is not None:
                 fd, self.fd = self.fd, None
                 try:
-                    if self.log._failed is None and (self.synced != self.offset or self.phys_end > self.offset):
+                    if self.log.failed is None and (self.synced != self.offset or self.phys_end > self.offset):
                         if self.phys_end > self.offset:
                             self.log.fs.truncate(fd, self.offset)  # leave no zero-filled tail behind
                         self.log.fs.fdatasync(fd)
-                        self.log._fsyncs += 1
+                        self.log.fsyncs += 1
                 finally:
                     self.log.fs.close(fd)
 

@@ -701,7 +701,7 @@ def test_doc_tables_add_up() -> None:
     """Each byte table of docs/format.md is contiguous and has the size the code writes."""
     from filechannel import checkpoint as code_checkpoint
     from filechannel import format as code_format
-    from filechannel import log as code_log
+    from filechannel import directory as code_log
 
     text = (Path(__file__).resolve().parent.parent / "docs" / "format.md").read_text(encoding="utf-8")
 

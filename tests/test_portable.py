@@ -82,8 +82,31 @@ def test_foreign_data_directory_is_refused(tmp_path: Path) -> None:
     make(b)
     shutil.rmtree(os.path.join(b, "data"))
     shutil.copytree(ext_a, os.path.join(b, "data"))
-    with pytest.raises(filechannel.CorruptLogError, match="belongs to another channel"):
+    with pytest.raises(filechannel.DataDirOwnershipError, match="belongs to another channel") as ei:
         filechannel.open(b, **OPTS)
+    # Nothing is damaged: code that salvages on CorruptLogError must not fire.
+    assert not isinstance(ei.value, filechannel.CorruptLogError)
+    assert ei.value.data_dir == os.path.join(b, "data")
+
+
+def test_refused_open_on_shared_data_dirs_leaves_the_holder_intact(tmp_path: Path) -> None:
+    """A second channel refused because the first holds its data directories writes nothing into them."""
+    dirs = [str(tmp_path / f"d{i}") for i in range(3)]
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    with filechannel.open(a, **OPTS, data_dirs=dirs):
+        before = {d: open(os.path.join(d, "DATADIR"), "rb").read() for d in dirs}
+        with pytest.raises(filechannel.ChannelLockedError):
+            filechannel.open(b, **OPTS, data_dirs=dirs)
+        assert {d: open(os.path.join(d, "DATADIR"), "rb").read() for d in dirs} == before
+    with filechannel.open(a, **OPTS, data_dirs=dirs) as ch:  # reopens: the identities are still A's
+        put(ch, b"x")
+    # With A closed, B is refused as well: the directories are A's, and that is not damage.
+    with pytest.raises(filechannel.DataDirOwnershipError, match="belongs to another channel") as ei:
+        filechannel.open(b, **OPTS, data_dirs=dirs)
+    assert not isinstance(ei.value, filechannel.CorruptLogError)
+    assert "delete" in str(ei.value)
+    with filechannel.open(a, **OPTS, data_dirs=dirs) as ch:
+        assert [body for _, body in contents(ch)] == [b"x"]
 
 
 def test_copy_sharing_an_external_data_directory_is_refused(tmp_path: Path) -> None:

@@ -84,7 +84,7 @@ def test_log_replay_still_yields_every_put_record(tmp_path: Path, two_dirs: bool
     cfg = filechannel.ChannelConfig(data_dirs=dirs) if dirs else filechannel.ChannelConfig()
     log = Log(d, cfg, readonly=True)
     try:
-        scans = list(log._scans)
+        scans = list(log.scans)
         assert all(s.compact for s in scans)
         runs = [r for s in scans for r in s.records if isinstance(r, scan.PutRun)]
         assert runs
@@ -103,7 +103,7 @@ def test_plain_refuses_a_compact_scan(tmp_path: Path) -> None:
     log = Log(d, filechannel.ChannelConfig(), readonly=True)
     try:
         with pytest.raises(ValueError, match="compact"):
-            log._scans[0].plain()
+            log.scans[0].plain()
     finally:
         log.close()
 

@@ -46,6 +46,7 @@ from filechannel.channel import FileChannel, open_channel
 from filechannel.config import ChannelConfig
 from filechannel.consumers import ConsumerStore
 from filechannel.crypto import SALT_LEN, TAG_LEN, Encryption, FileCipher
+from filechannel.directory import CHANNEL_FILE, decode_meta, encode_meta
 from filechannel.errors import (
     ChannelError,
     ChannelLockedError,
@@ -57,7 +58,6 @@ from filechannel.errors import (
     InvalidEventError,
     TransactionCapacityError,
 )
-from filechannel.log import CHANNEL_FILE, decode_meta, encode_meta
 from filechannel.reader import ChannelReader
 
 __all__ = [

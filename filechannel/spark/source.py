@@ -71,6 +71,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from filechannel._fs import DEFAULT_FS, read_file
 from filechannel.consumers import ConsumerStore, validate_name
 from filechannel.crypto import Encryption
+from filechannel.directory import CHANNEL_FILE, decode_channel_file
 from filechannel.errors import (
     ChannelError,
     ConfigError,
@@ -80,7 +81,6 @@ from filechannel.errors import (
     FormatError,
     NotAChannelError,
 )
-from filechannel.log import CHANNEL_FILE, decode_channel_file
 from filechannel.reader import ChannelReader, Segment, read_segment
 
 if TYPE_CHECKING:

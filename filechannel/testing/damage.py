@@ -20,15 +20,9 @@ from filechannel import format as fmt
 from filechannel._fs import FS, OsFS, read_file, truncate_durably
 from filechannel.channel import CHECKPOINT_DIR
 from filechannel.config import ChannelConfig
+from filechannel.directory import CHANNEL_FILE, DATA_DIRS_FILE, LOCK_FILE, decode_channel_file, decode_meta
 from filechannel.errors import ChannelError, ChannelLockedError
-from filechannel.log import (
-    CHANNEL_FILE,
-    DATA_DIRS_FILE,
-    DEFAULT_DATA_DIR,
-    LOCK_FILE,
-    decode_channel_file,
-    decode_meta,
-)
+from filechannel.logstate import DEFAULT_DATA_DIR
 from filechannel.scan import SEG_RE, CorruptionReport, LogRecord, Scanner
 
 __all__ = ["KINDS", "TARGETS", "Damage", "DamageError", "damage"]

@@ -1,0 +1,472 @@
+"""The channel directory's identity: ``CHANNEL``, ``DATA_DIRS``, each ``DATADIR``, and the locks.
+
+This module owns the small files that say which channel a directory is and
+where its data lives, and the locks that keep a second process out: it
+creates a channel directory (``CHANNEL`` written last, so its presence marks a
+complete creation), reads and checks ``CHANNEL``, loads ``DATA_DIRS`` (refusing a
+different list), checks that every data directory is present and this
+channel's, and records (under the locks) who owns each data directory. It
+decides nothing about data files: that is ``recovery.py``'s job.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import struct
+import time
+import uuid
+from typing import Any
+
+from . import format as fmt
+from ._fs import read_file, replace_durably
+from .errors import (
+    ChannelCopyError,
+    ChannelLockedError,
+    ConfigError,
+    CorruptLogError,
+    DataDirOwnershipError,
+    FormatError,
+    NotAChannelError,
+)
+from .logstate import DEFAULT_DATA_DIR, LogState
+from .scan import SEG_RE, CorruptionReport
+
+logger = logging.getLogger(__name__)
+
+CHANNEL_FILE = "CHANNEL"
+DATA_DIRS_FILE = "DATA_DIRS"
+DATA_DIR_ID_FILE = "DATADIR"
+LOCK_FILE = "LOCK"
+WAL_FILE = "WAL"  # marks a write-ahead log directory (filechannel.WriteAheadLog), written before CHANNEL
+_WAL_MARK = b"filechannel write-ahead log\n"
+_CHANNEL_MAGIC = b"FCCHANNL"
+_CHANNEL_FMT = struct.Struct("<8sHH16sQ")
+_U32 = struct.Struct("<I")
+DATA_DIR_HINT = (
+    "mount or restore it at this path (a backup restores the whole channel directory); "
+    "to accept the loss of its events, open with on_corruption='skip' (every lost position is reported)"
+)
+_FOREIGN_HINT = "pass the data_dirs this channel was created with, or restore its own data directory"
+
+
+# --------------------------------------------------------------------------
+# the small files
+
+
+def encode_channel_file(channel_id: bytes, crc_kind: int, created_ns: int) -> bytes:
+    """Encode the ``CHANNEL`` file: magic, version, checksum kind, channel id, creation time."""
+    body = _CHANNEL_FMT.pack(_CHANNEL_MAGIC, fmt.FORMAT_VERSION, crc_kind, channel_id, created_ns)
+    return body + _U32.pack(fmt.crc(fmt.CRC32_ZLIB, body))
+
+
+def decode_channel_file(buf: bytes) -> tuple[bytes, int, int]:
+    """Decode the ``CHANNEL`` file into ``(channel_id, crc_kind, created_ns)``.
+
+    Raises:
+        FormatError: the bytes are not a valid CHANNEL file.
+    """
+    n = _CHANNEL_FMT.size
+    if len(buf) != n + 4:
+        raise FormatError(0, f"CHANNEL file is {len(buf)} bytes, expected {n + 4}")
+    if fmt.crc(fmt.CRC32_ZLIB, buf[:n]) != _U32.unpack_from(buf, n)[0]:
+        raise FormatError(n, "CHANNEL file checksum mismatch")
+    magic, version, kind, cid, created = _CHANNEL_FMT.unpack_from(buf, 0)
+    if magic != _CHANNEL_MAGIC:
+        raise FormatError(0, "bad CHANNEL magic")
+    if version != fmt.FORMAT_VERSION:
+        raise FormatError(8, f"unsupported channel format version {version}")
+    if kind not in (fmt.CRC32C, fmt.CRC32_ZLIB):
+        raise FormatError(10, f"unknown checksum kind {kind}")
+    if kind == fmt.CRC32C and not fmt.HAVE_CRC32C:
+        raise FormatError(10, "channel uses CRC-32C; install google-crc32c")
+    return bytes(cid), kind, created
+
+
+def encode_meta(obj: dict[str, Any]) -> bytes:
+    """Encode a small metadata file: one line of JSON, then ``crc32:`` and its zlib CRC-32 in hex."""
+    line = json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+    return line + b"\ncrc32:%08x\n" % fmt.crc(fmt.CRC32_ZLIB, line)
+
+
+def decode_meta(buf: bytes, what: str) -> dict[str, Any]:
+    """Decode a metadata file written by :func:`encode_meta`.
+
+    Raises:
+        FormatError: the checksum does not match or the JSON is not an object.
+    """
+    line, sep, rest = buf.partition(b"\n")
+    m = re.fullmatch(rb"crc32:([0-9a-f]{8})\n?", rest)
+    if not sep or m is None:
+        raise FormatError(len(line), f"{what}: no checksum line")
+    if int(m.group(1), 16) != fmt.crc(fmt.CRC32_ZLIB, line):
+        raise FormatError(len(line), f"{what}: checksum mismatch")
+    try:
+        obj = json.loads(line)
+    except ValueError as exc:
+        raise FormatError(0, f"{what}: not JSON") from exc
+    if not isinstance(obj, dict):
+        raise FormatError(0, f"{what}: not a JSON object")
+    return obj
+
+
+def _same_dir(a: str, b: str) -> bool:
+    return os.path.abspath(a) == os.path.abspath(b)
+
+
+# --------------------------------------------------------------------------
+# the directory
+
+
+class ChannelDirectory:
+    """Opens a channel directory: creates or locks it, reads its identity, checks its data directories.
+
+    Sets ``st.channel_id``, ``st.crc_kind``, ``st.created_ns`` and ``st.data_dirs``.
+    :meth:`record_owners` (after recovery) writes what :meth:`check_data_dirs`
+    found out of date; :meth:`release` drops the locks.
+    """
+
+    def __init__(self, st: LogState) -> None:
+        self.st = st
+        self.lock_handle: int | None = None
+        self.extra_locks: list[int] = []
+        self.legacy_dirs = False  # DATA_DIRS is missing or of version 1: rewrite it after recovery
+        self._rewrite: list[int] = []
+        self._locked: set[str] = set()  # lock files this open holds
+
+    # -- opening ----------------------------------------------------------------
+
+    def open(self) -> None:
+        """Create or lock the directory, read ``CHANNEL``, load and check the data directories.
+
+        Raises:
+            ChannelLockedError: Another open channel holds the directory or a data directory.
+            CorruptLogError: ``CHANNEL`` or ``DATA_DIRS`` is damaged, or a data directory is missing.
+            DataDirOwnershipError: A data directory belongs to another channel.
+            NotAChannelError: ``directory`` exists but is not a channel directory.
+        """
+        st = self.st
+        fs = st.fs
+        top = st.directory
+        if fs.exists(top) and not fs.isdir(top):
+            raise NotAChannelError(top, "it is a file")
+        chan_path = os.path.join(top, CHANNEL_FILE)
+        if not fs.exists(top) or not fs.exists(chan_path):
+            if st.readonly:
+                raise NotAChannelError(top, "no CHANNEL file (create a channel with filechannel.open)")
+            self._create(chan_path)
+        elif not st.readonly:
+            self._lock(top)
+        try:
+            st.channel_id, st.crc_kind, st.created_ns = decode_channel_file(read_file(fs, chan_path))
+        except FormatError as exc:
+            raise CorruptLogError(chan_path, exc.offset, exc.reason) from exc
+        is_wal = fs.exists(os.path.join(top, WAL_FILE))
+        if is_wal and not st.wal:
+            raise NotAChannelError(top, "it is a write-ahead log; open it with filechannel.WriteAheadLog")
+        if st.wal and not is_wal:
+            raise NotAChannelError(top, "it is a channel, not a write-ahead log; open it with filechannel.open")
+        self.load_data_dirs()
+        self._rewrite = self.check_data_dirs()
+
+    def record_owners(self) -> None:
+        """After recovery checked every data file against this channel's id: record who owns each data directory."""
+        if self.st.readonly:
+            return
+        for i in self._rewrite:
+            self.write_identity(i)
+        self._rewrite = []
+        if self.legacy_dirs:
+            self.write_data_dirs()
+
+    def internal(self, d: str) -> bool:
+        """Whether data directory ``d`` lies inside the channel directory (moves with it)."""
+        top = os.path.abspath(self.st.directory)
+        a = os.path.abspath(d)
+        return a != top and os.path.commonpath([a, top]) == top
+
+    def check_data_dirs(self) -> list[int]:
+        """Check that every data directory is there and this channel's; lock each.
+
+        Returns the indexes of directories whose identity file must be (re)written
+        once recovery has checked their data files.
+
+        Raises:
+            CorruptLogError: A data directory is missing, or empty where data was recorded.
+            DataDirOwnershipError: A data directory belongs to another channel.
+            ChannelCopyError: This directory is a copy of a live channel whose data
+                directory it would share.
+        """
+        st = self.st
+        fs = st.fs
+        rewrite: list[int] = []
+        for i, d in enumerate(st.data_dirs):
+            ident_path = os.path.join(d, DATA_DIR_ID_FILE)
+            has_segs = fs.exists(d) and any(SEG_RE.match(n) for n in fs.listdir(d))
+            if not fs.exists(d) or (not fs.exists(ident_path) and not has_segs and not self.legacy_dirs):
+                what = "missing" if not fs.exists(d) else "empty (no identity file, no data files)"
+                reason = f"data directory is {what}: moved, deleted, or its disk is not mounted"
+                if st.config.on_corruption != "skip":
+                    raise CorruptLogError(d, 0, reason, DATA_DIR_HINT)
+                st.report_corruption(CorruptionReport(d, 0, reason, 0))
+                st.dir_lost = True
+                if st.readonly:
+                    continue
+                self.make_dir(d)
+                rewrite.append(i)
+            elif not fs.exists(ident_path):
+                rewrite.append(i)  # written by an older version, or its identity file was lost
+            else:
+                cid, owner = self._read_identity(ident_path)
+                if cid != st.channel_id:
+                    raise DataDirOwnershipError(d, cid.hex(), st.channel_id.hex(), _FOREIGN_HINT)
+                if not self.internal(d) and isinstance(owner, str) and not _same_dir(owner, st.directory):
+                    if self._owner_is_live(owner):
+                        raise ChannelCopyError(st.directory, owner, d)
+                    rewrite.append(i)  # the channel directory moved: it owns the data directory now
+            if not st.readonly:
+                self._lock_extra(os.path.join(d, LOCK_FILE))
+        return rewrite
+
+    def _read_identity(self, ident_path: str) -> tuple[bytes, object]:
+        """Read a data directory's ``DATADIR``: ``(channel id, recorded owner)``."""
+        try:
+            ident = decode_meta(read_file(self.st.fs, ident_path), "data directory identity")
+            return bytes.fromhex(str(ident["channel_id"])), ident.get("owner")
+        except (FormatError, KeyError, ValueError) as exc:
+            raise CorruptLogError(ident_path, 0, f"unreadable data directory identity: {exc}") from exc
+
+    def _owner_is_live(self, owner: str) -> bool:
+        """Whether ``owner`` is a channel directory with this channel's id (the original of a copy)."""
+        fs = self.st.fs
+        path = os.path.join(owner, CHANNEL_FILE)
+        try:
+            return fs.exists(path) and decode_channel_file(read_file(fs, path))[0] == self.st.channel_id
+        except (FormatError, OSError):
+            return False
+
+    def make_dir(self, d: str) -> None:
+        """Create a directory; its entry (and any parent's) is durable before files in it count."""
+        fs = self.st.fs
+        missing = []
+        p = os.path.abspath(d)
+        while not fs.exists(p):
+            missing.append(p)
+            p = os.path.dirname(p)
+        fs.makedirs(d)
+        for m in missing:
+            fs.fsync_dir(os.path.dirname(m))
+
+    def write_identity(self, index: int) -> None:
+        """Write data directory ``index``'s ``DATADIR``: this channel's id and, outside it, its path."""
+        st = self.st
+        d = st.data_dirs[index]
+        owner = None if self.internal(d) else os.path.abspath(st.directory)
+        data = encode_meta({"channel_id": st.channel_id.hex(), "index": index, "owner": owner, "version": 1})
+        self.write_small_file(os.path.join(d, DATA_DIR_ID_FILE), data)
+        st.fs.fsync_dir(d)
+
+    def write_data_dirs(self) -> None:
+        """Record the data directories: relative inside the channel directory, absolute outside it."""
+        st = self.st
+        top = os.path.abspath(st.directory)
+        entries = [
+            os.path.relpath(os.path.abspath(d), top) if self.internal(d) else os.path.abspath(d) for d in st.data_dirs
+        ]
+        self.write_small_file(
+            os.path.join(st.directory, DATA_DIRS_FILE), encode_meta({"data_dirs": entries, "version": 2})
+        )
+        st.fs.fsync_dir(st.directory)
+        self.legacy_dirs = False
+
+    def _lock_path(self, path: str) -> int | None:
+        """Lock ``path`` (None: this open holds it already)."""
+        key = os.path.abspath(path)
+        if key in self._locked:
+            return None
+        try:
+            handle = self.st.fs.lock(path)
+        except BlockingIOError as exc:
+            raise ChannelLockedError(os.path.dirname(path)) from exc
+        self._locked.add(key)
+        return handle
+
+    def _lock_extra(self, path: str) -> None:
+        handle = self._lock_path(path)
+        if handle is not None:
+            self.extra_locks.append(handle)
+
+    def _lock(self, top: str) -> None:
+        self.lock_handle = self._lock_path(os.path.join(top, LOCK_FILE))
+
+    def write_small_file(self, path: str, data: bytes) -> None:
+        """Write a file atomically: a temporary file, fsync, rename over (the caller fsyncs the directory)."""
+        fs = self.st.fs
+        tmp = path + ".tmp"
+        if fs.exists(tmp):
+            fs.unlink(tmp)
+        replace_durably(fs, tmp, path, data)
+
+    def load_data_dirs(self) -> None:
+        """Use the data directories recorded at creation; refuse a different list.
+
+        ``DATA_DIRS`` (version 2) holds paths relative to the channel directory for
+        data directories inside it, so a moved or restored channel finds its data.
+        Version 1 (absolute paths, no checksum) is read too: a recorded
+        ``<old>/data`` of a channel that was moved or copied here becomes this
+        directory's own ``data``.
+        """
+        st = self.st
+        fs = st.fs
+        top = st.directory
+        path = os.path.join(top, DATA_DIRS_FILE)
+        if not fs.exists(path):
+            self.legacy_dirs = True  # created before DATA_DIRS existed: the default or the given list
+            return
+        buf = read_file(fs, path)
+        if b"\ncrc32:" in buf:
+            try:
+                recorded = decode_meta(buf, "DATA_DIRS")["data_dirs"]
+                if (
+                    not isinstance(recorded, list)
+                    or not recorded
+                    or not all(isinstance(d, str) and d for d in recorded)
+                ):
+                    raise FormatError(0, "data_dirs must be a non-empty list of paths")
+            except (FormatError, KeyError) as exc:
+                raise CorruptLogError(path, 0, f"unreadable list of data directories: {exc}") from exc
+            dirs = [d if os.path.isabs(d) else os.path.join(top, d) for d in recorded]
+        else:
+            try:
+                recorded = json.loads(buf)["data_dirs"]
+                if (
+                    not isinstance(recorded, list)
+                    or not recorded
+                    or not all(isinstance(d, str) and d for d in recorded)
+                ):
+                    raise ValueError("data_dirs must be a non-empty list of paths")
+            except (ValueError, KeyError, TypeError) as exc:
+                raise CorruptLogError(path, 0, f"unreadable list of data directories: {exc}") from exc
+            self.legacy_dirs = True
+            own = os.path.join(top, DEFAULT_DATA_DIR)
+            dirs = []
+            for d in recorded:
+                old_top = os.path.dirname(d)
+                if (
+                    os.path.basename(d) == DEFAULT_DATA_DIR
+                    and not _same_dir(old_top, top)
+                    and fs.exists(own)
+                    and own not in dirs
+                ):
+                    d = own  # this channel's default data directory, recorded under an old path
+                dirs.append(d)
+        if st.config.data_dirs is not None:
+            given = [os.path.abspath(d) for d in st.config.data_dirs]
+            if given != [os.path.abspath(d) for d in dirs]:
+                raise ConfigError(
+                    "data_dirs",
+                    f"the channel was created with data_dirs={[os.path.abspath(d) for d in dirs]}; "
+                    "pass the same list, or omit data_dirs",
+                )
+        st.data_dirs = dirs
+
+    def _create(self, chan_path: str) -> None:
+        st = self.st
+        fs = st.fs
+        top = st.directory
+        existed = fs.exists(top)
+        fs.makedirs(top)
+        self._lock(top)
+        if fs.exists(chan_path):  # created concurrently before we took the lock
+            return
+        # What a crash in the middle of an earlier creation leaves behind.
+        leftovers = {
+            LOCK_FILE,
+            CHANNEL_FILE + ".tmp",
+            DATA_DIRS_FILE,
+            DATA_DIRS_FILE + ".tmp",
+            WAL_FILE,
+            WAL_FILE + ".tmp",
+        }
+        made = {LOCK_FILE, DATA_DIR_ID_FILE, DATA_DIR_ID_FILE + ".tmp"}
+        for d in st.data_dirs:
+            if self.internal(d) and fs.exists(d) and not set(fs.listdir(d)) - made:
+                leftovers.add(os.path.relpath(os.path.abspath(d), os.path.abspath(top)).split(os.sep)[0])
+        others = [n for n in fs.listdir(top) if n not in leftovers]
+        if others:
+            raise NotAChannelError(
+                top, f"it holds {len(others)} other entries but no CHANNEL file; use an empty directory"
+            )
+        # Every data directory is locked, and checked to be no other channel's, before
+        # anything is written into it: a refused creation leaves other channels as they were.
+        self._claim_data_dirs()
+        for d in st.data_dirs:
+            if fs.exists(d) and any(SEG_RE.match(n) for n in fs.listdir(d)):
+                raise NotAChannelError(top, f"no CHANNEL file, but data directory {d} holds data files of some channel")
+        # Where the data lives is recorded first, so every later open finds it;
+        # CHANNEL is written last: its presence marks a complete creation.
+        st.channel_id = uuid.uuid4().bytes
+        wal_path = os.path.join(top, WAL_FILE)
+        if st.wal:
+            self.write_small_file(wal_path, _WAL_MARK)
+        elif fs.exists(wal_path):
+            fs.unlink(wal_path)  # left by an interrupted creation of a write-ahead log
+        self.write_data_dirs()
+        for i, d in enumerate(st.data_dirs):
+            self.make_dir(d)
+            self.write_identity(i)
+        data = encode_channel_file(st.channel_id, fmt.default_crc_kind(), time.time_ns())
+        self.write_small_file(chan_path, data)
+        fs.fsync_dir(top)
+        if not existed:
+            parent = os.path.dirname(os.path.abspath(top))
+            fs.fsync_dir(parent)
+        logger.info("created channel %s", top)
+
+    def _claim_data_dirs(self) -> None:
+        """At creation: refuse a data directory another channel holds or owns; lock each one that exists.
+
+        An interrupted creation of this very directory leaves identities of a channel
+        whose ``CHANNEL`` was never written; such an identity names this directory as
+        owner (or the data directory lies inside it) and is taken over.
+
+        Raises:
+            ChannelLockedError: Another open channel holds a data directory.
+            DataDirOwnershipError: A data directory is another channel's.
+        """
+        st = self.st
+        fs = st.fs
+        for d in st.data_dirs:
+            if not fs.exists(d):
+                continue
+            # Once the lock is held, nothing can change the identity under us.
+            self._lock_extra(os.path.join(d, LOCK_FILE))
+            ident_path = os.path.join(d, DATA_DIR_ID_FILE)
+            if not fs.exists(ident_path):
+                continue
+            try:
+                cid, owner = self._read_identity(ident_path)
+            except CorruptLogError:
+                continue  # an identity torn by an interrupted creation: rewritten below
+            if self.internal(d) or (isinstance(owner, str) and _same_dir(owner, st.directory)):
+                continue
+            raise DataDirOwnershipError(
+                d,
+                cid.hex(),
+                None,
+                f"give this channel data directories of its own (data_dirs=...), or, if that channel is "
+                f"gone for good, delete {ident_path}",
+            )
+
+    def release(self) -> None:
+        """Drop the locks (idempotent)."""
+        fs = self.st.fs
+        for h in self.extra_locks:
+            fs.unlock(h)
+        self.extra_locks = []
+        self._locked.clear()
+        if self.lock_handle is not None:
+            fs.unlock(self.lock_handle)
+            self.lock_handle = None
