@@ -700,8 +700,8 @@ def test_abandoned_transactions_and_rollbacks(tmp_path: Path) -> None:
 def test_doc_tables_add_up() -> None:
     """Each byte table of docs/format.md is contiguous and has the size the code writes."""
     from filechannel import checkpoint as code_checkpoint
-    from filechannel import format as code_format
     from filechannel import directory as code_log
+    from filechannel import format as code_format
 
     text = (Path(__file__).resolve().parent.parent / "docs" / "format.md").read_text(encoding="utf-8")
 

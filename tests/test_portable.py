@@ -94,10 +94,10 @@ def test_refused_open_on_shared_data_dirs_leaves_the_holder_intact(tmp_path: Pat
     dirs = [str(tmp_path / f"d{i}") for i in range(3)]
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     with filechannel.open(a, **OPTS, data_dirs=dirs):
-        before = {d: open(os.path.join(d, "DATADIR"), "rb").read() for d in dirs}
+        before = {d: Path(d, "DATADIR").read_bytes() for d in dirs}
         with pytest.raises(filechannel.ChannelLockedError):
             filechannel.open(b, **OPTS, data_dirs=dirs)
-        assert {d: open(os.path.join(d, "DATADIR"), "rb").read() for d in dirs} == before
+        assert {d: Path(d, "DATADIR").read_bytes() for d in dirs} == before
     with filechannel.open(a, **OPTS, data_dirs=dirs) as ch:  # reopens: the identities are still A's
         put(ch, b"x")
     # With A closed, B is refused as well: the directories are A's, and that is not damage.
