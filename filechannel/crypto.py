@@ -46,6 +46,7 @@ TAG_LEN: Final = 16
 KEY_ID_RE: Final = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 KEY_ID_RULE: Final = "1 to 64 characters of A-Z a-z 0-9 . _ : -"
 _INFO: Final = b"filechannel/v1 data file key"
+_BATCH_INFO: Final = b"filechannel/v2 batch tag key"
 STAGING_INFO: Final = b"filechannel/v1 spark staging key"
 _CHECK_NONCE: Final = bytes(12)  # woid 0 is never a record's: the key check's nonce is free
 _NONCE_PAD: Final = bytes(4)
@@ -354,7 +355,7 @@ class FileCipher:
     ``channel id || file id || offset || head``.
     """
 
-    __slots__ = ("_aad_prefix", "_dec", "_enc", "file_id", "key_id", "salt", "suite")
+    __slots__ = ("_aad_prefix", "_dec", "_enc", "_mac", "_mac_check", "file_id", "key_id", "salt", "suite")
 
     def __init__(
         self,
@@ -380,6 +381,13 @@ class FileCipher:
         self._enc = a.encrypt
         self._dec = a.decrypt
         self._aad_prefix = channel_id + _U64.pack(file_id)
+        # A data file's batch tags: a second key from the same master key and salt, under its own label.
+        self._mac = self._mac_check = None
+        if label == _INFO:
+            mac_info = _BATCH_INFO + bytes([suite]) + channel_id + _U64.pack(file_id)
+            mac = cls(hkdf(algorithm=hashes.SHA256(), length=KEY_LEN, salt=salt, info=mac_info).derive(key))
+            self._mac = mac.encrypt
+            self._mac_check = mac.decrypt
 
     def key_check(self, header_prefix: bytes) -> bytes:
         """Return the 16-byte key check of a header: the tag over nothing, the header as AAD."""
@@ -398,6 +406,22 @@ class FileCipher:
         """Encrypt one PUT payload; ``head`` is its frame's bytes [0, 24)."""
         out: bytes = self._enc(_NONCE_PAD + head[8:16], payload, self._aad_prefix + _U64.pack(offset) + head)
         return out
+
+    def batch_tag(self, woid: int, data: bytes) -> bytes:
+        """Return the 16-byte tag of an authenticated batch (``data`` as associated data, the woid as nonce)."""
+        assert self._mac is not None, "only a data file's cipher tags batches"
+        out: bytes = self._mac(_NONCE_PAD + _U64.pack(woid), b"", data)
+        return out
+
+    def check_batch(self, woid: int, data: bytes, tag: bytes) -> bool:
+        """Return whether ``tag`` is the batch tag of ``data`` at ``woid`` under this file's key."""
+        if self._mac_check is None:
+            return False
+        try:
+            self._mac_check(_NONCE_PAD + _U64.pack(woid), tag, data)
+        except Exception:  # noqa: BLE001 - cryptography's InvalidTag
+            return False
+        return True
 
     def open(self, head: bytes, offset: int, data: bytes) -> bytes | None:
         """Decrypt one PUT payload; None when its tag fails (tampered, moved or the wrong key)."""

@@ -46,6 +46,17 @@ def accelerator() -> str:
 
 MAGIC: Final = b"\x89FCW\r\n\x1a\n"
 FORMAT_VERSION: Final = 1
+AUTH_VERSION: Final = 2
+"""The data file version of an authenticated file: encrypted, and every BATCH_END carries a batch tag.
+
+A version 2 file's BATCH_END payload is 48 bytes: the 32 of version 1, then a
+16-byte tag (an AEAD tag over nothing, under the file's batch key) whose
+associated data is :func:`batch_auth_data`: the previous batch's tag (the first
+batch's: the header's key check), every byte of the batch, and the BATCH_END's
+own fields. Removing, reordering, editing or forging a batch breaks the chain.
+Version 1 files (plaintext, and encrypted files of earlier releases) are still read.
+"""
+BATCH_TAG_LEN: Final = 16
 
 # Checksum algorithms, recorded in the low 4 bits of a file header's flags.
 # A file is written with one algorithm; polynomials are never mixed in a file.
@@ -195,6 +206,11 @@ class FileHeader:
     key_check: bytes = b""
 
     @property
+    def authenticated(self) -> bool:
+        """Whether every batch of the file carries a chained tag (version 2)."""
+        return self.version >= AUTH_VERSION
+
+    @property
     def ext_len(self) -> int:
         """Bytes of the encryption extension (0 for a plaintext file)."""
         if not self.cipher:
@@ -282,10 +298,12 @@ def decode_file_header(buf: bytes | memoryview) -> FileHeader | _Incomplete:
     ) = _FILE_HEADER.unpack_from(buf, 0)
     if magic != MAGIC:
         raise FormatError(0, "bad magic: not a filechannel data file")
-    if version != FORMAT_VERSION:
-        raise FormatError(8, f"unsupported format version {version} (this is {FORMAT_VERSION})")
+    if version not in (FORMAT_VERSION, AUTH_VERSION):
+        raise FormatError(8, f"unsupported format version {version} (this reads {FORMAT_VERSION} and {AUTH_VERSION})")
     if flags & ~_KNOWN_FLAGS:
         raise FormatError(12, f"unknown header flags {flags:#x}")
+    if version == AUTH_VERSION and not flags & ENCRYPTED:
+        raise FormatError(12, "an authenticated (version 2) data file header without the encryption flag")
     kind = flags & _CRC_MASK
     if kind not in (CRC32C, CRC32_ZLIB):
         raise FormatError(12, f"unknown checksum algorithm {kind}")
@@ -481,6 +499,36 @@ class _RecordEncoder:
             body_crc = ext(body_crc, part)
             body_len += len(part)
         return self.add(parts, BATCH_END, woid, 0, _BATCH_END.pack(start, body_len, body_crc, first_woid, woid - 1))
+
+    def close_batch_auth(
+        self,
+        parts: list[bytes],
+        start: int,
+        first_woid: int,
+        woid: int,
+        tagger: Callable[[int, bytes], bytes],
+        prev_tag: bytes,
+    ) -> tuple[int, bytes]:
+        """:meth:`close_batch` for an authenticated file: the BATCH_END also carries the batch tag.
+
+        ``tagger(woid, data)`` returns the 16-byte tag of :func:`batch_auth_data`
+        (``data``) under the file's batch key, the BATCH_END's write-order id as
+        nonce. Returns the frame's size and the tag (the next batch's ``prev_tag``).
+        """
+        if woid == 0:
+            raise ValueError("close_batch: a batch ends after its first record")
+        ext = self._extend
+        body_crc = self._seed
+        body_len = 0
+        for part in parts:
+            body_crc = ext(body_crc, part)
+            body_len += len(part)
+        fixed = _BATCH_END.pack(start, body_len, body_crc, first_woid, woid - 1)
+        head = _REC_HEAD.pack(BATCH_END, 0, 0, len(fixed) + BATCH_TAG_LEN, woid, 0)
+        tag = tagger(woid, b"".join((prev_tag, *parts, head, fixed)))
+        if len(tag) != BATCH_TAG_LEN:
+            raise ValueError("a batch tag is 16 bytes")
+        return self.add(parts, BATCH_END, woid, 0, fixed + tag), tag
 
 
 class _CRecordEncoder(_RecordEncoder):
@@ -774,22 +822,40 @@ class BatchEnd:
     batch_crc: int
     first_woid: int
     last_woid: int
+    tag: bytes = b""  # an authenticated file's batch tag (empty in version 1)
 
 
 def encode_batch_end(b: BatchEnd) -> bytes:
-    """Encode a BATCH_END payload."""
-    return _BATCH_END.pack(b.batch_start, b.batch_len, b.batch_crc, b.first_woid, b.last_woid)
+    """Encode a BATCH_END payload (with its tag, when it has one)."""
+    return _BATCH_END.pack(b.batch_start, b.batch_len, b.batch_crc, b.first_woid, b.last_woid) + b.tag
 
 
 def decode_batch_end(payload: bytes) -> BatchEnd:
-    """Decode a BATCH_END payload.
+    """Decode a BATCH_END payload: 32 bytes, or 48 in an authenticated file (the tag last).
 
     Raises:
         FormatError: the payload has the wrong size.
     """
-    if len(payload) != _BATCH_END.size:
+    n = len(payload)
+    if n != _BATCH_END.size and n != _BATCH_END.size + BATCH_TAG_LEN:
         raise FormatError(0, "batch_end payload has the wrong size")
-    return BatchEnd(*_BATCH_END.unpack(payload))
+    start, length, batch_crc, first, last = _BATCH_END.unpack_from(payload)
+    return BatchEnd(start, length, batch_crc, first, last, bytes(payload[_BATCH_END.size :]))
+
+
+def batch_auth_data(
+    prev_tag: bytes, batch: bytes | bytearray | memoryview, frame: bytes | bytearray | memoryview
+) -> bytes:
+    """What an authenticated file's batch tag covers (its associated data).
+
+    ``prev_tag`` is the previous batch's tag (the header's key check for a file's
+    first batch), ``batch`` every byte of the batch before its BATCH_END, and
+    ``frame`` the BATCH_END frame (at least its first 64 bytes): its op, flags,
+    length, write-order id and transaction id (bytes 0-24) and the fixed part of
+    its payload (bytes 32-64). The frame's checksum (bytes 24-32) is computed
+    after the tag and is not covered; the tag itself follows at bytes 64-80.
+    """
+    return b"".join((prev_tag, batch, frame[:24], frame[32:64]))
 
 
 def encode_retire(file_id: int) -> bytes:

@@ -77,6 +77,8 @@ class Recovery:
         self.checkpoints = checkpoints
         self._progress = progress
         self._woid_floor = 0
+        self._first_auth = 1 << 64  # the oldest authenticated data file (format version 2) of any directory
+        self._plaintext: list[str] = []  # plaintext files an encrypted channel reads while they drain
         self.live_by_dir: list[list[int]] = []  # each data directory's live file ids, for its writer
 
     def run(self) -> None:
@@ -87,7 +89,43 @@ class Recovery:
                 (unless ``on_corruption="skip"``: then it is reported).
             DecryptionError: An encrypted file's key is missing or wrong.
         """
+        self._first_auth = self._oldest_authenticated()
         self._recover()
+        if self._plaintext:
+            logger.warning(
+                "%d plaintext data file(s) from before encryption was turned on are read while their events "
+                "drain (%s ...); their events and control records are not authenticated",
+                len(self._plaintext),
+                self._plaintext[0],
+            )
+
+    def _oldest_authenticated(self) -> int:
+        """The lowest file id whose header claims format version 2 (authenticated), in any data directory.
+
+        Only the fixed part of each header is read; a claim is checked (key check,
+        then every batch tag) when the file itself is read.
+        """
+        fs = self.st.fs
+        oldest = 1 << 64
+        for d in self.st.data_dirs:
+            if not fs.exists(d):
+                continue
+            for name in fs.listdir(d):
+                m = SEG_RE.match(name)
+                if m is None or int(m.group(1), 16) >= oldest:
+                    continue
+                try:
+                    fd = fs.open_read(os.path.join(d, name))
+                except OSError:
+                    continue
+                try:
+                    head = fs.pread(fd, 16, 0)
+                finally:
+                    fs.close(fd)
+                claims = len(head) == 16 and head[:8] == fmt.MAGIC and head[8:10] == b"\x02\x00"
+                if claims and int.from_bytes(head[12:14], "little") & fmt.ENCRYPTED:
+                    oldest = int(m.group(1), 16)
+        return oldest
 
     def _recover(self) -> None:
         store = self.checkpoints
@@ -310,7 +348,7 @@ class Recovery:
         npath = os.path.join(d, segment_name(newest))
         ndamaged = nfirst is not None
         nstart, floor = self._resume(snap, newest, nh, len(nbuf), nfirst)
-        nscan = Scanner(self.st, npath, newest, nbuf, nh).scan(
+        nscan = Scanner(self.st, npath, newest, nbuf, nh, auth=self.st.ciphers.get(newest)).scan(
             True, 0, nstart, floor, self._vouched(newest), compact=True
         )
         nscan.header_damaged = ndamaged
@@ -364,7 +402,9 @@ class Recovery:
                 if vouched > size:  # pragma: no cover - a header-only read means size == resume offset
                     Scanner(self.st, path, fid, buf, h)._truncated(size, vouched, s.last_woid)
             else:
-                s = Scanner(self.st, path, fid, buf, h).scan(False, prev_woid, start, floor, vouched, compact=True)
+                s = Scanner(self.st, path, fid, buf, h, auth=self.st.ciphers.get(fid)).scan(
+                    False, prev_woid, start, floor, vouched, compact=True
+                )
             s.header_damaged = damaged
             buf = b""  # not two whole files in memory at once while the next one is read
             prev_woid = s.last_woid
@@ -465,6 +505,22 @@ class Recovery:
             raise CorruptLogError(path, 32, f"header says file id {h.file_id}, but the name says {fid}")
         if h.crc_kind != self.st.crc_kind:
             raise CorruptLogError(path, 12, "checksum algorithm differs from the channel's")
+        if not h.authenticated and fid > self._first_auth:
+            # Once a channel writes authenticated files it never writes another kind: a plaintext
+            # (or older-format encrypted) file newer than its first authenticated one was forged,
+            # or copied in. It is never read.
+            reason = (
+                f"{'a plaintext' if not h.cipher else 'an unauthenticated (format version 1)'} data file newer "
+                f"than the channel's first authenticated one ({segment_name(self._first_auth)}): forged or copied "
+                "in; move it out of the data directory"
+            )
+            if self.st.config.on_corruption != "skip":
+                raise CorruptLogError(path, 8, reason)
+            self.st.report_corruption(CorruptionReport(path, 0, f"{reason}; it is not read", len(buf), None, [], fid))
+            self.st.discarded.add(fid)
+            return None
+        if not h.cipher and self.st.config.encryption is not None:
+            self._plaintext.append(path)
         self._setup_cipher(path, fid, h, buf)
         return h, None
 

@@ -206,6 +206,7 @@ class FileScan:
     last_woid: int
     header_damaged: bool = False
     compact: bool = False  # the scan kept verified PUTs as PutRuns
+    last_tag: bytes = b""  # an authenticated file's last verified batch tag (where a later scan chains on)
 
     def plain(self) -> list[LogRecord]:
         """The records of a scan that was not compact: every one a :class:`LogRecord`."""
@@ -287,6 +288,16 @@ def _compact(batch: list[LogRecord], records: list[ScanRecord], offsets: array[i
         records.append(run(first))
 
 
+class BatchAuthenticator(Protocol):
+    """What checks an authenticated file's batch tags (a ``crypto.FileCipher``)."""
+
+    def check_batch(self, woid: int, data: bytes, tag: bytes) -> bool:
+        """Return whether ``tag`` authenticates ``data`` (see ``format.batch_auth_data``) at ``woid``."""
+
+
+FORGED = "batch authentication failed: the batch was forged, edited, moved or reordered (or the key is not this file's)"
+
+
 class Scanner:
     """Walks one data file's records and classifies damage (policy lives here).
 
@@ -296,10 +307,24 @@ class Scanner:
     Damage there is corruption; with ``on_corruption="skip"`` each record that
     still verifies on its own is salvaged and only what cannot be framed is
     dropped. Damage elsewhere in the newest file is a torn tail.
+
+    In an authenticated file (format version 2) given ``auth``, a batch counts
+    only if its tag verifies and chains to the batch before it. A batch whose
+    checksums hold but whose tag fails cannot come from a torn write: it is
+    always corruption (never a torn tail), and nothing of it is salvaged.
+    Without ``auth`` (an inspection without the key) the tags are not checked.
     """
 
     def __init__(
-        self, log: ScanContext, path: str, file_id: int, buf: bytes | bytearray, header: fmt.FileHeader, base: int = 0
+        self,
+        log: ScanContext,
+        path: str,
+        file_id: int,
+        buf: bytes | bytearray,
+        header: fmt.FileHeader,
+        base: int = 0,
+        auth: BatchAuthenticator | None = None,
+        prev_tag: bytes | None = None,
     ) -> None:
         self.log = log
         self.path = path
@@ -310,6 +335,8 @@ class Scanner:
         self.kind = log.crc_kind
         self.seed = fmt.file_seed(self.kind, log.channel_id, file_id)
         self.max_payload = log.max_payload
+        self.auth = auth if header.authenticated else None
+        self.prev_tag = prev_tag
 
     def scan(
         self,
@@ -347,7 +374,10 @@ class Scanner:
         fid = self.file_id
         if vouched > n:
             self._truncated(n + base, vouched + base, last_woid)
-        accel = fmt.speedups
+        auth = self.auth
+        prev_tag = self._chain_start(g) if auth is not None else b""
+        forged = False
+        accel = fmt.speedups if auth is None else None  # the C walk does not check tags
         if accel is not None and 0 <= batch_last_woid < INF_WOID and g >= 0:
             # The C twin of this loop walks clean, verified batches only and stops at the
             # first thing that is not one; this loop then carries on from there.
@@ -391,7 +421,16 @@ class Scanner:
                             bad_reason = "batch checksum mismatch"
                         elif not pending or be.first_woid != pending[0].woid or be.last_woid != pending[-1].woid:
                             bad_reason = "BATCH_END's write-order ids do not match its batch"
+                        elif auth is not None and not (
+                            be.tag
+                            and auth.check_batch(
+                                rec.woid, fmt.batch_auth_data(prev_tag, buf[g:pos], buf[pos : pos + 64]), be.tag
+                            )
+                        ):
+                            bad_reason = FORGED
+                            forged = True
                         else:
+                            prev_tag = be.tag
                             if compact:
                                 _compact(pending, records, offsets, sizes)
                             else:
@@ -409,16 +448,38 @@ class Scanner:
                     continue
             # Damage (or an unterminated batch) at ``pos``; the verified prefix ends at ``g``.
             assert bad_reason is not None
-            resumed = self._handle_damage(newest, g, pos, bad_reason, records, max(last_woid, floor), vouched)
+            resumed = self._handle_damage(newest, g, pos, bad_reason, records, max(last_woid, floor), vouched, forged)
             if resumed is None:
                 break
             g = pos = resumed
             pending = []
+            forged = False
+            if auth is not None:
+                prev_tag = self._chain_start(g)
             if records:
                 last = records[-1]  # a record salvaged just now, or one at or below last_woid
                 last_woid = max(last_woid, last.woid + (last.count - 1 if isinstance(last, PutRun) else 0))
             batch_last_woid = max(last_woid, floor)
-        return FileScan(fid, self.path, self.header, records, g + base, n + base, last_woid, compact=compact)
+        return FileScan(
+            fid, self.path, self.header, records, g + base, n + base, last_woid, compact=compact, last_tag=prev_tag
+        )
+
+    def _chain_start(self, g: int) -> bytes:
+        """The tag a batch starting at ``g`` (relative to ``buf``) chains to.
+
+        The header's key check at the first record; the ``prev_tag`` a caller
+        following the file passes; else the tag of the BATCH_END that ends at ``g``
+        (a checkpoint's resume offset, or where skip mode resumes): forging it
+        breaks the next batch's tag.
+        """
+        h = self.header
+        if g + self.base <= h.header_len:
+            return h.key_check
+        if self.prev_tag is not None and g == 0:
+            return self.prev_tag
+        if g >= fmt.BATCH_TAG_LEN:
+            return bytes(self.buf[g - fmt.BATCH_TAG_LEN : g])
+        return b""
 
     def _truncated(self, size: int, vouched: int, last_woid: int) -> None:
         """The file is shorter than a checkpoint recorded: acknowledged bytes are gone."""
@@ -431,15 +492,31 @@ class Scanner:
         )
 
     def _handle_damage(
-        self, newest: bool, g: int, x: int, reason: str, records: list[ScanRecord], last_woid: int, vouched: int
+        self,
+        newest: bool,
+        g: int,
+        x: int,
+        reason: str,
+        records: list[ScanRecord],
+        last_woid: int,
+        vouched: int,
+        forged: bool = False,
     ) -> int | None:
         """Decide what damage at ``x`` means. Return the offset to resume at, or None to stop.
 
         Offsets here are relative to ``buf``; reports and errors carry file offsets.
+        A ``forged`` batch (its checksums hold, its tag fails) is never a torn tail.
         """
         log = self.log
         buf, base = self.buf, self.base
         n = len(buf)
+        if forged:
+            after = find_verified_batch_end(buf, x + 8, self.seed, self.kind, self.max_payload, base)
+            stop = after[1].batch_start - base if after is not None else n
+            if log.config.on_corruption != "skip":
+                raise CorruptLogError(self.path, g + base, reason)
+            self._dropped(g, stop, last_woid, after[1].first_woid if after is not None else INF_WOID, reason)
+            return stop if stop < n else None
         if newest and g >= vouched and all_zero(buf, g):
             return None  # the zero-filled space ahead of the writer: a clean end
         after = find_verified_batch_end(buf, x, self.seed, self.kind, self.max_payload, base)
@@ -494,6 +571,10 @@ class Scanner:
         that could not be read becomes one report.
         """
         buf, fid = self.buf, self.file_id
+        if self.auth is not None:
+            # Records of an authenticated file count only inside a batch whose tag verifies.
+            self._dropped(start, stop, last_woid, INF_WOID, f"{problem}; records outside an authenticated batch")
+            return
         view = memoryview(buf)[:stop]
         pos = start
         prev = last_woid

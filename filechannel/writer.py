@@ -179,6 +179,10 @@ class Writer:
         self._unpublished: list[Item] = []
         self.waiting = 0  # committers waiting for a leader's write
         self.policy: FilePolicy | None = None  # the write-ahead log's rolling rules; None for a channel
+        # An encrypted file is authenticated (format version 2): each batch's tag chains to the one before.
+        self.tagger: Callable[[int, bytes], bytes] | None = None
+        self.prev_tag = b""
+        self.batch_end_size = BATCH_END_SIZE
 
     # -- called by committers ------------------------------------------------
 
@@ -304,11 +308,11 @@ class Writer:
                 # A new file, or one still empty (its first write failed): its rules are
                 # written with its first batch, so they can still follow this item.
                 policy.started(self.file_id, it)
-            room = limit - self.offset - BATCH_END_SIZE
+            room = limit - self.offset - self.batch_end_size
             if chunk and size + it.nbytes > room:
                 self._write_chunk(chunk)
                 chunk, size = [], 0
-                room = limit - self.offset - BATCH_END_SIZE
+                room = limit - self.offset - self.batch_end_size
             if not chunk and it.nbytes > room and self.offset > self.header_len:
                 self._roll()
                 if policy is not None:
@@ -365,7 +369,12 @@ class Writer:
                         woid += 1
             if len(parts) > _GATHER_MAX:  # many small frames (the pure-Python path): one join is cheaper
                 parts = [b"".join(parts)]
-            off += enc.close_batch(parts, start, first_woid, woid)  # checksums every byte of parts
+            tag = b""
+            if self.tagger is None:
+                off += enc.close_batch(parts, start, first_woid, woid)  # checksums every byte of parts
+            else:
+                n, tag = enc.close_batch_auth(parts, start, first_woid, woid, self.tagger, self.prev_tag)
+                off += n
             log.next_woid = woid + 1
         nbytes = off - start
         assert self.fd is not None
@@ -375,6 +384,8 @@ class Writer:
             self._undo_write(start, exc)
             raise
         end = self.offset = start + nbytes
+        if tag:
+            self.prev_tag = tag  # only once the batch is written: an undone write leaves the chain as it was
         self.phys_end = max(self.phys_end, end)
         log.bytes_written += nbytes
         log.space_used(self.index, nbytes)
@@ -489,7 +500,9 @@ class Writer:
             # A new file, a new random salt, so a new key: with woids as nonces, no
             # (key, nonce) pair is ever used twice, even after a torn tail was cut.
             cipher = enc.new_file_cipher(log.channel_id, file_id)
-            header = dataclasses.replace(header, cipher=cipher.suite, key_id=cipher.key_id, salt=cipher.salt)
+            header = dataclasses.replace(
+                header, version=fmt.AUTH_VERSION, cipher=cipher.suite, key_id=cipher.key_id, salt=cipher.salt
+            )
         if header.header_len > 0xFFFF:
             # The header lists every live file of the directory in 16 bits of length.
             raise ChannelFullError(
@@ -528,6 +541,16 @@ class Writer:
         self.offset = self.synced = self.header_len = self.phys_end = len(data)
         self.seed = fmt.file_seed(log.crc_kind, log.channel_id, file_id)
         self.encoder = fmt.record_encoder(self.seed, log.crc_kind, cipher.seal if cipher is not None else None)
+        if cipher is not None:
+            # The first batch's tag chains to the header's key check (which binds the salt, key id and live list).
+            at = header.check_offset
+            self.tagger = cipher.batch_tag
+            self.prev_tag = data[at : at + fmt.ENC_CHECK_LEN]
+            self.batch_end_size = BATCH_END_SIZE + fmt.BATCH_TAG_LEN
+        else:
+            self.tagger = None
+            self.prev_tag = b""
+            self.batch_end_size = BATCH_END_SIZE
         log.files_created += 1
         logger.debug("started data file %s", path)
 

@@ -72,8 +72,18 @@ def seg_files(d: str) -> list[str]:
     return sorted(os.path.join(data, n) for n in os.listdir(data) if n.endswith(".wal"))
 
 
-def refix(buf: bytearray, path_header: fmt.FileHeader, batch_start: int, be_off: int) -> None:
-    """Recompute every record checksum in ``[batch_start, be_off]`` and the BATCH_END's batch checksum."""
+def file_cipher(h: fmt.FileHeader) -> Any:
+    """The cipher of a data file of these tests (an attacker with the key could do this)."""
+    return enc().file_cipher("", h.cipher, h.key_id, h.salt, h.channel_id, h.file_id)
+
+
+def refix(buf: bytearray, path_header: fmt.FileHeader, batch_start: int, be_off: int, retag: bool = True) -> None:
+    """Recompute every record checksum in ``[batch_start, be_off]`` and the BATCH_END's batch checksum.
+
+    In an authenticated file, ``retag`` also recomputes the batch tag with the key: what only a key
+    holder can do, so that a test reaches the per-record tag behind the batch tag. Without it, the
+    batch tag is left as it was (what an attacker without the key can do).
+    """
     h = path_header
     seed = fmt.file_seed(h.crc_kind, h.channel_id, h.file_id)
     pos = batch_start
@@ -88,6 +98,11 @@ def refix(buf: bytearray, path_header: fmt.FileHeader, batch_start: int, be_off:
     bc = fmt.crc(h.crc_kind, bytes(buf[batch_start:be_off]), seed)
     # BATCH_END payload: batch_start u64, batch_len u32, batch_crc u32, ...
     struct.pack_into("<I", buf, be_off + 32 + 12, bc)
+    if h.authenticated and retag:
+        prev = h.key_check if batch_start == h.header_len else bytes(buf[batch_start - 16 : batch_start])
+        woid = struct.unpack_from("<Q", buf, be_off + 8)[0]
+        data = fmt.batch_auth_data(prev, bytes(buf[batch_start:be_off]), bytes(buf[be_off : be_off + 64]))
+        buf[be_off + 64 : be_off + 80] = file_cipher(h).batch_tag(woid, data)
     n = struct.unpack_from("<I", buf, be_off + 4)[0]
     c = fmt.crc(
         h.crc_kind,
