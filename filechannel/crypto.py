@@ -520,8 +520,8 @@ def check_file_key_id(path: str, key_id: object, what: str = "data file") -> str
 
     Raises:
         DecryptionError: The id breaks the key id rule: the file's header is damaged
-            or was not written by filechannel. The id is shown only if it cannot be
-            key material (:func:`show_id`).
+            or forged. Its ``key_id`` is ``""``; the id is shown in the message only if
+            it cannot be key material (:func:`show_id`).
     """
     if isinstance(key_id, str) and KEY_ID_RE.match(key_id):
         return key_id
@@ -529,9 +529,9 @@ def check_file_key_id(path: str, key_id: object, what: str = "data file") -> str
         path,
         0,
         f"the {what}'s header names a key id that is not valid {show_id(key_id)}: key ids are {KEY_ID_RULE}",
-        None,
-        f"the {what}'s header is damaged or was not written by filechannel; no key was looked up for it. "
-        "Run `filechannel verify DIR`, and move the file out of the directory if it does not belong there",
+        "",  # a key problem (skip mode would not help), with no key id to name
+        f"the {what}'s header is damaged or forged (its checksum is intact); no key was looked up for it, "
+        "and its events cannot be decrypted: see docs/encryption.md",
     )
 
 

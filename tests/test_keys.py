@@ -390,7 +390,7 @@ def test_a_crafted_header_key_id_never_reaches_the_keys_callable(chan_dir: str, 
     assert all(isinstance(c, str) and VALID_ID.fullmatch(c) for c in calls), calls
     assert "names a key id that is not valid" in str(ei.value)
     assert ei.value.path == path
-    assert ei.value.key_id is None  # not a key id: nothing to look up
+    assert ei.value.key_id == ""  # no valid key id; not None: the CLI does not suggest --on-corruption skip
     with pytest.raises(DecryptionError, match="names a key id that is not valid"):
         filechannel.ChannelReader(chan_dir, encryption=e).available()
     with pytest.raises(DecryptionError, match="names a key id that is not valid"):
@@ -427,3 +427,18 @@ def test_an_unknown_suite_names_the_file() -> None:
     with pytest.raises(DecryptionError, match="unknown cipher suite 9") as ei:
         e.file_cipher("/d/seg-7.wal", 9, "k1", bytes(32), bytes(16), 7)
     assert ei.value.path == "/d/seg-7.wal"
+
+
+def test_the_cli_reports_a_crafted_header_key_id_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ks = keystore(tmp_path / "ks.json", {"k1": os.urandom(32)})
+    d = str(tmp_path / "ch")
+    with filechannel.open(d, encryption=Encryption(keys=ks), **OPTS) as ch, ch.transaction() as tx:
+        tx.put(b"x")
+    path = _rewrite_key_id(d, "../k1")
+    code, err = cli(capsys, "take", d, "--keystore", ks, "--on-corruption", "skip")
+    assert code == 2
+    assert err.startswith(f"filechannel: error: {path} at byte 0: the data file's header names a key id that is not")
+    assert "--on-corruption skip" not in err  # it would not help: the header is refused at open
+    assert err.count("\n") == 1
