@@ -20,7 +20,8 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Protocol
 
 #: What a write takes: one buffer, or a sequence of buffers written back to back (a gathered
@@ -314,3 +315,20 @@ def write_private_file(path: str, data: bytes) -> None:
     os.close(fd)
     os.replace(tmp, path)
     DEFAULT_FS.fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+@contextmanager
+def exclusive_lock(path: str) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path``, waiting for it (a sidecar lock file, e.g. a keystore's).
+
+    The file is created mode 0600 if missing and never removed (removing a lock
+    file lets two processes lock two different files); a symlink at ``path`` is
+    refused (``O_NOFOLLOW``). Closing the descriptor releases the lock, so a
+    crashed holder never leaves it held.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

@@ -682,19 +682,30 @@ def _encryption(args: argparse.Namespace) -> Encryption | None:
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
-    """Create a keystore (mode 0600) with one new random key, or add a key to an existing one."""
+    """Create a keystore (mode 0600) with one new random key, or add a key to an existing one.
+
+    Safe under concurrent runs on one keystore (each adds its key: the read-modify-write
+    holds ``<keystore>.lock``) and through a symlink (the link's target is rewritten, the
+    link is kept). The new file is written mode 0600, fsynced, renamed over the old one,
+    and the directory fsynced.
+    """
+    from .crypto import keystore_lock, show_id  # here, so the module's imports stay as they are
+
     path = args.keystore
     key_id = args.id if args.id is not None else time.strftime("%Y-%m-%d-%H%M%S", time.gmtime())
     check_key_id(key_id, "--id")
-    keys: dict[str, bytes] = {}
-    if os.path.exists(path):
-        keys = load_keystore(path)  # refuses a keystore others can read, or a malformed one
-        if key_id in keys:
-            raise ChannelError(f"{path} already holds key id {key_id!r}: choose another --id")
-    keys[key_id] = os.urandom(32)
-    write_private_file(path, keystore_json(keys))
+    real = os.path.realpath(path)  # a symlink's target: rewrite it, keep the link
+    with keystore_lock(real):
+        keys: dict[str, bytes] = {}
+        if os.path.lexists(real):
+            keys = load_keystore(real)  # refuses a keystore another user owns or others can access
+            if key_id in keys:
+                raise ChannelError(f"{path} already holds key id {show_id(key_id)}: choose another --id")
+        keys[key_id] = os.urandom(32)
+        write_private_file(real, keystore_json(keys))
+    target = f" (a link to {real})" if real != os.path.abspath(path) else ""
     print(
-        f"{'added' if len(keys) > 1 else 'created'} key {key_id!r} in {path} ({len(keys)} key(s)); "
+        f"{'added' if len(keys) > 1 else 'created'} key {key_id!r} in {path}{target} ({len(keys)} key(s)); "
         "new data files use it (the last key of the keystore) when it is given with --keystore",
         file=sys.stderr,
     )

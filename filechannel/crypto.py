@@ -30,9 +30,11 @@ import re
 import stat
 import struct
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from ._fs import exclusive_lock
 from .errors import ConfigError, DecryptionError
 
 AES_256_GCM: Final = 1
@@ -43,7 +45,7 @@ KEY_LEN: Final = 32
 SALT_LEN: Final = 32
 TAG_LEN: Final = 16
 """Bytes an encrypted PUT payload is longer than its plaintext (the AEAD tag)."""
-KEY_ID_RE: Final = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+KEY_ID_RE: Final = re.compile(r"^[A-Za-z0-9._:-]{1,64}\Z")  # \Z: "$" would let a trailing newline in
 KEY_ID_RULE: Final = "1 to 64 characters of A-Z a-z 0-9 . _ : -"
 _INFO: Final = b"filechannel/v1 data file key"
 _BATCH_INFO: Final = b"filechannel/v2 batch tag key"
@@ -67,20 +69,81 @@ def _crypto() -> Any:
     return hashes, aead, HKDF
 
 
-def check_key_id(key_id: object, what: str = "key id") -> str:
-    """Return ``key_id`` if it is a valid key id, else raise ConfigError naming the rule."""
-    if not isinstance(key_id, str) or not KEY_ID_RE.match(key_id):
-        raise ConfigError("encryption", f"{what} {key_id!r} is not valid: {KEY_ID_RULE}")
-    return key_id
+_HEX_KEY_RE: Final = re.compile(r"[0-9A-Fa-f]{64}")
+_MAX_KEYSTORE: Final = 1 << 20
+"""Largest keystore file read (about 17 000 keys): a bigger file is refused, not read into memory."""
+_FILE_KINDS: Final = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def could_be_key(value: object) -> bool:
+    """Return whether ``value`` could hold a 32-byte key: such a value is never shown in a message.
+
+    True for 32 bytes, 64 hex digits, or text that decodes as (standard or URL-safe, padded or not)
+    base64 to 32 bytes.
+    """
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return len(value) == KEY_LEN
+    if not isinstance(value, str):
+        return False
+    v = value.strip()
+    if _HEX_KEY_RE.fullmatch(v):
+        return True
+    if not 42 <= len(v) <= 46:
+        return False
+    padded = v.rstrip("=") + "=" * (-len(v.rstrip("=")) % 4)
+    for alt in ("+/", "-_"):
+        try:
+            if len(base64.b64decode(padded, altchars=alt.encode("ascii"), validate=True)) == KEY_LEN:
+                return True
+        except (ValueError, binascii.Error):
+            pass
+    return False
+
+
+def show_id(key_id: object) -> str:
+    """Return ``key_id`` quoted for a message, or a description of it when it could be key material.
+
+    A value is shown only when it is short printable text (under 65 characters) that cannot be
+    an encoded key (:func:`could_be_key`); anything else is described by its type and length.
+    """
+    if isinstance(key_id, str) and len(key_id) <= 64 and key_id.isprintable() and not could_be_key(key_id):
+        return repr(key_id)
+    if isinstance(key_id, str):
+        return f"<a string of {len(key_id)} characters, not shown>"
+    if isinstance(key_id, (bytes, bytearray, memoryview)):
+        return f"<a {type(key_id).__name__} value of {len(key_id)} bytes, not shown>"
+    return f"<a {type(key_id).__name__}, not shown>"
+
+
+def check_key_id(key_id: object, what: str = "key id", swapped: bool = False) -> str:
+    """Return ``key_id`` if it is a valid key id, else raise ConfigError naming the rule.
+
+    The message never repeats a value that could be a key (:func:`show_id`); ``swapped``
+    (or an id that looks like a key) adds the hint that id and key may be swapped.
+    """
+    if isinstance(key_id, str) and KEY_ID_RE.match(key_id):
+        return key_id
+    hint = "; did you swap the key id and the key?" if swapped or could_be_key(key_id) else ""
+    raise ConfigError("encryption", f"{what} {show_id(key_id)} is not valid ({KEY_ID_RULE}){hint}")
 
 
 def _check_key(key_id: str, key: object, where: str) -> bytes:
+    """Return ``key`` as bytes if it is a 32-byte key; the message names ``where``, never the key."""
     if not isinstance(key, (bytes, bytearray, memoryview)):
-        raise ConfigError("encryption", f"key {key_id!r}{where} must be bytes, got {type(key).__name__}")
+        raise ConfigError(
+            "encryption", f"key {show_id(key_id)}{where} must be {KEY_LEN} bytes, got a {type(key).__name__}"
+        )
     key = bytes(key)
     if len(key) != KEY_LEN:
         raise ConfigError(
-            "encryption", f"key {key_id!r}{where} is {len(key)} bytes; keys are {KEY_LEN} bytes (256 bits)"
+            "encryption",
+            f"key {show_id(key_id)}{where} is {len(key)} bytes; keys are {KEY_LEN} bytes (256 bits)",
         )
     return key
 
@@ -88,53 +151,143 @@ def _check_key(key_id: str, key: object, where: str) -> bytes:
 def parse_keystore(text: str | bytes, where: str) -> dict[str, bytes]:
     """Parse keystore JSON (an object of key id -> base64 key) into a dict of key bytes.
 
+    Messages name the entry (1-based, in file order) and the rule it breaks; they never
+    repeat a value that could be a key (an id and a key swapped, say).
+
     Raises:
         ConfigError: Not a JSON object, a bad key id, bad base64 or a key of the wrong length.
     """
+    # Each error is raised after its ``except`` block: a decoding error holds the text (the keys),
+    # and an exception raised inside the block would keep it as ``__context__`` (even ``from None``).
+    why = ""
     try:
         obj = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ConfigError("encryption", f"keystore {where} is not valid JSON: {exc}") from None
+    except UnicodeDecodeError as exc:
+        why = f"not UTF-8 text (at byte {exc.start})"
+    except json.JSONDecodeError as exc:
+        why = f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+    except ValueError:
+        why = "not JSON"
+    if why:
+        raise ConfigError("encryption", f"keystore {where} is not valid JSON: {why}")
     if not isinstance(obj, dict) or not obj:
         raise ConfigError("encryption", f"keystore {where} must be a JSON object of key id -> base64 key")
     keys: dict[str, bytes] = {}
-    for key_id, b64 in obj.items():
-        check_key_id(key_id, f"keystore {where}: key id")
+    for n, (key_id, b64) in enumerate(obj.items(), 1):
+        swap = "; did you swap the key id and the key?"
+        value_is_an_id = isinstance(b64, str) and bool(KEY_ID_RE.match(b64))
+        check_key_id(key_id, f"keystore {where}: entry {n}: key id", value_is_an_id)
+        entry = f"entry {n} (key id {show_id(key_id)}) of keystore {where}"
+        if not could_be_key(key_id):
+            swap = ""
         if not isinstance(b64, str):
-            raise ConfigError("encryption", f"keystore {where}: key {key_id!r} must be a base64 string")
-        try:
-            raw = base64.b64decode(b64.encode("ascii"), validate=True)
-        except (ValueError, binascii.Error, UnicodeEncodeError):
-            raise ConfigError("encryption", f"keystore {where}: key {key_id!r} is not valid base64") from None
-        keys[key_id] = _check_key(key_id, raw, f" in keystore {where}")
+            raise ConfigError("encryption", f"{entry}: the key must be a base64 string, not a {type(b64).__name__}")
+        raw = _b64decode(b64)
+        if raw is None:
+            raise ConfigError(
+                "encryption", f"{entry}: the key is not valid base64 (A-Z a-z 0-9 + / and = padding){swap}"
+            )
+        if len(raw) != KEY_LEN:
+            if _HEX_KEY_RE.fullmatch(b64):
+                swap += "; it looks like hex: a keystore holds base64 keys"
+            raise ConfigError(
+                "encryption", f"{entry}: the key is {len(raw)} bytes; keys are {KEY_LEN} bytes (256 bits){swap}"
+            )
+        keys[key_id] = raw
     return keys
 
 
+def _b64decode(text: str) -> bytes | None:
+    """Decode strict base64, or None (no exception escapes: it would hold the text)."""
+    try:
+        return base64.b64decode(text.encode("ascii"), validate=True)
+    except (ValueError, binascii.Error, UnicodeEncodeError):
+        return None
+
+
+def _keystore_problems(st: os.stat_result, p: str) -> list[str]:
+    """What makes the file ``st`` (opened as ``p``) unfit to be a keystore, each with its fix."""
+    for test, kind in _FILE_KINDS:
+        if test(st.st_mode):
+            return [f"is {kind}, not a regular file: give the path of the keystore file itself"]
+    if not stat.S_ISREG(st.st_mode):
+        return ["is not a regular file: give the path of the keystore file itself"]
+    out = []
+    euid = os.geteuid()
+    if st.st_uid not in (euid, 0):
+        out.append(
+            f"is owned by uid {st.st_uid}, not by this user (uid {euid}) or root, so its owner can change "
+            f"the keys: run `chown {euid} {p}`, or use a keystore of your own"
+        )
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o077:
+        who = "can read it" if mode & 0o044 else "have permissions on it"
+        out.append(f"has mode {mode:04o}: group or others {who}; run `chmod 600 {p}`")
+    return out
+
+
 def load_keystore(path: str | os.PathLike[str]) -> dict[str, bytes]:
-    """Load a keystore file, refusing one that group or others may read.
+    """Load a keystore file: a regular file (a symlink's target), owned by this user or root, mode 0600.
+
+    The checks are made with ``fstat`` on the descriptor that is read (never a
+    second lookup of the path), and the file is opened non-blocking, so a FIFO
+    is refused rather than waited on.
 
     Raises:
-        ConfigError: Missing, readable by others, or malformed.
+        ConfigError: Missing, not a regular file, owned by another user, group or
+            others have permissions on it, or malformed.
     """
     p = os.fspath(path)
+    failed = ""
+    fd = -1
+    problems: list[str] = []
     try:
-        fd = os.open(p, os.O_RDONLY)
-    except OSError as exc:
-        raise ConfigError("encryption", f"cannot read keystore {p}: {exc.strerror}") from None
+        # A stat first, so a device or FIFO is not even opened; the fstat below decides.
+        pre = os.stat(p)
+        problems = _keystore_problems(pre, p) if not stat.S_ISREG(pre.st_mode) else []
+        if not problems:
+            fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as exc:  # raised below, not in this block: the OSError names the path
+        failed = exc.strerror or type(exc).__name__
+    if failed and could_be_key(p):
+        raise ConfigError(
+            "encryption",
+            f"the keystore path is a string that looks like a key (not shown), and no such file can be read "
+            f"({failed}): give keys={{key id: 32 key bytes}}, or the path of a keystore file",
+        )
+    if failed:
+        raise ConfigError("encryption", f"cannot read keystore {p}: {failed}")
     try:
-        st = os.fstat(fd)
-        if st.st_mode & 0o077:
-            raise ConfigError(
-                "encryption",
-                f"keystore {p} has mode {stat.S_IMODE(st.st_mode):04o}: group or others can read it; "
-                f"run `chmod 600 {p}`",
-            )
+        if fd >= 0:
+            st = os.fstat(fd)
+            problems = _keystore_problems(st, p)
+            if not problems and st.st_size > _MAX_KEYSTORE:
+                problems = [f"is {st.st_size} bytes, larger than a keystore can be ({_MAX_KEYSTORE})"]
+        if problems:
+            real = os.path.realpath(p)
+            link = f" (a link to {real})" if os.path.islink(p) else ""
+            raise ConfigError("encryption", f"keystore {p}{link} " + "; and it ".join(problems))
         chunks = []
-        while chunk := os.read(fd, 1 << 16):
+        got = 0
+        while got <= _MAX_KEYSTORE and (chunk := os.read(fd, 1 << 16)):
             chunks.append(chunk)
+            got += len(chunk)
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
+    if got > _MAX_KEYSTORE:
+        raise ConfigError("encryption", f"keystore {p} grew past {_MAX_KEYSTORE} bytes while it was read")
     return parse_keystore(b"".join(chunks), p)
+
+
+def keystore_lock(path: str | os.PathLike[str]) -> AbstractContextManager[None]:
+    """Hold the lock of the keystore at ``path`` (``<path>.lock``, mode 0600; waits for it).
+
+    ``filechannel keygen`` holds it for its read-modify-write, so concurrent runs on one
+    keystore each add their key. ``path`` should be resolved (``os.path.realpath``) first,
+    so every name of the keystore (a symlink, say) takes the same lock.
+    """
+    return exclusive_lock(os.fspath(path) + ".lock")
 
 
 def keystore_json(keys: Mapping[str, bytes]) -> bytes:
@@ -184,7 +337,7 @@ class Encryption:
             loaded = load_keystore(k)
             object.__setattr__(self, "keys", os.fspath(k))
         elif isinstance(k, Mapping):
-            loaded = {check_key_id(i): _check_key(i, v, "") for i, v in k.items()}
+            loaded = _check_mapping(k)
             if not loaded:
                 raise ConfigError("encryption", "keys is empty: give at least one key")
             object.__setattr__(self, "keys", dict(loaded))
@@ -213,7 +366,7 @@ class Encryption:
             active = self.active_key
         check_key_id(active, "active_key")
         if lookup(active) is None:
-            raise ConfigError("encryption", f"active_key {active!r} is not among the keys")
+            raise ConfigError("encryption", f"active_key {show_id(active)} is not among the keys")
         object.__setattr__(self, "active_key", active)
         object.__setattr__(self, "_lookup", lookup)
 
@@ -237,7 +390,14 @@ class Encryption:
         return CIPHERS[self.cipher]
 
     def key(self, key_id: str) -> bytes | None:
-        """Return the key with id ``key_id``, or None when it is not given."""
+        """Return the key with id ``key_id``, or None when it is not given.
+
+        An id that breaks the key id rule (``KEY_ID_RE``; e.g. read from a damaged or
+        crafted file header) is never looked up: it is None, and a keys callable is
+        not called with it.
+        """
+        if not isinstance(key_id, str) or not KEY_ID_RE.match(key_id):
+            return None
         v: bytes | None = self._lookup(key_id)
         return v
 
@@ -263,8 +423,11 @@ class Encryption:
         """Return the cipher of an existing staged file.
 
         Raises:
-            DecryptionError: No key is given for ``key_id``.
+            DecryptionError: ``key_id`` or ``suite`` is not valid (a damaged or crafted
+                file), or no key is given for ``key_id``.
         """
+        check_file_key_id(path, key_id, "staged file")
+        _check_suite(path, suite, "staged file")
         key = self.key(key_id)
         if key is None:
             raise DecryptionError(
@@ -278,8 +441,11 @@ class Encryption:
         """Return the cipher of an existing data file.
 
         Raises:
-            DecryptionError: No key is given for ``key_id``.
+            DecryptionError: ``key_id`` or ``suite`` is not valid (a damaged or crafted
+                header), or no key is given for ``key_id``.
         """
+        check_file_key_id(path, key_id)
+        _check_suite(path, suite)
         key = self.key(key_id)
         if key is None:
             raise DecryptionError(
@@ -320,6 +486,7 @@ def header_cipher(
     """
     if not header.cipher:
         return None
+    check_file_key_id(path, header.key_id)
     if encryption is None:
         raise DecryptionError(
             path,
@@ -338,6 +505,41 @@ def header_cipher(
             KEY_HINT,
         )
     return cipher
+
+
+def _check_mapping(keys: Mapping[Any, Any]) -> dict[str, bytes]:
+    """Check a mapping of key id -> key; messages name the entry (1-based), never a key."""
+    out: dict[str, bytes] = {}
+    for n, (key_id, key) in enumerate(keys.items(), 1):
+        check_key_id(key_id, f"keys: entry {n}: key id", isinstance(key, str) and bool(KEY_ID_RE.match(key)))
+        out[key_id] = _check_key(key_id, key, f" (entry {n} of keys)")
+    return out
+
+
+def check_file_key_id(path: str, key_id: object, what: str = "data file") -> str:
+    """Return a key id read from a file if it is valid, before it reaches a lookup.
+
+    Raises:
+        DecryptionError: The id breaks the key id rule: the file's header is damaged
+            or forged. Its ``key_id`` is ``""``; the id is shown in the message only if
+            it cannot be key material (:func:`show_id`).
+    """
+    if isinstance(key_id, str) and KEY_ID_RE.match(key_id):
+        return key_id
+    raise DecryptionError(
+        path,
+        0,
+        f"the {what}'s header names a key id that is not valid {show_id(key_id)}: key ids are {KEY_ID_RULE}",
+        "",  # a key problem (skip mode would not help), with no key id to name
+        f"the {what}'s header is damaged or forged (its checksum is intact); no key was looked up for it, "
+        "and its events cannot be decrypted: see docs/encryption.md",
+    )
+
+
+def _check_suite(path: str, suite: int, what: str = "data file") -> None:
+    """Refuse an unknown cipher suite read from a file, naming the file."""
+    if suite not in CIPHER_NAMES:
+        raise DecryptionError(path, 0, f"the {what}'s header names an unknown cipher suite {suite}", None)
 
 
 def _name_id(name: str) -> bytes:
