@@ -24,7 +24,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, NoReturn
 
 from . import format as fmt
-from ._fs import DEFAULT_FS, write_private_file
+from ._fs import DEFAULT_FS, is_locked, write_private_file
 from ._version import __version__
 from .channel import CHECKPOINT_DIR, FileChannel, VerifyResult, read_event, replay_queue, verify_channel
 from .checkpoint import CheckpointStore
@@ -69,16 +69,8 @@ def _body_text(body: bytes) -> str:
 
 
 def _in_use(directory: str) -> bool:
-    """Return whether another process holds the channel's lock."""
-    path = os.path.join(directory, LOCK_FILE)
-    if not os.path.exists(path):
-        return False
-    try:
-        handle = DEFAULT_FS.lock(path)
-    except BlockingIOError:
-        return True
-    DEFAULT_FS.unlock(handle)
-    return False
+    """Return whether a process holds the channel's lock (read-only: creates and writes nothing)."""
+    return is_locked(os.path.join(directory, LOCK_FILE))
 
 
 def _progress(msg: str) -> None:

@@ -80,7 +80,8 @@ def test_take_piped_into_head_commits_only_what_was_written(tmp_path: Path) -> N
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
-    assert take.stdout is not None and take.stderr is not None
+    assert take.stdout is not None
+    assert take.stderr is not None
     head = subprocess.Popen(["head", "-1"], stdin=take.stdout, stdout=subprocess.PIPE)
     take.stdout.close()  # only head reads the pipe now
     first, _ = head.communicate(timeout=60)
@@ -92,7 +93,8 @@ def test_take_piped_into_head_commits_only_what_was_written(tmp_path: Path) -> N
     m = _CLOSED.fullmatch(_clean_one_line(err))
     assert m, err
     committed = int(m.group(2))
-    assert committed % 200 == 0 and committed < n
+    assert committed % 200 == 0
+    assert committed < n
     # Exactly the batches the message calls committed are gone; the rest, in order, stay queued.
     assert _queued(d) == [b"%05d-" % i + b"x" * 100 for i in range(committed, n)]
 
@@ -112,7 +114,8 @@ def _wait_for_queue(d: str, want: int) -> None:
 def test_sigterm_during_put_prints_an_exact_summary(tmp_path: Path) -> None:
     d = str(tmp_path / "ch")
     proc = subprocess.Popen(_module("put", d, "--batch", "10"), stdin=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert proc.stdin is not None and proc.stderr is not None
+    assert proc.stdin is not None
+    assert proc.stderr is not None
     try:
         proc.stdin.write(b"".join(b"%d\n" % i for i in range(25)))  # two batches commit, 5 lines wait
         proc.stdin.flush()
@@ -144,7 +147,8 @@ def test_sigterm_during_take_prints_an_exact_summary(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         _module("take", d, "-n", "100", "--wait", "60"), stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
-    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout is not None
+    assert proc.stderr is not None
     try:
         got = [proc.stdout.readline() for _ in range(7)]  # printed and flushed: the commit follows
         time.sleep(0.5)  # the commit is done and it waits for more
