@@ -33,6 +33,7 @@ from .consumers import ConsumerState, ConsumerStore, validate_name
 from .crypto import Encryption, check_key_id, keystore_json, load_keystore
 from .errors import ChannelError, ConfigError, CorruptLogError, DecryptionError, NotAChannelError
 from .log import CHANNEL_FILE, LOCK_FILE, Log, format_ranges
+from .repair import rebuild_channel_file
 from .wal import dump_wal, verify_wal
 
 _EPILOG = (
@@ -669,6 +670,40 @@ def _salvage(src: str, res: VerifyResult, dest: str, encryption: Encryption | No
     return n
 
 
+def cmd_repair_channel_file(args: argparse.Namespace) -> int:
+    """Rebuild a damaged CHANNEL file from the channel id its data directories and data files agree on."""
+    _existing(args.dir)
+    res = rebuild_channel_file(args.dir)
+    if not res.rebuilt:
+        print(f"{res.path} is intact (channel id {res.channel_id.hex()}); nothing to repair")
+        return 0
+    print(
+        f"rebuilt {res.path}: channel id {res.channel_id.hex()}, "
+        f"checksum kind {_CRC_NAMES.get(res.crc_kind, res.crc_kind)}, "
+        f"as {len(res.identity_files)} DATADIR file(s) and {len(res.headers)} data file header(s) agree; "
+        f"the damaged file is kept as {res.damaged_copy}"
+    )
+    if res.unreadable:
+        print(
+            f"note: {len(res.unreadable)} data file header(s) did not decode and were not used: "
+            f"run `filechannel verify {args.dir}`"
+        )
+    return 0
+
+
+_CRC_NAMES = {fmt.CRC32C: "crc32c", fmt.CRC32_ZLIB: "crc32 (zlib)"}
+
+
+def _damaged_channel_file(exc: CorruptLogError, args: argparse.Namespace) -> bool:
+    """Whether ``exc`` is about the CHANNEL file of the channel directory the command was given."""
+    directory = getattr(args, "dir", None)
+    return (
+        directory is not None
+        and args.command != "wal"
+        and os.path.normpath(exc.path) == os.path.normpath(os.path.join(directory, CHANNEL_FILE))
+    )
+
+
 def _existing_wal(path: str) -> str:
     if not os.path.isdir(path) or not os.path.exists(os.path.join(path, CHANNEL_FILE)):
         raise NotAChannelError(path, "no write-ahead log here (create one with filechannel.WriteAheadLog)")
@@ -849,6 +884,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_verify)
 
     sp = sub.add_parser(
+        "repair-channel-file",
+        help="rebuild a damaged CHANNEL file from the channel id its data directories and data files agree on",
+        epilog=_EPILOG,
+    )
+    sp.add_argument("dir", help="channel directory")
+    sp.set_defaults(func=cmd_repair_channel_file)
+
+    sp = sub.add_parser(
         "keygen", help="create a keystore (mode 0600) with a new random key, or add one", epilog=_EPILOG
     )
     sp.add_argument("keystore", metavar="KEYSTORE", help="keystore file (JSON: key id -> base64 key)")
@@ -915,6 +958,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         msg = str(exc)
         if isinstance(exc, DecryptionError) and exc.key_id is not None:
             pass  # a key problem: --on-corruption skip would not help
+        elif isinstance(exc, CorruptLogError) and _damaged_channel_file(exc, args):
+            # Neither verify nor --on-corruption skip get past it; the data files may be intact.
+            msg = (
+                f"{exc.path} at byte {exc.offset}: {exc.reason}: the channel's identity file is damaged "
+                f"(the data files may be intact): rebuild it from them with `filechannel repair-channel-file "
+                f"{args.dir}` (it keeps a copy of the damaged file)"
+            )
         elif isinstance(exc, CorruptLogError) and hasattr(args, "on_corruption"):
             msg += f"; from the command line: filechannel {args.command} DIR --on-corruption skip"
         print(f"filechannel: error: {msg}", file=sys.stderr)
