@@ -24,7 +24,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, NoReturn
 
 from . import format as fmt
-from ._fs import DEFAULT_FS, is_locked, write_private_file
+from ._fs import DEFAULT_FS, is_locked, read_file, write_private_file
 from ._version import __version__
 from .channel import CHECKPOINT_DIR, FileChannel, VerifyResult, read_event, replay_queue, verify_channel
 from .checkpoint import CheckpointStore
@@ -33,7 +33,7 @@ from .consumers import ConsumerState, ConsumerStore, validate_name
 from .crypto import Encryption, check_key_id, keystore_json, load_keystore
 from .errors import ChannelError, ConfigError, CorruptLogError, DecryptionError, NotAChannelError
 from .log import CHANNEL_FILE, LOCK_FILE, Log, format_ranges
-from .repair import rebuild_channel_file
+from .repair import channel_file_damaged, rebuild_channel_file
 from .wal import dump_wal, verify_wal
 
 _EPILOG = (
@@ -695,13 +695,20 @@ _CRC_NAMES = {fmt.CRC32C: "crc32c", fmt.CRC32_ZLIB: "crc32 (zlib)"}
 
 
 def _damaged_channel_file(exc: CorruptLogError, args: argparse.Namespace) -> bool:
-    """Whether ``exc`` is about the CHANNEL file of the channel directory the command was given."""
+    """Whether ``exc`` is about a damaged CHANNEL file of the channel directory the command was given.
+
+    Not an intact one the library refuses (a newer format version): rebuilding that would be wrong.
+    """
     directory = getattr(args, "dir", None)
-    return (
-        directory is not None
-        and args.command != "wal"
-        and os.path.normpath(exc.path) == os.path.normpath(os.path.join(directory, CHANNEL_FILE))
-    )
+    if directory is None or args.command == "wal":
+        return False
+    path = os.path.join(directory, CHANNEL_FILE)
+    if os.path.normpath(exc.path) != os.path.normpath(path):
+        return False
+    try:
+        return channel_file_damaged(read_file(DEFAULT_FS, path))
+    except OSError:
+        return False
 
 
 def _existing_wal(path: str) -> str:

@@ -35,7 +35,13 @@ from .log import (
 )
 from .scan import SEG_RE
 
-__all__ = ["DAMAGED_SUFFIX", "ChannelFileRepair", "RepairRefusedError", "rebuild_channel_file"]
+__all__ = [
+    "DAMAGED_SUFFIX",
+    "ChannelFileRepair",
+    "RepairRefusedError",
+    "channel_file_damaged",
+    "rebuild_channel_file",
+]
 
 #: The damaged file is kept as ``CHANNEL.damaged-<ns>`` (nanoseconds since the epoch).
 DAMAGED_SUFFIX = ".damaged-"
@@ -64,8 +70,12 @@ class ChannelFileRepair:
     unreadable: list[str] = field(default_factory=list)  # data files whose header does not decode (not used)
 
 
-def _damaged(buf: bytes) -> bool:
-    """Whether ``buf`` is not the 40 bytes that were written: wrong length or checksum mismatch."""
+def channel_file_damaged(buf: bytes) -> bool:
+    """Whether ``buf`` (a ``CHANNEL`` file's bytes) is not what was written: wrong length or checksum mismatch.
+
+    An intact file can still be refused (a newer format version, CRC-32C
+    without google-crc32c); rebuilding it would be wrong, so only this is repaired.
+    """
     if len(buf) != _CHANNEL_SIZE:
         return True
     stored: int = _U32.unpack_from(buf, len(buf) - 4)[0]
@@ -145,7 +155,7 @@ def rebuild_channel_file(directory: str, *, fs: FS | None = None) -> ChannelFile
 
 def _rebuild(fs: FS, top: str, chan_path: str) -> ChannelFileRepair:
     damaged = read_file(fs, chan_path)
-    if not _damaged(damaged):
+    if not channel_file_damaged(damaged):
         try:
             cid, kind, created = decode_channel_file(damaged)
         except FormatError as exc:

@@ -15,6 +15,7 @@ import pytest
 
 import filechannel
 from filechannel import cli
+from filechannel import format as fmt
 from filechannel.log import decode_channel_file
 
 
@@ -167,3 +168,32 @@ def test_repair_refuses_a_channel_open_elsewhere(tmp_path: Path, capsys: pytest.
     assert code == 2
     assert "already open" in err
     assert not [n for n in os.listdir(d) if n.startswith("CHANNEL.")]
+
+
+def test_an_intact_channel_file_of_a_newer_version_is_not_rebuilt(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    d = str(tmp_path / "ch")
+    _make(d, 10)
+    chan = Path(d, "CHANNEL")
+    raw = bytearray(chan.read_bytes())
+    raw[8:10] = (99).to_bytes(2, "little")  # a format version this release does not know
+    raw[36:40] = fmt.crc(fmt.CRC32_ZLIB, bytes(raw[:36])).to_bytes(4, "little")  # and a valid checksum
+    chan.write_bytes(bytes(raw))
+    code, _, err = run(capsys, "stat", d)
+    assert code == 2
+    assert "unsupported channel format version 99" in err
+    assert "repair-channel-file" not in err  # not damaged: rebuilding it as version 1 would be wrong
+    line = _refused_intact(capsys, d)
+    assert "is intact (its checksum matches) but unusable here: unsupported channel format version 99" in line
+
+
+def _refused_intact(capsys: pytest.CaptureFixture[str], d: str) -> str:
+    chan = Path(d, "CHANNEL")
+    before = (chan.read_bytes(), sorted(os.listdir(d)))
+    code, out, err = run(capsys, "repair-channel-file", d)
+    assert code == 2, out + err
+    assert (chan.read_bytes(), sorted(os.listdir(d))) == before
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
