@@ -369,8 +369,7 @@ def cmd_take(args: argparse.Namespace) -> int:
                 f"still queued; {taken} events were taken and committed before it",
                 file=sys.stderr,
             )
-            if isinstance(cause, BrokenPipeError):
-                _stdout_to_devnull()
+            _stdout_to_devnull()  # what is left in the buffer can never be written: no second failure at exit
             return 1
     return 0
 
