@@ -296,6 +296,31 @@ def replace_durably(fs: FS, tmp: str, path: str, data: bytes) -> None:
 DEFAULT_FS: OsFS = OsFS()
 
 
+def is_locked(path: str) -> bool:
+    """Return whether a process holds the ``flock`` of lock file ``path``, read-only.
+
+    A read-only probe for inspections (``filechannel stat``) of a directory the
+    caller may not write: it opens ``path`` read-only (``flock`` works on a
+    read-only descriptor), creates nothing (a missing file means unlocked) and
+    tries a shared lock, dropped at once. While it holds that shared lock (a few
+    microseconds) an opener's exclusive lock would fail as if the channel were
+    open, as with any ``flock`` probe.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
 def write_private_file(path: str, data: bytes) -> None:
     """Durably replace ``path`` with ``data``, readable by its owner only (mode 0600; a keystore).
 

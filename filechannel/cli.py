@@ -2,8 +2,9 @@
 
 This is the only module that prints. Every ``ChannelError`` and ``OSError``
 becomes one line on stderr and a non-zero exit status, never a traceback.
-Exit status: 0 success, 1 verify found problems, 2 usage or channel error,
-130 interrupted (``put`` and ``take`` then say exactly what was committed).
+Exit status: 0 success, 1 verify found problems or take's output closed (its
+batch rolled back), 2 usage or channel error, 130 interrupted (SIGINT) and 143
+terminated (SIGTERM): ``put`` and ``take`` then say exactly what was committed.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, NoReturn
 
 from . import format as fmt
-from ._fs import DEFAULT_FS, write_private_file
+from ._fs import DEFAULT_FS, is_locked, read_file, write_private_file
 from ._version import __version__
 from .channel import CHECKPOINT_DIR, FileChannel, VerifyResult, read_event, replay_queue, verify_channel
 from .checkpoint import CheckpointStore
@@ -33,10 +34,12 @@ from .crypto import Encryption, check_key_id, keystore_json, load_keystore
 from .directory import CHANNEL_FILE, LOCK_FILE
 from .errors import ChannelError, ConfigError, CorruptLogError, DecryptionError, NotAChannelError
 from .log import Log, format_ranges
+from .repair import channel_file_damaged, rebuild_channel_file
 from .wal import dump_wal, verify_wal
 
 _EPILOG = (
-    "Exit status: 0 on success, 1 when verify finds problems, 2 on bad input or a channel error, 130 when interrupted."
+    "Exit status: 0 on success, 1 when verify finds problems or take's output closed early (its batch rolled back), "
+    "2 on bad input or a channel error, 130 when interrupted (SIGINT), 143 when terminated (SIGTERM)."
 )
 _TAKE_BATCH = 1000  # events per take transaction unless --transaction-capacity says otherwise
 
@@ -68,16 +71,8 @@ def _body_text(body: bytes) -> str:
 
 
 def _in_use(directory: str) -> bool:
-    """Return whether another process holds the channel's lock."""
-    path = os.path.join(directory, LOCK_FILE)
-    if not os.path.exists(path):
-        return False
-    try:
-        handle = DEFAULT_FS.lock(path)
-    except BlockingIOError:
-        return True
-    DEFAULT_FS.unlock(handle)
-    return False
+    """Return whether a process holds the channel's lock (read-only: creates and writes nothing)."""
+    return is_locked(os.path.join(directory, LOCK_FILE))
 
 
 def _progress(msg: str) -> None:
@@ -111,54 +106,71 @@ def _library_warnings() -> Iterator[None]:
         pkg.removeHandler(handler)
 
 
-class _Sigint:
-    """Hold Ctrl-C back while the channel commits, so the summary's count is exact.
+class _Stopped(KeyboardInterrupt):
+    """SIGINT or SIGTERM, raised where the command may stop (``signum`` says which)."""
 
-    Outside :meth:`held`, SIGINT raises ``KeyboardInterrupt`` at once (also while
-    blocked reading stdin or printing). Inside, it is remembered and raised when
-    the block ends, after the commit (or rollback) and its count are done: an
-    interrupt never lands half-way through the channel's own bookkeeping, and a
-    batch is either counted as committed or it was rolled back.
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stopped_by(exc: KeyboardInterrupt) -> tuple[str, int]:
+    """Return how a summary names the signal (``interrupted``...) and the exit status (128 + its number)."""
+    signum = exc.signum if isinstance(exc, _Stopped) else signal.SIGINT
+    if signum == signal.SIGINT:
+        return "interrupted", 130
+    return f"interrupted by {signal.Signals(signum).name}", 128 + signum
+
+
+class _Sigint:
+    """Hold Ctrl-C (SIGINT) and SIGTERM back while the channel commits, so the summary's count is exact.
+
+    Outside :meth:`held`, either signal raises :class:`_Stopped` (a
+    ``KeyboardInterrupt``) at once (also while blocked reading stdin or
+    printing). Inside, it is remembered and raised when the block ends, after
+    the commit (or rollback) and its count are done: a signal never lands
+    half-way through the channel's own bookkeeping, and a batch is either
+    counted as committed or it was rolled back.
     """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self) -> None:
         self._depth = 0
-        self._pending = False
-        self._old: Any = None
-        self._installed = False
+        self._pending: int | None = None
+        self._old: dict[int, Any] = {}
 
     def __enter__(self) -> _Sigint:
-        # Only the main thread may set handlers; a SIGINT the parent ignores stays ignored.
-        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) not in (
-            signal.SIG_IGN,
-            None,
-        ):
-            self._old = signal.signal(signal.SIGINT, self._handle)
-            self._installed = True
+        # Only the main thread may set handlers; a signal the parent ignores stays ignored.
+        if threading.current_thread() is threading.main_thread():
+            for signum in self.SIGNALS:
+                if signal.getsignal(signum) not in (signal.SIG_IGN, None):
+                    self._old[signum] = signal.signal(signum, self._handle)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._installed:
-            signal.signal(signal.SIGINT, self._old)
-            self._installed = False
+        for signum, old in self._old.items():
+            signal.signal(signum, old)
+        self._old.clear()
 
     def _handle(self, signum: int, frame: object) -> None:
         if self._depth:
-            self._pending = True
+            if self._pending is None:
+                self._pending = signum
         else:
-            raise KeyboardInterrupt
+            raise _Stopped(signum)
 
     @contextmanager
     def held(self) -> Iterator[None]:
-        """Run the block with SIGINT deferred to its end."""
+        """Run the block with SIGINT and SIGTERM deferred to its end."""
         self._depth += 1
         try:
             yield
         finally:
             self._depth -= 1
-        if self._pending and not self._depth:
-            self._pending = False
-            raise KeyboardInterrupt
+        if self._pending is not None and not self._depth:
+            signum, self._pending = self._pending, None
+            raise _Stopped(signum)
 
 
 # -- commands ---------------------------------------------------------------------------
@@ -229,13 +241,14 @@ def cmd_put(args: argparse.Namespace) -> int:
             finally:
                 with sigint.held():
                     ch.close()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
+            what, status = _stopped_by(exc)
             print(
-                f"filechannel: interrupted: {committed} events committed (the first {committed} lines); "
+                f"filechannel: {what}: {committed} events committed (the first {committed} lines); "
                 f"the batch in progress ({len(batch)} lines) was rolled back",
                 file=sys.stderr,
             )
-            return 130
+            return status
     if too_big is not None:
         lineno, size = too_big
         raise ChannelError(
@@ -255,12 +268,34 @@ def _put_batch(ch: FileChannel, batch: list[bytes], headers: dict[str, str]) -> 
     return len(batch)
 
 
+class _OutputFailed(Exception):
+    """Writing or flushing ``take``'s output failed; its batch (``events``) was rolled back."""
+
+    def __init__(self, events: int) -> None:
+        super().__init__(events)
+        self.events = events
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout at /dev/null after EPIPE, so the flush at exit cannot fail again (Python docs, signal)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):  # not a real file (tests capture it)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
 def cmd_take(args: argparse.Namespace) -> int:
     """Print and remove events, one transaction per batch.
 
-    Events are printed before their transaction commits: an interrupt or an
-    error rolls the batch in progress back, so printed events may be taken again
-    (at least once), never lost.
+    Events are printed and flushed before their transaction commits: an
+    interrupt, an error or output that could not be fully written (a closed
+    pipe) rolls the batch in progress back, so printed events may be taken
+    again (at least once), never lost. A take whose output failed exits 1.
     """
     opts = _opts(args)
     if args.transaction_capacity is not None and args.capacity is None:
@@ -301,9 +336,11 @@ def cmd_take(args: argparse.Namespace) -> int:
                                 out.write(_body_text(ev.body) + "\n")
                             printed += 1
                         out.flush()
-                    except BaseException:
+                    except BaseException as exc:
                         with sigint.held():
                             tx.rollback()
+                        if isinstance(exc, OSError):  # the output, not the channel: say what stays queued
+                            raise _OutputFailed(len(evs)) from exc
                         raise
                     with sigint.held():
                         tx.commit()  # an empty one writes nothing
@@ -317,13 +354,24 @@ def cmd_take(args: argparse.Namespace) -> int:
             finally:
                 with sigint.held():
                     ch.close()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
+            what, status = _stopped_by(exc)
             print(
-                f"filechannel: interrupted: {taken} events taken and committed; the batch in progress was "
+                f"filechannel: {what}: {taken} events taken and committed; the batch in progress was "
                 f"rolled back ({printed} of its events were printed and stay in the channel)",
                 file=sys.stderr,
             )
-            return 130
+            return status
+        except _OutputFailed as exc:
+            cause = exc.__cause__
+            how = "output closed" if isinstance(cause, BrokenPipeError) else f"output failed ({cause})"
+            print(
+                f"filechannel: error: {how}: the batch in progress ({exc.events} events) was rolled back and is "
+                f"still queued; {taken} events were taken and committed before it",
+                file=sys.stderr,
+            )
+            _stdout_to_devnull()  # what is left in the buffer can never be written: no second failure at exit
+            return 1
     return 0
 
 
@@ -622,6 +670,47 @@ def _salvage(src: str, res: VerifyResult, dest: str, encryption: Encryption | No
     return n
 
 
+def cmd_repair_channel_file(args: argparse.Namespace) -> int:
+    """Rebuild a damaged CHANNEL file from the channel id its data directories and data files agree on."""
+    _existing(args.dir)
+    res = rebuild_channel_file(args.dir)
+    if not res.rebuilt:
+        print(f"{res.path} is intact (channel id {res.channel_id.hex()}); nothing to repair")
+        return 0
+    print(
+        f"rebuilt {res.path}: channel id {res.channel_id.hex()}, "
+        f"checksum kind {_CRC_NAMES.get(res.crc_kind, res.crc_kind)}, "
+        f"as {len(res.identity_files)} DATADIR file(s) and {len(res.headers)} data file header(s) agree; "
+        f"the damaged file is kept as {res.damaged_copy}"
+    )
+    if res.unreadable:
+        print(
+            f"note: {len(res.unreadable)} data file header(s) did not decode and were not used: "
+            f"run `filechannel verify {args.dir}`"
+        )
+    return 0
+
+
+_CRC_NAMES = {fmt.CRC32C: "crc32c", fmt.CRC32_ZLIB: "crc32 (zlib)"}
+
+
+def _damaged_channel_file(exc: CorruptLogError, args: argparse.Namespace) -> bool:
+    """Whether ``exc`` is about a damaged CHANNEL file of the channel directory the command was given.
+
+    Not an intact one the library refuses (a newer format version): rebuilding that would be wrong.
+    """
+    directory = getattr(args, "dir", None)
+    if directory is None or args.command == "wal":
+        return False
+    path = os.path.join(directory, CHANNEL_FILE)
+    if os.path.normpath(exc.path) != os.path.normpath(path):
+        return False
+    try:
+        return channel_file_damaged(read_file(DEFAULT_FS, path))
+    except OSError:
+        return False
+
+
 def _existing_wal(path: str) -> str:
     if not os.path.isdir(path) or not os.path.exists(os.path.join(path, CHANNEL_FILE)):
         raise NotAChannelError(path, "no write-ahead log here (create one with filechannel.WriteAheadLog)")
@@ -813,6 +902,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_verify)
 
     sp = sub.add_parser(
+        "repair-channel-file",
+        help="rebuild a damaged CHANNEL file from the channel id its data directories and data files agree on",
+        epilog=_EPILOG,
+    )
+    sp.add_argument("dir", help="channel directory")
+    sp.set_defaults(func=cmd_repair_channel_file)
+
+    sp = sub.add_parser(
         "keygen", help="create a keystore (mode 0600) with a new random key, or add one", epilog=_EPILOG
     )
     sp.add_argument("keystore", metavar="KEYSTORE", help="keystore file (JSON: key id -> base64 key)")
@@ -862,7 +959,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with shown:
             return int(args.func(args))
-    except BrokenPipeError:  # pragma: no cover - e.g. `| head`
+    except BrokenPipeError:  # e.g. `stat | head`; take handles its own (its batch is rolled back)
+        _stdout_to_devnull()
         return 0
     except ConfigError as exc:
         # Name the flag the user typed, not the library's option name.
@@ -878,6 +976,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         msg = str(exc)
         if isinstance(exc, DecryptionError) and exc.key_id is not None:
             pass  # a key problem: --on-corruption skip would not help
+        elif isinstance(exc, CorruptLogError) and _damaged_channel_file(exc, args):
+            # Neither verify nor --on-corruption skip get past it; the data files may be intact.
+            msg = (
+                f"{exc.path} at byte {exc.offset}: {exc.reason}: the channel's identity file is damaged "
+                f"(the data files may be intact): rebuild it from them with `filechannel repair-channel-file "
+                f"{args.dir}` (it keeps a copy of the damaged file)"
+            )
         elif isinstance(exc, CorruptLogError) and hasattr(args, "on_corruption"):
             msg += f"; from the command line: filechannel {args.command} DIR --on-corruption skip"
         print(f"filechannel: error: {msg}", file=sys.stderr)
