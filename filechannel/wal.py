@@ -63,6 +63,9 @@ _NS = 1_000_000_000
 _SPAN_BYTES = fmt.record_size(fmt.WAL_HEAD_LEN + 8 + fmt.ENC_TAG_LEN) + fmt.record_size(16)
 _EMPTY = -(1 << 63)  # the span of a file without records: older than any threshold
 _I64_MAX = (1 << 63) - 1
+# How far past now (and past every record's time) a clean threshold may lie: beyond it,
+# it is refused as a time in the wrong unit (Spark passes milliseconds).
+_CLEAN_AHEAD_NS = 86_400 * _NS
 
 
 @dataclass(frozen=True)
@@ -617,11 +620,14 @@ class WriteAheadLog:
 
         Raises:
             TypeError: ``thresh_time`` is not a number.
+            ValueError: ``thresh_time`` is more than a day after now and after
+                every record's time: a time in milliseconds, not seconds.
             OSError: Writing the RETIRE record failed (when waiting).
             ChannelClosedError: The log is closed or has failed (when waiting).
         """
         self._check_open()
         thresh = _to_ns(thresh_time, "thresh_time", clamp=True)
+        self._check_threshold(thresh_time, thresh)
         if wait_for_completion:
             self._clean(thresh)
             return
@@ -639,6 +645,21 @@ class WriteAheadLog:
             self._cleaners = [c for c in self._cleaners if c.is_alive()]
             self._cleaners.append(t)
             t.start()
+
+    def _check_threshold(self, thresh_time: float, thresh_ns: int) -> None:
+        """Refuse a threshold more than a day after both now and every record's time.
+
+        Such a threshold can only mean "delete every file but the current one",
+        which is what a time in milliseconds (Spark's unit) silently does.
+        """
+        spans = tuple(self._spans.values())  # one C-level copy: the writer may add a file meanwhile
+        newest = max((end for _start, end in spans), default=_EMPTY)
+        limit = max(_time.time_ns(), newest) + _CLEAN_AHEAD_NS
+        if thresh_ns > limit:
+            raise ValueError(
+                f"thresh_time {thresh_time!r} is more than a day after now and after every record's time: "
+                "clean() takes seconds since the epoch (time.time()), not milliseconds (divide by 1000)"
+            )
 
     def _clean(self, thresh_ns: int) -> None:
         log = self._log
