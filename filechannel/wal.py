@@ -216,6 +216,27 @@ def _sealed_end(log: Log, fid: int) -> int | None:
     return size
 
 
+def _kept_ends(log: Log) -> dict[int, int]:
+    """The recovered files whose kept bytes reach past their last verified batch, and how far.
+
+    That happens only with ``on_corruption="skip"``: records salvaged from damaged
+    bytes that the newest checkpoint vouched for (acknowledged, and returned by
+    this open). A checkpoint written later must go on vouching for them, up to
+    the file's size, or the next open would take them for a torn tail and cut
+    them: a record lost after it was delivered. Call it before replay, which
+    drops the vouching checkpoint.
+    """
+    voucher = log.voucher
+    if voucher is None:
+        return {}
+    out: dict[int, int] = {}
+    for fid, vouched in voucher.files.items():
+        size, end = log.file_sizes.get(fid), log._file_end.get(fid)
+        if size is not None and end is not None and min(vouched, size) > end:
+            out[fid] = min(vouched, size)
+    return out
+
+
 def _to_ns(t: float | None, what: str = "time", clamp: bool = False) -> int:
     if t is None:
         return _time.time_ns()
@@ -384,6 +405,7 @@ class WriteAheadLog:
         try:
             self.log_id = self._log.channel_id.hex()
             self.corruption: list[CorruptionReport] = list(self._log.corruption)
+            self._kept = _kept_ends(self._log)  # before replay drops the checkpoint that vouched
             self._load_spans()
             self._policy = _TimePolicy(self._log, round(self.rolling_interval * _NS), self._spans)
             for w in self._log._writers:
@@ -734,6 +756,11 @@ class WriteAheadLog:
             file_dirs = log.file_dirs(files)
         if woid <= 0 or not files:
             return
+        for fid, end in self._kept.items():
+            if fid in files and files[fid] < end:
+                # Skip mode salvaged records past the file's last verified batch: keep
+                # vouching for them, or the next open would cut them as a torn tail.
+                files[fid] = end
         snap = Snapshot(
             woid, next_pos, next_txn, next_file, log.channel_id, _time.time_ns(), files, file_dirs=file_dirs
         )
@@ -840,8 +867,8 @@ def verify_wal(directory: str | os.PathLike[str], *, encryption: Any = None, fs:
     try:
         for c in log.corruption:
             rep.problems.append(c.describe())
-        for path, start, size in log.torn_tails:
-            rep.notes.append(f"{path}: torn tail of {size - start} bytes from byte {start} (never acknowledged)")
+        for path, start, size in log.torn_tails:  # size: the tail's length in bytes
+            rep.notes.append(f"{path}: torn tail of {size} bytes from byte {start} (never acknowledged)")
         ctx = _ScanContext(log.channel_id, log.crc_kind, log.max_payload, log.config)
         spans: dict[int, int] = {}
         first: set[int] = set()

@@ -578,6 +578,47 @@ def test_after_a_clean_close_a_cut_last_write_is_loss_not_a_torn_tail(tmp_path: 
         assert w.corruption
 
 
+def test_a_record_salvaged_in_skip_mode_is_never_cut_by_a_later_open(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Issue 23: the last byte of a closed log is cut; skip mode salvages the last write
+    # (its PUT and COMMIT verify, its BATCH_END does not) and returns it. Closing that
+    # open must not turn the salvaged bytes into a "torn tail" that the next open cuts.
+    d = wal_dir(tmp_path)
+    with filechannel.WriteAheadLog(d) as w:
+        hs = [w.write(b"record %d" % i) for i in range(3)]
+    path = os.path.join(d, "data", f"seg-{hs[0].file_id:016x}.wal")
+    os.truncate(path, os.path.getsize(path) - 1)
+    for _ in range(2):  # a second skip open and close changes nothing either
+        with filechannel.WriteAheadLog(d, on_corruption="skip") as w:
+            assert list(w.read_all()) == [b"record 0", b"record 1", b"record 2"]
+            assert w.read(hs[2]) == b"record 2"
+            assert w.corruption
+        rep = verify_wal(d)
+        assert not rep.ok  # the damage is still there: a problem, not a torn tail
+        assert not any("torn tail" in n for n in rep.notes), rep.notes
+    caplog.clear()
+    with pytest.raises(filechannel.CorruptLogError, match="checkpoint recorded as written"):
+        filechannel.WriteAheadLog(d)  # the default open refuses, as before the skip open
+    assert "torn tail" not in caplog.text
+    assert not [n for n in os.listdir(os.path.dirname(path)) if "torn" in n]  # no copy set aside
+    with filechannel.WriteAheadLog(d, on_corruption="skip") as w:
+        assert list(w.read_all()) == [b"record 0", b"record 1", b"record 2"]
+
+
+def test_verify_states_a_torn_tail_by_its_size(tmp_path: Path) -> None:
+    d = wal_dir(tmp_path)
+    crashed = str(tmp_path / "crashed")
+    with filechannel.WriteAheadLog(d) as w:
+        w.write(b"kept")
+        h = w.write(b"torn" * 100)
+        shutil.copytree(d, crashed)  # no close: no checkpoint vouches for the last write
+    path = os.path.join(crashed, "data", f"seg-{h.file_id:016x}.wal")
+    os.truncate(path, h.offset + 100)
+    rep = verify_wal(crashed)
+    assert rep.notes == [f"{path}: torn tail of {100} bytes from byte {h.offset} (never acknowledged)"]
+
+
 def test_a_record_of_the_wrong_kind_is_never_returned(tmp_path: Path) -> None:
     d = wal_dir(tmp_path)
     with filechannel.WriteAheadLog(d) as w:
