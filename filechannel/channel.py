@@ -20,8 +20,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter, itemgetter
-from types import MappingProxyType, TracebackType
-from typing import Any, NamedTuple, cast
+from types import TracebackType
+from typing import Any, Final, NamedTuple, NoReturn, cast
 
 from . import _accel
 from . import format as fmt
@@ -51,7 +51,33 @@ _ACK_CHUNK = 1_000_000  # most events one take-only commit of acknowledgements h
 
 logger = logging.getLogger(__name__)
 
-_NO_HEADERS: Mapping[str, str] = MappingProxyType({})
+
+class _NoHeaders(dict[str, str]):
+    """The headers of every Event without headers: one shared, empty, read-only ``dict``.
+
+    A ``dict`` (not a ``MappingProxyType``) so that ``json.dumps`` takes it and an
+    Event pickles; read-only because it is shared. Pickling and copying give the
+    same shared object back.
+    """
+
+    __slots__ = ()
+
+    def _read_only(self, *args: object, **kwargs: object) -> NoReturn:
+        raise TypeError("the headers of an Event without headers are shared and read-only: use dict(event.headers)")
+
+    __setitem__ = __delitem__ = __ior__ = _read_only
+    clear = pop = popitem = setdefault = update = _read_only  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[Callable[[], _NoHeaders], tuple[()]]:
+        return _no_headers, ()
+
+
+def _no_headers() -> _NoHeaders:
+    """The shared empty headers (what an unpickled one becomes)."""
+    return _NO_HEADERS
+
+
+_NO_HEADERS: Final[_NoHeaders] = _NoHeaders()
 
 
 class Event(NamedTuple):
@@ -59,7 +85,9 @@ class Event(NamedTuple):
 
     ``position`` is the event's place in the channel (0, 1, 2, ... in commit
     order), the same after any restart; it is ``None`` on an event built by
-    the caller and set on every event a take returns.
+    the caller and set on every event a take returns. ``headers`` of a taken
+    event is a ``dict`` (without headers, one shared empty dict that refuses
+    changes), so an Event pickles and its headers go to ``json.dumps``.
 
     >>> Event(b"hello", {"source": "web-1"}).body
     b'hello'

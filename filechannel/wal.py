@@ -64,6 +64,9 @@ _NS = 1_000_000_000
 _SPAN_BYTES = fmt.record_size(fmt.WAL_HEAD_LEN + 8 + fmt.ENC_TAG_LEN) + fmt.record_size(16)
 _EMPTY = -(1 << 63)  # the span of a file without records: older than any threshold
 _I64_MAX = (1 << 63) - 1
+# How far past now (and past every record's time) a clean threshold may lie: beyond it,
+# it is refused as a time in the wrong unit (Spark passes milliseconds).
+_CLEAN_AHEAD_NS = 86_400 * _NS
 
 
 @dataclass(frozen=True)
@@ -212,6 +215,27 @@ def _sealed_end(log: Log, fid: int) -> int | None:
     if size is None or any(path == log.file_path(fid) for path, _start, _size in log.torn_tails):
         return log.file_end.get(fid)  # a torn tail stays on disk in a read-only inspection
     return size
+
+
+def _kept_ends(log: Log) -> dict[int, int]:
+    """The recovered files whose kept bytes reach past their last verified batch, and how far.
+
+    That happens only with ``on_corruption="skip"``: records salvaged from damaged
+    bytes that the newest checkpoint vouched for (acknowledged, and returned by
+    this open). A checkpoint written later must go on vouching for them, up to
+    the file's size, or the next open would take them for a torn tail and cut
+    them: a record lost after it was delivered. Call it before replay, which
+    drops the vouching checkpoint.
+    """
+    voucher = log.voucher
+    if voucher is None:
+        return {}
+    out: dict[int, int] = {}
+    for fid, vouched in voucher.files.items():
+        size, end = log.file_sizes.get(fid), log._file_end.get(fid)
+        if size is not None and end is not None and min(vouched, size) > end:
+            out[fid] = min(vouched, size)
+    return out
 
 
 def _to_ns(t: float | None, what: str = "time", clamp: bool = False) -> int:
@@ -382,6 +406,7 @@ class WriteAheadLog:
         try:
             self.log_id = self._log.channel_id.hex()
             self.corruption: list[CorruptionReport] = list(self._log.corruption)
+            self._kept = _kept_ends(self._log)  # before replay drops the checkpoint that vouched
             self._load_spans()
             self._policy = _TimePolicy(self._log, round(self.rolling_interval * _NS), self._spans)
             for w in self._log._writers:
@@ -618,11 +643,14 @@ class WriteAheadLog:
 
         Raises:
             TypeError: ``thresh_time`` is not a number.
+            ValueError: ``thresh_time`` is more than a day after now and after
+                every record's time: a time in milliseconds, not seconds.
             OSError: Writing the RETIRE record failed (when waiting).
             ChannelClosedError: The log is closed or has failed (when waiting).
         """
         self._check_open()
         thresh = _to_ns(thresh_time, "thresh_time", clamp=True)
+        self._check_threshold(thresh_time, thresh)
         if wait_for_completion:
             self._clean(thresh)
             return
@@ -640,6 +668,21 @@ class WriteAheadLog:
             self._cleaners = [c for c in self._cleaners if c.is_alive()]
             self._cleaners.append(t)
             t.start()
+
+    def _check_threshold(self, thresh_time: float, thresh_ns: int) -> None:
+        """Refuse a threshold more than a day after both now and every record's time.
+
+        Such a threshold can only mean "delete every file but the current one",
+        which is what a time in milliseconds (Spark's unit) silently does.
+        """
+        spans = tuple(self._spans.values())  # one C-level copy: the writer may add a file meanwhile
+        newest = max((end for _start, end in spans), default=_EMPTY)
+        limit = max(_time.time_ns(), newest) + _CLEAN_AHEAD_NS
+        if thresh_ns > limit:
+            raise ValueError(
+                f"thresh_time {thresh_time!r} is more than a day after now and after every record's time: "
+                "clean() takes seconds since the epoch (time.time()), not milliseconds (divide by 1000)"
+            )
 
     def _clean(self, thresh_ns: int) -> None:
         log = self._log
@@ -714,6 +757,11 @@ class WriteAheadLog:
             file_dirs = log.file_dirs(files)
         if woid <= 0 or not files:
             return
+        for fid, end in self._kept.items():
+            if fid in files and files[fid] < end:
+                # Skip mode salvaged records past the file's last verified batch: keep
+                # vouching for them, or the next open would cut them as a torn tail.
+                files[fid] = end
         snap = Snapshot(
             woid, next_pos, next_txn, next_file, log.channel_id, _time.time_ns(), files, file_dirs=file_dirs
         )
@@ -820,8 +868,8 @@ def verify_wal(directory: str | os.PathLike[str], *, encryption: Any = None, fs:
     try:
         for c in log.corruption:
             rep.problems.append(c.describe())
-        for path, start, size in log.torn_tails:
-            rep.notes.append(f"{path}: torn tail of {size - start} bytes from byte {start} (never acknowledged)")
+        for path, start, size in log.torn_tails:  # size: the tail's length in bytes
+            rep.notes.append(f"{path}: torn tail of {size} bytes from byte {start} (never acknowledged)")
         ctx = _ScanContext(log.channel_id, log.crc_kind, log.max_payload, log.config)
         spans: dict[int, int] = {}
         first: set[int] = set()

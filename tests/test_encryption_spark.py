@@ -1,6 +1,6 @@
 """Encryption through the Spark source and sink: a keystore path option, no plaintext staged, no key in a plan.
 
-The sink tests drive the writers without a JVM (as tests/test_spark_sink.py
+The sink tests drive the writers without a JVM (as tests/test_spark_sink_writers.py
 does); the ``spark`` ones run a batch read and a batch write on the shared
 local session.
 """
@@ -21,7 +21,7 @@ pa = pytest.importorskip("pyarrow")
 pytest.importorskip("pyspark")
 
 from test_encryption import K1, K2, assert_no_plaintext, write_keystore  # noqa: E402
-from test_spark_sink import CH_OPTS, QUERY, SCHEMA, batch_of, fake_task, run_writer  # noqa: E402, F401
+from test_spark_sink_writers import CH_OPTS, QUERY, SCHEMA, batch_of, fake_task, run_writer  # noqa: E402, F401
 
 import filechannel  # noqa: E402
 from filechannel import ChannelReader, Encryption  # noqa: E402

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -158,11 +159,55 @@ def test_clean_never_deletes_a_newer_record(tmp_path: Path) -> None:
 def test_clean_keeps_the_file_being_written(tmp_path: Path) -> None:
     with filechannel.WriteAheadLog(wal_dir(tmp_path), rolling_interval=5) as w:
         w.write(b"old", time=10)
-        w.clean(1e12, wait_for_completion=True)
+        w.clean(1e6, wait_for_completion=True)
         assert list(w.read_all()) == [b"old"]  # its file is still being written
         w.write(b"new", time=100)
         w.clean(50, wait_for_completion=True)
         assert list(w.read_all()) == [b"new"]
+
+
+def test_clean_keeps_a_file_whose_span_ends_exactly_at_the_threshold(tmp_path: Path) -> None:
+    # clean(t) keeps every record with time >= t: a file whose span ends at t may hold one.
+    d = wal_dir(tmp_path)
+    with filechannel.WriteAheadLog(d, rolling_interval=5) as w:
+        w.write(b"at 10", time=10)  # the file's span is [10, 15]
+        edge = w.write(b"at 15", time=15)  # not past the end: same file
+        later = w.write(b"at 100", time=100)  # a new file
+        assert edge.file_id != later.file_id
+        w.clean(15, wait_for_completion=True)
+        assert list(w.read_all()) == [b"at 10", b"at 15", b"at 100"]
+        assert w.read(edge) == b"at 15"
+        w.clean(15.000000001, wait_for_completion=True)  # now every record in it is older
+        assert list(w.read_all()) == [b"at 100"]
+
+
+def test_clean_refuses_a_threshold_in_milliseconds(tmp_path: Path) -> None:
+    d = wal_dir(tmp_path)
+    now = time.time()
+    with filechannel.WriteAheadLog(d, rolling_interval=5) as w:
+        w.write(b"an hour ago", time=now - 3600)
+        w.write(b"now", time=now)  # a second file: the first one could be deleted
+        for wait in (True, False):
+            with pytest.raises(ValueError, match=r"seconds.*milliseconds"):
+                w.clean(now * 1000, wait_for_completion=wait)  # what a Spark user passes
+        w.close()  # waits for any background clean
+    with filechannel.WriteAheadLog(d, rolling_interval=5) as w:
+        assert list(w.read_all()) == [b"an hour ago", b"now"]  # nothing was deleted
+        w.clean(now - 1, wait_for_completion=True)
+        assert list(w.read_all()) == [b"now"]
+        w.clean(now + 3600, wait_for_completion=True)  # within a day of now: a real threshold
+        assert list(w.read_all()) == []
+
+
+def test_clean_takes_a_threshold_after_records_written_in_the_future(tmp_path: Path) -> None:
+    # A day past now is refused only when it is also a day past every record's time.
+    with filechannel.WriteAheadLog(wal_dir(tmp_path), rolling_interval=5) as w:
+        w.write(b"far", time=9e9)
+        w.write(b"farther", time=9e9 + 100)
+        w.clean(9e9 + 50, wait_for_completion=True)
+        assert list(w.read_all()) == [b"farther"]
+        with pytest.raises(ValueError, match="milliseconds"):
+            w.clean(9e9 + 200 + 86_400, wait_for_completion=True)
 
 
 def test_clean_in_background_while_writing(tmp_path: Path) -> None:
@@ -531,6 +576,47 @@ def test_after_a_clean_close_a_cut_last_write_is_loss_not_a_torn_tail(tmp_path: 
     with filechannel.WriteAheadLog(d, on_corruption="skip") as w:
         assert list(w.read_all()) == [b"kept"]
         assert w.corruption
+
+
+def test_a_record_salvaged_in_skip_mode_is_never_cut_by_a_later_open(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Issue 23: the last byte of a closed log is cut; skip mode salvages the last write
+    # (its PUT and COMMIT verify, its BATCH_END does not) and returns it. Closing that
+    # open must not turn the salvaged bytes into a "torn tail" that the next open cuts.
+    d = wal_dir(tmp_path)
+    with filechannel.WriteAheadLog(d) as w:
+        hs = [w.write(b"record %d" % i) for i in range(3)]
+    path = os.path.join(d, "data", f"seg-{hs[0].file_id:016x}.wal")
+    os.truncate(path, os.path.getsize(path) - 1)
+    for _ in range(2):  # a second skip open and close changes nothing either
+        with filechannel.WriteAheadLog(d, on_corruption="skip") as w:
+            assert list(w.read_all()) == [b"record 0", b"record 1", b"record 2"]
+            assert w.read(hs[2]) == b"record 2"
+            assert w.corruption
+        rep = verify_wal(d)
+        assert not rep.ok  # the damage is still there: a problem, not a torn tail
+        assert not any("torn tail" in n for n in rep.notes), rep.notes
+    caplog.clear()
+    with pytest.raises(filechannel.CorruptLogError, match="checkpoint recorded as written"):
+        filechannel.WriteAheadLog(d)  # the default open refuses, as before the skip open
+    assert "torn tail" not in caplog.text
+    assert not [n for n in os.listdir(os.path.dirname(path)) if "torn" in n]  # no copy set aside
+    with filechannel.WriteAheadLog(d, on_corruption="skip") as w:
+        assert list(w.read_all()) == [b"record 0", b"record 1", b"record 2"]
+
+
+def test_verify_states_a_torn_tail_by_its_size(tmp_path: Path) -> None:
+    d = wal_dir(tmp_path)
+    crashed = str(tmp_path / "crashed")
+    with filechannel.WriteAheadLog(d) as w:
+        w.write(b"kept")
+        h = w.write(b"torn" * 100)
+        shutil.copytree(d, crashed)  # no close: no checkpoint vouches for the last write
+    path = os.path.join(crashed, "data", f"seg-{h.file_id:016x}.wal")
+    os.truncate(path, h.offset + 100)
+    rep = verify_wal(crashed)
+    assert rep.notes == [f"{path}: torn tail of {100} bytes from byte {h.offset} (never acknowledged)"]
 
 
 def test_a_record_of_the_wrong_kind_is_never_returned(tmp_path: Path) -> None:

@@ -34,11 +34,26 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
-from pyspark.sql.types import BinaryType, MapType, StringType, StructType
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql.types import StructType
+
+try:
+    from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
+except ImportError:  # pragma: no cover - depends on the installation
+    # Staging and the commit protocol (SinkCommitter) need neither PySpark nor pyarrow;
+    # without PySpark no Spark query can run, so the writers' bases are plain classes.
+    class WriterCommitMessage:  # type: ignore[no-redef]
+        """Stand-in for PySpark's base class of commit messages (PySpark is not installed)."""
+
+    class DataSourceArrowWriter:  # type: ignore[no-redef]
+        """Stand-in for PySpark's batch writer base class (PySpark is not installed)."""
+
+    class DataSourceStreamArrowWriter:  # type: ignore[no-redef]
+        """Stand-in for PySpark's streaming writer base class (PySpark is not installed)."""
+
 
 from filechannel import format as fmt
 from filechannel._fs import DEFAULT_FS, FS, read_file, replace_durably
@@ -291,6 +306,8 @@ def _check_schema(schema: StructType) -> _Columns:
     Raises:
         ConfigError: A column other than ``body``/``headers``, no ``body``, or a wrong type.
     """
+    from pyspark.sql.types import BinaryType, MapType, StringType  # a schema comes from PySpark
+
     names = [f.name for f in schema.fields]
     extra = [n for n in names if n not in ("body", "headers")]
     if extra:
