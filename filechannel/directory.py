@@ -162,7 +162,14 @@ class ChannelDirectory:
         try:
             st.channel_id, st.crc_kind, st.created_ns = decode_channel_file(read_file(fs, chan_path))
         except FormatError as exc:
-            raise CorruptLogError(chan_path, exc.offset, exc.reason) from exc
+            damaged = exc.reason.startswith("CHANNEL file is ") or exc.reason == "CHANNEL file checksum mismatch"
+            hint = (
+                "the channel's identity file is damaged (the data files may be intact): rebuild it from them "
+                f"with `filechannel repair-channel-file {top}` (it keeps a copy of the damaged file)"
+                if damaged
+                else None
+            )
+            raise CorruptLogError(chan_path, exc.offset, exc.reason, hint) from exc
         is_wal = fs.exists(os.path.join(top, WAL_FILE))
         if is_wal and not st.wal:
             raise NotAChannelError(top, "it is a write-ahead log; open it with filechannel.WriteAheadLog")

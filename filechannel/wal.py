@@ -232,7 +232,7 @@ def _kept_ends(log: Log) -> dict[int, int]:
         return {}
     out: dict[int, int] = {}
     for fid, vouched in voucher.files.items():
-        size, end = log.file_sizes.get(fid), log._file_end.get(fid)
+        size, end = log.file_sizes.get(fid), log.file_end.get(fid)
         if size is not None and end is not None and min(vouched, size) > end:
             out[fid] = min(vouched, size)
     return out

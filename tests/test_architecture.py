@@ -101,7 +101,7 @@ def test_import_does_not_load_optional_dependencies() -> None:
 
 
 def test_filechannel_spark_without_pyspark_says_what_to_install() -> None:
-    """``import filechannel.spark`` with PySpark missing: an ImportError naming the extra; the core still imports."""
+    """``filechannel.spark.register`` with PySpark missing: an ImportError naming the extra; the core still imports."""
     code = (
         "import sys\n"
         "class Missing:\n"
@@ -110,8 +110,9 @@ def test_filechannel_spark_without_pyspark_says_what_to_install() -> None:
         "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
         "sys.meta_path.insert(0, Missing())\n"
         "import filechannel\n"
+        "import filechannel.spark\n"
         "try:\n"
-        "    import filechannel.spark\n"
+        "    filechannel.spark.register\n"
         "except ImportError as exc:\n"
         "    print(exc)\n"
     )
