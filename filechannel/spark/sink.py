@@ -58,6 +58,7 @@ from filechannel.errors import (
     TransactionCapacityError,
 )
 from filechannel.log import CHANNEL_FILE, decode_meta, encode_meta
+from filechannel.permissions import fs_for
 from filechannel.reader import ChannelReader
 
 __all__ = [
@@ -745,7 +746,7 @@ class SinkCommitter:
 
     def __init__(self, options: SinkOptions, *, fs: FS | None = None, sleep: Callable[[float], None] = time.sleep):
         self.options = options
-        self.fs = fs or DEFAULT_FS
+        self.fs = fs_for(fs or DEFAULT_FS, options.config().permissions)
         self.sleep = sleep
 
     # -- the channel ---------------------------------------------------------------------
@@ -1135,7 +1136,7 @@ class _WriterBase:
     ) -> tuple[tuple[str, ...], int, int]:
         name = _staged_name(prefix, info.partition, info.attempt)
         staged, rows, size = stage_events(
-            DEFAULT_FS,
+            fs_for(DEFAULT_FS, self.options.config().permissions),
             self.options.staging_dir,
             name,
             _arrow_events(batches, self.columns),
