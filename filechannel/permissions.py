@@ -19,6 +19,11 @@ root) or that has group or other bits beyond what the policy allows (0700, or
 read it reads the events. An existing *empty* directory that a new channel is
 created in is tightened to the policy's mode instead, as ``initdb`` does.
 
+A process that writes into a channel it did not open with a policy (a
+``ChannelReader`` registering its consumer) takes the policy from the channel
+directory's mode (:func:`policy_of`), as PostgreSQL does for its data
+directory: group-readable means ``"group"``.
+
 A read-only inspection (``readonly=True``: ``stat``, ``dump``, ``verify``,
 ``ChannelReader``) is never refused: it writes nothing the channel relies
 on, often runs as another user by design, and is what one runs to look at a
@@ -36,7 +41,7 @@ import pwd
 from ._fs import FS, with_modes
 from .errors import ConfigError, UnsafePermissionsError
 
-__all__ = ["MODES", "PERMISSIONS", "check_channel_dir", "fs_for", "modes"]
+__all__ = ["MODES", "PERMISSIONS", "check_channel_dir", "fs_for", "modes", "policy_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +69,15 @@ def fs_for(fs: FS, permissions: str) -> FS:
     :func:`filechannel._fs.with_modes` for the others.
     """
     return with_modes(fs, *modes(permissions))
+
+
+def policy_of(fs: FS, directory: str) -> str:
+    """Return the policy a channel directory's mode shows: ``"group"`` if its group can read it, else ``"owner"``."""
+    try:
+        _, mode = fs.stat_owner(directory)
+    except FileNotFoundError:
+        return "owner"
+    return "group" if mode & 0o040 else "owner"
 
 
 def _user(uid: int) -> str:
