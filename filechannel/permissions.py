@@ -17,7 +17,10 @@ that is not owned by the effective user (root's included, unless running as
 root) or that has group or other bits beyond what the policy allows (0700, or
 0750 with ``"group"``): whoever can write it can swap the files, whoever can
 read it reads the events. An existing *empty* directory that a new channel is
-created in is tightened to the policy's mode instead, as ``initdb`` does.
+created in is tightened to the policy's mode instead, as ``initdb`` does; a
+non-empty one without a ``CHANNEL`` file is not a channel (yet): its mode is
+left to the caller, which refuses foreign entries (``NotAChannelError``) and
+creates every file of its own private whatever the directory's mode.
 
 A process that writes into a channel it did not open with a policy (a
 ``ChannelReader`` registering its consumer) takes the policy from the channel
@@ -44,6 +47,9 @@ from .errors import ConfigError, UnsafePermissionsError
 __all__ = ["MODES", "PERMISSIONS", "check_channel_dir", "fs_for", "modes", "policy_of"]
 
 logger = logging.getLogger(__name__)
+
+# log.CHANNEL_FILE (log imports this module): its presence makes a directory a channel.
+_CHANNEL_FILE = "CHANNEL"
 
 PERMISSIONS = ("owner", "group")
 #: ``permissions`` -> (file mode, directory mode).
@@ -104,7 +110,8 @@ def check_channel_dir(fs: FS, path: str, permissions: str = "owner", *, readonly
     Nothing to check when ``path`` does not exist (or is not a directory): it
     is created with the right mode, or the caller refuses it. An existing empty
     directory owned by the effective user is tightened to the policy's mode
-    (where a new channel is about to be created).
+    (where a new channel is about to be created); the mode of a non-empty one
+    without a ``CHANNEL`` file is not checked (it is no channel: the caller says so).
 
     Args:
         fs: The file system.
@@ -142,9 +149,10 @@ def check_channel_dir(fs: FS, path: str, permissions: str = "owner", *, readonly
     extra = mode & 0o077 & ~dir_mode
     if not extra:
         return
-    if not fs.listdir(path):
-        fs.chmod(path, dir_mode)  # a new channel's own directory, made before it
-        logger.info("set the mode of the empty directory %s to %04o (permissions=%r)", path, dir_mode, permissions)
+    if not fs.exists(os.path.join(path, _CHANNEL_FILE)):
+        if not fs.listdir(path):
+            fs.chmod(path, dir_mode)  # a new channel's own directory, made before it
+            logger.info("set the mode of the empty directory %s to %04o (permissions=%r)", path, dir_mode, permissions)
         return
     fix = f"run `chmod {dir_mode:o} {path}`"
     if permissions == "owner" and not mode & 0o027:

@@ -25,6 +25,7 @@ from filechannel import permissions
 from filechannel._fs import OsFS
 from filechannel.channel import verify_channel
 from filechannel.errors import ConfigError, UnsafePermissionsError
+from filechannel.log import CHANNEL_FILE
 from filechannel.permissions import check_channel_dir, fs_for
 
 OPTS = {"minimum_required_space": 0, "checkpoint_interval": 0, "ack_interval": 0, "max_file_size": 4096}
@@ -222,6 +223,16 @@ def test_check_tightens_an_empty_directory_a_channel_is_created_in(tmp_path: Pat
     assert stat.S_IMODE(d.stat().st_mode) == 0o700
 
 
+def test_check_leaves_a_directory_that_is_no_channel_to_the_caller(tmp_path: Path) -> None:
+    d = tmp_path / "notes"
+    d.mkdir()
+    (d / "notes.txt").write_text("hi")
+    d.chmod(0o755)
+    check_channel_dir(OsFS(), str(d), "owner")  # not refused for its mode, and not changed
+    assert stat.S_IMODE(d.stat().st_mode) == 0o755
+    assert permissions._CHANNEL_FILE == CHANNEL_FILE
+
+
 def test_a_read_only_inspection_is_not_refused_but_warned(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     d = _dir(tmp_path, 0o777)
     with caplog.at_level(logging.WARNING, logger="filechannel"):
@@ -235,6 +246,7 @@ def test_a_read_only_inspection_is_not_refused_but_warned(tmp_path: Path, caplog
 def test_check_on_the_simulated_file_system() -> None:
     sim = SimFS()
     sim.makedirs("/sim/ch/data")
+    sim.write("/sim/ch/CHANNEL", b"x")
     check_channel_dir(sim, "/sim/ch")
     sim.chmod("/sim/ch", 0o750)
     with pytest.raises(UnsafePermissionsError, match="chmod 700 /sim/ch"):
