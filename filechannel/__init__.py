@@ -50,6 +50,7 @@ from .errors import (
     NotAChannelError,
     TransactionCapacityError,
     TransactionStateError,
+    UnsafePermissionsError,
 )
 from .log import Log
 from .reader import ChannelReader, Segment, read_segment
@@ -87,6 +88,7 @@ __all__ = [
     "Transaction",
     "TransactionCapacityError",
     "TransactionStateError",
+    "UnsafePermissionsError",
     "WriteAheadLog",
     "__version__",
     "open",

@@ -12,7 +12,11 @@ Rules this module keeps:
   failed write or fsync;
 * ``fsync_dir`` is explicit: callers decide when a namespace change must be
   durable;
-* nothing here knows the channel's format or policy.
+* every file and directory it creates gets exactly the file system object's
+  ``file_mode`` / ``dir_mode`` (0600 / 0700 unless set otherwise), whatever the
+  umask: created with that mode, then ``fchmod``/``chmod``-ed to it; a lock file
+  is always :data:`LOCK_MODE` (0600), since anyone who can open it can ``flock`` it;
+* nothing here knows the channel's format or policy (``permissions.py`` picks the modes).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Protocol
@@ -31,12 +36,27 @@ Data = bytes | Sequence[bytes]
 #: Buffers per ``pwritev`` call (Linux's IOV_MAX is 1024).
 _IOV_MAX = min(1024, os.sysconf("SC_IOV_MAX")) if hasattr(os, "sysconf") else 16
 
+#: The modes of what filechannel creates unless told otherwise: owner only.
+FILE_MODE = 0o600
+DIR_MODE = 0o700
+#: A lock file's mode, whatever the others: ``flock`` needs only a descriptor, even a
+#: read-only one, so anyone who can open the file could lock the owner out.
+LOCK_MODE = 0o600
+
 
 class FS(Protocol):
-    """The file-system operations filechannel performs."""
+    """The file-system operations filechannel performs.
+
+    ``file_mode`` and ``dir_mode`` are the permission bits of every file
+    (:meth:`create`) and directory (:meth:`makedirs`) it creates, exactly,
+    whatever the process's umask.
+    """
+
+    file_mode: int
+    dir_mode: int
 
     def makedirs(self, path: str) -> None:
-        """Create ``path`` and its parents if missing (not durable by itself)."""
+        """Create ``path`` and its missing parents, each with ``dir_mode`` (not durable by itself)."""
 
     def listdir(self, path: str) -> list[str]:
         """Return the entry names of a directory."""
@@ -48,7 +68,7 @@ class FS(Protocol):
         """Return whether ``path`` is a directory."""
 
     def create(self, path: str) -> int:
-        """Create a new file for reading and writing; fail if it exists."""
+        """Create a new file (mode ``file_mode``) for reading and writing; fail if it exists."""
 
     def open_read(self, path: str) -> int:
         """Open an existing file read-only."""
@@ -87,7 +107,10 @@ class FS(Protocol):
         """Remove a file."""
 
     def lock(self, path: str) -> int:
-        """Take an exclusive, non-blocking lock on ``path``; raise ``BlockingIOError`` if held."""
+        """Take an exclusive, non-blocking lock on ``path`` (created with :data:`LOCK_MODE` if missing).
+
+        Raises ``BlockingIOError`` if held.
+        """
 
     def unlock(self, handle: int) -> None:
         """Release a lock taken by :meth:`lock`."""
@@ -105,13 +128,51 @@ class FS(Protocol):
         Raises ``FileNotFoundError`` when ``path`` does not exist.
         """
 
+    def stat_owner(self, path: str) -> tuple[int, int]:
+        """Return ``(uid, permission bits)`` of ``path`` (following symbolic links).
+
+        Raises ``FileNotFoundError`` when ``path`` does not exist.
+        """
+
+    def chmod(self, path: str, mode: int) -> None:
+        """Set the permission bits of ``path``."""
+
 
 class OsFS:
-    """The real file system, through ``os`` on raw descriptors."""
+    """The real file system, through ``os`` on raw descriptors.
+
+    Args:
+        file_mode: Permission bits of every file it creates (default 0600).
+        dir_mode: Permission bits of every directory it creates (default 0700).
+    """
+
+    # Class attributes, so that a subclass whose __init__ does not call this one's has them.
+    file_mode: int = FILE_MODE
+    dir_mode: int = DIR_MODE
+
+    def __init__(self, file_mode: int = FILE_MODE, dir_mode: int = DIR_MODE) -> None:
+        self.file_mode = file_mode
+        self.dir_mode = dir_mode
 
     def makedirs(self, path: str) -> None:
-        """Create ``path`` and its parents if missing."""
-        os.makedirs(path, exist_ok=True)
+        """Create ``path`` and its missing parents, each with exactly ``dir_mode``."""
+        missing = []
+        p = os.path.abspath(path)
+        while not os.path.isdir(p):
+            missing.append(p)
+            parent = os.path.dirname(p)
+            if parent == p:
+                break
+            p = parent
+        mode = self.dir_mode
+        for d in reversed(missing):
+            try:
+                os.mkdir(d, mode)
+            except FileExistsError:
+                if not os.path.isdir(d):
+                    raise
+                continue  # made meanwhile by someone else: theirs, left as it is
+            os.chmod(d, mode)  # whatever the umask took away
 
     def listdir(self, path: str) -> list[str]:
         """Return the entry names of a directory."""
@@ -126,8 +187,16 @@ class OsFS:
         return os.path.isdir(path)
 
     def create(self, path: str) -> int:
-        """Create a new file for reading and writing; fail if it exists."""
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        """Create a new file with exactly ``file_mode`` for reading and writing; fail if it exists."""
+        mode = self.file_mode
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+        try:
+            os.fchmod(fd, mode)  # whatever the umask took away
+        except BaseException:
+            os.close(fd)
+            os.unlink(path)
+            raise
+        return fd
 
     def open_read(self, path: str) -> int:
         """Open an existing file read-only."""
@@ -211,9 +280,12 @@ class OsFS:
         open of the same directory, even in this process, is refused, and a
         crashed process never leaves a stale lock behind.
         """
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, LOCK_MODE)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            st = os.fstat(fd)
+            if stat.S_IMODE(st.st_mode) != LOCK_MODE and st.st_uid == os.geteuid():
+                os.fchmod(fd, LOCK_MODE)  # new (the umask), or left wider by an older version
         except BaseException:
             os.close(fd)
             raise
@@ -235,6 +307,15 @@ class OsFS:
         """Return ``(inode, size, mtime_ns, ctime_ns)`` of ``path`` (one ``stat``)."""
         st = os.stat(path)
         return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+    def stat_owner(self, path: str) -> tuple[int, int]:
+        """Return ``(uid, permission bits)`` of ``path`` (one ``stat``)."""
+        st = os.stat(path)
+        return st.st_uid, stat.S_IMODE(st.st_mode)
+
+    def chmod(self, path: str, mode: int) -> None:
+        """Set the permission bits of ``path``."""
+        os.chmod(path, mode)
 
 
 def _pwritev_all(fd: int, bufs: list[bytes], offset: int) -> None:
@@ -319,6 +400,23 @@ def is_locked(path: str) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def with_modes(fs: FS, file_mode: int, dir_mode: int) -> FS:
+    """Return a file system like ``fs`` that creates files with ``file_mode`` and directories with ``dir_mode``.
+
+    ``fs`` itself when it already does; a new :class:`OsFS` for a plain ``OsFS``
+    (:data:`DEFAULT_FS` is shared and never changed); any other file system
+    (a simulated one, a test's subclass) is set in place, since it holds state
+    a copy would split.
+    """
+    if fs.file_mode == file_mode and fs.dir_mode == dir_mode:
+        return fs
+    if type(fs) is OsFS:
+        return OsFS(file_mode, dir_mode)
+    fs.file_mode = file_mode
+    fs.dir_mode = dir_mode
+    return fs
 
 
 def write_private_file(path: str, data: bytes) -> None:

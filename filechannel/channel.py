@@ -44,6 +44,7 @@ from .errors import (
     TransactionStateError,
 )
 from .log import INF_WOID, CommitResult, CorruptionReport, Log, LogRecord, merge_ranges, ranges_of
+from .permissions import fs_for
 from .scan import PUT_RUN, PutRun, ScanRecord, expand_runs
 
 CHECKPOINT_DIR = "checkpoints"
@@ -686,11 +687,11 @@ class FileChannel:
             0,
         )
         t0 = time.monotonic()
-        self._fs = fs or DEFAULT_FS
+        self._fs = fs_for(fs or DEFAULT_FS, self.config.permissions)
         self._store = CheckpointStore(
             self._fs, os.path.join(self.directory, CHECKPOINT_DIR), self.config.backup_checkpoint_dir
         )
-        self._consumers = ConsumerStore(self._fs, self.directory)
+        self._consumers = ConsumerStore(self._fs, self.directory, self.config.permissions)
         self._log, self._queue = self._recover()
         self.replay_seconds = time.monotonic() - t0
         used = self._log.recovered_from

@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from .errors import ConfigError
+from .permissions import PERMISSIONS
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -76,6 +77,10 @@ class ChannelConfig:
             new data files encrypt every event under the active key; existing
             files are read with the key their header names. ``None`` (default):
             plaintext, and a channel holding encrypted files refuses to open.
+        permissions: ``"owner"`` (default): every file the channel creates is 0600 and
+            every directory 0700, whatever the umask; ``"group"``: 0640 and 0750, so
+            that the directory's group can read (never write) it. An open refuses a
+            directory owned by another user or open beyond that (see ``permissions.py``).
     """
 
     capacity: int = 1_000_000
@@ -96,6 +101,7 @@ class ChannelConfig:
     replay: str = "checkpoint"
     ack_interval: float = 0.5
     encryption: Any = None
+    permissions: str = "owner"
 
     def __post_init__(self) -> None:
         """Check every option; raise ConfigError for the first bad one."""
@@ -163,6 +169,8 @@ class ChannelConfig:
                 raise ConfigError(
                     "encryption", f"must be a filechannel.Encryption or None, got {type(self.encryption).__name__}"
                 )
+        if self.permissions not in PERMISSIONS:
+            raise ConfigError("permissions", f"must be one of {PERMISSIONS}, got {self.permissions!r}")
         if self.on_corruption not in CORRUPTION_POLICIES:
             raise ConfigError("on_corruption", f"must be one of {CORRUPTION_POLICIES}, got {self.on_corruption!r}")
         if self.data_dirs is not None:

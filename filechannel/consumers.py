@@ -11,10 +11,13 @@ Each file is a checksummed one-line JSON object (:func:`filechannel.log.encode_m
     {"acked":17,"identity":"query-1","name":"q","registered_ns":...,"version":1}
     crc32:xxxxxxxx
 
-Every write is atomic and durable when it returns, all through the ``_fs``
-seam: a temporary file (``.<name>.ack.tmp-<pid>-<ns>``, never read), fsync,
-rename over ``<name>.ack``, fsync of ``consumers/`` (whose own entry in the
-channel directory is fsynced when it is created). A crash leaves the old
+Files and ``consumers/`` get the modes of the channel's ``permissions``, or
+in a process that does not know them (a reader) of the policy the channel
+directory's mode shows (``permissions.policy_of``). Every write is atomic and
+durable when it returns, all through the ``_fs`` seam: a temporary file
+(``.<name>.ack.tmp-<pid>-<ns>``, never read), fsync, rename over
+``<name>.ack``, fsync of ``consumers/`` (whose own entry in the channel
+directory is fsynced when it is created). A crash leaves the old
 file or the new one, never a mix; a leftover temporary file is ignored, and
 deleted by the next registration of that name once it is a minute old (a
 younger one may be another process's write in progress) or by its removal.
@@ -37,6 +40,7 @@ from typing import Any
 from ._fs import FS, read_file, replace_durably
 from .directory import decode_meta, encode_meta
 from .errors import ChannelError, ConfigError, ConsumerIdentityError, CorruptLogError, FormatError
+from .permissions import fs_for, policy_of
 
 __all__ = ["CONSUMERS_DIR", "ConsumerState", "ConsumerStore", "validate_name"]
 
@@ -117,14 +121,18 @@ class ConsumerStore:
     Args:
         fs: The I/O seam (tests pass a simulated file system).
         directory: The channel directory.
+        permissions: The channel's ``permissions`` policy; ``None``: the one the
+            channel directory's mode shows, looked up at the first write.
     """
 
-    def __init__(self, fs: FS, directory: str) -> None:
+    def __init__(self, fs: FS, directory: str, permissions: str | None = None) -> None:
         self.fs = fs
+        self.permissions = permissions
         self.directory = os.fspath(directory)
         self.path = os.path.join(self.directory, CONSUMERS_DIR)
         self._lock = threading.Lock()
         self._cache: tuple[tuple[int, int, int, int] | None, dict[str, ConsumerState]] | None = None
+        self._writing_fs: FS | None = None  # self.fs with the policy's modes, once looked up
 
     def file_path(self, name: str) -> str:
         """Return the path of consumer ``name``'s ``.ack`` file."""
@@ -314,7 +322,10 @@ class ConsumerStore:
             return True
 
     def _write(self, state: ConsumerState) -> None:
-        fs = self.fs
+        fs = self._writing_fs
+        if fs is None:
+            policy = self.permissions or policy_of(self.fs, self.directory)
+            fs = self._writing_fs = fs_for(self.fs, policy)
         if not fs.isdir(self.path):
             fs.makedirs(self.path)
             fs.fsync_dir(self.directory)

@@ -32,6 +32,7 @@ from .errors import (
     NotAChannelError,
 )
 from .logstate import DEFAULT_DATA_DIR, LogState
+from .permissions import check_channel_dir
 from .scan import SEG_RE, CorruptionReport
 
 logger = logging.getLogger(__name__)
@@ -150,6 +151,7 @@ class ChannelDirectory:
         st = self.st
         fs = st.fs
         top = st.directory
+        check_channel_dir(fs, top, st.config.permissions, readonly=st.readonly)
         if fs.exists(top) and not fs.isdir(top):
             raise NotAChannelError(top, "it is a file")
         chan_path = os.path.join(top, CHANNEL_FILE)

@@ -82,6 +82,23 @@ class DiskSpaceError(ChannelError):
         )
 
 
+class UnsafePermissionsError(ChannelError):
+    """A channel directory is owned by another user, or open to others beyond ``permissions``.
+
+    Attributes: ``path``, ``uid`` (its owner), ``mode`` (its permission bits),
+    ``allowed`` (the widest mode ``permissions`` allows) and ``fix`` (what to run).
+    """
+
+    def __init__(self, path: str, uid: int, mode: int, allowed: int, reason: str, fix: str) -> None:
+        self.path = path
+        self.uid = uid
+        self.mode = mode
+        self.allowed = allowed
+        self.reason = reason
+        self.fix = fix
+        super().__init__(f"refusing to open {path}: {reason}; {fix}")
+
+
 class FormatError(ChannelError, ValueError):
     """Bytes that do not decode as filechannel's format (the only error of ``format``).
 

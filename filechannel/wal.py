@@ -49,6 +49,7 @@ from .errors import (
     InvalidHandleError,
 )
 from .log import Log
+from .permissions import fs_for
 from .recovery import first_record
 from .scan import CorruptionReport, PutRun, Scanner
 from .writer import Item
@@ -346,6 +347,8 @@ class WriteAheadLog:
         minimum_required_space: Bytes that must stay free on the log's disk: a
             write below it raises ``DiskSpaceError`` and writes nothing (default
             0: no check, a full disk is the write's ``OSError``).
+        permissions: ``"owner"`` (default: files 0600, directories 0700) or
+            ``"group"`` (0640 and 0750: the group can read), as for a channel.
         fs: Internal: the I/O seam (tests pass a simulated file system).
 
     Raises:
@@ -366,6 +369,7 @@ class WriteAheadLog:
         *,
         on_corruption: str = "fail",
         minimum_required_space: int = 0,
+        permissions: str = "owner",
         fs: FS | None = None,
     ) -> None:
         if (
@@ -384,6 +388,7 @@ class WriteAheadLog:
             on_corruption=on_corruption,
             minimum_required_space=minimum_required_space,
             encryption=encryption,
+            permissions=permissions,
             # Every file is scanned at open; the checkpoint written on close only
             # vouches for the files' lengths (the channel's rule, docs/design.md).
             replay="full",
@@ -392,7 +397,7 @@ class WriteAheadLog:
         self.rolling_interval = float(rolling_interval)
         tag = fmt.ENC_TAG_LEN if encryption is not None else 0
         self._max_data = self.config.max_event_size - fmt.WAL_HEAD_LEN - _SPAN_BYTES - tag
-        self._fs = fs or DEFAULT_FS
+        self._fs = fs_for(fs or DEFAULT_FS, self.config.permissions)
         self._store = CheckpointStore(self._fs, os.path.join(self.directory, CHECKPOINT_DIR))
         self._log = Log(self.directory, self.config, fs=self._fs, checkpoints=self._store, wal=True)
         self._closed = False

@@ -132,7 +132,7 @@ def test_two_channels_never_share_a_data_directory_at_once(tmp_path: Path) -> No
     # A half copy (the top files only) whose version-1 DATA_DIRS still names the original's data.
     a, b = str(tmp_path / "c1"), str(tmp_path / "c2")
     make(a)
-    os.mkdir(b)
+    os.mkdir(b, 0o700)
     shutil.copy(os.path.join(a, "CHANNEL"), b)
     Path(b, "DATA_DIRS").write_text(json.dumps({"data_dirs": [os.path.join(os.path.abspath(a), "data")]}))
     with filechannel.open(a, **OPTS), pytest.raises(filechannel.ChannelLockedError) as ei:

@@ -73,6 +73,7 @@ from filechannel.errors import (
     InvalidEventError,
     TransactionCapacityError,
 )
+from filechannel.permissions import fs_for
 from filechannel.reader import ChannelReader
 
 __all__ = [
@@ -762,7 +763,7 @@ class SinkCommitter:
 
     def __init__(self, options: SinkOptions, *, fs: FS | None = None, sleep: Callable[[float], None] = time.sleep):
         self.options = options
-        self.fs = fs or DEFAULT_FS
+        self.fs = fs_for(fs or DEFAULT_FS, options.config().permissions)
         self.sleep = sleep
 
     # -- the channel ---------------------------------------------------------------------
@@ -1152,7 +1153,7 @@ class _WriterBase:
     ) -> tuple[tuple[str, ...], int, int]:
         name = _staged_name(prefix, info.partition, info.attempt)
         staged, rows, size = stage_events(
-            DEFAULT_FS,
+            fs_for(DEFAULT_FS, self.options.config().permissions),
             self.options.staging_dir,
             name,
             _arrow_events(batches, self.columns),

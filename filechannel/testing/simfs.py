@@ -36,18 +36,25 @@ write past it is short and then fails with ENOSPC.
 
 Every mutating call is appended to ``trace`` and reported to ``on_op``; the
 crash-point tests snapshot the file system there.
+
+Permissions: every file and directory records the mode it was created with
+(``file_mode`` / ``dir_mode``, as ``OsFS``; a lock file ``LOCK_MODE``) and an
+owner (``uid``, the creating SimFS's, by default this process's effective
+uid); :meth:`SimFS.mode`, :meth:`SimFS.chown` and ``chmod`` let tests look
+and change them. Nothing enforces them: the simulated process may do anything.
 """
 
 from __future__ import annotations
 
 import errno
+import os
 import posixpath
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from filechannel._fs import Data
+from filechannel._fs import DIR_MODE, FILE_MODE, LOCK_MODE, Data
 
 CRASH_MODES = ("drop", "keep", "prefix", "subset", "torn", "extend", "random", "torn_prefix")
 _FILE_MODES = ("drop", "keep", "prefix", "subset", "torn", "extend")
@@ -64,21 +71,25 @@ MUTATING_OPS = frozenset(
 
 
 class _File:
-    __slots__ = ("data", "durable", "pending")
+    __slots__ = ("data", "durable", "mode", "pending", "uid")
 
-    def __init__(self, data: bytes = b"") -> None:
+    def __init__(self, data: bytes = b"", mode: int = FILE_MODE, uid: int = 0) -> None:
         self.data = bytearray(data)
         self.durable = bytes(data)
         # ("w", offset, bytes) or ("t", size), in order, since the last sync
         self.pending: list[tuple[Any, ...]] = []
+        self.mode = mode
+        self.uid = uid
 
 
 class _Dir:
-    __slots__ = ("durable", "entries")
+    __slots__ = ("durable", "entries", "mode", "uid")
 
-    def __init__(self) -> None:
+    def __init__(self, mode: int = DIR_MODE, uid: int = 0) -> None:
         self.entries: dict[str, _File | _Dir] = {}
         self.durable: dict[str, _File | _Dir] = {}
+        self.mode = mode
+        self.uid = uid
 
 
 @dataclass
@@ -134,13 +145,18 @@ class SimFS:
         free: What ``free_space`` reports; ``None`` derives it from ``capacity``.
     """
 
+    file_mode: int = FILE_MODE
+    dir_mode: int = DIR_MODE
+
     def __init__(self, dir_model: str = "posix", capacity: int | None = None, free: int | None = None) -> None:
         if dir_model not in ("posix", "ext4"):
             raise ValueError(dir_model)
         self.dir_model = dir_model
         self.capacity = capacity
         self.free = free
-        self.root = _Dir()
+        #: The owner of what this file system creates (tests change it to act as another user).
+        self.uid = os.geteuid()
+        self.root = _Dir(0o755, 0)
         # Namespace changes not yet durable: (dirs touched, op tuple), in order.
         self.ns_pending: list[tuple[tuple[_Dir, ...], tuple[Any, ...]]] = []
         self._fds: dict[int, _OpenFile] = {}
@@ -292,7 +308,7 @@ class SimFS:
     # -- the FS protocol: namespace ----------------------------------------------------
 
     def makedirs(self, path: str) -> None:
-        """Create ``path`` and its parents (each a pending namespace change)."""
+        """Create ``path`` and its parents (each with ``dir_mode``, a pending namespace change)."""
         node: _Dir = self.root
         cur = ""
         for c in self._parts(path):
@@ -300,7 +316,7 @@ class SimFS:
             nxt = node.entries.get(c)
             if nxt is None:
                 self._op("makedirs", cur)
-                nd = _Dir()
+                nd = _Dir(self.dir_mode, self.uid)
                 node.entries[c] = nd
                 self._ns((node,), ("link", node, c, nd))
                 self._done("makedirs", cur)
@@ -332,13 +348,13 @@ class SimFS:
         self._fds[fd] = _OpenFile(node, self._norm(path), writable)
         return fd
 
-    def create(self, path: str) -> int:
-        """Create a new, empty file (a pending namespace change); return a writable descriptor."""
+    def create(self, path: str, *, mode: int | None = None) -> int:
+        """Create a new, empty file with ``file_mode`` (a pending namespace change); return a writable descriptor."""
         parent, name = self._parent(path)
         if name in parent.entries:
             raise FileExistsError(errno.EEXIST, "File exists", path)
         self._op("create", path)
-        node = _File()
+        node = _File(mode=self.file_mode if mode is None else mode, uid=self.uid)
         parent.entries[name] = node
         self._ns((parent,), ("link", parent, name, node))
         fd = self._new_fd(node, path, True)
@@ -492,7 +508,7 @@ class SimFS:
         if p in self._locks.values():
             raise BlockingIOError(errno.EWOULDBLOCK, "Resource temporarily unavailable", path)
         if self._lookup(p) is None:
-            self.close(self.create(p))
+            self.close(self.create(p, mode=LOCK_MODE))
         self._op("lock", p)
         h = self._next_fd
         self._next_fd += 1
@@ -525,7 +541,33 @@ class SimFS:
             return id(node), hash(bytes(node.data)), 0, 0
         return id(node), hash(tuple(sorted((k, id(v)) for k, v in node.entries.items()))), 0, 0
 
+    def stat_owner(self, path: str) -> tuple[int, int]:
+        """Return ``(uid, mode)`` recorded for ``path``."""
+        node = self._lookup(path)
+        if node is None:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+        return node.uid, node.mode
+
+    def chmod(self, path: str, mode: int) -> None:
+        """Set the mode recorded for ``path`` (metadata: not a crash point)."""
+        node = self._lookup(path)
+        if node is None:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+        self._op("chmod", path)
+        node.mode = mode
+
     # -- inspection (tests) -------------------------------------------------------------------
+
+    def mode(self, path: str) -> int:
+        """Return the mode recorded for ``path``."""
+        return self.stat_owner(path)[1]
+
+    def chown(self, path: str, uid: int) -> None:
+        """Record another owner for ``path`` (tests)."""
+        node = self._lookup(path)
+        if node is None:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+        node.uid = uid
 
     def read(self, path: str) -> bytes:
         """Return a file's current contents."""
@@ -536,7 +578,7 @@ class SimFS:
         node = self._lookup(path)
         if node is None:
             parent, name = self._parent(path)
-            node = _File()
+            node = _File(mode=self.file_mode, uid=self.uid)
             parent.entries[name] = node
             parent.durable[name] = node
         assert isinstance(node, _File)
@@ -582,9 +624,11 @@ class SimFS:
                 f.data = bytearray(n.data)
                 f.durable = n.durable
                 f.pending = list(n.pending)
+                f.mode = n.mode
+                f.uid = n.uid
                 memo[id(n)] = f
                 return f
-            d = _Dir()
+            d = _Dir(n.mode, n.uid)
             memo[id(n)] = d
             d.entries = {k: cp(v) for k, v in n.entries.items()}
             d.durable = {k: cp(v) for k, v in n.durable.items()}
@@ -594,6 +638,9 @@ class SimFS:
         new.dir_model = self.dir_model
         new.capacity = self.capacity
         new.free = self.free
+        new.file_mode = self.file_mode
+        new.dir_mode = self.dir_mode
+        new.uid = self.uid
         new.root = cp(self.root)  # type: ignore[assignment]
 
         def cpo(x: Any) -> Any:
@@ -640,6 +687,9 @@ class SimFS:
             self._apply_ns(op, durable_of)
         # 2. Rebuild the reachable tree with each file's post-crash contents.
         new = SimFS(dir_model=self.dir_model, capacity=self.capacity, free=self.free)
+        new.file_mode = self.file_mode
+        new.dir_mode = self.dir_mode
+        new.uid = self.uid
         new.root = _Dir()
         built: dict[int, _File | _Dir] = {}
 
@@ -648,10 +698,10 @@ class SimFS:
             if got is not None:
                 return got
             if isinstance(n, _File):
-                out: _File | _Dir = _File(self._crash_file(n, rng, mode))
+                out: _File | _Dir = _File(self._crash_file(n, rng, mode), n.mode, n.uid)
                 built[id(n)] = out
                 return out
-            d = _Dir()
+            d = _Dir(n.mode, n.uid)
             built[id(n)] = d
             m = durable_maps.get(id(n), n.durable)
             for k, v in m.items():
