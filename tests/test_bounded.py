@@ -171,3 +171,71 @@ def test_a_verified_batch_holding_a_record_of_the_wrong_length_is_damage_on_both
     assert isinstance(got, scan.FileScan)
     assert got.end == len(clean)  # the batch is not taken in: its second record is not a record
     assert "payload length" in ctx.torn[0][3]
+
+
+# --------------------------------------------------------------------------
+# checkpoints: every queue entry is checked when the checkpoint is decoded
+
+
+def _edit_entry(col: str, value: int) -> Any:
+    def edit(s: Any) -> None:
+        getattr(s, col)[1] = value
+
+    return edit
+
+
+CHECKPOINT_EDITS = {
+    "size 2**40": _edit_entry("sizes", 1 << 40),
+    "negative offset": _edit_entry("offsets", -4096),
+    "offset inside the header": _edit_entry("offsets", 8),
+    "offset off alignment": lambda s: s.offsets.__setitem__(1, s.offsets[1] + 4),
+    "size off alignment": lambda s: s.sizes.__setitem__(1, s.sizes[1] + 1),
+    "size below a frame": _edit_entry("sizes", 8),
+    "past the file's length": lambda s: s.offsets.__setitem__(1, s.files[s.file_ids[1]]),
+    "unknown file": _edit_entry("file_ids", 99),
+    "positions not increasing": lambda s: s.positions.__setitem__(1, s.positions[0]),
+}
+
+
+@pytest.mark.parametrize("what", sorted(CHECKPOINT_EDITS))
+def test_a_checkpoint_entry_that_cannot_exist_falls_back_to_a_full_replay(what: str) -> None:
+    from filechannel import checkpoint as ckpt
+
+    fs = SimFS()
+    opts: dict[str, Any] = {"fs": fs, "background": False, "minimum_required_space": 0}
+    ch = filechannel.open("/sim/ch", **opts)
+    bodies = [b"event %d" % i for i in range(6)]
+    for i in range(0, 6, 2):
+        with ch.transaction() as tx:
+            tx.put_many(bodies[i : i + 2])
+    ch.checkpoint()
+    ch.close()
+    cdir = "/sim/ch/checkpoints"
+    name = max(n for n in fs.listdir(cdir) if n.endswith(".ckpt"))
+    path = f"{cdir}/{name}"
+    cid, kind, _ = _channel_ident(fs)
+    snap = ckpt.decode(fs.read(path), kind, cid)
+    assert len(snap) == 6
+    CHECKPOINT_EDITS[what](snap)
+    data = ckpt.encode(snap, kind)  # encoded as given: the checksum is right, the entry is not
+    with pytest.raises(FormatError):
+        ckpt.decode(data, kind, cid)
+    fd = fs.open_rw(path)
+    fs.truncate(fd, 0)
+    fs.pwrite_all(fd, data, 0)
+    fs.close(fd)
+    ch = filechannel.open("/sim/ch", **opts)
+    try:
+        assert ch.checkpoint_fallbacks, "the damaged checkpoint was used"
+        tx = ch.transaction()
+        got = [e.body for e in tx.take_batch(100)]
+        tx.rollback()
+        assert got == bodies
+    finally:
+        ch.close()
+
+
+def _channel_ident(fs: SimFS) -> tuple[bytes, int, int]:
+    from filechannel.log import decode_channel_file
+
+    return decode_channel_file(fs.read("/sim/ch/CHANNEL"))
