@@ -239,3 +239,62 @@ def _channel_ident(fs: SimFS) -> tuple[bytes, int, int]:
     from filechannel.log import decode_channel_file
 
     return decode_channel_file(fs.read("/sim/ch/CHANNEL"))
+
+
+# --------------------------------------------------------------------------
+# data files read through a mapping: bounded memory
+
+
+@pytest.mark.parametrize("tail", [b"", b"\x05" + bytes(63), bytes(4096)])
+def test_a_mapped_data_file_scans_as_its_bytes_do(path: str, tmp_path: Any, tail: bytes) -> None:
+    from filechannel._fs import DEFAULT_FS, map_file
+
+    data = data_file() + tail
+    f = tmp_path / "seg"
+    f.write_bytes(data)
+    want, want_ctx = run_scan(data, "skip", newest=True)
+    with map_file(DEFAULT_FS, str(f)) as view:
+        assert not isinstance(view, bytes)  # mapped, not read
+        got, got_ctx = run_scan(view, "skip", newest=True)  # type: ignore[arg-type]
+    assert isinstance(got, scan.FileScan)
+    assert isinstance(want, scan.FileScan)
+    assert (got.records, got.end, got.size) == (want.records, want.end, want.size)
+    assert (got_ctx.torn, got_ctx.reports) == (want_ctx.torn, want_ctx.reports)
+
+
+_SPARSE_VERIFY = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_DATA, (1 << 30, 1 << 30))  # heap: far less than the file
+from filechannel.channel import verify_channel
+from filechannel.errors import CorruptLogError
+try:
+    r = verify_channel(sys.argv[1])
+except CorruptLogError as exc:
+    print("corrupt", exc.path, exc.offset)
+else:
+    print("verified", len(r.intact), [(p, s) for p, s, _ in r.torn_tails])
+"""
+
+
+def test_verify_of_a_6_gib_sparse_data_file_runs_in_bounded_memory(tmp_path: Any) -> None:
+    """Needs log.py to read data files through ``_fs.map_file`` (see the issue 23 report)."""
+    import subprocess
+    import sys
+
+    d = tmp_path / "ch"
+    ch = filechannel.open(str(d), background=False, minimum_required_space=0)
+    with ch.transaction() as tx:
+        tx.put_many([b"a", b"b"])
+    ch.close()
+    seg = max((d / "data").iterdir())
+    size = seg.stat().st_size
+    with open(seg, "r+b") as f:
+        f.truncate(6 << 30)  # sparse: no blocks, six GiB of zeros to a reader
+    out = subprocess.run(
+        [sys.executable, "-c", _SPARSE_VERIFY, str(d)], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "MemoryError" not in out.stderr
+    assert out.stdout.startswith(("verified 2", "corrupt")), out.stdout
+    assert str(seg) in out.stdout or "verified 2" in out.stdout
+    assert size < 6 << 30
