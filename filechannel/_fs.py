@@ -21,8 +21,10 @@ Rules this module keeps:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
+import mmap
 import os
 import stat
 from collections.abc import Iterator, Sequence
@@ -342,6 +344,32 @@ def _pwritev_all(fd: int, bufs: list[bytes], offset: int) -> None:
         if n <= 0:  # pragma: no cover - the kernel raises instead
             raise OSError(errno.EIO, "pwritev wrote nothing")
         done += n
+
+
+@contextlib.contextmanager
+def map_file(fs: FS, path: str) -> Iterator[bytes | mmap.mmap]:
+    """A read-only view of a whole file, valid inside the ``with`` block only.
+
+    On the real file system (:class:`OsFS`) the file is mapped: its pages are
+    read when touched, so a huge or sparse file costs no heap (a ``MemoryError``
+    of :func:`read_file`); any other ``FS`` (the simulated one) reads it whole.
+    The view supports the buffer protocol, ``find``, indexing and slicing (what
+    the scanner and the C accelerator use). Memoryviews of it must be released
+    before the block ends.
+    """
+    fd = fs.open_read(path)
+    try:
+        size = fs.size(fd)
+        if isinstance(fs, OsFS) and size > 0:
+            m = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+            try:
+                yield m
+            finally:
+                m.close()
+        else:
+            yield fs.pread(fd, size, 0)
+    finally:
+        fs.close(fd)
 
 
 def read_file(fs: FS, path: str) -> bytes:

@@ -56,6 +56,19 @@
 #define FLAG_SEALED 1 /* format.FLAG_SEALED: a PUT whose payload is encrypted */
 #define HEADER_LEN 32
 #define BATCH_END_PAYLOAD 32
+#define OP_TAKE 2
+#define TAKE_RANGE_LEN 16
+
+/* format.FIXED_PAYLOAD_SIZES: the payload lengths an op other than PUT and TAKE may have (a 0
+   ends each list). batch_end_sizes is format.BATCH_END_SIZES: extend both together. */
+static const uint32_t commit_sizes[] = {16, 0};
+static const uint32_t take_sizes[] = {0};
+static const uint32_t rollback_sizes[] = {8, 0};
+static const uint32_t batch_end_sizes[] = {BATCH_END_PAYLOAD, BATCH_END_PAYLOAD + 16, 0}; /* version 2: + the tag */
+static const uint32_t retire_sizes[] = {8, 0};
+static const char *const op_names[OP_MAX + 1] = {"", "put", "take", "commit", "rollback", "batch_end", "retire"};
+static const uint32_t *const fixed_sizes[OP_MAX + 1] = {NULL,           NULL,           take_sizes, commit_sizes,
+                                                         rollback_sizes, batch_end_sizes, retire_sizes};
 
 /* ------------------------------------------------------------------------ */
 /* CRC-32C */
@@ -545,6 +558,47 @@ typedef struct {
     Py_ssize_t offset, size, payload_len;
 } pending_rec;
 
+/* What format.decode_record checks of a payload length before it reads the payload (``op`` is
+   valid): 0 fine, 1 a fixed-size op's length is not one it may have, 2 a TAKE's does not hold
+   whole ranges. Constant work, so refusing a frame never costs a checksum of its claimed length. */
+static int
+payload_len_check(unsigned char op, uint32_t plen)
+{
+    if (op == OP_TAKE)
+        return plen < 4 || (plen - 4) % TAKE_RANGE_LEN ? 2 : 0;
+    const uint32_t *ok = fixed_sizes[op];
+    if (ok == NULL)
+        return 0;
+    for (; *ok; ok++)
+        if (*ok == plen)
+            return 0;
+    return 1;
+}
+
+/* A TAKE whose range count (its first 4 payload bytes, present) disagrees with its length. */
+static int
+take_count_bad(unsigned char op, const unsigned char *payload, uint32_t plen)
+{
+    return op == OP_TAKE && get_u32(payload) != (plen - 4) / TAKE_RANGE_LEN;
+}
+
+/* format.payload_len_error's text: "<op> payload length <n> is not 16" (or "32 or 48"). */
+static PyObject *
+payload_len_reason(unsigned char op, uint32_t plen)
+{
+    PyObject *sizes = PyUnicode_FromString("");
+    for (const uint32_t *ok = fixed_sizes[op]; sizes != NULL && *ok; ok++) {
+        PyObject *next = PyUnicode_FromFormat(ok == fixed_sizes[op] ? "%U%lu" : "%U or %lu", sizes, (unsigned long)*ok);
+        Py_DECREF(sizes);
+        sizes = next;
+    }
+    if (sizes == NULL)
+        return NULL;
+    PyObject *out = PyUnicode_FromFormat("%s payload length %lu is not %U", op_names[op], (unsigned long)plen, sizes);
+    Py_DECREF(sizes);
+    return out;
+}
+
 /* Decode the frame at ``pos``; return its size, or 0 when it is not a valid, complete record. */
 static Py_ssize_t
 decode_frame(const unsigned char *b, Py_ssize_t n, Py_ssize_t pos, uint32_t seed, extend_fn ext,
@@ -557,12 +611,12 @@ decode_frame(const unsigned char *b, Py_ssize_t n, Py_ssize_t pos, uint32_t seed
     if (op < 1 || op > OP_MAX || (h[1] != 0 && (h[1] != FLAG_SEALED || op != OP_PUT)) || h[2] != 0 || h[3] != 0)
         return 0;
     uint32_t plen = get_u32(h + 4);
-    if ((unsigned long long)plen > max_payload)
+    if ((unsigned long long)plen > max_payload || payload_len_check(op, plen))
         return 0;
     Py_ssize_t size = HEADER_LEN + (Py_ssize_t)plen + (-(Py_ssize_t)plen & 7);
     if (n - pos < size)
         return 0;
-    if (get_u32(h + 28) != 0)
+    if (get_u32(h + 28) != 0 || take_count_bad(op, h + HEADER_LEN, plen))
         return 0;
     uint32_t c = ext(seed, h, 24);
     c = ext(c, h + HEADER_LEN, plen);
@@ -1097,9 +1151,19 @@ decode_put_c(const unsigned char *b, Py_ssize_t len, Py_ssize_t off, Py_ssize_t 
         return make_marker(frame_error, 4,
                            PyUnicode_FromFormat("record payload length %lu exceeds the limit %S", (unsigned long)plen,
                                                 max_obj));
+    int bad_len = payload_len_check(op, plen);
+    if (bad_len == 1)
+        return make_marker(frame_error, 4, payload_len_reason(op, plen));
+    if (bad_len == 2)
+        return make_marker(frame_error, 4,
+                           PyUnicode_FromFormat("take payload length %lu does not hold whole ranges", (unsigned long)plen));
     Py_ssize_t rsize = HEADER_LEN + (Py_ssize_t)plen + (-(Py_ssize_t)plen & 7);
     if (avail < rsize)
         return make_marker(frame_error, 0, PyUnicode_FromString("record is shorter than expected"));
+    if (take_count_bad(op, h + HEADER_LEN, plen))
+        return make_marker(frame_error, 4,
+                           PyUnicode_FromFormat("take payload length %lu does not match its range count %lu",
+                                                (unsigned long)plen, (unsigned long)get_u32(h + HEADER_LEN)));
     uint32_t c = ext(seed, h, 24);
     c = ext(c, h + HEADER_LEN, plen);
     if (c != get_u32(h + 24) || get_u32(h + 28) != 0)

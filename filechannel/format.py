@@ -119,6 +119,16 @@ _RANGE: Final = struct.Struct("<QQ")
 _TAKE_ONE: Final = struct.Struct("<IQQ")  # a TAKE payload of one range: its count (1), then the range
 _ROLLBACK: Final = struct.Struct("<II")
 _BATCH_END: Final = struct.Struct("<QIIQQ")
+BATCH_END_SIZES: Final = (_BATCH_END.size, _BATCH_END.size + 16)  # version 1; version 2 (the tag last)
+"""The payload lengths a BATCH_END may have (extend here, and ``batch_end_sizes`` in ``_speedups.c``)."""
+FIXED_PAYLOAD_SIZES: Final[dict[int, tuple[int, ...]]] = {
+    COMMIT: (_COMMIT.size,),
+    ROLLBACK: (_ROLLBACK.size,),
+    BATCH_END: BATCH_END_SIZES,
+    RETIRE: (_U64.size,),
+}
+"""Every op but PUT and TAKE has a payload of a fixed length, checked before any byte of it is read."""
+TAKE_RANGE_LEN: Final = _RANGE.size
 EMPTY_HEADERS: Final = b"\0\0\0\0"
 """The PUT payload prefix of an event without headers (its body follows)."""
 
@@ -579,14 +589,23 @@ def _zlib_extend(crc_value: int, data: bytes) -> int:
     return zlib.crc32(data, crc_value)
 
 
+def payload_len_error(op: int, n: int) -> str:
+    """The reason a frame of fixed-size op ``op`` with payload length ``n`` is refused (the C twin's too)."""
+    sizes = " or ".join(map(str, FIXED_PAYLOAD_SIZES[op]))
+    return f"{OP_NAMES[op]} payload length {n} is not {sizes}"
+
+
 def decode_record(
     buf: bytes | bytearray | memoryview, offset: int, seed: int, kind: int, max_payload: int
 ) -> Record | _Incomplete:
     """Decode the record frame starting at ``offset`` in ``buf``.
 
     Returns :data:`INCOMPLETE` if the frame runs past the end of ``buf``.
-    A declared payload length above ``max_payload`` is rejected before
-    anything is read, so a damaged length never causes a large allocation.
+    A declared payload length above ``max_payload``, or one its op cannot
+    have (:data:`FIXED_PAYLOAD_SIZES`; a TAKE holds whole ranges, as many as
+    its count says), is rejected before the payload is copied or checksummed:
+    a damaged length never causes a large allocation, and refusing a frame
+    that is not a record costs a constant amount of work (except a PUT's).
 
     Raises:
         FormatError: the frame is not a valid record (bad op, length or checksum).
@@ -603,11 +622,18 @@ def decode_record(
         raise FormatError(offset + 1, "reserved record bits are set")
     if n > max_payload:
         raise FormatError(offset + 4, f"record payload length {n} exceeds the limit {max_payload}")
+    fixed = FIXED_PAYLOAD_SIZES.get(op)
+    if fixed is not None and n not in fixed:
+        raise FormatError(offset + 4, payload_len_error(op, n))
+    if op == TAKE and (n < 4 or (n - 4) % TAKE_RANGE_LEN):
+        raise FormatError(offset + 4, f"take payload length {n} does not hold whole ranges")
     size = RECORD_HEADER_LEN + n + (-n & 7)
     if avail < size:
         return INCOMPLETE
-    want, reserved2 = _REC_CRC.unpack_from(buf, offset + 24)
     start = offset + RECORD_HEADER_LEN
+    if op == TAKE and (count := _U32.unpack_from(buf, start)[0]) != (n - 4) // TAKE_RANGE_LEN:
+        raise FormatError(offset + 4, f"take payload length {n} does not match its range count {count}")
+    want, reserved2 = _REC_CRC.unpack_from(buf, offset + 24)
     payload = bytes(buf[start : start + n])
     got = crc(kind, payload, crc(kind, buf[offset : offset + 24], seed))
     if got != want or reserved2:

@@ -17,15 +17,17 @@ above everything seen.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import operator
 import os
 import time
 from collections.abc import Callable
+from typing import Any
 
 from . import format as fmt
-from ._fs import read_file, truncate_durably
+from ._fs import map_file, truncate_durably
 from .checkpoint import CheckpointStore, Snapshot
 from .crypto import header_cipher
 from .errors import CorruptLogError, FormatError
@@ -40,6 +42,9 @@ from .scan import (
     all_zero,
     find_verified_batch_end,
     segment_name,
+)
+from .scan import (
+    first_record as scan_first_record,
 )
 
 logger = logging.getLogger(__name__)
@@ -77,6 +82,7 @@ class Recovery:
         self.checkpoints = checkpoints
         self._progress = progress
         self._woid_floor = 0
+        self._maps = contextlib.ExitStack()  # the data files of the directory being recovered, mapped
         self._first_auth = 1 << 64  # the oldest authenticated data file (format version 2) of any directory
         self._plaintext: list[str] = []  # plaintext files an encrypted channel reads while they drain
         self.live_by_dir: list[list[int]] = []  # each data directory's live file ids, for its writer
@@ -190,7 +196,8 @@ class Recovery:
         newest_by_dir: dict[int, _Newest] = {}
         retired: set[int] = set()
         for index, d in enumerate(self.st.data_dirs):
-            dscans, max_id, newest, retired_d = self._recover_dir(index, d, snap)
+            with contextlib.ExitStack() as self._maps:
+                dscans, max_id, newest, retired_d = self._recover_dir(index, d, snap)
             retired |= retired_d
             if newest is not None:
                 newest_by_dir[index] = newest
@@ -293,7 +300,7 @@ class Recovery:
         v = self.st.voucher
         return v.files.get(fid, 0) if v is not None else 0
 
-    def _read_data_file(self, path: str, fid: int, snap: Snapshot | None) -> tuple[bytes, int]:
+    def _read_data_file(self, path: str, fid: int, snap: Snapshot | None) -> tuple[Any, int]:
         """Read a data file, only its header when a checkpoint covers all of it; return it and its size."""
         fs = self.st.fs
         fd = fs.open_read(path)
@@ -306,9 +313,10 @@ class Recovery:
                         return head, size
                 except FormatError:
                     pass  # a damaged header: read it all, _read_header classifies it
-            return fs.pread(fd, size, 0), size
         finally:
             fs.close(fd)
+        # Mapped, not read: a file larger than memory (a sparse or crafted one) costs address space only.
+        return self._maps.enter_context(map_file(fs, path)), size
 
     def _recover_dir(
         self, index: int, d: str, snap: Snapshot | None = None
@@ -329,12 +337,12 @@ class Recovery:
         # 1. The newest file decides which files belong to the channel.
         newest = None
         nh: fmt.FileHeader | None = None
-        nbuf = b""
+        nbuf: Any = b""
         nfirst: int | None = None
         while ids:
             fid = ids[-1]
             path = os.path.join(d, segment_name(fid))
-            buf = read_file(fs, path)
+            buf = self._maps.enter_context(map_file(fs, path))
             got = self._read_header(path, fid, buf, newest=True)
             if got is None:
                 ids.pop()
@@ -373,7 +381,7 @@ class Recovery:
             )
         for fid in sorted(present - expected):
             path = os.path.join(d, segment_name(fid))
-            buf = read_file(fs, path)
+            buf = self._maps.enter_context(map_file(fs, path))
             # Retired: its RETIRE record (or an older header) says it is gone.
             if fid < newest and not self.st.readonly and self._header_ok(buf, fid):
                 logger.info("removing retired data file %s", path)
@@ -448,14 +456,14 @@ class Recovery:
             return first, 0
         return start, snap.woid if start is not None and snap is not None and fid in snap.files else 0
 
-    def _header_ok(self, buf: bytes, fid: int) -> bool:
+    def _header_ok(self, buf: Any, fid: int) -> bool:
         try:
             h = fmt.decode_file_header(buf)
         except FormatError:
             return False
         return isinstance(h, fmt.FileHeader) and h.channel_id == self.st.channel_id and h.file_id == fid
 
-    def _read_header(self, path: str, fid: int, buf: bytes, newest: bool) -> tuple[fmt.FileHeader, int | None] | None:
+    def _read_header(self, path: str, fid: int, buf: Any, newest: bool) -> tuple[fmt.FileHeader, int | None] | None:
         """Decode and check a data file header.
 
         Returns ``(header, None)``; ``None`` means: ignore this file. With
@@ -571,16 +579,9 @@ class Recovery:
         fs.fsync_dir(os.path.dirname(path))
 
 
-def first_record(st: LogState, buf: bytes, fid: int) -> int:
-    """Where the first record that verifies starts, after a damaged header (or the end)."""
+def first_record(st: LogState, buf: Any, fid: int) -> int:
+    """Where the first record that verifies starts, after a damaged header (or the end); bounded work."""
     seed = fmt.file_seed(st.crc_kind, st.channel_id, fid)
-    limit = min(len(buf), fmt.MAX_HEADER_LEN)
     smallest = fmt.FILE_HEADER_FIXED + 4  # a header that lists no live file, before padding
-    for off in range(smallest + fmt.pad_len(smallest), limit, 8):
-        try:
-            rec = fmt.decode_record(buf, off, seed, st.crc_kind, st.max_payload)
-        except FormatError:
-            continue
-        if isinstance(rec, fmt.Record):
-            return off
-    return len(buf) - (len(buf) & 7)
+    got = scan_first_record(buf, smallest, fmt.MAX_HEADER_LEN, seed, st.crc_kind, st.max_payload)
+    return len(buf) - (len(buf) & 7) if got is None else got

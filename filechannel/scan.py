@@ -219,10 +219,70 @@ class FileScan:
 # scanning one data file
 
 
+CRC_CHUNK = 1 << 20
+"""Bytes checksummed per step over a long stretch: a batch is never copied whole to be checksummed."""
+
+SALVAGE_WORK = 8
+"""Bytes salvage may checksum per byte of a damaged stretch (plus :data:`SALVAGE_SLACK`) before it gives up on it.
+
+Damage a disk or a crash makes never comes near it; a stretch crafted so that every
+8-byte step looks like a long record would otherwise cost time quadratic in its size.
+"""
+SALVAGE_SLACK = 1 << 20
+
+
+def crc_of(kind: int, buf: bytes | bytearray, start: int, end: int, seed: int) -> int:
+    """Return the checksum of ``buf[start:end]`` extending ``seed``, copying at most :data:`CRC_CHUNK` bytes at once."""
+    view = memoryview(buf)
+    c = seed
+    for a in range(start, end, CRC_CHUNK):
+        c = fmt.crc(kind, view[a : min(a + CRC_CHUNK, end)], c)
+    return c
+
+
 def all_zero(buf: bytes | bytearray, start: int) -> bool:
     """Return whether every byte of ``buf`` from ``start`` on is zero."""
     n = len(buf) - start
-    return n <= 0 or buf.count(0, start) == n
+    if n <= 0:
+        return True
+    if isinstance(buf, (bytes, bytearray)):
+        return buf.count(0, start) == n
+    view = memoryview(buf)  # a mapped file: compared a chunk at a time
+    end = len(buf)
+    zero = bytes(min(n, CRC_CHUNK))
+    return all(view[a : a + CRC_CHUNK] == zero[: min(CRC_CHUNK, end - a)] for a in range(start, end, CRC_CHUNK))
+
+
+def first_record(buf: bytes | bytearray, start: int, limit: int, seed: int, kind: int, max_payload: int) -> int | None:
+    """Return the first 8-aligned offset in ``[start, limit)`` where a record verifies, else None.
+
+    What recovery tries after a damaged file header. Bounded: the bytes it
+    checksums are at most :data:`SALVAGE_WORK` times the stretch tried plus
+    :data:`SALVAGE_SLACK` (a candidate frame claiming a long payload costs its
+    length); past that it gives up (None), as a crafted stretch would make it
+    quadratic otherwise.
+    """
+    limit = min(limit, len(buf))
+    budget = SALVAGE_WORK * max(0, limit - start) + SALVAGE_SLACK
+    for off in range(start + fmt.pad_len(start), limit, 8):
+        cost = _frame_cost(buf, off, len(buf))
+        if cost > budget:
+            return None
+        budget -= cost
+        try:
+            rec = fmt.decode_record(buf, off, seed, kind, max_payload)
+        except FormatError:
+            continue
+        if isinstance(rec, fmt.Record):
+            return off
+    return None
+
+
+def _frame_cost(buf: bytes | bytearray | memoryview, pos: int, stop: int) -> int:
+    """Bytes ``format.decode_record`` may checksum for a frame at ``pos`` (at most up to ``stop``)."""
+    if pos + fmt.RECORD_HEADER_LEN > stop or buf[pos] not in (fmt.PUT, fmt.TAKE):
+        return 0  # the other ops' lengths are checked before the checksum: constant work
+    return min(fmt.record_size(_U32.unpack_from(buf, pos + 4)[0]), stop - pos)
 
 
 def find_verified_batch_end(
@@ -232,11 +292,19 @@ def find_verified_batch_end(
 
     ``buf`` holds the file's bytes from offset ``base`` on; ``start`` and the
     returned offset are relative to ``buf``, the BatchEnd's fields to the file.
+
+    Linear in the bytes searched, whatever they hold: a frame that is not a
+    BATCH_END of an allowed length is refused before its checksum
+    (``format.decode_record``), and the batches checksummed never overlap. A
+    BATCH_END frame that verifies on its own was written by us, so no batch
+    spans it: a later one claiming a batch that starts before its end is
+    refused without checksumming that batch.
     """
     off = start + fmt.pad_len(start)
     n = len(buf)
     find = buf.find
     marker = bytes([fmt.BATCH_END])
+    floor = 0  # where the batch of the next BATCH_END may start, at the earliest
     while off + BATCH_END_SIZE <= n:
         hit = find(marker, off)
         if hit < 0:
@@ -250,8 +318,9 @@ def find_verified_batch_end(
             if isinstance(rec, fmt.Record) and rec.op == fmt.BATCH_END:
                 be = fmt.decode_batch_end(rec.payload)
                 rel = be.batch_start - base
-                if rel + be.batch_len == off and rel >= 0 and fmt.crc(kind, buf[rel:off], seed) == be.batch_crc:
+                if rel + be.batch_len == off and rel >= floor and crc_of(kind, buf, rel, off, seed) == be.batch_crc:
                     return off, be
+                floor = rec.end
         except FormatError:
             pass
         off += 8
@@ -417,7 +486,7 @@ class Scanner:
                     if be is not None:
                         if be.batch_start != g + base or be.batch_len != pos - g:
                             bad_reason = "BATCH_END does not cover the preceding batch"
-                        elif fmt.crc(kind, buf[g:pos], seed) != be.batch_crc:
+                        elif crc_of(kind, buf, g, pos, seed) != be.batch_crc:
                             bad_reason = "batch checksum mismatch"
                         elif not pending or be.first_woid != pending[0].woid or be.last_woid != pending[-1].woid:
                             bad_reason = "BATCH_END's write-order ids do not match its batch"
@@ -580,7 +649,19 @@ class Scanner:
         prev = last_woid
         bad_at = -1
         found = False
+        budget = SALVAGE_WORK * (stop - start) + SALVAGE_SLACK  # bytes checksummed: see SALVAGE_WORK
         while pos < stop:
+            budget -= _frame_cost(view, pos, stop)
+            if budget < 0:
+                logger.error(
+                    "%s: salvage gave up at byte %d: the damaged stretch costs too much to read frame by frame",
+                    self.path,
+                    pos + self.base,
+                )
+                if bad_at < 0:
+                    bad_at = pos
+                    found = True
+                break
             rec = self._decode_at(view, pos, prev)
             if rec is not None:
                 if bad_at >= 0:
@@ -602,8 +683,10 @@ class Scanner:
             if pos + fmt.RECORD_HEADER_LEN <= stop:
                 length = _U32.unpack_from(buf, pos + 4)[0]
                 skip = pos + fmt.record_size(length)
-                if pos < skip < stop and self._decode_at(view, skip, prev) is not None:
-                    nxt = skip
+                if pos < skip < stop and (cost := _frame_cost(view, skip, stop)) <= budget:
+                    budget -= cost
+                    if self._decode_at(view, skip, prev) is not None:
+                        nxt = skip
             pos = nxt
         if bad_at >= 0:
             self._dropped(bad_at, stop, prev, INF_WOID, problem)

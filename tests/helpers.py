@@ -67,3 +67,18 @@ def decode_puts_outcome(results: list[Any]) -> list[Any]:
             assert type(r) in (tuple, bytes), r
             out.append(r)
     return out
+
+
+def payload_fits(op: int, payload: bytes) -> bool:
+    """Whether a record of ``op`` may carry ``payload`` (what ``decode_record`` checks before the checksum).
+
+    Written out here, not taken from ``format``: COMMIT 16 bytes, ROLLBACK 8, BATCH_END 32, RETIRE 8,
+    a TAKE its u32 range count then that many 16-byte ranges, a PUT anything.
+    """
+    n = len(payload)
+    fixed = {fmt.COMMIT: 16, fmt.ROLLBACK: 8, fmt.BATCH_END: 32, fmt.RETIRE: 8}
+    if op in fixed:
+        return n == fixed[op]
+    if op == fmt.TAKE:
+        return n >= 4 and (n - 4) % 16 == 0 and int.from_bytes(payload[:4], "little") == (n - 4) // 16
+    return True

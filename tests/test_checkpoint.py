@@ -668,7 +668,10 @@ def _reference_encode(s: ckpt.Snapshot, crc_kind: int, version: int = 2) -> byte
 def _snap(n: int, seed: int = 0, **kw: object) -> ckpt.Snapshot:
     rnd = random.Random(seed)
     cols = [array("q", sorted(rnd.sample(range(1, 10 * n + 10), n)))]
-    cols += [array("q", (rnd.randrange(-(1 << 40), 1 << 40) for _ in range(n))) for _ in range(3)]
+    # entries that can exist (decode checks them): a record after the header, inside its file's length
+    cols.append(array("q", (rnd.choice((1, 2)) for _ in range(n))))
+    cols.append(array("q", (8 * rnd.randrange(10, 1 << 36) for _ in range(n))))
+    cols.append(array("q", (8 * rnd.randrange(4, 1 << 20) for _ in range(n))))
     return ckpt.Snapshot(
         woid=n + 7,
         next_position=10 * n + 11,
@@ -676,7 +679,7 @@ def _snap(n: int, seed: int = 0, **kw: object) -> ckpt.Snapshot:
         next_file_id=3,
         channel_id=bytes(range(16)),
         created_ns=123,
-        files={2: 4096, 1: 100},
+        files={2: 1 << 40, 1: 1 << 41},
         positions=cols[0],
         file_ids=cols[1],
         offsets=cols[2],

@@ -392,14 +392,15 @@ def test_only_a_put_may_carry_the_sealed_flag(op: int) -> None:
     assert isinstance(rec, fmt.Record)
     assert rec.sealed
     assert b"".join(sealed)[1] == fmt.FLAG_SEALED
-    plain = fmt.encode_record(op, 1, 1, b"y" * 8, seed, kind)
+    payload = PAYLOADS[op]
+    plain = fmt.encode_record(op, 1, 1, payload, seed, kind)
     got = fmt.decode_record(plain, 0, seed, kind, 1 << 20)
     assert isinstance(got, fmt.Record)
     assert not got.sealed
     # The flag set on this op, with the checksum fixed up so only the flag is wrong.
     head = bytearray(plain[:24])
     head[1] = fmt.FLAG_SEALED
-    c = fmt.crc(kind, plain[32:40], fmt.crc(kind, bytes(head), seed))
+    c = fmt.crc(kind, payload, fmt.crc(kind, bytes(head), seed))
     flagged = bytes(head) + struct.pack("<II", c, 0) + plain[32:]
     if op == fmt.PUT:
         r = fmt.decode_record(flagged, 0, seed, kind, 1 << 20)

@@ -29,14 +29,14 @@ from typing import Any
 
 import google_crc32c
 import pytest
-from helpers import decode_puts_outcome
+from helpers import decode_puts_outcome, payload_fits
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from filechannel import format as fmt
 from filechannel import scan
 from filechannel.config import ChannelConfig
-from filechannel.errors import CorruptLogError
+from filechannel.errors import CorruptLogError, FormatError
 
 C = fmt.speedups
 needs_c = pytest.mark.skipif(C is None, reason="the C accelerator is not built or FILECHANNEL_PURE_PYTHON is set")
@@ -1041,6 +1041,10 @@ def test_add_is_byte_identical(
     py = run(fmt._RecordEncoder(seed, kind))
     assert run(c_enc) == py
     if py[0] == "ok" and op in fmt.OP_NAMES:
+        if not payload_fits(op, payload):  # framed as asked, but no record of that op has that length
+            with pytest.raises(FormatError, match="payload length"):
+                fmt.decode_record(py[2], len(b"before"), seed, kind, 1 << 20)
+            return
         rec = fmt.decode_record(py[2], len(b"before"), seed, kind, 1 << 20)
         assert isinstance(rec, fmt.Record)
         assert (rec.op, rec.woid, rec.txn_id, rec.payload, rec.size) == (op, woid, txn, payload, py[1])
