@@ -629,7 +629,7 @@ class Scanner:
         if log.config.on_corruption != "skip":
             raise CorruptLogError(self.path, x + base, problem)
         self._salvage(g, stop, records, last_woid, problem)
-        return stop if stop < n else None
+        return stop  # at the end of the file too: the scan then ends past what was salvaged
 
     def _salvage(self, start: int, stop: int, records: list[ScanRecord], last_woid: int, problem: str) -> None:
         """Keep every record in ``[start, stop)`` that verifies on its own; report the rest.

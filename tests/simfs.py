@@ -3,6 +3,6 @@
 It lives in :mod:`filechannel.testing.simfs` so that users get it too.
 """
 
-from filechannel.testing.simfs import CRASH_MODES, CRASH_VARIANTS, MUTATING_OPS, SimFS, Stats
+from filechannel.testing.simfs import CRASH_MODES, CRASH_VARIANTS, MUTATING_OPS, ConcurrentSimFS, SimFS, Stats
 
-__all__ = ["CRASH_MODES", "CRASH_VARIANTS", "MUTATING_OPS", "SimFS", "Stats"]
+__all__ = ["CRASH_MODES", "CRASH_VARIANTS", "MUTATING_OPS", "ConcurrentSimFS", "SimFS", "Stats"]

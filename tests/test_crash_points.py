@@ -25,6 +25,16 @@ checks that:
 * recovery is idempotent: a crash at any point *during* recovery, followed by
   another recovery, gives the same state as the uninterrupted recovery.
 
+Concurrent committers (``Driver.concurrent``): several threads commit at
+once on a :class:`ConcurrentSimFS` whose fdatasync takes a few milliseconds
+(other threads run meanwhile, as during a real one), so commits form groups
+that share one write and one fdatasync. Besides every mutating call, the
+moment each commit returns is a crash point: the oracle then demands every
+commit that returned, and treats each commit still running as in flight, all
+or nothing, at whatever positions recovery shows. Which snapshots are taken
+depends on the thread schedule, so these workloads do not replay exactly; the
+groups that formed are counted and asserted.
+
 Identical crash states are recovered once; the number of distinct states and
 of variants tried is printed and asserted (see docs/reliability.md).
 """
@@ -33,16 +43,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from simfs import CRASH_VARIANTS, MUTATING_OPS, SimFS
+from simfs import CRASH_VARIANTS, MUTATING_OPS, ConcurrentSimFS, SimFS
 
 import filechannel
+from filechannel import format as fmt
 from filechannel.channel import read_event
 from filechannel.consumers import ConsumerStore
+from filechannel.writer import CommitResult
 
 DIR = "/sim/ch"
 CONSUMER = "q"
@@ -51,7 +65,15 @@ BASE_OPTS: dict[str, Any] = {"background": False, "minimum_required_space": 0, "
 VARIANTS: list[tuple[str, int]] = list(CRASH_VARIANTS)
 NESTED_VARIANTS: list[tuple[str, int]] = [("drop", 0), ("random", 1)]
 
-TOTALS: dict[str, int] = {"snapshots": 0, "variants": 0, "distinct_states": 0, "nested_states": 0}
+TOTALS: dict[str, int] = {
+    "snapshots": 0,
+    "variants": 0,
+    "distinct_states": 0,
+    "nested_states": 0,
+    "concurrent_commits": 0,
+    "groups": 0,
+    "grouped_commits": 0,
+}
 
 
 # --------------------------------------------------------------------------
@@ -94,6 +116,8 @@ class Snap:
     durable_upto: int  # with fsync="interval": effects[:n] were made durable by sync()
     op: str
     acks: frozenset[int | None] = frozenset({None})  # what CONSUMER's .ack file may hold (None: no file)
+    # Commits of concurrent committers still running: each one's bodies, all or nothing at any positions.
+    unplaced: tuple[tuple[bytes, ...], ...] = ()
 
 
 class Driver:
@@ -111,13 +135,31 @@ class Driver:
         self.counter = 0
         self.acks: frozenset[int | None] = frozenset({None})
         self.ack_mark: int | None = None  # CONSUMER's acknowledgement, once registered
+        # Concurrent committers: the model changes under the file system's lock, so every snapshot
+        # sees the file system and the model at one instant.
+        self.mutex: Any = fs.mutex if isinstance(fs, ConcurrentSimFS) else threading.RLock()
+        self.unplaced: list[tuple[bytes, ...]] = []
+        # Each concurrent commit: (data file, start of its PUTs, end of its COMMIT record, those bytes).
+        self.concurrent_commits: list[tuple[str, int, int, bytes]] = []
         fs.on_op = self._hook
         self.ch = filechannel.open(DIR, fs=fs, **opts)
 
     def _hook(self, op: str, path: str) -> None:
         if op in MUTATING_OPS:
+            self._snap(f"{op} {path}")
+
+    def _snap(self, op: str) -> None:
+        with self.mutex:
             self.snaps.append(
-                Snap(self.fs.snapshot(), tuple(self.acked), self.inflight, self.durable_upto, f"{op} {path}", self.acks)
+                Snap(
+                    self.fs.snapshot(),
+                    tuple(self.acked),
+                    self.inflight,
+                    self.durable_upto,
+                    op,
+                    self.acks,
+                    tuple(self.unplaced),
+                )
             )
 
     def body(self, size: int) -> bytes:
@@ -145,6 +187,89 @@ class Driver:
         self.acked.append(eff)
         self.next_position += len(bodies)
         self.queue = apply_effects(self.acked)
+
+    def concurrent(
+        self, threads: int, txns: int, puts: list[int], rollback: frozenset[tuple[int, int]] = frozenset()
+    ) -> None:
+        """``threads`` threads commit ``txns`` put-only transactions each, at once.
+
+        The ``k``-th transaction of thread ``t`` rolls back if ``(t, k)`` is in ``rollback``.
+        Needs a :class:`ConcurrentSimFS` with a ``sync_delay``, so that commits group.
+        """
+        assert isinstance(self.fs, ConcurrentSimFS)
+        assert self.fs.sync_delay > 0
+        assert self.opts.get("fsync", "commit") == "commit"
+        log = self.ch._log
+        plain_commit = log.commit
+        results = threading.local()
+
+        def commit(*args: Any, **kwargs: Any) -> CommitResult:
+            res: CommitResult = plain_commit(*args, **kwargs)
+            results.last = res
+            return res
+
+        def run(t: int) -> None:
+            start.wait()
+            for k in range(txns):
+                with self.mutex:
+                    bodies = tuple(self.body(n) for n in puts)
+                tx = self.ch.transaction()
+                for b in bodies:
+                    tx.put(b)
+                if (t, k) in rollback:
+                    tx.rollback()
+                    continue
+                with self.mutex:
+                    self.unplaced.append(bodies)
+                tx.commit()
+                res = results.last
+                with self.mutex:  # the moment the committer hears "committed" is a crash point
+                    self.unplaced.remove(bodies)
+                    self.acked.append(Effect(puts=[(res.first_position + i, b) for i, b in enumerate(bodies)]))
+                    path = log.file_path(res.file_id)
+                    a = res.put_offsets[0]
+                    z = res.put_offsets[-1] + res.put_sizes[-1] + fmt.record_size(16)
+                    self.concurrent_commits.append((path, a, z, self.fs.read(path)[a:z]))
+                    self._snap(f"commit returned (thread {t}, {len(self.acked)} acknowledged)")
+
+        errors: list[BaseException] = []
+
+        def guarded(t: int) -> None:
+            try:
+                run(t)
+            except BaseException as exc:  # raised below
+                errors.append(exc)
+
+        start = threading.Barrier(threads)
+        log.commit = commit  # type: ignore[method-assign]
+        try:
+            workers = [threading.Thread(target=guarded, args=(t,)) for t in range(threads)]
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join(120)
+            assert not any(w.is_alive() for w in workers), "a committer hangs"
+        finally:
+            del log.commit
+        if errors:
+            raise errors[0]
+        self.next_position = next_pos(self.acked)
+        self.queue = apply_effects(self.acked)
+        assert self.ch.stats()["next_position"] == self.next_position
+
+    def group_sizes(self) -> list[int]:
+        """How many concurrent commits each fdatasync made durable (the groups that formed)."""
+        group = []
+        for path, a, z, data in self.concurrent_commits:
+            # The first snapshot after an fdatasync of the file that holds the commit's bytes durably.
+            group.append(
+                next(
+                    i
+                    for i, sn in enumerate(self.snaps)
+                    if sn.op == f"fdatasync {path}" and sn.fs.durable_bytes(path)[a:z] == data
+                )
+            )
+        return sorted(Counter(group).values())
 
     def sync(self) -> None:
         self.ch.sync()
@@ -260,8 +385,22 @@ def recover(fs: SimFS, opts: dict[str, Any]) -> list[tuple[int, bytes]]:
         ch.close()
 
 
-def allowed_states(snap: Snap, mode: str) -> list[list[tuple[int, bytes]]]:
-    acked = list(snap.acked)
+def place(unplaced: tuple[tuple[bytes, ...], ...], got: list[tuple[int, bytes]]) -> list[Effect]:
+    """The commits in flight that recovery shows, at the positions it shows them: all of each, or none."""
+    where = {b: p for p, b in got}
+    out = []
+    for bodies in unplaced:
+        seen = [b for b in bodies if b in where]
+        assert seen in ([], list(bodies)), f"a commit in flight came back in part: {seen} of {list(bodies)}"
+        if seen:
+            first = where[bodies[0]]
+            assert [where[b] for b in bodies] == list(range(first, first + len(bodies))), "positions not consecutive"
+            out.append(Effect(puts=[(first + i, b) for i, b in enumerate(bodies)]))
+    return out
+
+
+def allowed_states(snap: Snap, mode: str, placed: list[Effect] = ()) -> list[list[tuple[int, bytes]]]:  # type: ignore[assignment]
+    acked = list(snap.acked) + list(placed)
     if mode == "commit":
         out = [apply_effects(acked)]
         if snap.inflight is not None:
@@ -297,6 +436,10 @@ def check_crash_state(crashed: SimFS, snap: Snap, opts: dict[str, Any], nested: 
     pristine = crashed.snapshot() if nested else None
     got = recover(crashed, opts)
     crashed.on_op = None
+    if snap.unplaced:  # commits of concurrent committers in flight: where recovery put them, if it did
+        assert mode == "commit"
+        assert ack is None
+        allowed = allowed_states(snap, mode, place(snap.unplaced, got))
     assert got in allowed, f"recovered {got}\nallowed {allowed}\nafter {snap.op}"
     # 2. a clean reopen shows the same, and a new commit gets a fresh position
     ch = filechannel.open(DIR, fs=crashed, **opts)
@@ -327,11 +470,21 @@ def check_crash_state(crashed: SimFS, snap: Snap, opts: dict[str, Any], nested: 
                 assert recover(again_fs, opts) == got, f"recovery is not idempotent (crash during {snap.op})"
 
 
-def run_crash_points(workload: Callable[[Driver], None], opts: dict[str, Any], dir_model: str = "posix") -> int:
-    fs = SimFS(dir_model=dir_model)
+def run_crash_points(
+    workload: Callable[[Driver], None], opts: dict[str, Any], dir_model: str = "posix", sync_delay: float = 0.0
+) -> int:
+    fs = ConcurrentSimFS(dir_model=dir_model, sync_delay=sync_delay) if sync_delay else SimFS(dir_model=dir_model)
     d = Driver(fs, opts)
     workload(d)
     snaps = d.finish()
+    if d.concurrent_commits:
+        sizes = d.group_sizes()
+        TOTALS["concurrent_commits"] += len(d.concurrent_commits)
+        TOTALS["groups"] += len(sizes)
+        TOTALS["grouped_commits"] += sum(n for n in sizes if n > 1)
+        print(f"\n{workload.__name__}: {len(d.concurrent_commits)} concurrent commits in groups of {sizes}")
+        # Groups of more than one commit formed, or the run proved nothing about grouped committers.
+        assert sum(n > 1 for n in sizes) >= 2, sizes
     seen: set[str] = set()
     checked = 0
     for i, snap in enumerate(snaps):
@@ -342,7 +495,7 @@ def run_crash_points(workload: Callable[[Driver], None], opts: dict[str, Any], d
             # The same bytes must be checked again when the oracle differs.
             key = (
                 f"{state_key(crashed)}/{len(snap.acked)}/{snap.inflight is not None}/{snap.durable_upto}/"
-                f"{sorted(snap.acks, key=str)}"
+                f"{sorted(snap.acks, key=str)}/{sorted(u[0] for u in snap.unplaced)}"
             )
             if key in seen:
                 continue
@@ -427,6 +580,16 @@ def w_consumer_acks(d: Driver) -> None:
     d.txn(takes=1)  # in-process takes work again
 
 
+def w_concurrent(d: Driver) -> None:
+    # Several threads commit at once; their commits share writes and fdatasyncs (groups).
+    d.txn(puts=[200])
+    d.concurrent(threads=4, txns=3, puts=[150, 150], rollback=frozenset({(1, 1)}))  # a roll at 4 KiB
+    d.txn(takes=4)
+    d.checkpoint()
+    d.concurrent(threads=3, txns=2, puts=[900])  # rolls inside groups
+    d.txn(takes=3, puts=[100])
+
+
 COMMIT = dict(BASE_OPTS)
 INTERVAL = dict(BASE_OPTS, fsync="interval", fsync_interval=3600.0)
 
@@ -477,6 +640,24 @@ def test_crash_at_every_persistence_point(
     assert checked >= minimum
 
 
+SYNC_DELAY = 0.003  # seconds each simulated fdatasync takes: long enough for committers to queue behind it
+
+
+@pytest.mark.parametrize(
+    ("opts", "dir_model", "minimum"),
+    [
+        pytest.param(COMMIT, "posix", 150, id="posix"),
+        pytest.param(COMMIT, "ext4", 100, id="ext4"),
+        pytest.param(dict(COMMIT, encryption=ENCRYPTION), "posix", 150, id="encrypted-posix", marks=ENC_MARKS),
+    ],
+)
+def test_crash_points_with_concurrent_committers(opts: dict[str, Any], dir_model: str, minimum: int) -> None:
+    """Grouped commits: a crash at any call, or just as any commit returns, keeps every commit that returned."""
+    checked = run_crash_points(w_concurrent, opts, dir_model, sync_delay=SYNC_DELAY)
+    print(f"w_concurrent/{dir_model}: {checked} distinct crash states recovered and checked")
+    assert checked >= minimum
+
+
 def test_crash_points_of_checkpoints_written_in_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     """The checkpoint workload with tiny blocks: every block write, flush and shrinking step is a crash point."""
     from filechannel import checkpoint
@@ -494,5 +675,6 @@ def test_zz_report_totals() -> None:
     print(
         f"\ncrash points: {TOTALS['snapshots']} snapshots x {len(VARIANTS)} variants = {TOTALS['variants']} "
         f"crash states, {TOTALS['distinct_states']} distinct recovered and checked, "
-        f"{TOTALS['nested_states']} crashes during recovery"
+        f"{TOTALS['nested_states']} crashes during recovery; {TOTALS['concurrent_commits']} concurrent commits "
+        f"in {TOTALS['groups']} groups, {TOTALS['grouped_commits']} of them in groups of more than one"
     )

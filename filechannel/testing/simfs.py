@@ -42,14 +42,25 @@ Permissions: every file and directory records the mode it was created with
 owner (``uid``, the creating SimFS's, by default this process's effective
 uid); :meth:`SimFS.mode`, :meth:`SimFS.chown` and ``chmod`` let tests look
 and change them. Nothing enforces them: the simulated process may do anything.
+
+Threads: :class:`ConcurrentSimFS` serialises every call under one re-entrant
+lock (``mutex``, which a test also holds to read the file system and its own
+model at one instant) and can make each fsync/fdatasync take ``sync_delay``
+seconds, spent before the sync takes effect and outside the lock, as a real
+sync releases the GIL: committers on other threads run meanwhile, so group
+commits form, and a commit that returns before the sync covering it is seen
+with its bytes not yet durable (:meth:`SimFS.durable_bytes`).
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import posixpath
 import random
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -573,6 +584,10 @@ class SimFS:
         """Return a file's current contents."""
         return bytes(self._file(path).data)
 
+    def durable_bytes(self, path: str) -> bytes:
+        """Return what of a file's contents a power cut now would certainly leave (as of its last sync)."""
+        return self._file(path).durable
+
     def write(self, path: str, data: bytes) -> None:
         """Replace a file's contents durably (tests use it to plant damage)."""
         node = self._lookup(path)
@@ -749,6 +764,77 @@ class SimFS:
             extra = len(n.data) - len(buf)
             buf.extend(b"\0" * extra if fill == "zeros" else rng.randbytes(extra))
         return bytes(buf)
+
+
+class ConcurrentSimFS(SimFS):
+    """A :class:`SimFS` that several threads may call at once (see the module docstring).
+
+    Args:
+        sync_delay: Seconds each fsync/fdatasync sleeps, outside ``mutex``, before it takes effect.
+        dir_model, capacity, free: As for :class:`SimFS`.
+
+    :meth:`snapshot` and :meth:`crash` return plain :class:`SimFS` objects.
+    """
+
+    def __init__(
+        self, dir_model: str = "posix", capacity: int | None = None, free: int | None = None, sync_delay: float = 0.0
+    ) -> None:
+        self.mutex = threading.RLock()
+        self.sync_delay = sync_delay
+        super().__init__(dir_model=dir_model, capacity=capacity, free=free)
+
+    def _sync(self, op: str, fd: int) -> None:
+        if self.sync_delay > 0:
+            time.sleep(self.sync_delay)  # the device at work: other threads run, nothing is durable yet
+        with self.mutex:
+            super()._sync(op, fd)
+
+
+def _serialised(name: str) -> Callable[..., Any]:
+    plain = getattr(SimFS, name)
+
+    @functools.wraps(plain)
+    def call(self: ConcurrentSimFS, *args: Any, **kwargs: Any) -> Any:
+        with self.mutex:
+            return plain(self, *args, **kwargs)
+
+    return call
+
+
+# Every public call but fsync/fdatasync (whose _sync takes the lock after the delay).
+for _name in (
+    "inject",
+    "clear_faults",
+    "count",
+    "makedirs",
+    "listdir",
+    "exists",
+    "isdir",
+    "create",
+    "open_read",
+    "open_rw",
+    "replace",
+    "unlink",
+    "fsync_dir",
+    "pwrite_all",
+    "pread",
+    "size",
+    "truncate",
+    "close",
+    "lock",
+    "unlock",
+    "free_space",
+    "stat_token",
+    "read",
+    "durable_bytes",
+    "write",
+    "remove",
+    "files",
+    "open_fds",
+    "snapshot",
+    "crash",
+):
+    setattr(ConcurrentSimFS, _name, _serialised(_name))
 
 
 def _tear(buf: bytearray, off: int, data: bytes, rng: random.Random) -> None:
