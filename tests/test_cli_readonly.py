@@ -126,12 +126,16 @@ def test_stat_dump_verify_work_on_a_channel_the_user_cannot_write(readonly_chann
     assert code == 0, err
     assert "ok, 20 events queued" in out
     assert _listing(d) == before  # nothing created, written or touched
-    # The read-only probe still sees a live owner's lock.
+    # The read-only probe still sees a live owner's lock (a writable open needs the directory
+    # owner-only again: one that others can read is refused).
     _make_writable(d)
+    os.chmod(d, 0o700)
     with filechannel.open(d, minimum_required_space=0):
-        code, out, err = _run_unprivileged("stat", d, "--json")
-    assert code == 0, err
-    assert json.loads(out)["in_use"] is True
+        r = subprocess.run(
+            [sys.executable, "-m", "filechannel", "stat", d, "--json"], capture_output=True, text=True, timeout=120
+        )
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["in_use"] is True
 
 
 def _unshare_ro(path: str, *argv: str) -> subprocess.CompletedProcess[str]:

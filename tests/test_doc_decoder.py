@@ -138,7 +138,9 @@ def read_data_header(buf: bytes, ch: ChannelInfo, file_id: int) -> DataFile:
     if flags & 0x10:  # the encryption extension
         k = buf[x + 1]
         e = 40 + k + pad8(k) + 16
-    if version != 1 or header_len != 80 + 8 * n + e or len(buf) < header_len:
+    if version not in (1, 2) or (version == 2 and not flags & 0x10):
+        raise DocFormatError("data file version or header_len")
+    if header_len != 80 + 8 * n + e or len(buf) < header_len:
         raise DocFormatError("data file version or header_len")
     if flags & ~0x1F or flags & 0xF != ch.kind:
         raise DocFormatError("data file flags")
@@ -192,9 +194,9 @@ def read_records(buf: bytes, ch: ChannelInfo, df: DataFile, newest: bool, start:
         size = 32 + plen + pad8(plen)
         rec = Rec(op, woid, txn, df.file_id, pos, size, payload)
         if op == BATCH_END:
-            if plen != 32 or txn != 0:
+            if plen not in (32, 48) or txn != 0:  # 48 in an authenticated (version 2) file: the batch tag last
                 raise DocFormatError("BATCH_END payload")
-            b_start, b_len, b_crc, first_woid, last_woid = struct.unpack("<QIIQQ", payload)
+            b_start, b_len, b_crc, first_woid, last_woid = struct.unpack_from("<QIIQQ", payload)
             if b_start != g or b_len != pos - g or crc(ch.kind, buf[g:pos], seed) != b_crc:
                 raise DocFormatError(f"file {df.file_id}: batch at {g} does not verify")
             # The batch rule: at least one record, consecutive woids, BATCH_END = last_woid + 1.

@@ -352,6 +352,7 @@ def test_golden_vector_opens_as_a_channel(tmp_path: Path) -> None:
     blocks = _hex_blocks()
     d = tmp_path / "ch"
     (d / "data").mkdir(parents=True)
+    d.chmod(0o700)  # a channel directory others can read is refused
     for name, data in blocks.items():
         (d / name).write_bytes(data)
     with filechannel.open(d, minimum_required_space=0) as ch:
