@@ -500,6 +500,10 @@ class _RecordEncoder:
         ``first_woid .. woid - 1``; the frame takes ``woid``. Its checksum,
         seeded with the file's seed, covers every byte of ``parts``.
         """
+        return self.add(parts, BATCH_END, woid, 0, self._batch_fields(parts, start, first_woid, woid))
+
+    def _batch_fields(self, parts: list[bytes], start: int, first_woid: int, woid: int) -> bytes:
+        """The fixed 32 bytes of a BATCH_END payload: the batch's start, length, checksum and woids."""
         if woid == 0:
             raise ValueError("close_batch: a batch ends after its first record")
         ext = self._extend
@@ -508,7 +512,7 @@ class _RecordEncoder:
         for part in parts:
             body_crc = ext(body_crc, part)
             body_len += len(part)
-        return self.add(parts, BATCH_END, woid, 0, _BATCH_END.pack(start, body_len, body_crc, first_woid, woid - 1))
+        return _BATCH_END.pack(start, body_len, body_crc, first_woid, woid - 1)
 
     def close_batch_auth(
         self,
@@ -525,15 +529,7 @@ class _RecordEncoder:
         (``data``) under the file's batch key, the BATCH_END's write-order id as
         nonce. Returns the frame's size and the tag (the next batch's ``prev_tag``).
         """
-        if woid == 0:
-            raise ValueError("close_batch: a batch ends after its first record")
-        ext = self._extend
-        body_crc = self._seed
-        body_len = 0
-        for part in parts:
-            body_crc = ext(body_crc, part)
-            body_len += len(part)
-        fixed = _BATCH_END.pack(start, body_len, body_crc, first_woid, woid - 1)
+        fixed = self._batch_fields(parts, start, first_woid, woid)
         head = _REC_HEAD.pack(BATCH_END, 0, 0, len(fixed) + BATCH_TAG_LEN, woid, 0)
         tag = tagger(woid, b"".join((prev_tag, *parts, head, fixed)))
         if len(tag) != BATCH_TAG_LEN:
