@@ -693,6 +693,14 @@ class FileChannel:
         )
         self._consumers = ConsumerStore(self._fs, self.directory, self.config.permissions)
         self._log, self._queue = self._recover()
+        if self._log.meta_mac is not None:
+            self._consumers.mac = self._log.meta_mac
+            self._consumers.required = self._log.macs_required and not self._log.sealing_started
+            try:
+                self._consumers.seal_all()
+            except CorruptLogError as exc:  # refused acks pin the queue (see _apply_acks); the open goes on
+                logger.error("consumer acknowledgements not resealed: %s", exc)
+            self._consumers.required = self._log.macs_required
         self.replay_seconds = time.monotonic() - t0
         used = self._log.recovered_from
         if used is not None:
@@ -1042,6 +1050,7 @@ class FileChannel:
             windows = queue.lend(extra)
             taken = {f: list(r) for f, r in self._taken_from.items() if f in files}
             file_dirs = log.file_dirs(files)
+            auth = log.frozen_auth_state(files) if log.meta_mac is not None else None
         snap = Snapshot(
             woid,
             next_pos,
@@ -1053,9 +1062,11 @@ class FileChannel:
             taken=taken,
             parts=windows,
             file_dirs=file_dirs,
+            auth=auth,
         )
         try:
-            nbytes, _copies = self._store.write(snap, log.crc_kind, self._pacer(t0) if paced else None)
+            nbytes, _copies = self._store.write(snap, log.crc_kind, self._pacer(t0) if paced else None, log.meta_mac)
+            log.write_anchor(snap.auth)
         except OSError:
             self._ckpt_stats["checkpoint_failures"] += 1
             raise

@@ -14,6 +14,12 @@ committed, untaken event, including those held by open transactions, which
 recovery returns to the queue), the positions already taken from each live
 data file, the counters, and for each data file the offset at which records
 with ids above ``W`` begin. Recovery loads it and replays only those records.
+
+In an encrypted channel a checkpoint is followed by an extension, the
+authenticated files (``format.AuthState``) and its length, and a MAC trailer
+(``format.encode_sealed``) over everything before it: an edited, forged or
+swapped checkpoint is refused (recovery then tries an older one, else replays
+the log, whose batches are authenticated).
 """
 
 from __future__ import annotations
@@ -30,10 +36,14 @@ from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
+from typing import TYPE_CHECKING, Any
 
 from . import format as fmt
 from ._fs import FS, read_file
 from .errors import FormatError
+
+if TYPE_CHECKING:
+    from .crypto import MetaMac
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +113,7 @@ class Snapshot:
     taken: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     parts: list[tuple[int, int, Columns]] | None = None
     file_dirs: dict[int, int] = field(default_factory=dict)
+    auth: fmt.AuthState | None = None  # an encrypted channel's authenticated files (in the MACed extension)
 
     def __len__(self) -> int:
         if self.parts is not None:
@@ -311,6 +322,57 @@ def decode(buf: bytes, crc_kind: int, channel_id: bytes) -> Snapshot:
     )
 
 
+ROLE = "checkpoint"
+_U32_LEN = struct.Struct("<I")
+
+
+def _with_seal(blocks: Iterator[bytes], snap: Snapshot, hasher: Any) -> Iterator[bytes]:
+    """The checkpoint's blocks, then (``hasher`` given) its authenticated-files extension and MAC trailer.
+
+    The trailer's tag is taken from ``hasher`` once every block before it went
+    through it (the caller feeds each block to ``hasher`` before writing it).
+    """
+    yield from blocks
+    if hasher is None:
+        return
+    blob = fmt.encode_auth_state(snap.auth or fmt.AuthState(fmt.NO_AUTH_FILE, ()))
+    yield blob + _U32_LEN.pack(len(blob))
+    key_id, tag = hasher.finish()
+    yield fmt.encode_sealed(b"", key_id, tag)
+
+
+def decode_sealed(
+    buf: bytes, crc_kind: int, channel_id: bytes, path: str, mac: MetaMac | None, required: bool
+) -> Snapshot:
+    """Decode a checkpoint file that may carry the authenticated extension and a MAC trailer.
+
+    Raises:
+        FormatError: Damaged, not this channel's, or its MAC fails (or is missing where ``required``).
+        DecryptionError: Its MAC names a key that is not given.
+    """
+    body, key_id, tag = fmt.split_sealed(buf)
+    if mac is not None:
+        if key_id is None or tag is None:
+            if required:
+                raise FormatError(0, "checkpoint has no MAC, though the channel is encrypted and authenticated")
+        else:
+            problem = mac.check(path, ROLE, body, key_id, tag)
+            if problem is not None:
+                raise FormatError(0, f"checkpoint: {problem}")
+    auth = None
+    if key_id is not None:
+        if len(body) < 4:
+            raise FormatError(0, "checkpoint extension is truncated")
+        (n,) = _U32_LEN.unpack_from(body, len(body) - 4)
+        if n > len(body) - 4:
+            raise FormatError(len(body) - 4, "checkpoint extension length runs past its start")
+        auth = fmt.decode_auth_state(body[len(body) - 4 - n : len(body) - 4])
+        body = body[: len(body) - 4 - n]
+    snap = decode(bytes(body), crc_kind, channel_id)
+    snap.auth = auth
+    return snap
+
+
 @dataclass
 class StoredCheckpoint:
     """A checkpoint file found on disk."""
@@ -361,17 +423,37 @@ class CheckpointStore:
         out.sort(key=lambda c: (-c.woid, c.path))
         return out
 
-    def load(self, c: StoredCheckpoint, crc_kind: int, channel_id: bytes) -> Snapshot:
-        """Read and decode one checkpoint file.
+    def load(
+        self,
+        c: StoredCheckpoint,
+        crc_kind: int,
+        channel_id: bytes,
+        mac: MetaMac | None = None,
+        required: bool = False,
+    ) -> Snapshot:
+        """Read and decode one checkpoint file; with ``mac``, check its MAC.
+
+        ``required``: a checkpoint without a MAC is refused too (the channel has
+        authenticated data files; see :func:`filechannel.directory.verify_mac`).
 
         Raises:
-            FormatError: It is damaged or not this channel's.
+            FormatError: It is damaged, not this channel's, or its MAC fails.
+            DecryptionError: Its MAC names a key that is not given.
             OSError: It cannot be read.
         """
-        return decode(read_file(self.fs, c.path), crc_kind, channel_id)
+        return decode_sealed(read_file(self.fs, c.path), crc_kind, channel_id, c.path, mac, required)
 
-    def write(self, snap: Snapshot, crc_kind: int, pace: Callable[[float], None] | None = None) -> tuple[int, int]:
+    def write(
+        self,
+        snap: Snapshot,
+        crc_kind: int,
+        pace: Callable[[float], None] | None = None,
+        mac: MetaMac | None = None,
+    ) -> tuple[int, int]:
         """Write a snapshot atomically into every checkpoint directory; prune old ones.
+
+        With ``mac`` (an encrypted channel) the snapshot's authenticated files
+        follow it, and a MAC trailer ends the file.
 
         ``pace``, when given, is called after each intermediate flush (every
         :data:`SYNC_EVERY` bytes) with the fraction of the whole write done so
@@ -398,7 +480,10 @@ class CheckpointStore:
             try:
                 # Block by block (one write for a small queue), so committers run in between.
                 size = synced = 0
-                for block in encode_blocks(snap, crc_kind):
+                hasher = mac.hasher(ROLE) if mac is not None else None
+                for block in _with_seal(encode_blocks(snap, crc_kind), snap, hasher):
+                    if hasher is not None:
+                        hasher.update(block)
                     fs.pwrite_all(fd, block, size)
                     size += len(block)
                     if size - synced >= SYNC_EVERY:

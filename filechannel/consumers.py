@@ -35,12 +35,15 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._fs import FS, read_file, replace_durably
-from .directory import decode_meta, encode_meta
+from .directory import encode_meta, split_meta, verify_mac
 from .errors import ChannelError, ConfigError, ConsumerIdentityError, CorruptLogError, FormatError
 from .permissions import fs_for, policy_of
+
+if TYPE_CHECKING:
+    from .crypto import MetaMac
 
 __all__ = ["CONSUMERS_DIR", "ConsumerState", "ConsumerStore", "validate_name"]
 
@@ -125,9 +128,20 @@ class ConsumerStore:
             channel directory's mode shows, looked up at the first write.
     """
 
-    def __init__(self, fs: FS, directory: str, permissions: str | None = None) -> None:
+    def __init__(
+        self,
+        fs: FS,
+        directory: str,
+        permissions: str | None = None,
+        mac: MetaMac | None = None,
+        required: bool = False,
+    ) -> None:
         self.fs = fs
         self.permissions = permissions
+        # An encrypted channel's acks carry a MAC (``ack:<name>``); once the channel has
+        # authenticated data files (``required``) an ack without one is refused too.
+        self.mac = mac
+        self.required = required
         self.directory = os.fspath(directory)
         self.path = os.path.join(self.directory, CONSUMERS_DIR)
         self._lock = threading.Lock()
@@ -214,10 +228,38 @@ class ConsumerStore:
         except FileNotFoundError:
             return None
         try:
-            obj = decode_meta(buf, f"consumer {name}")
-            return _state_of(name, obj)
+            obj, line, key_id, tag = split_meta(buf, f"consumer {name}")
+            state = _state_of(name, obj)
         except FormatError as exc:
             raise CorruptLogError(path, exc.offset, exc.reason, _REMEDY.format(name=name)) from exc
+        problem = verify_mac(self.mac, self.required, path, _role(name), line, key_id, tag)
+        if problem is not None:
+            raise CorruptLogError(path, 0, f"consumer {name}: {problem}", _REMEDY.format(name=name))
+        return state
+
+    def seal_all(self) -> int:
+        """Rewrite every ack whose MAC is missing or made with another key than the active one; return how many.
+
+        At a channel's open: when it just got keys, and after a key rotation (so an
+        old key can be dropped once no data file uses it).
+
+        Raises:
+            CorruptLogError: An ``.ack`` file does not decode.
+        """
+        if self.mac is None:
+            return 0
+        n = 0
+        with self._lock:
+            for name in self.list():
+                _obj, _line, key_id, _tag = split_meta(read_file(self.fs, self.file_path(name)), f"consumer {name}")
+                if key_id != self.mac.key_id:
+                    st = self._read(name)
+                    assert st is not None
+                    self._write(st)
+                    n += 1
+        if n:
+            logger.info("added a MAC to %d consumer ack file(s) of %s", n, self.directory)
+        return n
 
     # -- writing -------------------------------------------------------------------------
 
@@ -336,7 +378,9 @@ class ConsumerStore:
                 "acked": state.acked,
                 "registered_ns": state.registered_ns,
                 "version": 1,
-            }
+            },
+            self.mac,
+            _role(state.name),
         )
         tmp = os.path.join(self.path, f".{state.name}{ACK_SUFFIX}{_TMP_MARK}{os.getpid()}-{time.time_ns()}")
         replace_durably(fs, tmp, self.file_path(state.name), data)
@@ -363,6 +407,10 @@ class ConsumerStore:
                 self.fs.unlink(os.path.join(self.path, e))
             except FileNotFoundError:
                 pass
+
+
+def _role(name: str) -> str:
+    return f"ack:{name}"
 
 
 def _state_of(name: str, obj: dict[str, Any]) -> ConsumerState:

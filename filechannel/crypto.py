@@ -49,6 +49,9 @@ KEY_ID_RE: Final = re.compile(r"^[A-Za-z0-9._:-]{1,64}\Z")  # \Z: "$" would let 
 KEY_ID_RULE: Final = "1 to 64 characters of A-Z a-z 0-9 . _ : -"
 _INFO: Final = b"filechannel/v1 data file key"
 _BATCH_INFO: Final = b"filechannel/v2 batch tag key"
+_META_INFO: Final = b"filechannel/v2 metadata mac key"
+META_TAG_LEN: Final = 32
+"""Bytes of a small file's MAC (HMAC-SHA256)."""
 STAGING_INFO: Final = b"filechannel/v1 spark staging key"
 _CHECK_NONCE: Final = bytes(12)  # woid 0 is never a record's: the key check's nonce is free
 _NONCE_PAD: Final = bytes(4)
@@ -408,6 +411,10 @@ class Encryption:
         assert key is not None
         return FileCipher(self.suite, self.active_key, os.urandom(SALT_LEN), key, channel_id, file_id)
 
+    def meta_mac(self, channel_id: bytes) -> MetaMac:
+        """Return the MAC of this channel's small files (checkpoints, acks, ``DATA_DIRS``, ``DATADIR``, ``ANCHOR``)."""
+        return MetaMac(self, channel_id)
+
     def staging_cipher(self, name: str) -> FileCipher:
         """Return a cipher for one staged file of the Spark sink (the active key, a fresh salt).
 
@@ -632,3 +639,101 @@ class FileCipher:
         except Exception:  # noqa: BLE001 - cryptography's InvalidTag
             return None
         return out
+
+
+class MetaMac:
+    """MACs an encrypted channel's small files: checkpoints, ``.ack`` files, ``DATA_DIRS``, ``DATADIR``, ``ANCHOR``.
+
+    A tag is HMAC-SHA256 under a key derived (HKDF-SHA256, its own label) from a
+    master key and the channel id, over ``role || 0x00 || body``: the role names
+    the file (``"ack:reader-1"``, ``"checkpoint"``, ...), so a valid file moved
+    to another role fails. New tags use the active key; a tag names its key id,
+    so files written before a key rotation verify while that key is given.
+    """
+
+    __slots__ = ("_channel_id", "_enc", "_keys")
+
+    def __init__(self, enc: Encryption, channel_id: bytes) -> None:
+        self._enc = enc
+        self._channel_id = channel_id
+        self._keys: dict[str, bytes] = {}
+
+    def __repr__(self) -> str:
+        return f"MetaMac(channel={self._channel_id.hex()})"
+
+    @property
+    def key_id(self) -> str:
+        """The key id new tags are made with (the active key)."""
+        assert self._enc.active_key is not None
+        return self._enc.active_key
+
+    def _key(self, key_id: str) -> bytes | None:
+        k = self._keys.get(key_id)
+        if k is None:
+            master = self._enc.key(key_id)
+            if master is None:
+                return None
+            hashes, _aead, hkdf = _crypto()
+            k = hkdf(algorithm=hashes.SHA256(), length=KEY_LEN, salt=None, info=_META_INFO + self._channel_id).derive(
+                master
+            )
+            self._keys[key_id] = k
+        return k
+
+    def tag(self, role: str, body: bytes | bytearray | memoryview) -> tuple[str, bytes]:
+        """Return ``(key id, tag)`` of ``body`` in ``role`` under the active key."""
+        import hmac
+
+        key = self._key(self.key_id)
+        assert key is not None
+        return self.key_id, hmac.new(key, role.encode() + b"\0" + bytes(body), "sha256").digest()
+
+    def hasher(self, role: str) -> _MacHasher:
+        """Return an incremental form of :meth:`tag` (``update`` the body, then ``finish``)."""
+        import hmac
+
+        key = self._key(self.key_id)
+        assert key is not None
+        h = hmac.new(key, role.encode() + b"\0", "sha256")
+        return _MacHasher(self.key_id, h)
+
+    def check(self, path: str, role: str, body: bytes | bytearray | memoryview, key_id: str, tag: bytes) -> str | None:
+        """Return None when ``tag`` authenticates ``body`` in ``role``, else the reason it does not.
+
+        Raises:
+            DecryptionError: No key is given for ``key_id`` (the file cannot be checked).
+        """
+        import hmac
+
+        if not KEY_ID_RE.match(key_id):
+            return f"its MAC names a key id that is not valid ({KEY_ID_RULE})"
+        key = self._key(key_id)
+        if key is None:
+            raise DecryptionError(
+                path,
+                0,
+                f"file is authenticated with key id {key_id!r}, which is not among the keys given",
+                key_id,
+                KEY_HINT,
+            )
+        want = hmac.new(key, role.encode() + b"\0" + bytes(body), "sha256").digest()
+        if not hmac.compare_digest(want, tag):
+            return "its MAC fails: it was edited, forged, or moved from another file or channel"
+        return None
+
+
+class _MacHasher:
+    """:meth:`MetaMac.tag` fed block by block (a large checkpoint is never joined)."""
+
+    __slots__ = ("_h", "key_id")
+
+    def __init__(self, key_id: str, h: Any) -> None:
+        self.key_id = key_id
+        self._h = h
+
+    def update(self, data: bytes | bytearray | memoryview) -> None:
+        self._h.update(data)
+
+    def finish(self) -> tuple[str, bytes]:
+        """Return ``(key id, tag)`` of everything fed so far."""
+        return self.key_id, self._h.digest()

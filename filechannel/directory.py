@@ -22,6 +22,7 @@ from typing import Any
 
 from . import format as fmt
 from ._fs import read_file, replace_durably
+from .crypto import MetaMac, header_cipher
 from .errors import (
     ChannelCopyError,
     ChannelLockedError,
@@ -33,7 +34,7 @@ from .errors import (
 )
 from .logstate import DEFAULT_DATA_DIR, LogState
 from .permissions import check_channel_dir
-from .scan import SEG_RE, CorruptionReport
+from .scan import SEG_RE, CorruptionReport, oldest_authenticated
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ CHANNEL_FILE = "CHANNEL"
 DATA_DIRS_FILE = "DATA_DIRS"
 DATA_DIR_ID_FILE = "DATADIR"
 LOCK_FILE = "LOCK"
+ANCHOR_FILE = "ANCHOR"  # an encrypted channel's authenticated files as of the last checkpoint (MACed)
 WAL_FILE = "WAL"  # marks a write-ahead log directory (filechannel.WriteAheadLog), written before CHANNEL
 _WAL_MARK = b"filechannel write-ahead log\n"
 _CHANNEL_MAGIC = b"FCCHANNL"
@@ -49,6 +51,10 @@ _U32 = struct.Struct("<I")
 DATA_DIR_HINT = (
     "mount or restore it at this path (a backup restores the whole channel directory); "
     "to accept the loss of its events, open with on_corruption='skip' (every lost position is reported)"
+)
+_MAC_HINT = (
+    "the file was edited or forged, or the keys given are not the channel's; restore the channel from a backup, "
+    "or see docs/encryption.md"
 )
 _FOREIGN_HINT = "pass the data_dirs this channel was created with, or restore its own data directory"
 
@@ -86,20 +92,31 @@ def decode_channel_file(buf: bytes) -> tuple[bytes, int, int]:
     return bytes(cid), kind, created
 
 
-def encode_meta(obj: dict[str, Any]) -> bytes:
-    """Encode a small metadata file: one line of JSON, then ``crc32:`` and its zlib CRC-32 in hex."""
+def encode_meta(obj: dict[str, Any], mac: MetaMac | None = None, role: str = "") -> bytes:
+    """Encode a small metadata file: one line of JSON, then ``crc32:`` and its zlib CRC-32 in hex.
+
+    With ``mac`` (an encrypted channel) a third line ``mac:<key id>:<hex tag>``
+    authenticates the JSON line in ``role`` (see :class:`filechannel.crypto.MetaMac`).
+    """
     line = json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
-    return line + b"\ncrc32:%08x\n" % fmt.crc(fmt.CRC32_ZLIB, line)
+    out = line + b"\ncrc32:%08x\n" % fmt.crc(fmt.CRC32_ZLIB, line)
+    if mac is not None:
+        key_id, tag = mac.tag(role, line)
+        out += b"mac:%s:%s\n" % (key_id.encode("ascii"), tag.hex().encode("ascii"))
+    return out
 
 
-def decode_meta(buf: bytes, what: str) -> dict[str, Any]:
-    """Decode a metadata file written by :func:`encode_meta`.
+_META_TAIL = re.compile(rb"crc32:([0-9a-f]{8})(?:\nmac:([A-Za-z0-9._:-]{1,64}):([0-9a-f]{64}))?\n?")
+
+
+def split_meta(buf: bytes, what: str) -> tuple[dict[str, Any], bytes, str | None, bytes | None]:
+    """Decode a metadata file into ``(object, its JSON line, MAC key id, MAC tag)`` (None, None: no MAC).
 
     Raises:
         FormatError: the checksum does not match or the JSON is not an object.
     """
     line, sep, rest = buf.partition(b"\n")
-    m = re.fullmatch(rb"crc32:([0-9a-f]{8})\n?", rest)
+    m = _META_TAIL.fullmatch(rest)
     if not sep or m is None:
         raise FormatError(len(line), f"{what}: no checksum line")
     if int(m.group(1), 16) != fmt.crc(fmt.CRC32_ZLIB, line):
@@ -110,7 +127,43 @@ def decode_meta(buf: bytes, what: str) -> dict[str, Any]:
         raise FormatError(0, f"{what}: not JSON") from exc
     if not isinstance(obj, dict):
         raise FormatError(0, f"{what}: not a JSON object")
-    return obj
+    key_id = m.group(2).decode("ascii") if m.group(2) is not None else None
+    tag = bytes.fromhex(m.group(3).decode("ascii")) if m.group(3) is not None else None
+    return obj, line, key_id, tag
+
+
+def decode_meta(buf: bytes, what: str) -> dict[str, Any]:
+    """Decode a metadata file written by :func:`encode_meta` (a MAC line is not checked here).
+
+    Raises:
+        FormatError: the checksum does not match or the JSON is not an object.
+    """
+    return split_meta(buf, what)[0]
+
+
+def verify_mac(
+    mac: MetaMac | None,
+    required: bool,
+    path: str,
+    role: str,
+    body: bytes | memoryview,
+    key_id: str | None,
+    tag: bytes | None,
+) -> str | None:
+    """Return why a small file's MAC does not vouch for it, or None when it does (or need not).
+
+    ``required``: the channel is in its authenticated era (an encrypted channel
+    with a data file of format version 2): a file without a MAC is then refused
+    too. Without ``mac`` (no keys: an inspection) nothing is checked.
+
+    Raises:
+        DecryptionError: The MAC names a key that is not given.
+    """
+    if mac is None:
+        return None
+    if key_id is None or tag is None:
+        return "it has no MAC, though the channel is encrypted and authenticated" if required else None
+    return mac.check(path, role, body, key_id, tag)
 
 
 def _same_dir(a: str, b: str) -> bool:
@@ -136,6 +189,8 @@ class ChannelDirectory:
         self.legacy_dirs = False  # DATA_DIRS is missing or of version 1: rewrite it after recovery
         self._rewrite: list[int] = []
         self._locked: set[str] = set()  # lock files this open holds
+        self._mac_rewrite: list[int] = []  # identities to rewrite with a MAC (the channel just got keys)
+        self.anchor_key_id: str | None = None  # the key ANCHOR's MAC was made with, as read
 
     # -- opening ----------------------------------------------------------------
 
@@ -184,9 +239,10 @@ class ChannelDirectory:
         """After recovery checked every data file against this channel's id: record who owns each data directory."""
         if self.st.readonly:
             return
-        for i in self._rewrite:
+        for i in sorted(set(self._rewrite) | set(self._mac_rewrite)):
             self.write_identity(i)
         self._rewrite = []
+        self._mac_rewrite = []
         if self.legacy_dirs:
             self.write_data_dirs()
 
@@ -228,7 +284,7 @@ class ChannelDirectory:
             elif not fs.exists(ident_path):
                 rewrite.append(i)  # written by an older version, or its identity file was lost
             else:
-                cid, owner = self._read_identity(ident_path)
+                cid, owner = self._read_identity(ident_path, i)
                 if cid != st.channel_id:
                     raise DataDirOwnershipError(d, cid.hex(), st.channel_id.hex(), _FOREIGN_HINT)
                 if not self.internal(d) and isinstance(owner, str) and not _same_dir(owner, st.directory):
@@ -239,13 +295,28 @@ class ChannelDirectory:
                 self._lock_extra(os.path.join(d, LOCK_FILE))
         return rewrite
 
-    def _read_identity(self, ident_path: str) -> tuple[bytes, object]:
-        """Read a data directory's ``DATADIR``: ``(channel id, recorded owner)``."""
+    def _read_identity(self, ident_path: str, index: int | None = None) -> tuple[bytes, object]:
+        """Read a data directory's ``DATADIR``: ``(channel id, recorded owner)``.
+
+        With ``index`` (this channel's directory ``index``) its MAC is checked too.
+        An identity without a MAC in a channel that does not require one yet is
+        rewritten with one after recovery.
+        """
         try:
-            ident = decode_meta(read_file(self.st.fs, ident_path), "data directory identity")
-            return bytes.fromhex(str(ident["channel_id"])), ident.get("owner")
+            ident, line, key_id, tag = split_meta(read_file(self.st.fs, ident_path), "data directory identity")
+            cid = bytes.fromhex(str(ident["channel_id"]))
         except (FormatError, KeyError, ValueError) as exc:
             raise CorruptLogError(ident_path, 0, f"unreadable data directory identity: {exc}") from exc
+        if index is not None and cid == self.st.channel_id:
+            st = self.st
+            problem = verify_mac(st.meta_mac, st.macs_required, ident_path, f"DATADIR:{index}", line, key_id, tag)
+            if problem is not None:
+                self._blame_key(st.data_dirs)
+                raise CorruptLogError(ident_path, 0, f"data directory identity: {problem}", _MAC_HINT)
+            stale = st.meta_mac is not None and key_id != st.meta_mac.key_id  # none yet, or an older key's
+            if stale and not st.readonly and index not in self._mac_rewrite:
+                self._mac_rewrite.append(index)
+        return cid, ident.get("owner")
 
     def _owner_is_live(self, owner: str) -> bool:
         """Whether ``owner`` is a channel directory with this channel's id (the original of a copy)."""
@@ -273,7 +344,11 @@ class ChannelDirectory:
         st = self.st
         d = st.data_dirs[index]
         owner = None if self.internal(d) else os.path.abspath(st.directory)
-        data = encode_meta({"channel_id": st.channel_id.hex(), "index": index, "owner": owner, "version": 1})
+        data = encode_meta(
+            {"channel_id": st.channel_id.hex(), "index": index, "owner": owner, "version": 1},
+            st.meta_mac,
+            f"DATADIR:{index}",
+        )
         self.write_small_file(os.path.join(d, DATA_DIR_ID_FILE), data)
         st.fs.fsync_dir(d)
 
@@ -285,7 +360,8 @@ class ChannelDirectory:
             os.path.relpath(os.path.abspath(d), top) if self.internal(d) else os.path.abspath(d) for d in st.data_dirs
         ]
         self.write_small_file(
-            os.path.join(st.directory, DATA_DIRS_FILE), encode_meta({"data_dirs": entries, "version": 2})
+            os.path.join(st.directory, DATA_DIRS_FILE),
+            encode_meta({"data_dirs": entries, "version": 2}, st.meta_mac, DATA_DIRS_FILE),
         )
         st.fs.fsync_dir(st.directory)
         self.legacy_dirs = False
@@ -333,11 +409,13 @@ class ChannelDirectory:
         path = os.path.join(top, DATA_DIRS_FILE)
         if not fs.exists(path):
             self.legacy_dirs = True  # created before DATA_DIRS existed: the default or the given list
+            self._set_mac_policy(st.data_dirs)
             return
         buf = read_file(fs, path)
         if b"\ncrc32:" in buf:
             try:
-                recorded = decode_meta(buf, "DATA_DIRS")["data_dirs"]
+                obj, line, key_id, tag = split_meta(buf, "DATA_DIRS")
+                recorded = obj["data_dirs"]
                 if (
                     not isinstance(recorded, list)
                     or not recorded
@@ -347,6 +425,13 @@ class ChannelDirectory:
             except (FormatError, KeyError) as exc:
                 raise CorruptLogError(path, 0, f"unreadable list of data directories: {exc}") from exc
             dirs = [d if os.path.isabs(d) else os.path.join(top, d) for d in recorded]
+            self._set_mac_policy(dirs)
+            problem = verify_mac(st.meta_mac, st.macs_required, path, DATA_DIRS_FILE, line, key_id, tag)
+            if problem is not None:
+                self._blame_key(dirs)
+                raise CorruptLogError(path, 0, f"list of data directories: {problem}", _MAC_HINT)
+            if st.meta_mac is not None and key_id != st.meta_mac.key_id:
+                self.legacy_dirs = True  # rewritten with a MAC (under the active key) after recovery
         else:
             try:
                 recorded = json.loads(buf)["data_dirs"]
@@ -371,6 +456,14 @@ class ChannelDirectory:
                 ):
                     d = own  # this channel's default data directory, recorded under an old path
                 dirs.append(d)
+            self._set_mac_policy(dirs)
+            if st.macs_required:
+                raise CorruptLogError(
+                    path,
+                    0,
+                    "list of data directories has no MAC, though the channel is encrypted and authenticated",
+                    _MAC_HINT,
+                )
         if st.config.data_dirs is not None:
             given = [os.path.abspath(d) for d in st.config.data_dirs]
             if given != [os.path.abspath(d) for d in dirs]:
@@ -380,6 +473,95 @@ class ChannelDirectory:
                     "pass the same list, or omit data_dirs",
                 )
         st.data_dirs = dirs
+
+    def _set_mac_policy(self, dirs: list[str]) -> None:
+        """Decide whether this channel's small files must carry a MAC (see :func:`verify_mac`).
+
+        They must once the channel is encrypted and authenticated: ``ANCHOR`` exists,
+        or a data directory holds a data file of format version 2. Before that (a
+        channel that just got keys) files without a MAC are read, and rewritten with one.
+        """
+        st = self.st
+        if st.config.encryption is None:
+            return
+        st.meta_mac = st.config.encryption.meta_mac(st.channel_id)
+        st.macs_required = st.fs.exists(os.path.join(st.directory, ANCHOR_FILE)) or (
+            oldest_authenticated(st.fs, dirs) != fmt.NO_AUTH_FILE
+        )
+
+    def _blame_key(self, dirs: list[str]) -> None:
+        """Before a MAC failure is called an edit: raise if the keys given are not the channel's.
+
+        The newest data file of each directory is checked against the keys (its
+        header's key check); a wrong key then gets its own clear error.
+
+        Raises:
+            DecryptionError: A data file's key is missing or not the one given.
+        """
+        st = self.st
+        for d in dirs:
+            if not st.fs.exists(d):
+                continue
+            ids = sorted(int(m.group(1), 16) for n in st.fs.listdir(d) if (m := SEG_RE.match(n)))
+            for fid in reversed(ids):
+                path = os.path.join(d, f"seg-{fid:016x}.wal")
+                try:
+                    fd = st.fs.open_read(path)
+                    try:
+                        head = st.fs.pread(fd, fmt.MAX_HEADER_LEN, 0)
+                    finally:
+                        st.fs.close(fd)
+                    h = fmt.decode_file_header(head)
+                except (OSError, FormatError):
+                    continue
+                if isinstance(h, fmt.FileHeader) and h.cipher and h.channel_id == st.channel_id:
+                    header_cipher(st.config.encryption, path, h, head, st.channel_id)
+                    break
+
+    def read_anchor(self) -> fmt.AuthState | None:
+        """Read ``ANCHOR``, the authenticated files as of the last checkpoint (None: there is none, or no keys).
+
+        Raises:
+            CorruptLogError: It is damaged, its MAC fails, or it is missing in an
+                authenticated channel (``on_corruption="skip"``: reported, None).
+            DecryptionError: Its MAC names a key that is not given.
+        """
+        st = self.st
+        if st.meta_mac is None:
+            return None
+        path = os.path.join(st.directory, ANCHOR_FILE)
+        problem: str | None = None
+        state = None
+        if not st.fs.exists(path):
+            if oldest_authenticated(st.fs, st.data_dirs) != fmt.NO_AUTH_FILE:
+                problem = "ANCHOR is missing, though the channel has authenticated data files"
+        else:
+            try:
+                body, key_id, tag = fmt.split_sealed(read_file(st.fs, path))
+                problem = verify_mac(st.meta_mac, True, path, ANCHOR_FILE, body, key_id, tag)
+                if problem is None:
+                    state = fmt.decode_auth_state(body)
+                    self.anchor_key_id = key_id
+            except FormatError as exc:
+                problem = exc.reason
+        if problem is None:
+            return state
+        self._blame_key(st.data_dirs)
+        reason = f"{problem}: whole batches cut from the end of a data file, or a data file replaced, cannot be checked"
+        if st.config.on_corruption != "skip":
+            raise CorruptLogError(path, 0, reason, _MAC_HINT)
+        st.report_corruption(CorruptionReport(path, 0, reason, 0))
+        return None
+
+    def write_anchor(self, state: fmt.AuthState | None) -> None:
+        """Replace ``ANCHOR`` (MACed) with ``state``: after each checkpoint of an encrypted channel."""
+        st = self.st
+        if st.meta_mac is None or state is None or st.readonly:
+            return
+        body = fmt.encode_auth_state(state)
+        key_id, tag = st.meta_mac.tag(ANCHOR_FILE, body)
+        self.write_small_file(os.path.join(st.directory, ANCHOR_FILE), fmt.encode_sealed(body, key_id, tag))
+        st.fs.fsync_dir(st.directory)
 
     def _create(self, chan_path: str) -> None:
         st = self.st

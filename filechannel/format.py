@@ -947,3 +947,111 @@ def decode_wal_payload(payload: bytes | memoryview) -> tuple[int, int, bytes]:
 def decode_wal_span(data: bytes) -> int:
     """Return the end time (ns) of a SPAN payload's data (``decode_wal_payload``'s third item)."""
     return int(_I64.unpack(data)[0])
+
+
+# --------------------------------------------------------------------------
+# Authenticated small files (encrypted channels): what a checkpoint and ANCHOR
+# record of each live data file, and the MAC trailer of a binary file.
+
+AUTH_MAGIC: Final = b"FCAUTH01"
+_AUTH_HEAD: Final = struct.Struct("<8sQI")
+_AUTH_ENTRY: Final = struct.Struct("<QQ16s16sI")
+SEAL_MAGIC: Final = b"FCMAC\x00\x00\x01"
+_SEAL_TAG_LEN: Final = 32
+NO_AUTH_FILE: Final = (1 << 64) - 1
+"""``AuthState.first_auth`` of a channel that has no authenticated data file yet."""
+
+
+@dataclass(frozen=True)
+class AuthEntry:
+    """One live data file as an authenticated record vouches for it.
+
+    ``length`` bytes of the file were written (a batch boundary), ``tag`` is the
+    batch tag that ends there (the header's key check when no batch is), and
+    ``key_check`` the header's key check: a file with another salt or key (from
+    a copy of the channel) is not this one. ``dir_index`` is its data directory.
+    """
+
+    file_id: int
+    length: int
+    key_check: bytes
+    tag: bytes
+    dir_index: int
+
+
+@dataclass(frozen=True)
+class AuthState:
+    """The authenticated files of a channel at one moment: the first one, and each live one."""
+
+    first_auth: int
+    files: tuple[AuthEntry, ...]
+
+    def by_id(self) -> dict[int, AuthEntry]:
+        """The entries by file id."""
+        return {e.file_id: e for e in self.files}
+
+
+def encode_auth_state(s: AuthState) -> bytes:
+    """Encode an :class:`AuthState` (it is MACed by whoever stores it)."""
+    out = [_AUTH_HEAD.pack(AUTH_MAGIC, s.first_auth, len(s.files))]
+    for e in s.files:
+        if len(e.key_check) != ENC_CHECK_LEN or len(e.tag) != BATCH_TAG_LEN:
+            raise ValueError("an authenticated file entry holds a 16-byte key check and a 16-byte tag")
+        out.append(_AUTH_ENTRY.pack(e.file_id, e.length, e.key_check, e.tag, e.dir_index))
+    return b"".join(out)
+
+
+def decode_auth_state(buf: bytes | memoryview) -> AuthState:
+    """Decode an :class:`AuthState`; its size must be exact.
+
+    Raises:
+        FormatError: Wrong magic, a count out of range, or a size that does not match it.
+    """
+    if len(buf) < _AUTH_HEAD.size:
+        raise FormatError(0, "authenticated file list is truncated")
+    magic, first, n = _AUTH_HEAD.unpack_from(buf, 0)
+    if magic != AUTH_MAGIC:
+        raise FormatError(0, "bad authenticated file list magic")
+    if n > MAX_LIVE_FILES or len(buf) != _AUTH_HEAD.size + n * _AUTH_ENTRY.size:
+        raise FormatError(8, "authenticated file list size does not match its count")
+    files = []
+    pos = _AUTH_HEAD.size
+    for _ in range(n):
+        fid, length, check, tag, d = _AUTH_ENTRY.unpack_from(buf, pos)
+        if length & 7 or length >= 1 << 62:
+            raise FormatError(pos, f"authenticated length {length} of file {fid} is not a record boundary")
+        files.append(AuthEntry(fid, length, bytes(check), bytes(tag), d))
+        pos += _AUTH_ENTRY.size
+    return AuthState(first, tuple(files))
+
+
+def encode_sealed(body: bytes, key_id: str, tag: bytes) -> bytes:
+    """Append a MAC trailer to ``body``: key id, its length, the 32-byte tag, :data:`SEAL_MAGIC`."""
+    k = key_id.encode("ascii")
+    if not 0 < len(k) < 256 or len(tag) != _SEAL_TAG_LEN:
+        raise ValueError("a MAC trailer holds a 1-255 byte key id and a 32-byte tag")
+    return body + k + bytes([len(k)]) + tag + SEAL_MAGIC
+
+
+def split_sealed(buf: bytes | memoryview) -> tuple[bytes | memoryview, str | None, bytes | None]:
+    """Split a file into ``(body, key id, tag)``; ``(buf, None, None)`` when it has no MAC trailer.
+
+    Raises:
+        FormatError: The trailer's magic is there but the trailer does not fit.
+    """
+    n = len(buf)
+    if n < len(SEAL_MAGIC) or bytes(buf[n - len(SEAL_MAGIC) :]) != SEAL_MAGIC:
+        return buf, None, None
+    end = n - len(SEAL_MAGIC) - _SEAL_TAG_LEN
+    if end < 1:
+        raise FormatError(0, "MAC trailer is truncated")
+    tag = bytes(buf[end : end + _SEAL_TAG_LEN])
+    klen = buf[end - 1]
+    start = end - 1 - klen
+    if klen == 0 or start < 0:
+        raise FormatError(max(start, 0), "MAC trailer's key id does not fit")
+    try:
+        key_id = bytes(buf[start : end - 1]).decode("ascii")
+    except UnicodeDecodeError as exc:
+        raise FormatError(start, "MAC trailer's key id is not ASCII") from exc
+    return buf[:start], key_id, tag

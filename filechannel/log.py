@@ -141,12 +141,26 @@ class Log(LogState):
         self._stop = threading.Event()
         self._writers: list[Writer] = []
         self._dir = ChannelDirectory(self)
+        self.sealing_started = False
         try:
             self._dir.open()
-            recovery = Recovery(self, checkpoints, progress)
+            anchor = self._dir.read_anchor()
+            recovery = Recovery(self, checkpoints, progress, anchor)
             recovery.run()
             self._writers = [Writer(self, i, d, recovery.live_by_dir[i]) for i, d in enumerate(self.data_dirs)]
             self._dir.record_owners()
+            if self.meta_mac is not None and not self.readonly:
+                # From here on this channel writes authenticated files only: say so where a
+                # truncation or a deletion of them cannot go unnoticed.
+                self.first_auth = min(self.first_auth, recovery.first_auth, self.next_file_id)
+                if (
+                    anchor is None
+                    or anchor.first_auth != self.first_auth
+                    or self._dir.anchor_key_id != self.meta_mac.key_id
+                ):
+                    self._dir.write_anchor(fmt.AuthState(self.first_auth, anchor.files if anchor is not None else ()))
+                self.sealing_started = not self.macs_required  # the small files get their MACs now
+                self.macs_required = True
         except BaseException:
             self._release()
             raise
@@ -418,6 +432,15 @@ class Log(LogState):
             finally:
                 for lk in reversed(locks):
                     lk.release()
+
+    def frozen_auth_state(self, files: dict[int, int]) -> fmt.AuthState | None:
+        """The authenticated live files at the lengths :meth:`freeze` yielded; call inside it."""
+        tags = {w.file_id: w.prev_tag for w in self._writers if w.fd is not None and w.tagger is not None}
+        return self.auth_state(files, tags)
+
+    def write_anchor(self, state: fmt.AuthState | None) -> None:
+        """Record the authenticated files a checkpoint just vouched for in ``ANCHOR`` (encrypted channels)."""
+        self._dir.write_anchor(state)
 
     def file_dirs(self, file_ids: Iterable[int]) -> dict[int, int]:
         """The data directory index of each of these live files (a checkpoint records it)."""

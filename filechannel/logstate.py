@@ -27,7 +27,7 @@ from .errors import ChannelClosedError
 
 if TYPE_CHECKING:
     from .checkpoint import Snapshot, StoredCheckpoint
-    from .crypto import FileCipher
+    from .crypto import FileCipher, MetaMac
     from .scan import CorruptionReport, FileScan
 
 logger = logging.getLogger(__name__)
@@ -96,6 +96,15 @@ class LogState:
         self.headerless: dict[int, str] = {}  # file id -> why its sealed records cannot be opened
         self.key_ids: dict[int, str] = {}  # file id -> key id, for every encrypted live file
         self.file_end: dict[int, int] = {}
+        # Authenticated files (format version 2): each one's header key check, and the batch
+        # tag at its file_end (a checkpoint and ANCHOR record both; see format.AuthState).
+        self.key_checks: dict[int, bytes] = {}
+        self.file_tags: dict[int, bytes] = {}
+        self.first_auth = fmt.NO_AUTH_FILE  # the channel's first authenticated data file
+        # The MAC of the small files (checkpoints, acks, DATA_DIRS, DATADIR, ANCHOR) of an
+        # encrypted channel; required once the channel has an authenticated data file.
+        self.meta_mac: MetaMac | None = None
+        self.macs_required = False
         self.read_fds: dict[int, int] = {}
         # I/O counters
         self.fsyncs = 0
@@ -175,6 +184,25 @@ class LogState:
         self.files[file_id] = (index, path)
         self.seeds[file_id] = fmt.file_seed(self.crc_kind, self.channel_id, file_id)
 
+    def auth_state(self, files: dict[int, int], tags: dict[int, bytes]) -> fmt.AuthState | None:
+        """What a checkpoint and ANCHOR record of the authenticated live files (None: none is).
+
+        ``files`` maps each live file to the length vouched for, ``tags`` the
+        writers' current files to the batch tag at that length (older files use
+        :attr:`file_tags`). Call it with the writers held (``Log.freeze``).
+        """
+        entries = []
+        for fid in sorted(files):
+            check = self.key_checks.get(fid)
+            tag = tags.get(fid, self.file_tags.get(fid))
+            if check is None or tag is None:
+                continue
+            index = self.files[fid][0] if fid in self.files else 0
+            entries.append(fmt.AuthEntry(fid, files[fid], check, tag, index))
+        if not entries and self.first_auth == fmt.NO_AUTH_FILE:
+            return None
+        return fmt.AuthState(self.first_auth, tuple(entries))
+
     def forget_file(self, file_id: int) -> str:
         """Drop a retired data file from the live table; return its path (its read descriptor is closed)."""
         _, path = self.files.pop(file_id)
@@ -184,6 +212,8 @@ class LogState:
         self.headerless.pop(file_id, None)
         self.key_ids.pop(file_id, None)
         self.file_end.pop(file_id, None)
+        self.key_checks.pop(file_id, None)
+        self.file_tags.pop(file_id, None)
         rfd = self.read_fds.pop(file_id, None)
         if rfd is not None:
             self.fs.close(rfd)

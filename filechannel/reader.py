@@ -244,6 +244,8 @@ class _Follower:
             q, _, _ = replay_queue(log, log.base_snapshot)
             self.channel_id = log.channel_id
             self.crc_kind = log.crc_kind
+            self.meta_mac = log.meta_mac  # an encrypted channel's acks are MACed
+            self.macs_required = log.macs_required
             self.max_payload = log.max_payload
             self.corruption: list[CorruptionReport] = list(log.corruption)
             self.index = _Index()
@@ -543,7 +545,7 @@ class ChannelReader:
             assert f is not None
             self._follower = f
             if self.consumer is not None:
-                store = ConsumerStore(self._fs, self.directory)
+                store = ConsumerStore(self._fs, self.directory, None, f.meta_mac, f.macs_required)
                 start = f.index.head()
                 st = store.register(
                     self.consumer, self.identity, f.visible_end if start is None else start, reset=self.reset
@@ -759,7 +761,9 @@ class ChannelReader:
                 raise ChannelError(
                     f"cannot acknowledge up to {end}: only positions below {f.visible_end} are committed"
                 )
-        self._acked = ConsumerStore(self._fs, self.directory).ack(self.consumer, self.identity, end)
+        self._acked = ConsumerStore(self._fs, self.directory, None, f.meta_mac, f.macs_required).ack(
+            self.consumer, self.identity, end
+        )
         return self._acked
 
     @property

@@ -41,6 +41,7 @@ from .scan import (
     Scanner,
     all_zero,
     find_verified_batch_end,
+    oldest_authenticated,
     segment_name,
 )
 from .scan import (
@@ -49,6 +50,10 @@ from .scan import (
 
 logger = logging.getLogger(__name__)
 
+AUTH_HINT = (
+    "restore the channel from a backup; to accept the loss, open with on_corruption='skip' (it is reported); "
+    "see docs/encryption.md"
+)
 MISSING_HINT = (
     "restore the file or mount its disk; to accept the loss, open with on_corruption='skip' "
     "(every lost position is reported)"
@@ -76,9 +81,18 @@ class Recovery:
     """
 
     def __init__(
-        self, st: LogState, checkpoints: CheckpointStore | None, progress: Callable[[str], None] | None
+        self,
+        st: LogState,
+        checkpoints: CheckpointStore | None,
+        progress: Callable[[str], None] | None,
+        anchor: fmt.AuthState | None = None,
     ) -> None:
         self.st = st
+        # What ANCHOR (and, once one is chosen, the checkpoint) vouch for of each
+        # authenticated file: its key check, and the batch tag at a length it reached.
+        self._anchor = anchor.by_id() if anchor is not None else {}
+        self._anchor_first = anchor.first_auth if anchor is not None else fmt.NO_AUTH_FILE
+        self._ref: dict[int, fmt.AuthEntry] = dict(self._anchor)
         self.checkpoints = checkpoints
         self._progress = progress
         self._woid_floor = 0
@@ -95,8 +109,9 @@ class Recovery:
                 (unless ``on_corruption="skip"``: then it is reported).
             DecryptionError: An encrypted file's key is missing or wrong.
         """
-        self._first_auth = self._oldest_authenticated()
+        self._first_auth = min(oldest_authenticated(self.st.fs, self.st.data_dirs), self._anchor_first)
         self._recover()
+        self.first_auth = self._first_auth
         if self._plaintext:
             logger.warning(
                 "%d plaintext data file(s) from before encryption was turned on are read while their events "
@@ -104,34 +119,6 @@ class Recovery:
                 len(self._plaintext),
                 self._plaintext[0],
             )
-
-    def _oldest_authenticated(self) -> int:
-        """The lowest file id whose header claims format version 2 (authenticated), in any data directory.
-
-        Only the fixed part of each header is read; a claim is checked (key check,
-        then every batch tag) when the file itself is read.
-        """
-        fs = self.st.fs
-        oldest = 1 << 64
-        for d in self.st.data_dirs:
-            if not fs.exists(d):
-                continue
-            for name in fs.listdir(d):
-                m = SEG_RE.match(name)
-                if m is None or int(m.group(1), 16) >= oldest:
-                    continue
-                try:
-                    fd = fs.open_read(os.path.join(d, name))
-                except OSError:
-                    continue
-                try:
-                    head = fs.pread(fd, 16, 0)
-                finally:
-                    fs.close(fd)
-                claims = len(head) == 16 and head[:8] == fmt.MAGIC and head[8:10] == b"\x02\x00"
-                if claims and int.from_bytes(head[12:14], "little") & fmt.ENCRYPTED:
-                    oldest = int(m.group(1), 16)
-        return oldest
 
     def _recover(self) -> None:
         store = self.checkpoints
@@ -148,10 +135,11 @@ class Recovery:
             if store is None:  # pragma: no cover - found is empty without a store
                 continue
             try:
-                snap = store.load(c, self.st.crc_kind, self.st.channel_id)
+                snap = store.load(c, self.st.crc_kind, self.st.channel_id, self.st.meta_mac, self.st.macs_required)
             except (FormatError, OSError) as exc:
                 self._checkpoint_fallback(c.path, str(exc))
                 continue
+            self._use_auth(snap.auth)
             self.st.voucher = snap
             self.st.voucher_path = c.path
             if self.st.config.replay == "checkpoint":
@@ -166,6 +154,73 @@ class Recovery:
                 return
             break
         self._recover_with(None)
+
+    def _use_auth(self, auth: fmt.AuthState | None) -> None:
+        """Check the data files against ANCHOR and this checkpoint's authenticated files (the longer wins)."""
+        self._ref = dict(self._anchor)
+        if auth is None:
+            return
+        self._first_auth = min(self._first_auth, auth.first_auth)
+        for e in auth.files:
+            cur = self._ref.get(e.file_id)
+            if cur is None or e.length > cur.length:
+                self._ref[e.file_id] = e
+
+    def _refuse(self, path: str, offset: int, reason: str, fid: int, size: int = 0) -> None:
+        """Authenticated data that disagrees with ANCHOR or the checkpoint: refused, or reported in skip mode."""
+        if self.st.config.on_corruption != "skip":
+            raise CorruptLogError(path, offset, reason, AUTH_HINT)
+        self.st.report_corruption(CorruptionReport(path, offset, reason, size, None, [], fid))
+
+    def _check_tag(self, path: str, fid: int, end: int) -> None:
+        """The batch chain of an authenticated file must pass through the tag recorded at its vouched length."""
+        e = self._ref.get(fid)
+        h_len = e.length if e is not None else 0
+        if e is None or fid not in self.st.ciphers or end < h_len or h_len < fmt.BATCH_TAG_LEN:
+            return
+        fs = self.st.fs
+        fd = fs.open_read(path)
+        try:
+            got = fs.pread(fd, fmt.BATCH_TAG_LEN, h_len - fmt.BATCH_TAG_LEN)
+        finally:
+            fs.close(fd)
+        if got != e.tag and got != e.key_check:
+            self._refuse(
+                path,
+                h_len,
+                f"the batches up to offset {h_len} are not the ones the channel wrote (their last tag differs from "
+                "the one ANCHOR or the checkpoint recorded): replaced by a copy's, or forged",
+                fid,
+            )
+
+    def _finish_auth(self, path: str, fid: int, s: FileScan) -> None:
+        """Check an authenticated file against its recorded tag; keep the tag at its end (the next ANCHOR's)."""
+        if fid not in self.st.ciphers or not s.header.authenticated:
+            return
+        self._check_tag(path, fid, s.end)
+        tag = s.last_tag
+        if not tag:  # only the header was read (a checkpoint covers the whole file)
+            tag = s.header.key_check
+            if s.end > s.header.header_len:
+                fd = self.st.fs.open_read(path)
+                try:
+                    tag = self.st.fs.pread(fd, fmt.BATCH_TAG_LEN, s.end - fmt.BATCH_TAG_LEN)
+                finally:
+                    self.st.fs.close(fd)
+        self.st.file_tags[fid] = bytes(tag)
+
+    def _anchored_gone(self, index: int, d: str, ids: list[int]) -> None:
+        """Authenticated files that ANCHOR or the checkpoint recorded newer than any file left: cut whole."""
+        newest = ids[-1] if ids else 0
+        for e in sorted(self._ref.values(), key=lambda e: e.file_id):
+            if e.dir_index != index or e.file_id <= newest or e.file_id in self.st.discarded:
+                continue
+            path = os.path.join(d, segment_name(e.file_id))
+            reason = "data file is missing, but ANCHOR or the checkpoint recorded it (the newest files were removed)"
+            if self.st.config.on_corruption != "skip":
+                raise CorruptLogError(path, 0, reason, MISSING_HINT)
+            self.st.missing_files.add(e.file_id)
+            self.st.report_corruption(CorruptionReport(path, 0, reason, e.length, None, [], e.file_id))
 
     def _reset_recovery(self) -> None:
         self.st.files.clear()
@@ -296,9 +351,11 @@ class Recovery:
         return min(r, size)
 
     def _vouched(self, fid: int) -> int:
-        """The length the newest checkpoint recorded for a file (0: it vouches for nothing)."""
+        """The length the newest checkpoint (or, encrypted, ANCHOR) recorded for a file (0: nothing)."""
         v = self.st.voucher
-        return v.files.get(fid, 0) if v is not None else 0
+        got = v.files.get(fid, 0) if v is not None else 0
+        e = self._ref.get(fid)
+        return max(got, e.length) if e is not None and fid in self.st.ciphers else got
 
     def _read_data_file(self, path: str, fid: int, snap: Snapshot | None) -> tuple[Any, int]:
         """Read a data file, only its header when a checkpoint covers all of it; return it and its size."""
@@ -331,6 +388,7 @@ class Recovery:
         if not fs.exists(d):
             return [], 0, None, set()
         ids = sorted(int(m.group(1), 16) for n in fs.listdir(d) if (m := SEG_RE.match(n)))
+        self._anchored_gone(index, d, ids)
         if not ids:
             return [], 0, None, set()
         max_id = ids[-1]
@@ -414,6 +472,7 @@ class Recovery:
                     False, prev_woid, start, floor, vouched, compact=True
                 )
             s.header_damaged = damaged
+            self._finish_auth(path, fid, s)
             buf = b""  # not two whole files in memory at once while the next one is read
             prev_woid = s.last_woid
             scans.append(s)
@@ -424,6 +483,7 @@ class Recovery:
             raise CorruptLogError(npath, 0, "write-order ids overlap the previous data file")
         self.st.register_file(newest, index, npath)
         self.st.file_end[newest] = nscan.end
+        self._finish_auth(npath, newest, nscan)
         self.st.file_sizes[newest] = nscan.size
         # Only a torn tail (past what the checkpoint vouched for) is cut off. An end below
         # that means skip mode salvaged records from damaged, acknowledged bytes up to the
@@ -526,10 +586,24 @@ class Recovery:
                 raise CorruptLogError(path, 8, reason)
             self.st.report_corruption(CorruptionReport(path, 0, f"{reason}; it is not read", len(buf), None, [], fid))
             self.st.discarded.add(fid)
+            self.st.missing_files.add(fid)
             return None
         if not h.cipher and self.st.config.encryption is not None:
             self._plaintext.append(path)
         self._setup_cipher(path, fid, h, buf)
+        e = self._ref.get(fid)
+        if e is not None and h.authenticated and fid in self.st.ciphers and e.key_check != h.key_check:
+            reason = (
+                "data file is not the one this channel wrote (its key check differs from the one ANCHOR or the "
+                "checkpoint recorded): a file from a copy of the channel, or forged; it is not read"
+            )
+            self._refuse(path, 0, reason, fid, len(buf))
+            self.st.discarded.add(fid)
+            self.st.missing_files.add(fid)  # a checkpoint's events in it are lost, not taken
+            self.st.ciphers.pop(fid, None)
+            return None
+        if h.authenticated and fid in self.st.ciphers:
+            self.st.key_checks[fid] = h.key_check
         return h, None
 
     def _setup_cipher(self, path: str, fid: int, h: fmt.FileHeader, buf: bytes | memoryview) -> None:

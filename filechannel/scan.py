@@ -19,6 +19,7 @@ that cannot be framed becomes one :class:`CorruptionReport`.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import struct
 from array import array
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from . import format as fmt
+from ._fs import FS
 from .config import ChannelConfig
 from .errors import CorruptLogError, FormatError
 
@@ -710,3 +712,32 @@ class Scanner:
         self.log.report_corruption(
             CorruptionReport(self.path, a + self.base, problem, b - a, (woid_lo, woid_hi), file_id=self.file_id)
         )
+
+
+def oldest_authenticated(fs: FS, data_dirs: Sequence[str]) -> int:
+    """The lowest file id whose header claims format version 2 (authenticated), in any data directory.
+
+    ``format.NO_AUTH_FILE`` when none does. Only the fixed part of each header
+    is read; a claim is checked (key check, then every batch tag) when the file
+    itself is read.
+    """
+    oldest = fmt.NO_AUTH_FILE
+    for d in data_dirs:
+        if not fs.exists(d):
+            continue
+        for name in fs.listdir(d):
+            m = SEG_RE.match(name)
+            if m is None or int(m.group(1), 16) >= oldest:
+                continue
+            try:
+                fd = fs.open_read(os.path.join(d, name))
+            except OSError:
+                continue
+            try:
+                head = fs.pread(fd, 16, 0)
+            finally:
+                fs.close(fd)
+            claims = len(head) == 16 and head[:8] == fmt.MAGIC and head[8:10] == b"\x02\x00"
+            if claims and int.from_bytes(head[12:14], "little") & fmt.ENCRYPTED:
+                oldest = int(m.group(1), 16)
+    return oldest

@@ -760,6 +760,7 @@ class WriteAheadLog:
         with log.freeze() as files:
             woid, next_pos, next_txn, next_file = log.counters()
             file_dirs = log.file_dirs(files)
+            auth = log.frozen_auth_state(files) if log.meta_mac is not None else None
         if woid <= 0 or not files:
             return
         for fid, end in self._kept.items():
@@ -768,9 +769,10 @@ class WriteAheadLog:
                 # vouching for them, or the next open would cut them as a torn tail.
                 files[fid] = end
         snap = Snapshot(
-            woid, next_pos, next_txn, next_file, log.channel_id, _time.time_ns(), files, file_dirs=file_dirs
+            woid, next_pos, next_txn, next_file, log.channel_id, _time.time_ns(), files, file_dirs=file_dirs, auth=auth
         )
-        self._store.write(snap, log.crc_kind)
+        self._store.write(snap, log.crc_kind, None, log.meta_mac)
+        log.write_anchor(auth)
 
     def __enter__(self) -> WriteAheadLog:
         return self

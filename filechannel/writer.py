@@ -479,6 +479,8 @@ class Writer:
                 self.synced = self.offset
             self._publish()
             log.file_end[self.file_id] = self.offset
+            if self.tagger is not None:
+                log.file_tags[self.file_id] = self.prev_tag
             fs.close(self.fd)
             self.fd = None
         enc = log.config.encryption
@@ -546,6 +548,8 @@ class Writer:
             at = header.check_offset
             self.tagger = cipher.batch_tag
             self.prev_tag = data[at : at + fmt.ENC_CHECK_LEN]
+            log.key_checks[file_id] = self.prev_tag
+            log.first_auth = min(log.first_auth, file_id)
             self.batch_end_size = BATCH_END_SIZE + fmt.BATCH_TAG_LEN
         else:
             self.tagger = None

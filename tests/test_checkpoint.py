@@ -435,13 +435,13 @@ def _paced_channel(chan_dir: str, monkeypatch: pytest.MonkeyPatch) -> tuple[file
     fractions: list[float] = []
     write = ch._store.write
 
-    def recording_write(snap: ckpt.Snapshot, kind: int, pace: object = None) -> tuple[int, int]:
+    def recording_write(snap: ckpt.Snapshot, kind: int, pace: object = None, mac: object = None) -> tuple[int, int]:
         def rec(done: float) -> None:
             fractions.append(done)
             assert callable(pace)
             pace(done)
 
-        return write(snap, kind, rec if pace is not None else None)
+        return write(snap, kind, rec if pace is not None else None, mac)  # type: ignore[arg-type]
 
     monkeypatch.setattr(ch._store, "write", recording_write)
     return ch, fractions
