@@ -1783,6 +1783,14 @@ def verify_channel(
             intact.append(e)
         files = len(log.file_ids())
         key_ids = tuple(log.key_ids_in_use())
+        if log.meta_mac is not None:
+            # An encrypted channel's acknowledgements: a forged one would make the owner take unread events.
+            acks = ConsumerStore(fs, directory, None, log.meta_mac, log.macs_required)
+            for name in acks.names():
+                try:
+                    acks.get(name)
+                except CorruptLogError as exc:
+                    log.report_corruption(CorruptionReport(exc.path, exc.offset, exc.reason, 0))
     finally:
         log.close()
     latent: list[str] = []

@@ -29,6 +29,7 @@ late ``ack`` changes nothing.
 
 from __future__ import annotations
 
+import builtins
 import logging
 import os
 import re
@@ -160,20 +161,26 @@ class ConsumerStore:
         Raises:
             CorruptLogError: An ``.ack`` file does not decode; the error names it.
         """
-        try:
-            names = self.fs.listdir(self.path)
-        except FileNotFoundError:
-            return {}
         out: dict[str, ConsumerState] = {}
-        for entry in sorted(names):
-            if not entry.endswith(ACK_SUFFIX) or _TMP_MARK in entry:
-                continue
-            name = entry[: -len(ACK_SUFFIX)]
-            if not name or len(name) > MAX_NAME_LEN or not _NAME_RE.fullmatch(name):
-                continue  # not a name this module writes
+        for name in self.names():
             state = self._read(name)
             if state is not None:
                 out[name] = state
+        return out
+
+    def names(self) -> builtins.list[str]:
+        """The names of the registered consumers (their ``.ack`` files; temporary files ignored), sorted."""
+        try:
+            entries = self.fs.listdir(self.path)
+        except FileNotFoundError:
+            return []
+        out: builtins.list[str] = []
+        for entry in sorted(entries):
+            if not entry.endswith(ACK_SUFFIX) or _TMP_MARK in entry:
+                continue
+            name = entry[: -len(ACK_SUFFIX)]
+            if name and len(name) <= MAX_NAME_LEN and _NAME_RE.fullmatch(name):  # else: not a name written here
+                out.append(name)
         return out
 
     def get(self, name: str) -> ConsumerState | None:

@@ -307,3 +307,14 @@ def test_a_key_rotation_reseals_the_small_files(chan_dir: str) -> None:
     with filechannel.ChannelReader(chan_dir, "r1", encryption=only_k2) as r:
         start, end = r.available()
         assert [e.body for e in r.read(start, end)] == [b"under-k2"]
+
+
+def test_verify_reports_a_forged_ack(chan_dir: str) -> None:
+    put_all(chan_dir, BODIES)
+    with filechannel.ChannelReader(chan_dir, "r1", encryption=enc()) as r:
+        r.ack(r.available()[0] + 1)
+    assert verify_channel(chan_dir, encryption=enc()).ok
+    forge_meta(os.path.join(chan_dir, "consumers", "r1.ack"), {"acked": 7})
+    res = verify_channel(chan_dir, encryption=enc())
+    assert not res.ok
+    assert any("consumer r1: its MAC fails" in r.reason for r in res.reports)
