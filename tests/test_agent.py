@@ -539,3 +539,17 @@ def test_an_encrypted_channel_without_the_agent_keystore_fails_at_start(tmp_path
     d = make_channel(tmp_path / "enc", 3, encryption=filechannel.Encryption(keys=ks))
     with pytest.raises(filechannel.DecryptionError):
         serve([d], "grpc://127.0.0.1:0")
+
+
+def test_a_takeover_made_elsewhere_is_seen_by_the_agent(agent: Any, chan: str) -> None:
+    """Another process takes the consumer name over (reset): the agent's cached reader must not keep serving it."""
+    cid = cid_of(chan)
+    with connect(agent.location, timeout=5) as c:
+        c.register(cid, "q", "query-1")
+        assert c.available(cid, "q", "query-1") == (0, 100)
+        with ChannelReader(chan, "q", identity="query-2", reset=True) as other:
+            assert other.ack(10) == 10
+        with pytest.raises(filechannel.ConsumerIdentityError) as ei:
+            c.available(cid, "q", "query-1")
+        assert (ei.value.recorded, ei.value.given) == ("query-2", "query-1")
+        assert c.available(cid, "q", "query-2") == (10, 100)
