@@ -801,6 +801,105 @@ def cmd_keygen(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- serve (the agent; filechannel.agent) ------------------------------------------------------
+
+_SERVE_FLAGS = {
+    "listen": "--listen",
+    "tls_cert": "--tls-cert",
+    "tls_key": "--tls-key",
+    "client_ca": "--client-ca",
+    "token_file": "--token-file",
+    "allow": "--allow",
+    "port_file": "--port-file",
+    "encryption": "--keystore",
+    "directories": "DIR",
+    "on_corruption": "--on-corruption",
+}
+
+
+def _serve_allow(specs: Sequence[str] | None) -> dict[str, frozenset[str]]:
+    """``--allow NAME`` (every channel) or ``--allow NAME=CHANNEL_ID`` (one channel), as an allow-list."""
+    allow: dict[str, set[str]] = {}
+    for spec in specs or ():
+        name, sep, channel = spec.partition("=")
+        if not name or (sep and not channel):
+            raise ChannelError(f"--allow {spec!r}: give NAME (a client certificate's name) or NAME=CHANNEL_ID")
+        allow.setdefault(channel.lower() if sep else "*", set()).add(name)
+    return {k: frozenset(v) for k, v in allow.items()}
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Serve channels over Arrow Flight until SIGTERM or SIGINT (``--check``: print what it would serve)."""
+    try:
+        from .agent.server import AgentConfig, describe, serve
+    except ImportError as exc:
+        raise ChannelError(
+            f"filechannel serve needs pyarrow with Arrow Flight ({exc}): pip install 'filechannel[agent]'"
+        ) from None
+    for d in args.dir:
+        _existing(d)
+    config = AgentConfig(
+        tuple(args.dir),
+        args.listen,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        client_ca=args.client_ca,
+        token_file=args.token_file,
+        allow=_serve_allow(args.allow),
+        keystore=args.keystore,
+        port_file=args.port_file,
+        on_corruption=args.on_corruption or "fail",
+    )
+    try:
+        if args.check:
+            info = describe(config)
+            how = ", ".join(
+                k
+                for k, on in (("TLS", info["tls"]), ("mutual TLS", info["mutual_tls"]), ("bearer token", info["token"]))
+                if on
+            )
+            print(f"would listen on {info['listen']} ({how or 'no TLS: loopback or unix socket only'})")
+            for ch in info["channels"]:
+                consumers = ", ".join(f"{n} (acked {c['acked']})" for n, c in sorted(ch["consumers"].items())) or "none"
+                print(
+                    f"channel {ch['channel']} {ch['directory']}: positions [{ch['start']}, {ch['end']}), "
+                    f"consumers: {consumers}"
+                )
+            return 0
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("filechannel serve: %(levelname)s: %(message)s"))
+        pkg = logging.getLogger("filechannel")
+        pkg.addHandler(handler)
+        pkg.setLevel(getattr(logging, args.log_level))
+        stop = threading.Event()
+        old = {s: signal.signal(s, lambda signum, frame: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            agent = serve(
+                config.directories,
+                config.listen,
+                tls_cert=config.tls_cert,
+                tls_key=config.tls_key,
+                client_ca=config.client_ca,
+                token_file=config.token_file,
+                allow=config.allow,
+                keystore=config.keystore,
+                port_file=config.port_file,
+                on_corruption=config.on_corruption,
+            )
+            try:
+                while not stop.wait(0.5):
+                    pass
+            finally:
+                agent.stop()
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+            pkg.removeHandler(handler)
+        return 0
+    except ConfigError as exc:
+        raise ChannelError(f"{_SERVE_FLAGS.get(exc.option, exc.option)}: {exc.reason}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser (also used by the docs test)."""
     p = _Parser(
@@ -915,6 +1014,37 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("keystore", metavar="KEYSTORE", help="keystore file (JSON: key id -> base64 key)")
     sp.add_argument("--id", metavar="ID", help="the new key's id (default: the UTC time, YYYY-MM-DD-HHMMSS)")
     sp.set_defaults(func=cmd_keygen)
+
+    sp = sub.add_parser(
+        "serve",
+        help="serve channels to other hosts over Arrow Flight (an agent; see docs/agents.md)",
+        epilog="Stops on SIGTERM or SIGINT (exit status 0). " + _EPILOG,
+    )
+    sp.add_argument("dir", nargs="+", metavar="DIR", help="channel directories to serve (each channel id once)")
+    sp.add_argument(
+        "--listen",
+        required=True,
+        metavar="URI",
+        help="grpc+tls://HOST:PORT, grpc://127.0.0.1:PORT (loopback only) or grpc+unix:///PATH; port 0 picks one",
+    )
+    sp.add_argument("--tls-cert", metavar="FILE", help="the agent's certificate chain (PEM), for grpc+tls")
+    sp.add_argument("--tls-key", metavar="FILE", help="the agent's private key (PEM, mode 0600), for grpc+tls")
+    sp.add_argument("--client-ca", metavar="FILE", help="require client certificates signed by this CA (mutual TLS)")
+    sp.add_argument("--token-file", metavar="FILE", help="require this bearer token (a file of mode 0600)")
+    sp.add_argument(
+        "--allow",
+        action="append",
+        metavar="NAME[=CHANNEL_ID]",
+        help="with --client-ca: only these client certificate names, on every channel or on one (repeatable)",
+    )
+    sp.add_argument("--keystore", metavar="PATH", help="keystore of encrypted channels (records still travel sealed)")
+    sp.add_argument("--port-file", metavar="FILE", help="write the bound port here once listening (atomically)")
+    sp.add_argument("--on-corruption", choices=("fail", "skip"), help="fail (default) on damaged data, or skip it")
+    sp.add_argument(
+        "--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), default="INFO", help="default INFO (on stderr)"
+    )
+    sp.add_argument("--check", action="store_true", help="print what would be served and exit (binds nothing)")
+    sp.set_defaults(func=cmd_serve)
 
     sp = sub.add_parser("wal", help="inspect a write-ahead log (filechannel.WriteAheadLog)", epilog=_EPILOG)
     wsub = sp.add_subparsers(dest="wal_command", metavar="WAL_COMMAND", parser_class=_Parser)

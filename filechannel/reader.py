@@ -794,3 +794,76 @@ def _check_range(start: int, end: int) -> None:
             raise ValueError(f"{name} must be an int >= 0, got {v!r}")
     if end < start:
         raise ValueError(f"end {end} is below start {start}")
+
+
+# -- additions for the agent (filechannel.agent): a segment's bytes from elsewhere ------------------
+
+
+class _OneBuffer:
+    """A read-only stand-in for the ``fs`` seam holding one segment's bytes (see :func:`decode_segment`)."""
+
+    def __init__(self, segment: Segment, data: bytes) -> None:
+        self._segment = segment
+        self._data = data
+
+    def open_read(self, path: str) -> int:
+        return 0
+
+    def pread(self, fd: int, n: int, offset: int) -> bytes:
+        if n != len(self._data) or offset != self._segment.offset:
+            raise CorruptLogError(self._segment.path, offset, f"asked for {n} bytes, the segment has {len(self._data)}")
+        return self._data
+
+    def close(self, fd: int) -> None:
+        return None
+
+
+def decode_segment(
+    segment: Segment, data: bytes, *, encryption: Encryption | str | os.PathLike[str] | None = None
+) -> list[Event]:
+    """Decode the events of ``segment`` from its raw bytes ``data`` (received from an agent, say).
+
+    ``data`` must be the ``segment.length`` bytes of the data file at
+    ``segment.offset``. The bytes go through :func:`read_segment` itself, so
+    every record is checked exactly as a local read checks it: its checksum
+    (seeded with the channel id and file id the segment names), its size and
+    kind, and for an encrypted file its authentication tag (``encryption``: a
+    :class:`~filechannel.Encryption` or a keystore path).
+
+    Raises:
+        CorruptLogError: ``data`` is not ``segment.length`` bytes, or a record does not verify.
+        DecryptionError: No key for an encrypted segment, or a record whose tag fails.
+    """
+    if len(data) != segment.length:
+        raise CorruptLogError(
+            segment.path, segment.offset, f"the segment is {segment.length} bytes, {len(data)} were received"
+        )
+    shim: Any = _OneBuffer(segment, data)
+    enc = os.fspath(encryption) if isinstance(encryption, os.PathLike) else encryption
+    return read_segment(segment, fs=shim, encryption=enc)
+
+
+def channel_id_of(directory: str | os.PathLike[str], *, fs: FS | None = None) -> bytes:
+    """Return the id of the channel in ``directory``, read from its ``CHANNEL`` file (no lock, no replay).
+
+    Raises:
+        NotAChannelError: ``directory`` is missing or is not a channel directory.
+        CorruptLogError: The ``CHANNEL`` file does not decode.
+    """
+    from ._fs import read_file
+    from .directory import CHANNEL_FILE, decode_channel_file
+    from .errors import NotAChannelError
+
+    fs = fs or DEFAULT_FS
+    path = os.fspath(directory)
+    if not os.path.isdir(path):
+        raise NotAChannelError(path, "no such directory" if not os.path.exists(path) else "not a directory")
+    chan = os.path.join(path, CHANNEL_FILE)
+    try:
+        data = read_file(fs, chan)
+    except FileNotFoundError:
+        raise NotAChannelError(path, "no CHANNEL file (create a channel with filechannel.open)") from None
+    try:
+        return decode_channel_file(data)[0]
+    except FormatError as exc:
+        raise CorruptLogError(chan, exc.offset, exc.reason) from exc

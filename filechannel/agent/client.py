@@ -1,0 +1,409 @@
+"""The agent client: discovery, consumers, acknowledgements and verified reads over Arrow Flight.
+
+This module owns the client side of the wire format in ``protocol.py``.
+:class:`AgentSettings` is picklable and holds only the URI, file paths and
+the deadline (never a secret's contents), so a Spark driver can ship it to
+executors, which call :meth:`AgentSettings.connect` there. Every call carries
+a deadline (``FlightCallOptions(timeout=...)``); an agent that is stopped or
+cannot be reached raises :class:`AgentUnavailableError` at once, one that
+stalls :class:`AgentTimeoutError` when the deadline passes.
+
+Reads come back as raw segments (:class:`RawSegment`): the bytes of the data
+file as the agent holds them. They are decoded here with
+:func:`filechannel.reader.decode_segment`, the same code as a local
+``read_segment``, so every record's checksum, and an encrypted record's
+authentication tag, is checked at the client, end to end; the checksum seed
+is built from the channel id the client asked for, so bytes of another
+channel never pass.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow.flight as fl
+
+from filechannel.channel import Event
+from filechannel.crypto import Encryption
+from filechannel.errors import ChannelError, ConfigError
+from filechannel.reader import Segment, as_encryption, decode_segment
+from filechannel.scan import segment_name
+
+from . import protocol as proto
+from .auth import TOKEN_HEADER, parse_uri, read_public_file, read_secret_file, read_token
+from .errors import AgentAuthError, AgentError, AgentProtocolError, AgentTimeoutError, AgentUnavailableError
+
+__all__ = ["AgentClient", "AgentSettings", "ChannelInfo", "RawSegment", "connect"]
+
+logger = logging.getLogger("filechannel.agent")
+
+DEFAULT_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """How to reach one agent: picklable, file paths only (the files are read by :meth:`connect`).
+
+    Attributes:
+        uri: ``grpc+tls://HOST:PORT``, ``grpc://127.0.0.1:PORT`` or ``grpc+unix:///PATH``.
+        tls_ca: PEM file of the CA that signed the agent's certificate (default: the system's roots).
+        tls_cert, tls_key: This client's certificate and key (PEM), for an agent with ``--client-ca``.
+        token_file: A file holding the agent's bearer token (mode 0600).
+        timeout: The deadline of every call, in seconds.
+        override_hostname: The name to check the agent's certificate against, if not the URI's host.
+    """
+
+    uri: str
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    token_file: str | None = None
+    timeout: float = DEFAULT_TIMEOUT
+    override_hostname: str | None = None
+
+    def __post_init__(self) -> None:
+        listen = parse_uri(self.uri, "uri")
+        if not isinstance(self.timeout, (int, float)) or isinstance(self.timeout, bool) or not self.timeout > 0:
+            raise ConfigError("timeout", f"must be a number of seconds > 0, got {self.timeout!r}")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("tls_cert", "give tls_cert and tls_key together (a client certificate and its key)")
+        if not listen.tls:
+            for option in ("tls_ca", "tls_cert", "tls_key"):
+                if getattr(self, option):
+                    raise ConfigError(option, f"applies to grpc+tls:// only, and the URI is {self.uri}")
+
+    def connect(self) -> AgentClient:
+        """Return a client (the connection is made by the first call).
+
+        Raises:
+            ConfigError: A TLS or token file that is missing or unsafe.
+        """
+        return AgentClient(self)
+
+
+def connect(
+    uri: str,
+    *,
+    tls_ca: str | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    token_file: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    override_hostname: str | None = None,
+) -> AgentClient:
+    """Return a client of the agent at ``uri`` (see :class:`AgentSettings` for the arguments).
+
+    Raises:
+        ConfigError: A bad URI or timeout, or a TLS or token file that is missing or unsafe.
+    """
+    return AgentSettings(uri, tls_ca, tls_cert, tls_key, token_file, float(timeout), override_hostname).connect()
+
+
+@dataclass(frozen=True)
+class ChannelInfo:
+    """A served channel: its id (hex), its directory's name, and ``[start, end)``, what it holds now."""
+
+    channel: str
+    name: str
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class RawSegment:
+    """Events as an agent sent them: a :class:`~filechannel.Segment` and its bytes (not yet checked).
+
+    ``segment.path`` is a label (``URI/CHANNEL/seg-....wal``) for messages,
+    not a path of this host. :meth:`events` decodes and checks them.
+    """
+
+    segment: Segment
+    data: bytes
+
+    def events(self, encryption: Encryption | str | os.PathLike[str] | None = None) -> list[Event]:
+        """Decode and check every record (``encryption``: a keystore path, for an encrypted channel).
+
+        Raises:
+            CorruptLogError: A record that does not verify (damaged, or not of this channel).
+            DecryptionError: No key for an encrypted segment, or an authentication tag that fails.
+        """
+        return decode_segment(self.segment, self.data, encryption=encryption)
+
+
+class AgentClient:
+    """A connection to one agent.
+
+    Every method raises, besides what it lists:
+
+    - :class:`AgentUnavailableError`: the agent cannot be reached (stopped, or a TLS handshake failed);
+      :class:`AgentTimeoutError` (a subclass): no answer within ``settings.timeout``;
+    - :class:`AgentAuthError`: the agent refused the token or the certificate name;
+    - :class:`UnknownChannelError`: the agent serves no such channel;
+    - the channel's own errors as raised at the agent (``DataLossError``, ``ConsumerIdentityError``, ...).
+
+    Picklable (its settings travel, the connection is made again).
+    """
+
+    def __init__(self, settings: AgentSettings) -> None:
+        self.settings = settings
+        self.uri = settings.uri
+        self._client: Any = None
+        self._headers: list[tuple[bytes, bytes]] = []
+        # Read the files now: a bad path is a ConfigError at connect, not at the first call.
+        self._kwargs = self._tls_kwargs()
+        if settings.token_file:
+            self._headers = [(TOKEN_HEADER.encode(), b"Bearer " + read_token(settings.token_file, "token_file"))]
+
+    def _tls_kwargs(self) -> dict[str, Any]:
+        s = self.settings
+        kw: dict[str, Any] = {}
+        if s.tls_ca:
+            kw["tls_root_certs"] = read_public_file(s.tls_ca, "tls_ca")
+        if s.tls_cert and s.tls_key:
+            kw["cert_chain"] = read_public_file(s.tls_cert, "tls_cert")
+            kw["private_key"] = read_secret_file(s.tls_key, "tls_key")
+        if s.override_hostname:
+            kw["override_hostname"] = s.override_hostname
+        return kw
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"settings": self.settings}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["settings"])  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        return f"<AgentClient {self.uri}>"
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def _flight(self) -> Any:
+        if self._client is None:
+            try:
+                self._client = fl.FlightClient(self.uri, **self._kwargs)
+            except (fl.FlightError, ValueError) as exc:
+                raise AgentUnavailableError(self.uri, f"cannot connect: {_first_line(exc)}") from None
+        return self._client
+
+    def _options(self) -> Any:
+        return fl.FlightCallOptions(timeout=self.settings.timeout, headers=self._headers)
+
+    def _error(self, exc: Exception, what: str) -> ChannelError:
+        msg = _first_line(exc)
+        if isinstance(exc, fl.FlightTimedOutError):
+            return AgentTimeoutError(self.uri, f"{what}: no answer within {self.settings.timeout:g} s (the deadline)")
+        if isinstance(exc, fl.FlightUnavailableError):
+            hint = ""
+            if parse_uri(self.uri, "uri").tls and not self.settings.tls_cert:
+                hint = (
+                    "; if the agent requires client certificates (--client-ca), give tls_cert and tls_key "
+                    "(the Spark options tlsCert and tlsKey)"
+                )
+            return AgentUnavailableError(self.uri, f"{what}: cannot reach the agent ({msg}){hint}")
+        if isinstance(exc, (fl.FlightUnauthenticatedError, fl.FlightUnauthorizedError)):
+            return AgentAuthError(self.uri, f"{what} refused: {msg}")
+        if isinstance(exc, fl.FlightServerError):
+            return proto.decode_error(self.uri, getattr(exc, "extra_info", b"") or b"", msg)
+        return AgentError(self.uri, f"{what}: {msg}")
+
+    def _action(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+        client = self._flight()
+        try:
+            results = list(client.do_action(fl.Action(kind, json.dumps(body).encode()), self._options()))
+        except fl.FlightError as exc:
+            raise self._error(exc, kind) from None
+        if len(results) != 1:
+            raise AgentProtocolError(self.uri, f"{kind}: {len(results)} results, expected one")
+        try:
+            return proto.decode_json(results[0].body.to_pybytes(), f"the answer to {kind}")
+        except AgentProtocolError as exc:
+            raise AgentProtocolError(self.uri, exc.reason) from None
+
+    # -- discovery and status --------------------------------------------------------------
+
+    def channels(self) -> dict[str, ChannelInfo]:
+        """The channels the agent serves (that this caller may use), by channel id (hex)."""
+        client = self._flight()
+        out: dict[str, ChannelInfo] = {}
+        try:
+            infos = list(client.list_flights(b"", self._options()))
+        except fl.FlightError as exc:
+            raise self._error(exc, "list_flights") from None
+        for info in infos:
+            try:
+                meta = proto.decode_json(bytes(info.app_metadata), "a channel's metadata")
+                ch = ChannelInfo(str(meta["channel"]), str(meta["name"]), int(meta["start"]), int(meta["end"]))
+            except (AgentProtocolError, KeyError, TypeError, ValueError):
+                raise AgentProtocolError(self.uri, "list_flights: a channel's metadata does not decode") from None
+            out[ch.channel] = ch
+        return out
+
+    def status(self) -> dict[str, Any]:
+        """The agent's state: ``{agent, version, channels: [{channel, name, start, end, consumers}]}``.
+
+        ``consumers`` maps each registered consumer name to ``{identity, acked, lag}``.
+        """
+        return self._action("status", {})
+
+    # -- consumers -------------------------------------------------------------------------
+
+    def register(self, channel: str, consumer: str, identity: str | None = None, *, reset: bool = False) -> int:
+        """Register ``consumer`` on ``channel`` under ``identity`` (or check it); return its acknowledged mark.
+
+        Raises:
+            ConsumerIdentityError: The name is registered with another identity (and not ``reset``).
+            ConfigError: A bad consumer name.
+        """
+        ans = self._action("register", {"channel": channel, "consumer": consumer, "identity": identity, "reset": reset})
+        return _int(self.uri, ans, "acked")
+
+    def available(self, channel: str, consumer: str | None = None, identity: str | None = None) -> tuple[int, int]:
+        """Return ``[start, end)``: a consumer's acknowledged mark and the durable visible end.
+
+        Without a consumer: what the channel holds (a view's ``[oldest, end)``).
+
+        Raises:
+            ConsumerIdentityError: The consumer is registered with another identity.
+        """
+        body: dict[str, Any] = {"channel": channel}
+        if consumer is not None:
+            body |= {"consumer": consumer, "identity": identity}
+        ans = self._action("available", body)
+        return _int(self.uri, ans, "start"), _int(self.uri, ans, "end")
+
+    def ack(self, channel: str, consumer: str, end: int, identity: str | None = None) -> int:
+        """Acknowledge every position below ``end`` (durable, cumulative, idempotent); return the mark.
+
+        Raises:
+            ConsumerIdentityError: Another identity took the consumer name over.
+            DataLossError: ``end`` is beyond what the channel holds.
+        """
+        if not isinstance(end, int) or isinstance(end, bool) or end < 0:
+            raise ValueError(f"end must be an int >= 0, got {end!r}")
+        ans = self._action("ack", {"channel": channel, "consumer": consumer, "identity": identity, "end": end})
+        return _int(self.uri, ans, "acked")
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def read_raw(
+        self, channel: str, start: int, end: int, *, max_bytes: int = proto.DEFAULT_MAX_BYTES
+    ) -> list[RawSegment]:
+        """The segments holding positions ``[start, end)``, as raw bytes (decode with :meth:`RawSegment.events`).
+
+        Positions the channel never held (a failed commit's) are absent, as in a local read.
+
+        Raises:
+            DataLossError: The range is not (or no longer) held by the channel.
+            AgentProtocolError: The answer is not well formed (positions outside the range, out of order).
+        """
+        for name, v in (("start", start), ("end", end)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+        if end < start:
+            raise ValueError(f"end {end} is below start {start}")
+        try:
+            channel_id = bytes.fromhex(channel)
+        except ValueError:
+            raise ValueError(f"channel must be a channel id in hex, got {channel!r}") from None
+        client = self._flight()
+        ticket = fl.Ticket(proto.encode_ticket(channel.lower(), start, end, max_bytes))
+        try:
+            table = client.do_get(ticket, self._options()).read_all()
+        except fl.FlightError as exc:
+            raise self._error(exc, f"read of [{start}, {end}) of channel {channel}") from None
+        meta = table.schema.metadata or {}
+        if meta.get(proto.META_VERSION) != str(proto.WIRE_VERSION).encode():
+            raise AgentProtocolError(self.uri, f"the read's stream is not of wire version {proto.WIRE_VERSION}")
+        try:
+            crc_kind = int(meta[proto.META_CRC_KIND])
+        except (KeyError, ValueError):
+            raise AgentProtocolError(self.uri, "the read's stream has no checksum kind") from None
+        out: list[RawSegment] = []
+        last = start - 1
+        for row in table.to_pylist():
+            positions = tuple(row["positions"])
+            offsets, sizes = tuple(row["offsets"]), tuple(row["sizes"])
+            raw: bytes = row["raw"]
+            if (
+                not positions
+                or len(offsets) != len(positions)
+                or len(sizes) != len(positions)
+                or positions[0] <= last
+                or positions[-1] >= end
+                or any(b <= a for a, b in itertools.pairwise(positions))
+            ):
+                raise AgentProtocolError(
+                    self.uri, f"read of [{start}, {end}) of channel {channel}: a segment's positions are out of range"
+                )
+            last = positions[-1]
+            seg = Segment(
+                f"{self.uri}/{channel.lower()}/{segment_name(row['file_id'])}",
+                row["file_id"],
+                channel_id,
+                crc_kind,
+                row["offset"],
+                len(raw),
+                positions,
+                offsets,
+                sizes,
+                row["cipher"],
+                row["key_id"],
+                row["salt"],
+            )
+            out.append(RawSegment(seg, raw))
+        return out
+
+    def read(
+        self,
+        channel: str,
+        start: int,
+        end: int,
+        *,
+        encryption: Encryption | str | os.PathLike[str] | None = None,
+        max_bytes: int = proto.DEFAULT_MAX_BYTES,
+    ) -> list[Event]:
+        """The events at positions ``[start, end)``, every record checked here (``encryption``: a keystore path).
+
+        Raises:
+            DataLossError: The range is not (or no longer) held by the channel.
+            CorruptLogError: A record that does not verify.
+            DecryptionError: An encrypted channel without its key, or a tag that fails.
+        """
+        segments = self.read_raw(channel, start, end, max_bytes=max_bytes)
+        enc = as_encryption(encryption) if any(s.segment.cipher for s in segments) else None
+        out: list[Event] = []
+        for s in segments:
+            out.extend(s.events(enc))
+        return out
+
+    def close(self) -> None:
+        """Close the connection (a later call opens a new one)."""
+        if self._client is not None:
+            try:
+                self._client.close()
+            finally:
+                self._client = None
+
+    def __enter__(self) -> AgentClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    text = text.split(". Detail:", 1)[0]
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _int(uri: str, ans: dict[str, Any], key: str) -> int:
+    v = ans.get(key)
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise AgentProtocolError(uri, f"the answer has no {key}")
+    return v

@@ -1,0 +1,226 @@
+"""The agent's wire format: action names, the DoGet ticket, the batch schema and how errors travel.
+
+Both ends import this module, so the format is written down once. It holds no
+transport: the server (``server.py``) and the client (``client.py``) speak
+Arrow Flight. Everything but :func:`batch_schema` works without pyarrow.
+
+- Discovery: ``ListFlights`` gives one ``FlightInfo`` per served channel; its
+  descriptor path is ``[channel id (hex)]`` and its ``app_metadata`` is JSON
+  ``{"v", "channel", "name", "start", "end", "agent"}``.
+- ``DoAction(type, JSON body)`` answers one ``Result`` holding a JSON object:
+  see :data:`ACTIONS`.
+- ``DoGet(ticket)``: the ticket is JSON ``{"v": 1, "channel": hex, "start": s,
+  "end": e, "max_bytes": m}``; the stream has the schema of
+  :func:`batch_schema`, one record batch (one row) per segment.
+- Errors: an application error is a ``FlightServerError`` whose
+  ``extra_info`` is JSON ``{"v": 1, "error": class name, "fields": {...}}``
+  (:func:`encode_error`), rebuilt by the client as the same class
+  (:func:`decode_error`); a refused caller gets ``FlightUnauthenticatedError``
+  (token) or ``FlightUnauthorizedError`` (certificate name).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from filechannel.errors import (
+    ChannelError,
+    ConfigError,
+    ConsumerIdentityError,
+    CorruptLogError,
+    DataLossError,
+    DecryptionError,
+)
+
+from .errors import AgentError, AgentProtocolError, UnknownChannelError
+
+__all__ = [
+    "ACTIONS",
+    "DEFAULT_MAX_BYTES",
+    "WIRE_VERSION",
+    "batch_schema",
+    "decode_error",
+    "decode_json",
+    "decode_ticket",
+    "encode_error",
+    "encode_ticket",
+]
+
+WIRE_VERSION = 1
+DEFAULT_MAX_BYTES = 8 << 20  # the most bytes of one segment (one record batch)
+MAX_TICKET_BYTES = 4096
+
+#: DoAction types: request body -> answer.
+ACTIONS = {
+    "register": "{channel, consumer, identity?, reset?} -> {acked, start, end}",
+    "available": "{channel, consumer?, identity?} -> {start, end} (no consumer: what the channel holds)",
+    "ack": "{channel, consumer, identity?, end} -> {acked}",
+    "status": "{} -> {agent, version, channels: [{channel, name, start, end, consumers: {name: {...}}}]}",
+}
+
+# Schema metadata keys of a DoGet stream.
+META_VERSION = b"filechannel.agent"
+META_CHANNEL = b"channel"
+META_CRC_KIND = b"crc_kind"
+
+
+def batch_schema(channel: str, crc_kind: int) -> Any:
+    """The schema of a DoGet stream: one row per segment, its raw bytes and where its records lie.
+
+    Columns: ``file_id int64``, ``offset int64`` (of the segment in its data
+    file), ``raw large_binary`` (the bytes, exactly as on disk: checksummed,
+    and sealed when encrypted), ``positions``, ``offsets`` (relative to
+    ``offset``) and ``sizes`` (``list<int64>``, parallel), ``cipher int32``,
+    ``key_id string`` and ``salt binary`` (the data file's cipher suite, key
+    id and salt; 0, "" and b"" for a plaintext file). Metadata: the wire
+    version, the channel id (hex) and the channel's checksum kind.
+    """
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("file_id", pa.int64()),
+            ("offset", pa.int64()),
+            ("raw", pa.large_binary()),
+            ("positions", pa.list_(pa.int64())),
+            ("offsets", pa.list_(pa.int64())),
+            ("sizes", pa.list_(pa.int64())),
+            ("cipher", pa.int32()),
+            ("key_id", pa.string()),
+            ("salt", pa.binary()),
+        ],
+        metadata={
+            META_VERSION: str(WIRE_VERSION).encode(),
+            META_CHANNEL: channel.encode(),
+            META_CRC_KIND: b"%d" % crc_kind,
+        },
+    )
+
+
+def decode_json(body: bytes, what: str) -> dict[str, Any]:
+    """A JSON object from the wire, or :class:`AgentProtocolError` (``uri`` left empty for the caller to fill)."""
+    try:
+        obj = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        obj = None
+    if not isinstance(obj, dict):
+        raise AgentProtocolError("", f"{what} is not a JSON object")
+    return obj
+
+
+def encode_ticket(channel: str, start: int, end: int, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
+    """The DoGet ticket for positions ``[start, end)`` of ``channel``."""
+    return json.dumps(
+        {"v": WIRE_VERSION, "channel": channel, "start": start, "end": end, "max_bytes": max_bytes},
+        separators=(",", ":"),
+        sort_keys=True,
+    ).encode()
+
+
+def decode_ticket(ticket: bytes) -> tuple[str, int, int, int]:
+    """Return ``(channel, start, end, max_bytes)`` of a ticket, checked.
+
+    Raises:
+        AgentProtocolError: Not a ticket of this version, or a field is missing or invalid.
+    """
+    if len(ticket) > MAX_TICKET_BYTES:
+        raise AgentProtocolError("", f"a ticket is at most {MAX_TICKET_BYTES} bytes")
+    obj = decode_json(ticket, "the ticket")
+    if obj.get("v") != WIRE_VERSION:
+        raise AgentProtocolError("", f"ticket version {obj.get('v')!r}; this agent speaks version {WIRE_VERSION}")
+    channel = obj.get("channel")
+    if not isinstance(channel, str):
+        raise AgentProtocolError("", "the ticket names no channel")
+    start, end = int_field(obj, "start"), int_field(obj, "end")
+    max_bytes = obj.get("max_bytes", DEFAULT_MAX_BYTES)
+    if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes <= 0:
+        raise AgentProtocolError("", f"max_bytes must be a positive int, got {max_bytes!r}")
+    if end < start:
+        raise AgentProtocolError("", f"end {end} is below start {start}")
+    return channel, start, end, max_bytes
+
+
+def int_field(obj: dict[str, Any], name: str) -> int:
+    """A position field of a request: an int >= 0."""
+    v = obj.get(name)
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise AgentProtocolError("", f"{name} must be an int >= 0, got {v!r}")
+    return v
+
+
+def str_field(obj: dict[str, Any], name: str, *, required: bool = True) -> str | None:
+    """A string field of a request (or None when optional and absent)."""
+    v = obj.get(name)
+    if v is None and not required:
+        return None
+    if not isinstance(v, str):
+        raise AgentProtocolError("", f"{name} must be a string, got {v!r}")
+    return v
+
+
+def encode_error(exc: ChannelError) -> bytes:
+    """The ``extra_info`` of a Flight error carrying ``exc`` (its class and fields; never key material)."""
+    fields: dict[str, Any]
+    if isinstance(exc, DataLossError):
+        fields = {"start": exc.start, "end": exc.end, "reason": exc.reason}
+    elif isinstance(exc, ConsumerIdentityError):
+        fields = {"consumer": exc.consumer, "recorded": exc.recorded, "given": exc.given}
+    elif isinstance(exc, ConfigError):
+        fields = {"option": exc.option, "reason": exc.reason}
+    elif isinstance(exc, DecryptionError):
+        fields = {"path": exc.path, "offset": exc.offset, "reason": exc.reason, "hint": exc.hint, "key_id": exc.key_id}
+    elif isinstance(exc, CorruptLogError):
+        fields = {"path": exc.path, "offset": exc.offset, "reason": exc.reason, "hint": exc.hint}
+    elif isinstance(exc, UnknownChannelError):
+        fields = {"channel": exc.channel, "served": exc.served}
+    elif isinstance(exc, AgentError):
+        fields = {"reason": exc.reason}
+    else:
+        fields = {"message": str(exc)}
+    name = type(exc).__name__ if type(exc).__name__ in _REBUILD else _nearest(exc)
+    return json.dumps({"v": WIRE_VERSION, "error": name, "fields": fields}).encode()
+
+
+def _nearest(exc: ChannelError) -> str:
+    for cls in type(exc).__mro__:
+        if cls.__name__ in _REBUILD:
+            return cls.__name__
+    return "ChannelError"
+
+
+def decode_error(uri: str, extra_info: bytes, message: str) -> ChannelError:
+    """Rebuild the exception an agent sent (``message`` is used when ``extra_info`` is not ours)."""
+    try:
+        obj = json.loads(extra_info) if extra_info else None
+    except (ValueError, UnicodeDecodeError):
+        obj = None
+    if not isinstance(obj, dict) or not isinstance(obj.get("fields"), dict) or obj.get("error") not in _REBUILD:
+        return AgentError(uri, message)
+    f: dict[str, Any] = obj["fields"]
+    try:
+        rebuilt: ChannelError = _REBUILD[obj["error"]](uri, f)
+    except (KeyError, TypeError, ValueError):
+        return AgentProtocolError(uri, f"an error it sent does not decode: {message}")
+    return rebuilt
+
+
+def _where(uri: str, reason: str) -> str:
+    return f"{reason} (at agent {uri})"
+
+
+_REBUILD: dict[str, Any] = {
+    "DataLossError": lambda uri, f: DataLossError(int(f["start"]), int(f["end"]), _where(uri, str(f["reason"]))),
+    "ConsumerIdentityError": lambda uri, f: ConsumerIdentityError(f["consumer"], f["recorded"], f["given"]),
+    "ConfigError": lambda uri, f: ConfigError(str(f["option"]), _where(uri, str(f["reason"]))),
+    "DecryptionError": lambda uri, f: DecryptionError(
+        f"{uri}:{f['path']}", int(f["offset"]), str(f["reason"]), f["key_id"], f["hint"]
+    ),
+    "CorruptLogError": lambda uri, f: CorruptLogError(
+        f"{uri}:{f['path']}", int(f["offset"]), str(f["reason"]), f["hint"]
+    ),
+    "UnknownChannelError": lambda uri, f: UnknownChannelError(uri, str(f["channel"]), list(f["served"])),
+    "AgentProtocolError": lambda uri, f: AgentProtocolError(uri, str(f["reason"])),
+    "AgentError": lambda uri, f: AgentError(uri, str(f["reason"])),
+    "ChannelError": lambda uri, f: ChannelError(_where(uri, str(f["message"]))),
+}

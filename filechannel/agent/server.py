@@ -1,0 +1,512 @@
+"""The agent: an Arrow Flight server for the channels of one host (``filechannel serve``).
+
+This module owns the server side of the wire format in ``protocol.py``. It is
+a thin shell over :class:`filechannel.ChannelReader`: every channel is read
+through a lock-free view (so the owner may have it open or not), every
+consumer through a reader of its own name and identity; acknowledgements go
+through ``ChannelReader.ack`` (durable, cumulative, idempotent). A read of
+``[start, end)`` asks the view for its segments (which checks the range
+against what the channel holds) and sends each segment's bytes as they are on
+disk, read with one ``pread``: no per-event Python here, and every record is
+checked again by the client (``reader.decode_segment``). Clients name channel
+ids and positions, never paths.
+
+Security (``auth.py``): TLS off loopback, mutual TLS with a client CA, an
+optional certificate-name allow-list per channel, an optional bearer token
+checked by middleware before any handler runs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.flight as fl
+
+from filechannel._fs import DEFAULT_FS, replace_durably
+from filechannel._version import __version__
+from filechannel.consumers import ConsumerStore, validate_name
+from filechannel.crypto import Encryption
+from filechannel.directory import CHANNEL_FILE, decode_channel_file
+from filechannel.errors import ChannelError, ConfigError, ConsumerIdentityError, CorruptLogError, DataLossError
+from filechannel.reader import ChannelReader, Segment, as_encryption, channel_id_of
+
+from . import protocol as proto
+from .auth import Listen, allowed, make_token_middleware, parse_uri, read_public_file, read_secret_file, read_token
+from .errors import AgentError, AgentProtocolError, UnknownChannelError
+
+__all__ = ["Agent", "AgentConfig", "serve"]
+
+logger = logging.getLogger("filechannel.agent")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """What an agent serves and how (file paths only: secrets are read when the agent starts).
+
+    Attributes:
+        directories: The channel directories served (each channel id once).
+        listen: ``grpc+tls://HOST:PORT``, ``grpc://127.0.0.1:PORT`` (loopback only) or ``grpc+unix:///PATH``.
+        tls_cert, tls_key: The agent's certificate chain and private key (PEM), for ``grpc+tls``.
+        client_ca: Require client certificates signed by this CA (mutual TLS).
+        token_file: Require ``authorization: Bearer <token>`` with the token in this file (mode 0600).
+        allow: Certificate names allowed per channel id (``"*"``: every channel); needs ``client_ca``.
+            Empty: every certificate the CA signed is let in.
+        keystore: The keystore of encrypted channels (the agent's readers check batches with it;
+            records still travel sealed and clients decrypt them).
+        port_file: Write the bound port here (atomically) once listening.
+        on_corruption: The readers' policy, ``"fail"`` (default) or ``"skip"``.
+    """
+
+    directories: tuple[str, ...]
+    listen: str
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    client_ca: str | None = None
+    token_file: str | None = None
+    allow: Mapping[str, Collection[str]] = field(default_factory=dict)
+    keystore: str | None = None
+    port_file: str | None = None
+    on_corruption: str = "fail"
+
+    def parsed_listen(self) -> Listen:
+        """The listen URI, checked together with the TLS options.
+
+        Raises:
+            ConfigError: A bad URI, TLS options missing for ``grpc+tls`` or given without it,
+                or an allow-list without ``client_ca``.
+        """
+        listen = parse_uri(self.listen, "listen")
+        if listen.tls and not (self.tls_cert and self.tls_key):
+            raise ConfigError("tls_cert", f"{self.listen}: grpc+tls needs --tls-cert FILE and --tls-key FILE")
+        if not listen.tls:
+            for option, value in (
+                ("tls_cert", self.tls_cert),
+                ("tls_key", self.tls_key),
+                ("client_ca", self.client_ca),
+            ):
+                if value:
+                    raise ConfigError(option, f"applies to grpc+tls:// only, and the agent listens on {self.listen}")
+        if self.allow and not self.client_ca:
+            raise ConfigError("allow", "certificate names come from client certificates: give --client-ca FILE too")
+        if self.port_file and listen.scheme == "grpc+unix":
+            raise ConfigError("port_file", "a grpc+unix agent has no port")
+        if not self.directories:
+            raise ConfigError("directories", "give at least one channel directory")
+        return listen
+
+
+class _Served:
+    """One served channel: its view, its consumers' readers, and the lock that keeps handlers apart."""
+
+    def __init__(self, directory: str, cid: str, crc_kind: int, encryption: Encryption | None, on_corruption: str):
+        self.directory = directory
+        self.cid = cid
+        self.name = os.path.basename(os.path.normpath(directory))
+        self.crc_kind = crc_kind
+        self.encryption = encryption
+        self.on_corruption = on_corruption
+        self.lock = threading.Lock()
+        self.view = ChannelReader(directory, encryption=encryption, on_corruption=on_corruption)
+        self.readers: dict[tuple[str, str | None], ChannelReader] = {}
+
+    def reader(self, consumer: str, identity: str | None, reset: bool = False) -> ChannelReader:
+        """The reader of ``consumer`` under ``identity`` (registered, or its identity checked, now)."""
+        key = (consumer, identity)
+        r = self.readers.get(key)
+        if r is not None and not reset:
+            # Another process (or agent) may have taken the name over since this reader registered.
+            cur = ConsumerStore(DEFAULT_FS, self.directory).get(consumer)
+            if cur is not None and cur.identity != identity:
+                self.readers.pop(key, None)
+                raise ConsumerIdentityError(consumer, cur.identity, identity)
+            return r
+        r = ChannelReader(
+            self.directory,
+            consumer,
+            identity=identity,
+            reset=reset,
+            encryption=self.encryption,
+            on_corruption=self.on_corruption,
+        )
+        r.acked  # noqa: B018  (registers the consumer, or checks its identity, now)
+        if reset:
+            for k in [k for k in self.readers if k[0] == consumer]:
+                self.readers.pop(k).close()
+        self.readers[key] = r
+        return r
+
+    def describe(self) -> dict[str, Any]:
+        start, end = self.view.available()
+        consumers = {
+            c.name: {"identity": c.identity, "acked": c.acked, "lag": max(0, end - c.acked)}
+            for c in ConsumerStore(DEFAULT_FS, self.directory).list().values()
+        }
+        return {"channel": self.cid, "name": self.name, "start": start, "end": end, "consumers": consumers}
+
+
+def _open_channels(config: AgentConfig) -> dict[str, _Served]:
+    encryption = as_encryption(config.keystore) if config.keystore else None
+    served: dict[str, _Served] = {}
+    for d in config.directories:
+        directory = os.path.abspath(d)
+        cid_bytes = channel_id_of(directory)
+        cid = cid_bytes.hex()
+        if cid in served:
+            raise ConfigError(
+                "directories", f"{served[cid].directory} and {directory} are the same channel (id {cid}): serve one"
+            )
+        _, crc_kind, _ = decode_channel_file(_read(os.path.join(directory, CHANNEL_FILE)))
+        ch = _Served(directory, cid, crc_kind, encryption, config.on_corruption)
+        ch.view.available()  # load now: a missing key or damage fails the start, not the first call
+        served[cid] = ch
+    return served
+
+
+def _read(path: str) -> bytes:
+    from filechannel._fs import read_file
+
+    return read_file(DEFAULT_FS, path)
+
+
+def describe(config: AgentConfig) -> dict[str, Any]:
+    """What an agent with ``config`` would serve, checked (``filechannel serve --check``); binds nothing.
+
+    Raises:
+        ConfigError: A bad option or an unreadable secret file.
+        NotAChannelError, CorruptLogError, DecryptionError: A directory that cannot be served.
+    """
+    listen = config.parsed_listen()
+    _tls_material(config)
+    if config.token_file:
+        read_token(config.token_file, "token_file")
+    served = _open_channels(config)
+    return {
+        "listen": listen.location(),
+        "tls": listen.tls,
+        "mutual_tls": bool(config.client_ca),
+        "token": bool(config.token_file),
+        "allow": {k: sorted(v) for k, v in config.allow.items()},
+        "channels": [ch.describe() | {"directory": ch.directory} for ch in served.values()],
+    }
+
+
+def _tls_material(config: AgentConfig) -> tuple[list[Any], bytes | None]:
+    if not config.tls_cert or not config.tls_key:
+        return [], None
+    cert = read_public_file(config.tls_cert, "tls_cert")
+    key = read_secret_file(config.tls_key, "tls_key")
+    ca = read_public_file(config.client_ca, "client_ca") if config.client_ca else None
+    return [fl.CertKeyPair(cert, key)], ca
+
+
+def _flight_error(exc: ChannelError) -> fl.FlightServerError:
+    msg = exc.reason if isinstance(exc, AgentError) else str(exc)
+    return fl.FlightServerError(msg, extra_info=proto.encode_error(exc))
+
+
+class _FlightServer(fl.FlightServerBase):  # type: ignore[misc]
+    """The Flight service; every handler is short and maps channel errors to Flight errors."""
+
+    def __init__(self, agent: Agent, location: str, **kwargs: Any) -> None:
+        self._agent = agent
+        super().__init__(location, **kwargs)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _peer(self, context: Any) -> str | None:
+        ident = context.peer_identity()
+        if not ident:
+            return None
+        return ident.decode("utf-8", "replace") if isinstance(ident, bytes) else str(ident)
+
+    def _visible(self, context: Any) -> list[_Served]:
+        peer = self._peer(context)
+        return [ch for cid, ch in self._agent.channels.items() if allowed(self._agent.config.allow, cid, peer)]
+
+    def _channel(self, context: Any, cid: object) -> _Served:
+        if not isinstance(cid, str):
+            raise AgentProtocolError("", "the request names no channel")
+        ch = self._agent.channels.get(cid.lower())
+        if ch is None:
+            raise UnknownChannelError("", cid, sorted(c.cid for c in self._visible(context)))
+        peer = self._peer(context)
+        if not allowed(self._agent.config.allow, ch.cid, peer):
+            logger.warning("refused certificate name %r for channel %s (%s)", peer, ch.cid, context.peer())
+            raise fl.FlightUnauthorizedError(
+                f"certificate name {peer!r} is not allowed to use channel {ch.cid} (the agent's --allow list)"
+            )
+        return ch
+
+    def _run(self, what: str, context: Any, fn: Any) -> Any:
+        try:
+            return fn()
+        except fl.FlightError:
+            raise
+        except ChannelError as exc:
+            logger.info(
+                "%s from %s refused: %s", what, context.peer(), exc.reason if isinstance(exc, AgentError) else exc
+            )
+            raise _flight_error(exc) from None
+        except OSError as exc:
+            logger.error("%s from %s failed: %s", what, context.peer(), exc)
+            raise fl.FlightInternalError(f"{what}: {exc.strerror or type(exc).__name__} on the agent") from None
+
+    # -- discovery -------------------------------------------------------------------------
+
+    def _info(self, ch: _Served) -> Any:
+        with ch.lock:
+            start, end = ch.view.available()
+        meta = {"v": proto.WIRE_VERSION, "channel": ch.cid, "name": ch.name, "start": start, "end": end}
+        meta["agent"] = __version__
+        return fl.FlightInfo(
+            proto.batch_schema(ch.cid, ch.crc_kind),
+            fl.FlightDescriptor.for_path(ch.cid),
+            [],
+            end - start,
+            -1,
+            app_metadata=json.dumps(meta, sort_keys=True).encode(),
+        )
+
+    def list_flights(self, context: Any, criteria: bytes) -> Iterator[Any]:
+        infos = self._run("list_flights", context, lambda: [self._info(ch) for ch in self._visible(context)])
+        yield from infos
+
+    def get_flight_info(self, context: Any, descriptor: Any) -> Any:
+        def go() -> Any:
+            path = descriptor.path or []
+            if len(path) != 1:
+                raise AgentProtocolError("", "a descriptor is the path [channel id]")
+            cid = path[0].decode() if isinstance(path[0], bytes) else str(path[0])
+            return self._info(self._channel(context, cid))
+
+        return self._run("get_flight_info", context, go)
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def do_get(self, context: Any, ticket: Any) -> Any:
+        def go() -> Any:
+            cid, start, end, max_bytes = proto.decode_ticket(ticket.ticket)
+            ch = self._channel(context, cid)
+            with ch.lock:
+                segments = ch.view.segments(start, end, max_bytes) if end > start else []
+            schema = proto.batch_schema(ch.cid, ch.crc_kind)
+            batches = [_segment_batch(schema, s) for s in segments]
+            logger.debug("do_get %s [%d, %d): %d segments to %s", cid, start, end, len(segments), context.peer())
+            return fl.RecordBatchStream(pa.Table.from_batches(batches, schema=schema))
+
+        return self._run("do_get", context, go)
+
+    # -- actions ---------------------------------------------------------------------------
+
+    def list_actions(self, context: Any) -> list[tuple[str, str]]:
+        return list(proto.ACTIONS.items())
+
+    def do_action(self, context: Any, action: Any) -> Iterator[bytes]:
+        kind = action.type
+
+        def go() -> dict[str, Any]:
+            body = action.body.to_pybytes() if action.body is not None else b""
+            req = proto.decode_json(body or b"{}", f"the {kind!r} request")
+            if kind == "status":
+                chans = self._visible(context)
+                out = []
+                for ch in chans:
+                    with ch.lock:
+                        out.append(ch.describe())
+                return {"agent": self._agent.location, "version": __version__, "channels": out}
+            if kind not in proto.ACTIONS:
+                raise AgentProtocolError("", f"no action {kind!r} (there are: {', '.join(proto.ACTIONS)})")
+            ch = self._channel(context, req.get("channel"))
+            consumer = proto.str_field(req, "consumer", required=kind != "available")
+            identity = proto.str_field(req, "identity", required=False)
+            with ch.lock:
+                if kind == "available" and consumer is None:
+                    start, end = ch.view.available()
+                    return {"start": start, "end": end}
+                assert consumer is not None
+                validate_name(consumer)
+                if kind == "register":
+                    reset = req.get("reset", False)
+                    if not isinstance(reset, bool):
+                        raise AgentProtocolError("", f"reset must be true or false, got {reset!r}")
+                    r = ch.reader(consumer, identity, reset=reset)
+                    start, end = r.available()
+                    logger.info(
+                        "consumer %r of channel %s registered (identity %r) by %s",
+                        consumer,
+                        ch.cid,
+                        identity,
+                        context.peer(),
+                    )
+                    return {"acked": r.acked, "start": start, "end": end}
+                r = ch.reader(consumer, identity)
+                if kind == "available":
+                    start, end = r.available()
+                    return {"start": start, "end": end}
+                end = proto.int_field(req, "end")
+                try:
+                    acked = r.ack(end)
+                except ConsumerIdentityError:
+                    ch.readers.pop((consumer, identity), None)
+                    raise
+                except ChannelError as exc:
+                    visible = r.available()[1]
+                    if end <= visible:
+                        raise
+                    raise DataLossError(
+                        visible, end, f"cannot acknowledge: the channel holds positions below {visible} only"
+                    ) from exc
+                return {"acked": acked}
+
+        result = self._run(kind, context, go)
+        return iter([json.dumps(result, sort_keys=True).encode()])
+
+
+def _segment_batch(schema: Any, s: Segment) -> Any:
+    """One segment as a one-row record batch: its bytes read with one pread."""
+    try:
+        fd = DEFAULT_FS.open_read(s.path)
+    except FileNotFoundError:
+        raise DataLossError(
+            s.start, s.end, f"data file {os.path.basename(s.path)} is gone (retired after an acknowledgement)"
+        ) from None
+    try:
+        raw = DEFAULT_FS.pread(fd, s.length, s.offset)
+    finally:
+        DEFAULT_FS.close(fd)
+    if len(raw) != s.length:
+        raise CorruptLogError(s.path, s.offset + len(raw), f"the data file ends inside positions [{s.start}, {s.end})")
+    return pa.record_batch(
+        [
+            pa.array([s.file_id], pa.int64()),
+            pa.array([s.offset], pa.int64()),
+            pa.array([raw], pa.large_binary()),
+            pa.array([s.positions], pa.list_(pa.int64())),
+            pa.array([s.offsets], pa.list_(pa.int64())),
+            pa.array([s.sizes], pa.list_(pa.int64())),
+            pa.array([s.cipher], pa.int32()),
+            pa.array([s.key_id], pa.string()),
+            pa.array([s.salt], pa.binary()),
+        ],
+        schema=schema,
+    )
+
+
+class Agent:
+    """A running agent (made by :func:`serve`): listening as soon as it exists.
+
+    Attributes:
+        config: Its :class:`AgentConfig`.
+        port: The bound port (0 for ``grpc+unix``).
+        location: The URI a client on this host connects to.
+        channels: The served channels, by channel id (hex).
+    """
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        listen = config.parsed_listen()
+        certs, client_ca = _tls_material(config)
+        middleware: dict[str, Any] = {}
+        if config.token_file:
+            middleware["token"] = make_token_middleware(read_token(config.token_file, "token_file"))
+        self.channels = _open_channels(config)
+        kwargs: dict[str, Any] = {"middleware": middleware}
+        if certs:
+            kwargs["tls_certificates"] = certs
+        if client_ca is not None:
+            kwargs["verify_client"] = True
+            kwargs["root_certificates"] = client_ca
+        self._stopped = False
+        self.location = listen.location()
+        try:
+            self._server = _FlightServer(self, listen.location(), **kwargs)
+        except (fl.FlightError, pa.ArrowException, OSError) as exc:
+            raise ChannelError(f"cannot listen on {config.listen}: {str(exc).splitlines()[0]}") from None
+        self.port = int(self._server.port) if listen.scheme != "grpc+unix" else 0
+        self.location = listen.location(self.port if listen.scheme != "grpc+unix" else None)
+        if config.port_file:
+            path = os.path.abspath(config.port_file)
+            replace_durably(DEFAULT_FS, f"{path}.tmp-{os.getpid()}", path, b"%d\n" % self.port)
+            DEFAULT_FS.fsync_dir(os.path.dirname(path))
+        security = "mutual TLS" if client_ca is not None else "TLS" if certs else "no TLS"
+        logger.info(
+            "serving %d channel(s) on %s (%s%s%s): %s",
+            len(self.channels),
+            self.location,
+            security,
+            ", bearer token" if config.token_file else "",
+            ", certificate allow-list" if config.allow else "",
+            ", ".join(f"{c.cid} ({c.name})" for c in self.channels.values()),
+        )
+
+    def stop(self) -> None:
+        """Stop listening and wait for the calls in flight (idempotent); remove the port file."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._server.shutdown()
+        for ch in self.channels.values():
+            ch.view.close()
+            for r in ch.readers.values():
+                r.close()
+        if self.config.port_file:
+            try:
+                DEFAULT_FS.unlink(os.path.abspath(self.config.port_file))
+            except FileNotFoundError:
+                pass
+        logger.info("stopped serving on %s", self.location)
+
+    def __enter__(self) -> Agent:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"<Agent {self.location} channels={sorted(self.channels)}>"
+
+
+def serve(
+    directories: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
+    listen: str,
+    *,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    client_ca: str | None = None,
+    token_file: str | None = None,
+    allow: Mapping[str, Collection[str]] | None = None,
+    keystore: str | os.PathLike[str] | None = None,
+    port_file: str | None = None,
+    on_corruption: str = "fail",
+) -> Agent:
+    """Start an agent serving ``directories`` on ``listen`` and return it (stop it with ``.stop()``).
+
+    See :class:`AgentConfig` for the arguments. The agent listens on return;
+    with port 0 its ``.port`` (and ``port_file``) tells which port was bound.
+
+    Raises:
+        ConfigError: A bad option, or a TLS key, CA or token file that is missing or unsafe.
+        NotAChannelError, CorruptLogError, DecryptionError: A directory that cannot be served.
+        ChannelError: The address cannot be bound.
+    """
+    dirs = (directories,) if isinstance(directories, (str, os.PathLike)) else tuple(directories)
+    config = AgentConfig(
+        tuple(os.fspath(d) for d in dirs),
+        listen,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        client_ca=client_ca,
+        token_file=token_file,
+        allow={k: frozenset(v) for k, v in (allow or {}).items()},
+        keystore=os.fspath(keystore) if keystore is not None else None,
+        port_file=port_file,
+        on_corruption=on_corruption,
+    )
+    return Agent(config)

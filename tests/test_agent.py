@@ -1,0 +1,555 @@
+"""The agent (filechannel.agent) in process: ranges, acks, identities, refusals, TLS, tokens, deadlines, encryption."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import ipaddress
+import os
+import pickle
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyarrow.flight")
+pytest.importorskip("cryptography")
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from helpers import put_records
+from test_encryption import write_keystore
+
+import filechannel
+from filechannel import format as fmt
+from filechannel.agent import (
+    AgentAuthError,
+    AgentSettings,
+    AgentTimeoutError,
+    AgentUnavailableError,
+    RawSegment,
+    UnknownChannelError,
+    connect,
+    serve,
+)
+from filechannel.reader import ChannelReader, decode_segment, read_segment
+
+K1 = bytes(range(32))
+
+# -- helpers (also used by test_agent_process.py) --------------------------------------------------
+
+
+def _name(cn: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def _write(path: Path, data: bytes, mode: int = 0o644) -> str:
+    path.write_bytes(data)
+    os.chmod(path, mode)
+    return str(path)
+
+
+class PKI:
+    """A throwaway CA with certificates written as files (keys mode 0600)."""
+
+    def __init__(self, root: Path, cn: str = "test-ca") -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        self.key = ec.generate_private_key(ec.SECP256R1())
+        now = datetime.datetime.now(datetime.timezone.utc)
+        self.cert = (
+            x509.CertificateBuilder()
+            .subject_name(_name(cn))
+            .issuer_name(_name(cn))
+            .public_key(self.key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=10))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(self.key, hashes.SHA256())
+        )
+        self.ca = _write(root / f"{cn}.pem", self.cert.public_bytes(serialization.Encoding.PEM))
+
+    def issue(self, cn: str, *, server: bool = False) -> tuple[str, str]:
+        """Write ``cn``'s certificate and key; return their paths."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        now = datetime.datetime.now(datetime.timezone.utc)
+        b = (
+            x509.CertificateBuilder()
+            .subject_name(_name(cn))
+            .issuer_name(self.cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=10))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        )
+        if server:
+            b = b.add_extension(
+                x509.SubjectAlternativeName(
+                    [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+                ),
+                critical=False,
+            )
+        cert = b.sign(self.key, hashes.SHA256())
+        pem_key = key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        return (
+            _write(self.root / f"{cn}.crt", cert.public_bytes(serialization.Encoding.PEM)),
+            _write(self.root / f"{cn}.key", pem_key, 0o600),
+        )
+
+
+def make_channel(d: Path, n: int, *, per_txn: int = 10, **options: Any) -> str:
+    """A channel at ``d`` holding events ``b"ev-0" .. b"ev-{n-1}"`` (header ``i``), closed."""
+    ch = filechannel.open(str(d), minimum_required_space=0, **options)
+    i = 0
+    while i < n:
+        with ch.transaction() as tx:
+            for _ in range(min(per_txn, n - i)):
+                tx.put(b"ev-%d" % i, headers={"i": str(i)})
+                i += 1
+    ch.close()
+    return str(d)
+
+
+def bodies(events: list[filechannel.Event]) -> list[bytes]:
+    return [e.body for e in events]
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("pki")
+    ca = PKI(root / "ca")
+    other = PKI(root / "other", "other-ca")
+    return {
+        "ca": ca.ca,
+        "server": ca.issue("agent", server=True),
+        "client": ca.issue("spark-exec"),
+        "client2": ca.issue("intruder"),
+        "foreign": other.issue("spark-exec"),
+    }
+
+
+@pytest.fixture
+def chan(tmp_path: Path) -> str:
+    return make_channel(tmp_path / "c1", 100)
+
+
+@pytest.fixture
+def agent(chan: str) -> Iterator[Any]:
+    a = serve([chan], "grpc://127.0.0.1:0")
+    yield a
+    a.stop()
+
+
+def cid_of(path: str) -> str:
+    return filechannel.reader.channel_id_of(path).hex()
+
+
+# -- ranges ----------------------------------------------------------------------------------------
+
+
+def test_discovery_names_each_channel_by_id_with_its_visible_end(tmp_path: Path) -> None:
+    a_dir = make_channel(tmp_path / "a", 30)
+    b_dir = make_channel(tmp_path / "b", 7)
+    with serve([a_dir, b_dir], "grpc://127.0.0.1:0") as agent, connect(agent.location, timeout=5) as c:
+        chans = c.channels()
+        assert set(chans) == {cid_of(a_dir), cid_of(b_dir)}
+        assert (chans[cid_of(a_dir)].name, chans[cid_of(a_dir)].start, chans[cid_of(a_dir)].end) == ("a", 0, 30)
+        assert chans[cid_of(b_dir)].end == 7
+        # The visible end follows the owner's commits.
+        ch = filechannel.open(b_dir, minimum_required_space=0)
+        with ch.transaction() as tx:
+            tx.put(b"late")
+        ch.close()
+        assert c.channels()[cid_of(b_dir)].end == 8
+
+
+def test_a_range_reads_the_same_events_as_a_local_read(agent: Any, chan: str) -> None:
+    cid = cid_of(chan)
+    with connect(agent.location, timeout=5) as c:
+        for start, end in [(0, 100), (0, 1), (13, 57), (99, 100), (40, 40)]:
+            got = c.read(cid, start, end)
+            with ChannelReader(chan) as view:
+                want = view.read(start, end)
+            assert got == want
+            assert [e.position for e in got] == list(range(start, end))
+        # Small segments: many record batches, same events.
+        raw = c.read_raw(cid, 0, 100, max_bytes=200)
+        assert len(raw) > 5
+        assert [e for s in raw for e in s.events()] == c.read(cid, 0, 100)
+
+
+def test_decode_segment_is_read_segment_on_the_same_bytes(chan: str) -> None:
+    with ChannelReader(chan) as view:
+        segs = view.segments(0, 100, 300)
+    for s in segs:
+        with open(s.path, "rb") as fh:
+            fh.seek(s.offset)
+            data = fh.read(s.length)
+        assert decode_segment(s, data) == read_segment(s)
+        with pytest.raises(filechannel.CorruptLogError, match="received"):
+            decode_segment(s, data[:-1])
+
+
+def test_a_range_beyond_what_the_channel_holds_is_refused(agent: Any, chan: str) -> None:
+    cid = cid_of(chan)
+    with connect(agent.location, timeout=5) as c:
+        with pytest.raises(filechannel.DataLossError, match=r"below 100 only.*at agent grpc://127\.0\.0\.1") as ei:
+            c.read(cid, 90, 101)
+        assert (ei.value.start, ei.value.end) == (100, 101)
+
+
+def test_a_range_already_taken_is_refused(tmp_path: Path) -> None:
+    d = make_channel(tmp_path / "c", 20)
+    ch = filechannel.open(d, minimum_required_space=0)
+    with ch.transaction() as tx:
+        tx.take_batch(5)
+    ch.close()
+    with serve([d], "grpc://127.0.0.1:0") as agent, connect(agent.location, timeout=5) as c:
+        assert c.available(cid_of(d)) == (5, 20)
+        with pytest.raises(filechannel.DataLossError, match="already taken"):
+            c.read(cid_of(d), 0, 10)
+        assert bodies(c.read(cid_of(d), 5, 7)) == [b"ev-5", b"ev-6"]
+
+
+def test_an_unknown_channel_is_refused_naming_what_is_served(agent: Any, chan: str) -> None:
+    with connect(agent.location, timeout=5) as c:
+        with pytest.raises(UnknownChannelError, match=cid_of(chan)) as ei:
+            c.read("ab" * 16, 0, 1)
+        assert ei.value.channel == "ab" * 16
+        with pytest.raises(UnknownChannelError):
+            c.register("ab" * 16, "q", "id")
+
+
+def test_two_directories_of_one_channel_are_refused(tmp_path: Path) -> None:
+    import shutil
+
+    d = make_channel(tmp_path / "a", 3)
+    shutil.copytree(d, tmp_path / "copy")
+    with pytest.raises(filechannel.ConfigError, match="same channel"):
+        serve([d, str(tmp_path / "copy")], "grpc://127.0.0.1:0")
+
+
+# -- consumers and acks ------------------------------------------------------------------------------
+
+
+def test_acks_are_durable_cumulative_and_idempotent(chan: str) -> None:
+    cid = cid_of(chan)
+    agent = serve([chan], "grpc://127.0.0.1:0")
+    try:
+        c = connect(agent.location, timeout=5)
+        assert c.register(cid, "q", "query-1") == 0
+        assert c.available(cid, "q", "query-1") == (0, 100)
+        assert c.ack(cid, "q", 30, "query-1") == 30
+        assert c.ack(cid, "q", 10, "query-1") == 30  # cumulative: a lower end changes nothing
+        assert c.ack(cid, "q", 30, "query-1") == 30  # idempotent
+        assert c.available(cid, "q", "query-1") == (30, 100)
+        st = c.status()
+        assert st["channels"][0]["consumers"]["q"] == {"identity": "query-1", "acked": 30, "lag": 70}
+    finally:
+        agent.stop()
+    # On disk, through the channel's own registry: the owner sees the ack.
+    assert filechannel.consumers.ConsumerStore(filechannel._fs.DEFAULT_FS, chan).get("q").acked == 30
+    # A new agent (a restart) sees it too.
+    with serve([chan], "grpc://127.0.0.1:0") as again, connect(again.location, timeout=5) as c2:
+        assert c2.register(cid, "q", "query-1") == 30
+        assert c2.available(cid, "q", "query-1") == (30, 100)
+
+
+def test_an_ack_beyond_the_visible_end_is_refused(agent: Any, chan: str) -> None:
+    cid = cid_of(chan)
+    with connect(agent.location, timeout=5) as c:
+        c.register(cid, "q", "id")
+        with pytest.raises(filechannel.DataLossError, match="below 100 only"):
+            c.ack(cid, "q", 101, "id")
+        assert c.available(cid, "q", "id") == (0, 100)
+
+
+def test_identities_protect_a_consumer_name(agent: Any, chan: str) -> None:
+    cid = cid_of(chan)
+    with connect(agent.location, timeout=5) as c:
+        c.register(cid, "q", "query-1")
+        c.ack(cid, "q", 40, "query-1")
+        with pytest.raises(filechannel.ConsumerIdentityError) as ei:
+            c.register(cid, "q", "query-2")
+        assert (ei.value.recorded, ei.value.given) == ("query-1", "query-2")
+        with pytest.raises(filechannel.ConsumerIdentityError):
+            c.available(cid, "q", "query-2")
+        with pytest.raises(filechannel.ConsumerIdentityError):
+            c.ack(cid, "q", 50, "query-2")
+        # A takeover with reset keeps the mark; the old identity is refused from then on.
+        assert c.register(cid, "q", "query-2", reset=True) == 40
+        with pytest.raises(filechannel.ConsumerIdentityError):
+            c.ack(cid, "q", 60, "query-1")
+        with pytest.raises(filechannel.ConsumerIdentityError):
+            c.available(cid, "q", "query-1")
+        assert c.ack(cid, "q", 60, "query-2") == 60
+
+
+def test_a_bad_consumer_name_is_a_config_error(agent: Any, chan: str) -> None:
+    with connect(agent.location, timeout=5) as c, pytest.raises(filechannel.ConfigError, match="consumer"):
+        c.register(cid_of(chan), "no spaces", "id")
+
+
+# -- settings ----------------------------------------------------------------------------------------
+
+
+def test_settings_pickle_without_secrets(pki: dict[str, Any], tmp_path: Path) -> None:
+    token = _write(tmp_path / "token", b"TOKEN-SECRET-123\n", 0o600)
+    cert, key = pki["client"]
+    s = AgentSettings("grpc+tls://localhost:1", tls_ca=pki["ca"], tls_cert=cert, tls_key=key, token_file=token)
+    c = s.connect()
+    blob = pickle.dumps(c)
+    assert b"TOKEN-SECRET" not in blob
+    assert b"PRIVATE KEY" not in blob
+    assert pickle.loads(blob).settings == s
+
+
+@pytest.mark.parametrize(
+    ("uri", "match"),
+    [
+        ("grpc://10.1.2.3:8815", "loopback address only"),
+        ("grpc://0.0.0.0:8815", "loopback address only"),
+        ("http://127.0.0.1:1", "scheme"),
+        ("grpc+tls://host", "HOST:PORT"),
+        ("grpc+unix://relative.sock", "absolute"),
+    ],
+)
+def test_bad_uris_are_refused_on_both_ends(uri: str, match: str, chan: str) -> None:
+    with pytest.raises(filechannel.ConfigError, match=match):
+        serve([chan], uri)
+    with pytest.raises(filechannel.ConfigError, match=match):
+        connect(uri)
+
+
+def test_tls_without_a_certificate_is_refused(chan: str) -> None:
+    with pytest.raises(filechannel.ConfigError, match="--tls-cert FILE and --tls-key FILE"):
+        serve([chan], "grpc+tls://127.0.0.1:0")
+
+
+def test_a_token_file_others_can_read_is_refused(chan: str, tmp_path: Path) -> None:
+    token = _write(tmp_path / "token", b"s3cret\n", 0o644)
+    with pytest.raises(filechannel.ConfigError, match="chmod 600") as ei:
+        serve([chan], "grpc://127.0.0.1:0", token_file=token)
+    assert "s3cret" not in str(ei.value)
+    with pytest.raises(filechannel.ConfigError, match="chmod 600"):
+        connect("grpc://127.0.0.1:1", token_file=token)
+
+
+# -- security ----------------------------------------------------------------------------------------
+
+
+def test_bearer_token_missing_or_wrong_is_refused(chan: str, tmp_path: Path) -> None:
+    good = _write(tmp_path / "good", b"right-token\n", 0o600)
+    bad = _write(tmp_path / "bad", b"wrong-token\n", 0o600)
+    with serve([chan], "grpc://127.0.0.1:0", token_file=good) as agent:
+        with pytest.raises(AgentAuthError, match="requires a bearer token"):
+            connect(agent.location, timeout=5).channels()
+        with pytest.raises(AgentAuthError, match="token is wrong"):
+            connect(agent.location, timeout=5, token_file=bad).read(cid_of(chan), 0, 1)
+        assert bodies(connect(agent.location, timeout=5, token_file=good).read(cid_of(chan), 0, 2)) == [
+            b"ev-0",
+            b"ev-1",
+        ]
+
+
+def test_mutual_tls_refuses_clients_without_a_trusted_certificate(pki: dict[str, Any], chan: str) -> None:
+    cert, key = pki["server"]
+    with serve([chan], "grpc+tls://127.0.0.1:0", tls_cert=cert, tls_key=key, client_ca=pki["ca"]) as agent:
+        uri = f"grpc+tls://localhost:{agent.port}"
+        with pytest.raises(AgentUnavailableError, match="give tls_cert and tls_key"):
+            connect(uri, tls_ca=pki["ca"], timeout=5).channels()
+        fcert, fkey = pki["foreign"]  # same name, another CA
+        with pytest.raises(AgentUnavailableError):
+            connect(uri, tls_ca=pki["ca"], tls_cert=fcert, tls_key=fkey, timeout=5).channels()
+        ccert, ckey = pki["client"]
+        ok = connect(uri, tls_ca=pki["ca"], tls_cert=ccert, tls_key=ckey, timeout=5)
+        assert list(ok.channels()) == [cid_of(chan)]
+        assert bodies(ok.read(cid_of(chan), 3, 5)) == [b"ev-3", b"ev-4"]
+
+
+def test_a_client_that_does_not_trust_the_agent_is_refused(pki: dict[str, Any], chan: str) -> None:
+    cert, key = pki["server"]
+    with serve([chan], "grpc+tls://127.0.0.1:0", tls_cert=cert, tls_key=key) as agent:
+        with pytest.raises(AgentUnavailableError):
+            connect(f"grpc+tls://localhost:{agent.port}", timeout=5).channels()  # the system roots
+        ok = connect(f"grpc+tls://localhost:{agent.port}", tls_ca=pki["ca"], timeout=5)
+        assert list(ok.channels()) == [cid_of(chan)]
+
+
+def test_the_allow_list_narrows_channels_by_certificate_name(pki: dict[str, Any], tmp_path: Path) -> None:
+    a_dir = make_channel(tmp_path / "a", 5)
+    b_dir = make_channel(tmp_path / "b", 5)
+    a, b = cid_of(a_dir), cid_of(b_dir)
+    cert, key = pki["server"]
+    with serve(
+        [a_dir, b_dir],
+        "grpc+tls://127.0.0.1:0",
+        tls_cert=cert,
+        tls_key=key,
+        client_ca=pki["ca"],
+        allow={a: ["spark-exec", "intruder"], b: ["spark-exec"]},
+    ) as agent:
+        uri = f"grpc+tls://localhost:{agent.port}"
+        good = connect(uri, tls_ca=pki["ca"], tls_cert=pki["client"][0], tls_key=pki["client"][1], timeout=5)
+        other = connect(uri, tls_ca=pki["ca"], tls_cert=pki["client2"][0], tls_key=pki["client2"][1], timeout=5)
+        assert set(good.channels()) == {a, b}
+        assert set(other.channels()) == {a}
+        assert len(other.read(a, 0, 5)) == 5
+        with pytest.raises(AgentAuthError, match="'intruder' is not allowed to use channel"):
+            other.read(b, 0, 1)
+        with pytest.raises(AgentAuthError, match="not allowed"):
+            other.register(b, "q", "id")
+        assert [c["channel"] for c in other.status()["channels"]] == [a]
+
+
+def test_an_allow_list_needs_client_certificates(chan: str) -> None:
+    with pytest.raises(filechannel.ConfigError, match="client-ca"):
+        serve([chan], "grpc://127.0.0.1:0", allow={"*": ["x"]})
+
+
+# -- deadlines and a stopped agent ---------------------------------------------------------------------
+
+
+def test_a_stalled_agent_fails_the_call_within_its_deadline(agent: Any, chan: str) -> None:
+    ch = agent.channels[cid_of(chan)]
+    c = connect(agent.location, timeout=0.5)
+    assert c.available(cid_of(chan)) == (0, 100)
+    ch.lock.acquire()  # every handler of this channel now waits
+    try:
+        for call in (lambda: c.available(cid_of(chan)), lambda: c.read(cid_of(chan), 0, 10)):
+            t0 = time.monotonic()
+            with pytest.raises(AgentTimeoutError, match="deadline"):
+                call()
+            assert time.monotonic() - t0 < 3.0
+    finally:
+        ch.lock.release()
+    assert c.available(cid_of(chan)) == (0, 100)
+
+
+def test_a_stopped_agent_is_seen_at_once(chan: str) -> None:
+    agent = serve([chan], "grpc://127.0.0.1:0")
+    c = connect(agent.location, timeout=30)
+    assert c.available(cid_of(chan)) == (0, 100)
+    agent.stop()
+    t0 = time.monotonic()
+    with pytest.raises(AgentUnavailableError, match="cannot reach the agent") as ei:
+        c.available(cid_of(chan))
+    assert not isinstance(ei.value, AgentTimeoutError)
+    assert time.monotonic() - t0 < 5.0
+    assert isinstance(ei.value, filechannel.ChannelError)
+
+
+def test_a_unix_socket_agent(chan: str, tmp_path: Path) -> None:
+    sock = tmp_path / "agent.sock"
+    with serve([chan], f"grpc+unix://{sock}") as agent, connect(agent.location, timeout=5) as c:
+        assert agent.port == 0
+        assert bodies(c.read(cid_of(chan), 0, 1)) == [b"ev-0"]
+
+
+# -- end-to-end checks: damage and encryption ------------------------------------------------------------
+
+
+def test_an_edited_byte_on_disk_is_caught_by_the_client(agent: Any, chan: str) -> None:
+    cid = cid_of(chan)
+    c = connect(agent.location, timeout=5)
+    assert len(c.read(cid, 0, 100)) == 100  # the agent has indexed everything
+    path, _fid, rec, _seed = put_records(chan)[42]
+    with open(path, "r+b") as fh:
+        fh.seek(rec.offset + fmt.RECORD_HEADER_LEN)
+        b = fh.read(1)
+        fh.seek(rec.offset + fmt.RECORD_HEADER_LEN)
+        fh.write(bytes([b[0] ^ 0x01]))
+    with pytest.raises(filechannel.CorruptLogError, match="event at position 42: record checksum mismatch"):
+        c.read(cid, 40, 45)
+    assert len(c.read(cid, 43, 50)) == 7
+
+
+def test_bytes_of_another_channel_do_not_pass(tmp_path: Path) -> None:
+    """The checksum seed is the channel id the client asked for: an agent answering with another channel fails."""
+    a_dir = make_channel(tmp_path / "a", 5)
+    b_dir = make_channel(tmp_path / "b", 5)
+    with serve([a_dir, b_dir], "grpc://127.0.0.1:0") as agent, connect(agent.location, timeout=5) as c:
+        raw = c.read_raw(cid_of(a_dir), 0, 5)
+        assert bodies(raw[0].events()) == [b"ev-%d" % i for i in range(5)]
+        seg = dataclasses.replace(raw[0].segment, channel_id=bytes.fromhex(cid_of(b_dir)))
+        with pytest.raises(filechannel.CorruptLogError, match="checksum"):
+            RawSegment(seg, raw[0].data).events()
+
+
+def test_an_encrypted_channel_travels_sealed_and_decrypts_at_the_client(tmp_path: Path) -> None:
+    ks = write_keystore(tmp_path / "keys.json", {"k1": K1})
+    d = make_channel(tmp_path / "enc", 20, encryption=filechannel.Encryption(keys=ks))
+    cid = cid_of(d)
+    with serve([d], "grpc://127.0.0.1:0", keystore=ks) as agent, connect(agent.location, timeout=5) as c:
+        raw = c.read_raw(cid, 0, 20)
+        assert all(b"ev-" not in r.data for r in raw)  # sealed on the wire
+        assert all(r.segment.key_id == "k1" and r.segment.cipher for r in raw)
+        with pytest.raises(filechannel.DecryptionError, match="pass encryption="):
+            c.read(cid, 0, 20)
+        got = c.read(cid, 0, 20, encryption=ks)
+        assert bodies(got) == [b"ev-%d" % i for i in range(20)]
+        assert got[3].headers == {"i": "3"}
+        other = write_keystore(tmp_path / "other.json", {"k2": bytes(32)})
+        with pytest.raises(filechannel.DecryptionError, match="k1"):
+            c.read(cid, 0, 20, encryption=other)
+
+
+def test_a_forged_record_of_an_encrypted_channel_fails_its_tag_at_the_client(tmp_path: Path) -> None:
+    ks = write_keystore(tmp_path / "keys.json", {"k1": K1})
+    d = make_channel(tmp_path / "enc", 20, encryption=filechannel.Encryption(keys=ks))
+    cid = cid_of(d)
+    with serve([d], "grpc://127.0.0.1:0", keystore=ks) as agent, connect(agent.location, timeout=5) as c:
+        assert len(c.read(cid, 0, 20, encryption=ks)) == 20
+        # Edit a sealed payload byte and fix the record's checksum: only the tag can tell.
+        path, _fid, rec, seed = put_records(d)[7]
+        kind = _crc_kind(d)
+        with open(path, "r+b") as fh:
+            fh.seek(rec.offset)
+            frame = bytearray(fh.read(rec.size))
+            frame[fmt.RECORD_HEADER_LEN + 5] ^= 0x01
+            n = len(rec.payload)
+            payload = bytes(frame[fmt.RECORD_HEADER_LEN : fmt.RECORD_HEADER_LEN + n])
+            crc = fmt.crc(kind, payload, fmt.crc(kind, bytes(frame[:24]), seed))
+            struct.pack_into("<II", frame, 24, crc, 0)
+            fh.seek(rec.offset)
+            fh.write(frame)
+        with pytest.raises(
+            filechannel.DecryptionError, match="position 7: record checksum is intact but its authentication tag fails"
+        ):
+            c.read(cid, 5, 10, encryption=ks)
+
+
+def _crc_kind(d: str) -> int:
+    from filechannel.directory import CHANNEL_FILE, decode_channel_file
+
+    return decode_channel_file(Path(d, CHANNEL_FILE).read_bytes())[1]
+
+
+def test_an_encrypted_channel_without_the_agent_keystore_fails_at_start(tmp_path: Path) -> None:
+    ks = write_keystore(tmp_path / "keys.json", {"k1": K1})
+    d = make_channel(tmp_path / "enc", 3, encryption=filechannel.Encryption(keys=ks))
+    with pytest.raises(filechannel.DecryptionError):
+        serve([d], "grpc://127.0.0.1:0")
+
+
+def test_a_takeover_made_elsewhere_is_seen_by_the_agent(agent: Any, chan: str) -> None:
+    """Another process takes the consumer name over (reset): the agent's cached reader must not keep serving it."""
+    cid = cid_of(chan)
+    with connect(agent.location, timeout=5) as c:
+        c.register(cid, "q", "query-1")
+        assert c.available(cid, "q", "query-1") == (0, 100)
+        with ChannelReader(chan, "q", identity="query-2", reset=True) as other:
+            assert other.ack(10) == 10
+        with pytest.raises(filechannel.ConsumerIdentityError) as ei:
+            c.available(cid, "q", "query-1")
+        assert (ei.value.recorded, ei.value.given) == ("query-2", "query-1")
+        assert c.available(cid, "q", "query-2") == (10, 100)
