@@ -30,6 +30,11 @@ from .channel import Event, FileChannel, Transaction, open_channel
 from .config import ChannelConfig
 from .crypto import Encryption
 from .errors import (
+    AgentAuthError,
+    AgentError,
+    AgentProtocolError,
+    AgentTimeoutError,
+    AgentUnavailableError,
     ChannelClosedError,
     ChannelCopyError,
     ChannelError,
@@ -50,6 +55,7 @@ from .errors import (
     NotAChannelError,
     TransactionCapacityError,
     TransactionStateError,
+    UnknownChannelError,
     UnsafePermissionsError,
 )
 from .log import Log
@@ -59,6 +65,11 @@ from .wal import RecordHandle, WriteAheadLog
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
+    "AgentAuthError",
+    "AgentError",
+    "AgentProtocolError",
+    "AgentTimeoutError",
+    "AgentUnavailableError",
     "ChannelClosedError",
     "ChannelConfig",
     "ChannelReader",
@@ -88,12 +99,24 @@ __all__ = [
     "Transaction",
     "TransactionCapacityError",
     "TransactionStateError",
+    "UnknownChannelError",
     "UnsafePermissionsError",
     "WriteAheadLog",
     "__version__",
+    "connect",
     "open",
     "read_segment",
+    "serve",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``filechannel.serve`` and ``filechannel.connect``: the agent, imported (with pyarrow) on first use."""
+    if name in ("serve", "connect"):
+        from . import agent
+
+        return getattr(agent, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def open(

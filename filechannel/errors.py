@@ -235,3 +235,41 @@ class InvalidHandleError(ChannelError, ValueError):
         self.handle = handle
         self.reason = reason
         super().__init__(f"{handle!r}: {reason}")
+
+
+# -- the agent (filechannel serve / filechannel.agent.connect) ------------------------------
+
+
+class AgentError(ChannelError):
+    """Root of the errors an agent call raises beyond the channel's own (``.uri`` names the agent)."""
+
+    def __init__(self, uri: str, reason: str) -> None:
+        self.uri = uri
+        self.reason = reason
+        super().__init__(f"agent {uri}: {reason}")
+
+
+class AgentUnavailableError(AgentError):
+    """The agent cannot be reached: stopped, not listening, the network, or a TLS handshake that failed."""
+
+
+class AgentTimeoutError(AgentUnavailableError):
+    """The agent did not answer within the call's deadline (``timeout``)."""
+
+
+class AgentAuthError(AgentError):
+    """The agent refused the caller: a missing or wrong bearer token, or a certificate name not allowed."""
+
+
+class UnknownChannelError(AgentError):
+    """The agent serves no channel with this id (``.channel``)."""
+
+    def __init__(self, uri: str, channel: str, served: list[str]) -> None:
+        self.channel = channel
+        self.served = list(served)
+        listed = ", ".join(self.served) or "none"
+        super().__init__(uri, f"serves no channel with id {channel} (it serves: {listed})")
+
+
+class AgentProtocolError(AgentError):
+    """A request or an answer that does not follow the agent's wire format (another version?)."""
