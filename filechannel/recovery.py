@@ -172,24 +172,26 @@ class Recovery:
             raise CorruptLogError(path, offset, reason, AUTH_HINT)
         self.st.report_corruption(CorruptionReport(path, offset, reason, size, None, [], fid))
 
-    def _check_tag(self, path: str, fid: int, end: int) -> None:
+    def _check_tag(self, path: str, fid: int, end: int, h: fmt.FileHeader) -> None:
         """The batch chain of an authenticated file must pass through the tag recorded at its vouched length."""
         e = self._ref.get(fid)
-        h_len = e.length if e is not None else 0
-        if e is None or fid not in self.st.ciphers or end < h_len or h_len < fmt.BATCH_TAG_LEN:
+        if e is None or fid not in self.st.ciphers or end < e.length:
             return
-        fs = self.st.fs
-        fd = fs.open_read(path)
-        try:
-            got = fs.pread(fd, fmt.BATCH_TAG_LEN, h_len - fmt.BATCH_TAG_LEN)
-        finally:
-            fs.close(fd)
-        if got != e.tag and got != e.key_check:
+        if e.length <= h.header_len:
+            got = h.key_check  # no batch yet: the chain starts at the header's key check
+        else:
+            fs = self.st.fs
+            fd = fs.open_read(path)
+            try:
+                got = fs.pread(fd, fmt.BATCH_TAG_LEN, e.length - fmt.BATCH_TAG_LEN)
+            finally:
+                fs.close(fd)
+        if got != e.tag:
             self._refuse(
                 path,
-                h_len,
-                f"the batches up to offset {h_len} are not the ones the channel wrote (their last tag differs from "
-                "the one ANCHOR or the checkpoint recorded): replaced by a copy's, or forged",
+                e.length,
+                f"the batches up to offset {e.length} are not the ones the channel wrote (their last tag differs "
+                "from the one ANCHOR or the checkpoint recorded): replaced by a copy's, or forged",
                 fid,
             )
 
@@ -197,7 +199,7 @@ class Recovery:
         """Check an authenticated file against its recorded tag; keep the tag at its end (the next ANCHOR's)."""
         if fid not in self.st.ciphers or not s.header.authenticated:
             return
-        self._check_tag(path, fid, s.end)
+        self._check_tag(path, fid, s.end, s.header)
         tag = s.last_tag
         if not tag:  # only the header was read (a checkpoint covers the whole file)
             tag = s.header.key_check

@@ -364,6 +364,15 @@ class Checkpoint:
 def read_checkpoint(path: str, ch: ChannelInfo) -> Checkpoint:
     """A checkpoint: 88-byte header, file table, taken table, column-major queue, trailer."""
     buf = Path(path).read_bytes()
+    if buf.endswith(b"FCMAC\0\0\x01"):
+        # An encrypted channel's checkpoint: key id, its length, a 32-byte MAC, the magic;
+        # before them the list of authenticated files and its u32 length (format.md).
+        klen = buf[len(buf) - 8 - 32 - 1]
+        body = buf[: len(buf) - 8 - 32 - 1 - klen]
+        (n,) = struct.unpack_from("<I", body, len(body) - 4)
+        if body[len(body) - 4 - n : len(body) - 4 - n + 8] != b"FCAUTH01":
+            raise DocFormatError("checkpoint authenticated-file list")
+        buf = body[: len(body) - 4 - n]
     if len(buf) < 92:
         raise DocFormatError("checkpoint too short")
     if struct.unpack_from("<I", buf, len(buf) - 4)[0] != crc(ch.kind, buf[: len(buf) - 4], 0):
