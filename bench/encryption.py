@@ -13,6 +13,14 @@ the shared disk hits them alike), each in a fresh directory; the ratio
 ``<cipher> / plaintext`` is taken within the repeat, then summarised as median
 and min-max over the repeats. Target (issue 10): encryption costs under 25 %
 of put throughput at 4 KiB.
+
+CPU rows (no disk): ``seal cost (CPU)``, µs per event that sealing adds to
+framing a 100-event transaction; ``batch tag cost (CPU)`` (issue 23), µs per
+event that the batch tag of format version 2 adds to closing a 100-event sealed
+batch (``close_batch_auth`` with a real ``FileCipher.batch_tag``, minus
+``close_batch``), with its ratio to the sealed framing of those events
+(``<cipher> tag / sealed framing``): what batch authentication costs relative
+to encryption without it.
 """
 
 from __future__ import annotations
@@ -103,6 +111,54 @@ def frame_cost(size: int, cipher: str, events: int) -> dict[str, Any]:
     return {"us_per_event": out["sealed"] - out["plain"], "sealed_us": out["sealed"], "plain_us": out["plain"]}
 
 
+def batch_tag_cost(size: int, cipher: str, events: int) -> dict[str, Any]:
+    """CPU microseconds per event that the batch tag adds to closing a 100-event sealed batch (best of 5).
+
+    ``close_batch_auth`` (with a real ``FileCipher.batch_tag``) minus ``close_batch``
+    on the same framed batch, per event; and that cost relative to the sealed
+    framing of the batch's events (``frame_cost``'s ``sealed_us``: what framing an
+    event costs with encryption and without batch authentication) and to the
+    sealing alone (``sealed_us - plain_us``).
+    """
+    from filechannel import format as fmt
+    from filechannel.crypto import CIPHERS, FileCipher
+
+    c = FileCipher(CIPHERS[cipher], "bench", bytes(32), KEYS["bench"], bytes(16), 1)
+    enc = fmt.record_encoder(1, fmt.CRC32_ZLIB, c.seal)
+    payloads = [fmt.encode_event(os.urandom(size), None) for _ in range(BATCH)]
+    batch: list[bytes] = []
+    enc.add_puts(batch, 1, 1, payloads, [], [], 4096)
+    prev_tag = bytes(16)
+    reps = events // BATCH // 5 or 1
+
+    def plain() -> None:
+        enc.close_batch(list(batch), 4096, 1, BATCH + 1)
+
+    def tagged() -> None:
+        enc.close_batch_auth(list(batch), 4096, 1, BATCH + 1, c.batch_tag, prev_tag)
+
+    out: dict[str, float] = {}
+    for name, fn in (("close_batch", plain), ("close_batch_auth", tagged)):
+        best = float("inf")
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            best = min(best, (time.perf_counter() - t0) / (reps * BATCH) * 1e6)
+        out[name] = best
+    tag_us = max(0.0, out["close_batch_auth"] - out["close_batch"])
+    framing = frame_cost(size, cipher, events)
+    seal_us = framing["us_per_event"]
+    return {
+        "us_per_event": tag_us,
+        "ratio_to_sealed_framing": tag_us / framing["sealed_us"],
+        "ratio_to_seal_cost": tag_us / seal_us if seal_us > 0 else float("nan"),
+        "close_batch_us": out["close_batch"],
+        "close_batch_auth_us": out["close_batch_auth"],
+        "sealed_framing_us": framing["sealed_us"],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.encryption", description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, help="events per case (default 20000, quick 1000)")
@@ -145,18 +201,25 @@ def main(argv: list[str] | None = None) -> int:
                 for system in SYSTEMS[1:]:
                     m = frame_cost(size, system, max(n, 10_000))
                     runs.setdefault(("seal cost (CPU)", size, system), []).append(m)
+                    m = batch_tag_cost(size, system, max(n, 10_000))
+                    runs.setdefault(("batch tag cost (CPU)", size, system), []).append(m)
+                    ratios.setdefault(("batch tag cost (CPU)", size, f"{system} tag / sealed framing"), []).append(
+                        {"ratio": m["ratio_to_sealed_framing"]}
+                    )
     finally:
         shutil.rmtree(root, ignore_errors=True)
     rows = []
     for (workload, size, system), ms in runs.items():
         rec = {"machine": machine["host"], "fsync": "commit", "event_size": size, "workload": workload}
-        if workload.startswith("seal cost"):
+        if workload.endswith("(CPU)"):
             rec.update(fsync="none", system=system, metric="us_per_event", unit="us", **spread(ms, "us_per_event"))
         else:
             rec.update(system=system, metric="events_per_s", unit="events/s", **spread(ms, "events_per_s"))
         rows.append(rec)
     for (workload, size, system), ms in ratios.items():
         rec = {"machine": machine["host"], "fsync": "commit", "event_size": size, "workload": workload}
+        if workload.endswith("(CPU)"):
+            rec["fsync"] = "none"
         rec.update(system=system, metric="ratio", unit="x", **spread(ms, "ratio"))
         rows.append(rec)
     for rec in rows:

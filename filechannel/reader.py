@@ -211,16 +211,25 @@ class _Index:
 class _FileState:
     """What the reader knows of one live data file."""
 
-    __slots__ = ("cipher", "dir_index", "end", "header", "path")
+    __slots__ = ("cipher", "dir_index", "end", "header", "last_tag", "path")
 
     def __init__(
-        self, dir_index: int, path: str, header: fmt.FileHeader, end: int, cipher: FileCipher | None = None
+        self,
+        dir_index: int,
+        path: str,
+        header: fmt.FileHeader,
+        end: int,
+        cipher: FileCipher | None = None,
+        last_tag: bytes | None = None,
     ) -> None:
         self.dir_index = dir_index
         self.path = path
         self.header = header
         self.end = end  # offset after the last verified batch read
         self.cipher = cipher
+        # An authenticated file's tag of the batch that ends at ``end`` (where the next batch's
+        # chain starts); None before any batch of it was read: the header's key check is.
+        self.last_tag = last_tag
 
 
 class _Follower:
@@ -230,6 +239,7 @@ class _Follower:
         self.fs = reader._fs
         self.directory = reader.directory
         self.encryption = as_encryption(reader.encryption)
+        self._reported: set[tuple[str, int, str]] = set()
         self.config = ChannelConfig(on_corruption=reader.on_corruption, encryption=self.encryption)
         store = CheckpointStore(self.fs, os.path.join(self.directory, CHECKPOINT_DIR))
         log = Log(self.directory, self.config, fs=self.fs, readonly=True, checkpoints=store)
@@ -238,9 +248,12 @@ class _Follower:
             # Per data directory, a write-order id no record written there from now on can be at
             # or below (records reach each directory in write-order): what recovery read of it.
             self.frontier = [0] * len(self.data_dirs)
+            tags: dict[int, bytes] = {}
             for scan in log.scans:
                 d = self._dir_of(scan.path)
                 self.frontier[d] = max(self.frontier[d], scan.last_woid)
+                if scan.last_tag:
+                    tags[scan.file_id] = scan.last_tag
             q, _, _ = replay_queue(log, log.base_snapshot)
             self.channel_id = log.channel_id
             self.crc_kind = log.crc_kind
@@ -252,13 +265,19 @@ class _Follower:
             for p, f, o, s in q:
                 self.index.add(p, f, o, s)
             self.files: dict[int, _FileState] = {}
+            # The oldest authenticated (format version 2) file: a plaintext or version 1 file
+            # appearing after it was forged or copied in, as recovery rules at open.
+            self.first_auth = 1 << 64
             for fid in log.file_ids():
                 path = log.file_path(fid)
                 got = self._read_header(path, fid)
                 if got is None:
                     continue
                 header, cipher = got
-                self.files[fid] = _FileState(self._dir_of(path), path, header, log.file_end[fid], cipher)
+                if header.authenticated:
+                    self.first_auth = min(self.first_auth, fid)
+                end = log.file_end[fid]
+                self.files[fid] = _FileState(self._dir_of(path), path, header, end, cipher, tags.get(fid))
             # New records in a directory have write-order ids above everything read so far
             # (with one directory, above the log's last id; with several, the scanner's
             # per-file floor is the file header's base id).
@@ -282,6 +301,10 @@ class _Follower:
     # ScanContext for the scanner ------------------------------------------------------
 
     def report_corruption(self, report: CorruptionReport) -> None:
+        key = (report.path, report.offset, report.reason)
+        if key in self._reported:
+            return  # damage at the tail of a live file is met again by every refresh: reported once
+        self._reported.add(key)
         self.corruption.append(report)
         logger.error("on_corruption='skip': %s", report.describe())
 
@@ -336,6 +359,11 @@ class _Follower:
                     if got is None:
                         break  # being created; the next call reads it
                     header, cipher = got
+                    if header.authenticated:
+                        self.first_auth = min(self.first_auth, fid)
+                    elif fid > self.first_auth:
+                        self._refuse_unauthenticated(path, fid, header)
+                        continue
                     self.files[fid] = _FileState(i, path, header, header.header_len, cipher)
                     # Every record of this file and of later ones has a higher write-order id.
                     self.frontier[i] = max(self.frontier[i], header.base_woid - 1)
@@ -348,6 +376,25 @@ class _Follower:
                     if size is None or size <= st.end or self._nothing_new(st):
                         continue
                     self._scan(fid, st, size)
+
+    def _refuse_unauthenticated(self, path: str, fid: int, header: fmt.FileHeader) -> None:
+        """A plaintext or version 1 file newer than the channel's first authenticated one: never read.
+
+        The owner of a channel that writes authenticated files never writes another
+        kind (the rule recovery applies at open): the file was forged or copied in.
+
+        Raises:
+            CorruptLogError: With ``on_corruption="fail"``; in skip mode it is reported and ignored.
+        """
+        kind = "a plaintext" if not header.cipher else "an unauthenticated (format version 1)"
+        reason = (
+            f"{kind} data file newer than the channel's first authenticated one "
+            f"({segment_name(self.first_auth)}): forged or copied in; move it out of the data directory"
+        )
+        if self.config.on_corruption != "skip":
+            raise CorruptLogError(path, 8, reason)
+        self.report_corruption(CorruptionReport(path, 0, f"{reason}; it is not read", 0, None, [], fid))
+        self.retired.add(fid)  # never looked at again
 
     def _sync(self, path: str) -> None:
         try:
@@ -387,11 +434,22 @@ class _Follower:
             self.fs.close(fd)
 
     def _scan(self, fid: int, st: _FileState, size: int) -> None:
+        # An authenticated file's new batches must chain to the last one read: the scan is
+        # given the file's cipher and that batch's tag, so a batch forged or edited after
+        # this reader opened (valid checksums, no valid tag) is refused, never applied.
+        # Without a tag carried over (none read yet past the header), the 16 bytes before
+        # ``end`` are the tag of the batch recovery verified there.
+        auth = st.cipher if st.header.authenticated else None
+        base = st.end
+        if auth is not None and st.last_tag is None and st.end > st.header.header_len:
+            base = st.end - fmt.BATCH_TAG_LEN
         fd = self.fs.open_read(st.path)
         try:
-            buf = self.fs.pread(fd, size - st.end, st.end)
+            buf = self.fs.pread(fd, size - base, base)
             prev = self.last_woid[st.dir_index]
-            s = Scanner(self, st.path, fid, buf, st.header, base=st.end).scan(True, prev, st.end)
+            s = Scanner(self, st.path, fid, buf, st.header, base=base, auth=auth, prev_tag=st.last_tag).scan(
+                True, prev, st.end
+            )
             if s.records:
                 # Show only what is durable: the owner may not have synced these bytes yet
                 # (the moment between its write and its fdatasync, or fsync="interval"). An
@@ -400,6 +458,8 @@ class _Follower:
         finally:
             self.fs.close(fd)
         st.end = s.end
+        if s.last_tag:
+            st.last_tag = s.last_tag
         if s.records:
             self.last_woid[st.dir_index] = max(prev, s.last_woid)
             self.frontier[st.dir_index] = max(self.frontier[st.dir_index], s.last_woid)

@@ -260,7 +260,9 @@ def _entries(log: Log, ctx: _ScanContext, files: Sequence[_Slot], keyless: bool 
 
     Each file is read up to ``end`` (what was written and verified) and walked
     by ``scan.Scanner`` as a sealed file: damage raises ``CorruptLogError``, or
-    with ``on_corruption="skip"`` is stepped over and reported in ``ctx``.
+    with ``on_corruption="skip"`` is stepped over and reported in ``ctx``. An
+    encrypted file whose key the log holds has its batch tags checked: a batch
+    forged or edited since the log was opened is damage, never read.
     """
     prev_woid = 0
     fs = log.fs
@@ -289,7 +291,9 @@ def _entries(log: Log, ctx: _ScanContext, files: Sequence[_Slot], keyless: bool 
             start = first_record(log, buf, fid)
             ctx.report_corruption(CorruptionReport(path, exc.offset, f"file header: {exc.reason}", start, file_id=fid))
             header = fmt.FileHeader(log.crc_kind, log.channel_id, fid, 0, 0, 0, 0)
-        scan = Scanner(ctx, path, fid, buf, header).scan(False, prev_woid, start)
+        # An authenticated file (format version 2) read with its key: every batch's tag must verify
+        # and chain to the one before, as at open. Without the key (dump, verify) tags go unchecked.
+        scan = Scanner(ctx, path, fid, buf, header, auth=log.cipher_of(fid)).scan(False, prev_woid, start)
         prev_woid = scan.last_woid
         puts: dict[int, list[tuple[int, int, int]]] = {}
         for r in scan.plain():

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import io
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import filechannel
+from filechannel import cli
 from filechannel import format as fmt
 from filechannel.log import CHANNEL_FILE, decode_channel_file
 
@@ -82,3 +88,36 @@ def payload_fits(op: int, payload: bytes) -> bool:
     if op == fmt.TAKE:
         return n >= 4 and (n - 4) % 16 == 0 and int.from_bytes(payload[:4], "little") == (n - 4) // 16
     return True
+
+
+# -- running the CLI (tests/test_cli*.py) ---------------------------------------------------
+
+
+class _Stdin:
+    def __init__(self, data: bytes) -> None:
+        self.buffer = io.BytesIO(data)
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str, stdin: bytes | None = None) -> tuple[int, str, str]:
+    """Run ``filechannel ARGV`` in this process; return the exit code, stdout and stderr."""
+    old = sys.stdin
+    if stdin is not None:
+        sys.stdin = _Stdin(stdin)  # type: ignore[assignment]
+    try:
+        code = cli.main(list(argv))
+    except SystemExit as exc:  # argparse
+        code = int(exc.code or 0)
+    finally:
+        sys.stdin = old
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def cli_command(*argv: str) -> list[str]:
+    """The command line running ``filechannel ARGV`` in a new interpreter."""
+    return [sys.executable, "-m", "filechannel", *argv]
+
+
+def run_module(*argv: str, stdin: bytes = b"") -> subprocess.CompletedProcess[str]:
+    """Run ``filechannel ARGV`` in a subprocess (text output, 60 s timeout)."""
+    return subprocess.run(cli_command(*argv), input=stdin.decode(), capture_output=True, text=True, timeout=60)

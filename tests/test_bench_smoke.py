@@ -63,7 +63,8 @@ def test_quick_encryption_bench_prints_json_lines() -> None:
         assert r["min"] <= r["median"] <= r["max"]
     systems = {r["system"] for r in results}
     assert {"plaintext", "aes-256-gcm", "chacha20-poly1305", "aes-256-gcm / plaintext"} <= systems
-    assert {r["workload"] for r in results} == {"put x100", "take x100", "seal cost (CPU)"}
+    assert {r["workload"] for r in results} == {"put x100", "take x100", "seal cost (CPU)", "batch tag cost (CPU)"}
+    assert {"aes-256-gcm tag / sealed framing", "chacha20-poly1305 tag / sealed framing"} <= systems
     assert any(r.get("type") == "target" for r in lines)
 
 

@@ -14,45 +14,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import cli_command, run_cli, run_module
 
 import filechannel
 from filechannel import cli
 from filechannel import format as fmt
 
 
-class _Stdin:
-    def __init__(self, data: bytes) -> None:
-        self.buffer = io.BytesIO(data)
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str, stdin: bytes | None = None) -> tuple[int, str, str]:
-    old = sys.stdin
-    if stdin is not None:
-        sys.stdin = _Stdin(stdin)  # type: ignore[assignment]
-    try:
-        code = cli.main(list(argv))
-    except SystemExit as exc:  # argparse
-        code = int(exc.code or 0)
-    finally:
-        sys.stdin = old
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def run_module(*argv: str, stdin: bytes = b"") -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "filechannel", *argv],
-        input=stdin.decode(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
 @pytest.fixture
 def filled(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> str:
     d = str(tmp_path / "ch")
-    code, _, err = run(
+    code, _, err = run_cli(
         capsys, "put", d, "--header", "src=test", "--batch", "4", stdin=b"one\ntwo\nthree\n\xff\xfe\nfive\n"
     )
     assert code == 0, err
@@ -61,16 +33,16 @@ def filled(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> str:
 
 
 def test_put_and_take(filled: str, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "take", filled, "-n", "2")
+    code, out, _ = run_cli(capsys, "take", filled, "-n", "2")
     assert code == 0
     assert out == "one\ntwo\n"
-    code, out, _ = run(capsys, "take", filled, "-n", "10", "--json")
+    code, out, _ = run_cli(capsys, "take", filled, "-n", "10", "--json")
     assert code == 0
     recs = [json.loads(line) for line in out.splitlines()]
     assert [r["position"] for r in recs] == [2, 3, 4]
     assert recs[0] == {"position": 2, "headers": {"src": "test"}, "body": "three"}
     assert recs[1]["body"] == "base64://4="  # not UTF-8: base64
-    code, out, _ = run(capsys, "take", filled)
+    code, out, _ = run_cli(capsys, "take", filled)
     assert (code, out) == (0, "")
     with filechannel.open(filled, minimum_required_space=0) as ch:
         assert ch.size == 0
@@ -85,8 +57,8 @@ def test_put_interval_fsync_and_module_entry_point(tmp_path: Path) -> None:
 
 
 def test_stat(filled: str, capsys: pytest.CaptureFixture[str]) -> None:
-    run(capsys, "take", filled, "-n", "1")
-    code, out, _ = run(capsys, "stat", filled, "--json")
+    run_cli(capsys, "take", filled, "-n", "1")
+    code, out, _ = run_cli(capsys, "stat", filled, "--json")
     assert code == 0
     info = json.loads(out)
     assert info["queue_size"] == 4
@@ -97,19 +69,19 @@ def test_stat(filled: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert info["in_use"] is False
     assert len(info["files"]) >= 1
     assert info["disk_bytes"] > 0
-    code, out, _ = run(capsys, "stat", filled)
+    code, out, _ = run_cli(capsys, "stat", filled)
     assert code == 0
     assert "queue_size: 4" in out
     assert "last_woid:" in out
     with filechannel.open(filled, minimum_required_space=0):
-        code, out, _ = run(capsys, "stat", filled, "--json")
+        code, out, _ = run_cli(capsys, "stat", filled, "--json")
         assert code == 0
         assert json.loads(out)["in_use"] is True
 
 
 def test_dump(filled: str, capsys: pytest.CaptureFixture[str]) -> None:
-    run(capsys, "take", filled, "-n", "2")
-    code, out, _ = run(capsys, "dump", filled, "--bodies")
+    run_cli(capsys, "take", filled, "-n", "2")
+    code, out, _ = run_cli(capsys, "dump", filled, "--bodies")
     assert code == 0
     recs = [json.loads(line) for line in out.splitlines()]
     assert all({"op", "woid", "txn", "file", "offset", "size"} <= set(r) for r in recs)
@@ -129,7 +101,7 @@ def test_dump(filled: str, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_verify_clean(filled: str, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "verify", filled)
+    code, out, _ = run_cli(capsys, "verify", filled)
     assert code == 0
     assert "ok, 5 events queued" in out
 
@@ -151,7 +123,7 @@ def test_verify_names_file_and_offset_of_damage_in_an_older_file(
     with open(path, "r+b") as f:
         f.seek(h.header_len + 50)
         f.write(b"\x00\x01\x02")
-    code, out, err = run(capsys, "verify", d)
+    code, out, err = run_cli(capsys, "verify", d)
     assert code == 1
     assert path in out
     assert f"at byte {h.header_len}" in out
@@ -162,7 +134,7 @@ def test_verify_notes_a_torn_tail_and_exits_0(filled: str, capsys: pytest.Captur
     files = sorted(n for n in os.listdir(os.path.join(filled, "data")) if n.endswith(".wal"))
     with open(os.path.join(filled, "data", files[-1]), "ab") as f:
         f.write(b"\x01\x00\x00\x00partial")
-    code, out, _ = run(capsys, "verify", filled)
+    code, out, _ = run_cli(capsys, "verify", filled)
     assert code == 0
     assert "torn tail" in out
 
@@ -201,7 +173,7 @@ def test_bad_input_one_line_exit_2(
     argv: tuple[str, ...], paths: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     args = [a.format(**paths) for a in argv]
-    code, _out, err = run(capsys, *args, stdin=b"x\n")
+    code, _out, err = run_cli(capsys, *args, stdin=b"x\n")
     assert code == 2
     assert len(err.strip().splitlines()) == 1, err
     assert err.startswith("filechannel: error:")
@@ -226,7 +198,7 @@ def test_bad_options_exit_2_without_traceback(
     argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     args = [a.format(dir=str(tmp_path)) for a in argv]
-    code, _, err = run(capsys, *args)
+    code, _, err = run_cli(capsys, *args)
     assert code == 2
     assert "Traceback" not in err
     assert err.strip().splitlines()[-1].startswith("filechannel")
@@ -285,7 +257,7 @@ def test_put_oversized_line_commits_the_lines_before_it_and_names_the_line(
     d = str(tmp_path / "ch")
     good = [b"line%d" % i for i in range(1, lines + 1)]
     stdin = b"".join(g + b"\n" for g in good) + b"x" * 200 + b"\nafter1\nafter2\n"
-    code, _, err = run(capsys, "put", d, "--max-event-size", "100", "--batch", str(batch), stdin=stdin)
+    code, _, err = run_cli(capsys, "put", d, "--max-event-size", "100", "--batch", str(batch), stdin=stdin)
     assert code == 2
     line = one_error_line(err)
     assert f"line {lines + 1}:" in line
@@ -306,9 +278,9 @@ def test_put_line_limit_is_exactly_the_librarys(
 ) -> None:
     d = str(tmp_path / "ch")
     hdr = ["--header", header] if header else []
-    code, _, err = run(capsys, "put", d, "--max-event-size", "100", *hdr, stdin=b"a" * fits + b"\n")
+    code, _, err = run_cli(capsys, "put", d, "--max-event-size", "100", *hdr, stdin=b"a" * fits + b"\n")
     assert (code, err) == (0, "put 1 events\n")
-    code, _, err = run(capsys, "put", d, "--max-event-size", "100", *hdr, stdin=b"b" * (fits + 1) + b"\nc\n")
+    code, _, err = run_cli(capsys, "put", d, "--max-event-size", "100", *hdr, stdin=b"b" * (fits + 1) + b"\nc\n")
     assert code == 2
     assert "line 1: an event of 101 bytes" in one_error_line(err)
     assert bodies(d) == [b"a" * fits]
@@ -338,7 +310,7 @@ def test_put_batch_above_transaction_capacity_is_refused_before_reading_input(
 ) -> None:
     d = tmp_path / "ch"
     monkeypatch.setattr(sys, "stdin", _Unread())
-    code, _, err = run(capsys, "put", str(d), *argv)
+    code, _, err = run_cli(capsys, "put", str(d), *argv)
     assert code == 2
     line = one_error_line(err)
     for w in words:
@@ -349,7 +321,7 @@ def test_put_batch_above_transaction_capacity_is_refused_before_reading_input(
 def test_put_batch_equal_to_transaction_capacity_is_fine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     d = str(tmp_path / "ch")
     stdin = b"".join(b"%d\n" % i for i in range(7))
-    code, _, err = run(capsys, "put", d, "--batch", "3", "--transaction-capacity", "3", stdin=stdin)
+    code, _, err = run_cli(capsys, "put", d, "--batch", "3", "--transaction-capacity", "3", stdin=stdin)
     assert (code, err) == (0, "put 7 events\n")
     assert bodies(d) == [b"%d" % i for i in range(7)]
 
@@ -366,26 +338,26 @@ def test_cli_options_reach_the_channel(
 
     monkeypatch.setattr(cli, "FileChannel", spy)
     argv = ["--capacity", "500", "--transaction-capacity", "40", "--max-event-size", "2000", "--fsync", "interval"]
-    code, _, _ = run(capsys, "put", str(tmp_path / "c2"), *argv, "--batch", "40", stdin=b"x\n")
+    code, _, _ = run_cli(capsys, "put", str(tmp_path / "c2"), *argv, "--batch", "40", stdin=b"x\n")
     assert code == 0
     c = seen[-1]
     assert (c.capacity, c.transaction_capacity, c.max_event_size, c.fsync) == (500, 40, 2000, "interval")
-    code, _, _ = run(capsys, "take", filled, "--transaction-capacity", "2", "--on-corruption", "skip", "-n", "5")
+    code, _, _ = run_cli(capsys, "take", filled, "--transaction-capacity", "2", "--on-corruption", "skip", "-n", "5")
     assert code == 0
     c = seen[-1]
     assert (c.transaction_capacity, c.on_corruption, c.capacity) == (2, "skip", 1_000_000)
-    code, _, _ = run(capsys, "take", filled, "--transaction-capacity", "2000000")
+    code, _, _ = run_cli(capsys, "take", filled, "--transaction-capacity", "2000000")
     assert code == 0
     assert (seen[-1].transaction_capacity, seen[-1].capacity) == (2_000_000, 2_000_000)
-    code, _, _ = run(capsys, "checkpoint", filled, "--on-corruption", "skip")
+    code, _, _ = run_cli(capsys, "checkpoint", filled, "--on-corruption", "skip")
     assert code == 0
     assert seen[-1].on_corruption == "skip"
 
 
 def test_take_uses_transactions_of_transaction_capacity(filled: str, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "take", filled, "-n", "5", "--transaction-capacity", "2")
+    code, out, _ = run_cli(capsys, "take", filled, "-n", "5", "--transaction-capacity", "2")
     assert (code, out.splitlines()) == (0, ["one", "two", "three", "base64://4=", "five"])
-    code, out, _ = run(capsys, "dump", filled)
+    code, out, _ = run_cli(capsys, "dump", filled)
     takes = [json.loads(r)["positions"] for r in out.splitlines() if json.loads(r)["op"] == "take"]
     assert takes == [[[0, 2]], [[2, 4]], [[4, 5]]]
 
@@ -418,7 +390,7 @@ def test_bad_option_values_are_one_line_exit_2(
 ) -> None:
     new = tmp_path / "new"
     args = [a.format(new=new, chan=filled) for a in argv]
-    code, _, err = run(capsys, *args, stdin=b"x\n")
+    code, _, err = run_cli(capsys, *args, stdin=b"x\n")
     assert code == 2
     assert words in one_error_line(err)
     assert not new.exists()  # refused before anything touched the disk
@@ -429,12 +401,12 @@ def test_bad_option_values_are_one_line_exit_2(
 def test_regular_file_and_missing_path_are_named_as_such(
     command: str, paths: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, _, err = run(capsys, command, paths["file"])
+    code, _, err = run_cli(capsys, command, paths["file"])
     assert code == 2
     line = one_error_line(err)
     assert f"{paths['file']} is not a filechannel directory: it is a file" in line
     assert "no such" not in line
-    code, _, err = run(capsys, command, paths["missing"])
+    code, _, err = run_cli(capsys, command, paths["missing"])
     assert code == 2
     line = one_error_line(err)
     assert f"{paths['missing']}: no such channel directory" in line
@@ -443,7 +415,7 @@ def test_regular_file_and_missing_path_are_named_as_such(
 
 
 def test_put_to_a_regular_file_says_it_is_a_file(paths: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run(capsys, "put", paths["file"], stdin=b"x\n")
+    code, _, err = run_cli(capsys, "put", paths["file"], stdin=b"x\n")
     assert code == 2
     assert "it is a file" in one_error_line(err)
 
@@ -469,7 +441,7 @@ def test_put_interrupted_reports_exactly_what_was_committed(
 ) -> None:
     d = str(tmp_path / "ch")
     monkeypatch.setattr(sys, "stdin", _LinesThenInterrupt(7))
-    code, _, err = run(capsys, "put", d, "--batch", "3")
+    code, _, err = run_cli(capsys, "put", d, "--batch", "3")
     assert code == 130
     assert err == (
         "filechannel: interrupted: 6 events committed (the first 6 lines); "
@@ -493,7 +465,7 @@ def test_sigint_during_a_commit_is_held_until_the_commit_is_counted(
         return n
 
     monkeypatch.setattr(cli, "_put_batch", commit_then_sigint)
-    code, _, err = run(capsys, "put", d, "--batch", "3", stdin=b"".join(b"%d\n" % i for i in range(10)))
+    code, _, err = run_cli(capsys, "put", d, "--batch", "3", stdin=b"".join(b"%d\n" % i for i in range(10)))
     assert code == 130
     assert err.startswith("filechannel: interrupted: 3 events committed (the first 3 lines)"), err
     assert bodies(d) == [b"0", b"1", b"2"]
@@ -506,7 +478,9 @@ def test_put_error_mid_stream_says_how_many_lines_were_committed(
     real = cli.ChannelConfig.from_options
     monkeypatch.setattr(cli.ChannelConfig, "from_options", lambda o: real({**o, "keep_alive": 0}))
     stdin = b"".join(b"%d\n" % i for i in range(8))
-    code, _, err = run(capsys, "put", d, "--capacity", "5", "--transaction-capacity", "3", "--batch", "3", stdin=stdin)
+    code, _, err = run_cli(
+        capsys, "put", d, "--capacity", "5", "--transaction-capacity", "3", "--batch", "3", stdin=stdin
+    )
     assert code == 2
     line = one_error_line(err)
     assert "channel is full" in line
@@ -537,7 +511,7 @@ def test_take_interrupted_reports_what_was_committed_and_rolls_back_the_rest(
         tx.put_many([b"%d" % i for i in range(10)])
     out = _InterruptingStdout(6)  # batches of 4: 0-3 committed; 4 printed, 5 interrupted
     monkeypatch.setattr(sys, "stdout", out)
-    code, _, err = run(capsys, "take", d, "-n", "10", "--transaction-capacity", "4")
+    code, _, err = run_cli(capsys, "take", d, "-n", "10", "--transaction-capacity", "4")
     assert code == 130
     assert err == (
         "filechannel: interrupted: 4 events taken and committed; the batch in progress was rolled back "
@@ -561,12 +535,12 @@ def test_take_on_corruption_skip_reports_each_loss(tmp_path: Path, capsys: pytes
     with open(path, "r+b") as f:
         f.seek(h.header_len + 50)  # inside the first event's record
         f.write(b"\x00\x01\x02")
-    code, out, err = run(capsys, "take", d, "-n", "20")
+    code, out, err = run_cli(capsys, "take", d, "-n", "20")
     assert (code, out) == (2, "")
     line = one_error_line(err)
     assert path in line
     assert "--on-corruption skip" in line  # the remedy, as a command-line user types it
-    code, out, err = run(capsys, "take", d, "-n", "20", "--on-corruption", "skip")
+    code, out, err = run_cli(capsys, "take", d, "-n", "20", "--on-corruption", "skip")
     assert code == 0
     got = [b[:2] for b in out.splitlines()]
     assert "00" not in got
@@ -579,7 +553,7 @@ def test_take_on_corruption_skip_reports_each_loss(tmp_path: Path, capsys: pytes
 def test_sigint_during_put_prints_an_exact_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     d = str(tmp_path / "ch")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "filechannel", "put", d, "--batch", "10"],
+        cli_command("put", d, "--batch", "10"),
         stdin=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
@@ -594,7 +568,7 @@ def test_sigint_during_put_prints_an_exact_summary(tmp_path: Path, capsys: pytes
             assert time.monotonic() < deadline, f"the child never committed 20 events (saw {queued})"
             time.sleep(0.05)
             if os.path.exists(os.path.join(d, "CHANNEL")):
-                code, out, _ = run(capsys, "stat", d, "--json")
+                code, out, _ = run_cli(capsys, "stat", d, "--json")
                 if code == 0:
                     queued = json.loads(out)["queue_size"]
         time.sleep(0.3)  # let the child read the 5 lines and block on the open pipe
@@ -634,9 +608,9 @@ def _flip_body(chan: str, needle: bytes) -> None:
 def test_verify_lists_lost_positions_and_salvages_the_rest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     chan, dest = str(tmp_path / "ch"), str(tmp_path / "salvaged")
     lines = b"".join(b"line-%04d\n" % i for i in range(300))
-    assert run(capsys, "put", chan, "--batch", "100", stdin=lines)[0] == 0
+    assert run_cli(capsys, "put", chan, "--batch", "100", stdin=lines)[0] == 0
     _flip_body(chan, b"line-0149")
-    code, out, _err = run(capsys, "verify", chan, "--salvage", dest)
+    code, out, _err = run_cli(capsys, "verify", chan, "--salvage", dest)
     assert code == 1
     assert "lost positions: 149 (1 events)" in out
     assert "salvaged 299 intact events" in out
@@ -646,23 +620,23 @@ def test_verify_lists_lost_positions_and_salvages_the_rest(tmp_path: Path, capsy
         tx.rollback()
     assert got == [b"line-%04d" % i for i in range(300) if i != 149]
     # A skip-mode take drops exactly what verify called lost.
-    code, out, _ = run(capsys, "take", chan, "-n", "1000", "--on-corruption", "skip")
+    code, out, _ = run_cli(capsys, "take", chan, "-n", "1000", "--on-corruption", "skip")
     assert code == 0
     assert out.splitlines() == [f"line-{i:04d}" for i in range(300) if i != 149]
     # the destination of a salvage must be new or empty
-    code, _, err = run(capsys, "verify", chan, "--salvage", dest)
+    code, _, err = run_cli(capsys, "verify", chan, "--salvage", dest)
     assert code == 2
     assert "new or empty" in err
 
 
 def test_verify_and_stat_of_a_moved_channel_see_every_event(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     a, b = str(tmp_path / "m1"), str(tmp_path / "m2")
-    assert run(capsys, "put", a, stdin=b"".join(b"%d\n" % i for i in range(10)))[0] == 0
+    assert run_cli(capsys, "put", a, stdin=b"".join(b"%d\n" % i for i in range(10)))[0] == 0
     os.rename(a, b)
-    code, out, _ = run(capsys, "verify", b)
+    code, out, _ = run_cli(capsys, "verify", b)
     assert code == 0
     assert "ok, 10 events queued" in out
-    code, out, _ = run(capsys, "stat", b, "--json")
+    code, out, _ = run_cli(capsys, "stat", b, "--json")
     assert json.loads(out)["queue_size"] == 10
     assert not os.path.exists(a)
 
@@ -673,7 +647,7 @@ def test_verify_reports_a_damaged_sole_checkpoint(filled: str, capsys: pytest.Ca
     raw = bytearray(Path(ckdir, ck).read_bytes())
     raw[-10] ^= 0xFF
     Path(ckdir, ck).write_bytes(bytes(raw))
-    code, out, _ = run(capsys, "verify", filled)
+    code, out, _ = run_cli(capsys, "verify", filled)
     assert code == 1
     assert f"latent: checkpoint {os.path.join(ckdir, ck)}" in out
     assert "checksum mismatch" in out

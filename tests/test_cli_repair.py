@@ -12,20 +12,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from helpers import run_cli
 
 import filechannel
-from filechannel import cli
 from filechannel import format as fmt
 from filechannel.log import decode_channel_file
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        code = cli.main(list(argv))
-    except SystemExit as exc:  # argparse
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _make(d: str, n: int, *, take: int = 0) -> None:
@@ -72,12 +63,12 @@ def test_damaged_channel_file_is_rebuilt_and_every_event_comes_back(
     damaged = Path(chan).read_bytes()
     # Every way in refuses, and names the way out.
     for argv in (["stat", d], ["verify", d], ["take", d, "--on-corruption", "skip"], ["dump", d]):
-        code, _, err = run(capsys, *argv)
+        code, _, err = run_cli(capsys, *argv)
         assert code == 2, (argv, err)
         assert len(err.strip().splitlines()) == 1, err
         assert f"{chan} at byte 36: CHANNEL file checksum mismatch" in err
         assert f"rebuild it from them with `filechannel repair-channel-file {d}`" in err, err
-    code, out, err = run(capsys, "repair-channel-file", d)
+    code, out, err = run_cli(capsys, "repair-channel-file", d)
     assert code == 0, err
     copies = [n for n in os.listdir(d) if n.startswith("CHANNEL.damaged-")]
     assert len(copies) == 1
@@ -86,13 +77,13 @@ def test_damaged_channel_file_is_rebuilt_and_every_event_comes_back(
     assert f"the damaged file is kept as {os.path.join(d, copies[0])}" in out
     assert decode_channel_file(Path(chan).read_bytes())[:2] == (cid, kind)
     assert not os.path.exists(chan + ".tmp")
-    code, out, err = run(capsys, "verify", d)
+    code, out, err = run_cli(capsys, "verify", d)
     assert code == 0, out + err
     assert "ok, 850 events queued" in out
     assert _queued(d) == expected
     # Run again: nothing to repair, nothing written.
     before = sorted(os.listdir(d))
-    code, out, _ = run(capsys, "repair-channel-file", d)
+    code, out, _ = run_cli(capsys, "repair-channel-file", d)
     assert code == 0
     assert "is intact" in out
     assert "nothing to repair" in out
@@ -103,7 +94,7 @@ def test_an_empty_channel_file_is_rebuilt(tmp_path: Path, capsys: pytest.Capture
     d = str(tmp_path / "ch")
     _make(d, 300)
     Path(d, "CHANNEL").write_bytes(b"")  # cut to nothing, e.g. by a file system crash
-    code, _, err = run(capsys, "repair-channel-file", d)
+    code, _, err = run_cli(capsys, "repair-channel-file", d)
     assert code == 0, err
     assert _queued(d) == [b"event-%05d-" % j + b"x" * 200 for j in range(300)]
 
@@ -112,7 +103,7 @@ def _refused(capsys: pytest.CaptureFixture[str], d: str) -> str:
     chan = Path(d, "CHANNEL")
     damaged = chan.read_bytes()
     before = sorted(os.listdir(d))
-    code, out, err = run(capsys, "repair-channel-file", d)
+    code, out, err = run_cli(capsys, "repair-channel-file", d)
     assert code == 2, out + err
     assert out == ""
     assert chan.read_bytes() == damaged  # nothing rewritten, no copy made
@@ -164,7 +155,7 @@ def test_repair_refuses_a_channel_open_elsewhere(tmp_path: Path, capsys: pytest.
     d = str(tmp_path / "ch")
     _make(d, 10)
     with filechannel.open(d, minimum_required_space=0):
-        code, _, err = run(capsys, "repair-channel-file", d)
+        code, _, err = run_cli(capsys, "repair-channel-file", d)
     assert code == 2
     assert "already open" in err
     assert not [n for n in os.listdir(d) if n.startswith("CHANNEL.")]
@@ -180,7 +171,7 @@ def test_an_intact_channel_file_of_a_newer_version_is_not_rebuilt(
     raw[8:10] = (99).to_bytes(2, "little")  # a format version this release does not know
     raw[36:40] = fmt.crc(fmt.CRC32_ZLIB, bytes(raw[:36])).to_bytes(4, "little")  # and a valid checksum
     chan.write_bytes(bytes(raw))
-    code, _, err = run(capsys, "stat", d)
+    code, _, err = run_cli(capsys, "stat", d)
     assert code == 2
     assert "unsupported channel format version 99" in err
     assert "repair-channel-file" not in err  # not damaged: rebuilding it as version 1 would be wrong
@@ -191,7 +182,7 @@ def test_an_intact_channel_file_of_a_newer_version_is_not_rebuilt(
 def _refused_intact(capsys: pytest.CaptureFixture[str], d: str) -> str:
     chan = Path(d, "CHANNEL")
     before = (chan.read_bytes(), sorted(os.listdir(d)))
-    code, out, err = run(capsys, "repair-channel-file", d)
+    code, out, err = run_cli(capsys, "repair-channel-file", d)
     assert code == 2, out + err
     assert (chan.read_bytes(), sorted(os.listdir(d))) == before
     lines = err.strip().splitlines()

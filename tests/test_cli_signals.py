@@ -15,15 +15,12 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+from helpers import cli_command
+
 import filechannel
-
-
-def _module(*argv: str) -> list[str]:
-    return [sys.executable, "-m", "filechannel", *argv]
 
 
 def _fill(d: str, bodies: list[bytes]) -> None:
@@ -60,7 +57,7 @@ def test_take_into_a_closed_pipe_rolls_back_and_exits_1(tmp_path: Path) -> None:
     r, w = os.pipe()
     os.close(r)  # the reader is gone before the first byte is written: every write is EPIPE
     try:
-        proc = subprocess.run(_module("take", d, "-n", "2"), stdout=w, stderr=subprocess.PIPE)
+        proc = subprocess.run(cli_command("take", d, "-n", "2"), stdout=w, stderr=subprocess.PIPE)
     finally:
         os.close(w)
     err = proc.stderr.decode()
@@ -76,7 +73,7 @@ def test_take_piped_into_head_commits_only_what_was_written(tmp_path: Path) -> N
     n = 3000
     _fill(d, [b"%05d-" % i + b"x" * 100 for i in range(n)])  # ~320 KB of output: far more than a pipe holds
     take = subprocess.Popen(
-        _module("take", d, "-n", str(n), "--transaction-capacity", "200"),
+        cli_command("take", d, "-n", str(n), "--transaction-capacity", "200"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
@@ -106,14 +103,14 @@ def _wait_for_queue(d: str, want: int) -> None:
         assert time.monotonic() < deadline, f"the child never committed {want} events (saw {queued})"
         time.sleep(0.05)
         if os.path.exists(os.path.join(d, "CHANNEL")):
-            r = subprocess.run(_module("stat", d, "--json"), capture_output=True, text=True, timeout=60)
+            r = subprocess.run(cli_command("stat", d, "--json"), capture_output=True, text=True, timeout=60)
             if r.returncode == 0:
                 queued = json.loads(r.stdout)["queue_size"]
 
 
 def test_sigterm_during_put_prints_an_exact_summary(tmp_path: Path) -> None:
     d = str(tmp_path / "ch")
-    proc = subprocess.Popen(_module("put", d, "--batch", "10"), stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cli_command("put", d, "--batch", "10"), stdin=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdin is not None
     assert proc.stderr is not None
     try:
@@ -145,7 +142,7 @@ def test_sigterm_during_take_prints_an_exact_summary(tmp_path: Path) -> None:
     d = str(tmp_path / "ch")
     _fill(d, [b"%d" % i for i in range(7)])
     proc = subprocess.Popen(
-        _module("take", d, "-n", "100", "--wait", "60"), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        cli_command("take", d, "-n", "100", "--wait", "60"), stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     assert proc.stdout is not None
     assert proc.stderr is not None
