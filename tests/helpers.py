@@ -14,7 +14,7 @@ from filechannel.log import CHANNEL_FILE, decode_channel_file
 def contents(ch: filechannel.FileChannel) -> list[tuple[int, bytes]]:
     """The queue as ``(position, body)`` pairs, read by taking everything and rolling back."""
     tx = ch.transaction()
-    evs = tx.take_batch(100_000)
+    evs = tx.take_batch(ch.config.transaction_capacity)
     tx.rollback()
     return [(e.position, e.body) for e in evs]
 
