@@ -26,17 +26,25 @@ class _Stdin:
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str, stdin: bytes | None = None) -> tuple[int, str, str]:
-    old = sys.stdin
+    """Run the CLI in-process; stdout is bytes (``take`` prints bodies as they are), decoded with surrogateescape."""
+    old, old_out = sys.stdin, sys.stdout
     if stdin is not None:
         sys.stdin = _Stdin(stdin)  # type: ignore[assignment]
+    raw = io.BytesIO()
+    out = old_out  # a test's own stdout is left as it is
+    if type(old_out).__name__ == "CaptureIO":
+        out = sys.stdout = io.TextIOWrapper(raw, encoding="utf-8", write_through=True)
     try:
         code = cli.main(list(argv))
     except SystemExit as exc:  # argparse
         code = int(exc.code or 0)
     finally:
-        sys.stdin = old
-    out, err = capsys.readouterr()
-    return code, out, err
+        out.flush()
+        if out is not old_out:
+            out.detach()  # keep ``raw`` open
+        sys.stdin, sys.stdout = old, old_out
+    _, err = capsys.readouterr()
+    return code, raw.getvalue().decode("utf-8", "surrogateescape"), err
 
 
 def run_module(*argv: str, stdin: bytes = b"") -> subprocess.CompletedProcess[str]:
@@ -68,8 +76,8 @@ def test_put_and_take(filled: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0
     recs = [json.loads(line) for line in out.splitlines()]
     assert [r["position"] for r in recs] == [2, 3, 4]
-    assert recs[0] == {"position": 2, "headers": {"src": "test"}, "body": "three"}
-    assert recs[1]["body"] == "base64://4="  # not UTF-8: base64
+    assert recs[0] == {"position": 2, "headers": {"src": "test"}, "body": "three", "body_encoding": "utf-8"}
+    assert (recs[1]["body"], recs[1]["body_encoding"]) == ("//4=", "base64")  # not UTF-8: base64
     code, out, _ = run(capsys, "take", filled)
     assert (code, out) == (0, "")
     with filechannel.open(filled, minimum_required_space=0) as ch:
@@ -307,7 +315,7 @@ def test_put_line_limit_is_exactly_the_librarys(
     d = str(tmp_path / "ch")
     hdr = ["--header", header] if header else []
     code, _, err = run(capsys, "put", d, "--max-event-size", "100", *hdr, stdin=b"a" * fits + b"\n")
-    assert (code, err) == (0, "put 1 events\n")
+    assert (code, err) == (0, f"put 1 events (created the new channel {d})\n")
     code, _, err = run(capsys, "put", d, "--max-event-size", "100", *hdr, stdin=b"b" * (fits + 1) + b"\nc\n")
     assert code == 2
     assert "line 1: an event of 101 bytes" in one_error_line(err)
@@ -350,7 +358,7 @@ def test_put_batch_equal_to_transaction_capacity_is_fine(tmp_path: Path, capsys:
     d = str(tmp_path / "ch")
     stdin = b"".join(b"%d\n" % i for i in range(7))
     code, _, err = run(capsys, "put", d, "--batch", "3", "--transaction-capacity", "3", stdin=stdin)
-    assert (code, err) == (0, "put 7 events\n")
+    assert (code, err) == (0, f"put 7 events (created the new channel {d})\n")
     assert bodies(d) == [b"%d" % i for i in range(7)]
 
 
@@ -384,7 +392,7 @@ def test_cli_options_reach_the_channel(
 
 def test_take_uses_transactions_of_transaction_capacity(filled: str, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "take", filled, "-n", "5", "--transaction-capacity", "2")
-    assert (code, out.splitlines()) == (0, ["one", "two", "three", "base64://4=", "five"])
+    assert (code, out.splitlines()) == (0, ["one", "two", "three", "\udcff\udcfe", "five"])  # bytes as they are
     code, out, _ = run(capsys, "dump", filled)
     takes = [json.loads(r)["positions"] for r in out.splitlines() if json.loads(r)["op"] == "take"]
     assert takes == [[[0, 2]], [[2, 4]], [[4, 5]]]

@@ -654,7 +654,11 @@ def test_cli_wal_dump_and_verify(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
     recs = [json.loads(x) for x in lines]
     assert [r["kind"] for r in recs] == ["span", "record", "span", "record", "record"]
-    assert [r.get("data") for r in recs if r["kind"] == "record"] == ["hello", "base64:/wA=", "x"]
+    assert [(r["data"], r["data_encoding"]) for r in recs if r["kind"] == "record"] == [
+        ("hello", "utf-8"),
+        ("/wA=", "base64"),
+        ("x", "utf-8"),
+    ]
     assert recs[0]["end"] == 110.0
     assert recs[2]["time"] == 111.0
     assert cli_main(["wal", "verify", d]) == 0
