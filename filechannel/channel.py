@@ -13,12 +13,13 @@ lock; code holding the channel lock never calls into ``Log``'s write path.
 from __future__ import annotations
 
 import bisect
+import difflib
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from operator import attrgetter, itemgetter
 from types import TracebackType
 from typing import Any, Final, NamedTuple, NoReturn, cast
@@ -35,6 +36,7 @@ from .errors import (
     ChannelClosedError,
     ChannelError,
     ChannelFullError,
+    ConfigError,
     ConsumerConflictError,
     CorruptLogError,
     EventTooLargeError,
@@ -381,15 +383,18 @@ class Transaction:
         return evs[0] if evs else None
 
     def take_batch(self, max_events: int, timeout: float = 0.0) -> list[Event]:
-        """Take up to ``max_events`` events from the head, possibly fewer.
+        """Take up to ``max_events`` events from the head, possibly fewer (only when fewer are queued).
 
         Args:
-            max_events: The most events to take.
+            max_events: The most events to take. Like :meth:`put_many`, a request
+                that would take the transaction past ``transaction_capacity`` is
+                refused whole: it is never cut short silently.
             timeout: Seconds to wait while the queue is empty.
 
         Raises:
             ValueError: ``max_events`` is not a positive int.
-            TransactionCapacityError: More than ``transaction_capacity`` takes.
+            TransactionCapacityError: The transaction's takes plus ``max_events``
+                exceed ``transaction_capacity`` (nothing is taken).
             TransactionStateError: The transaction is no longer open.
             ChannelClosedError: The channel is closed.
             ConsumerConflictError: External consumers are registered on the channel
@@ -409,10 +414,11 @@ class Transaction:
             raise ConsumerConflictError(self._ch.directory, sorted(consumers))
         cap = self._ch.config.transaction_capacity
         room = cap - self._taken.count
-        if room <= 0:
+        if max_events > room:
+            held = f" (it holds {self._taken.count} takes already)" if self._taken.count else ""
             raise TransactionCapacityError(
-                f"more than transaction_capacity={cap} takes in one transaction; "
-                "commit smaller batches or raise transaction_capacity"
+                f"take_batch({max_events}) would exceed transaction_capacity={cap} takes in one transaction"
+                f"{held}; take at most {max(room, 0)}, commit smaller batches, or raise transaction_capacity"
             )
         # The entries join self._taken inside the channel lock (a checkpoint reads them);
         # if loading fails they stay with the transaction, and a rollback returns them.
@@ -775,6 +781,14 @@ class FileChannel:
     def size(self) -> int:
         """Committed events waiting in the queue (not counting those taken by open transactions)."""
         return len(self._queue)
+
+    def __len__(self) -> int:
+        """The number of queued events: :attr:`size`, ``stats()["queue_size"]``."""
+        return len(self._queue)
+
+    def __bool__(self) -> bool:
+        """Always true, like any open or closed channel object: ``len()`` is the queue, not the truth."""
+        return True
 
     def stats(self) -> dict[str, Any]:
         """Return counters: puts, takes, commits, rollbacks, fsyncs, bytes, files, and more.
@@ -1823,4 +1837,12 @@ def open_channel(
     directory: str | os.PathLike[str], *, fs: FS | None = None, background: bool = True, **options: Any
 ) -> FileChannel:
     """Open (creating if needed) the channel in ``directory``; see :func:`filechannel.open`."""
-    return FileChannel(directory, ChannelConfig.from_options(options), fs=fs, background=background)
+    try:
+        config = ChannelConfig.from_options(options)
+    except ConfigError as exc:
+        if exc.option in options and exc.reason.startswith("unknown option"):
+            close = difflib.get_close_matches(exc.option, [f.name for f in fields(ChannelConfig)], n=1)
+            if close:
+                raise ConfigError(exc.option, f"unknown option; did you mean {close[0]}=?") from None
+        raise
+    return FileChannel(directory, config, fs=fs, background=background)

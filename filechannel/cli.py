@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from datetime import datetime, timezone
 from typing import Any, NoReturn
 
 from . import format as fmt
@@ -31,7 +32,7 @@ from .checkpoint import CheckpointStore
 from .config import ChannelConfig
 from .consumers import ConsumerState, ConsumerStore, validate_name
 from .crypto import Encryption, check_key_id, keystore_json, load_keystore
-from .directory import CHANNEL_FILE, LOCK_FILE
+from .directory import CHANNEL_FILE, LOCK_FILE, WAL_FILE
 from .errors import ChannelError, ConfigError, CorruptLogError, DecryptionError, NotAChannelError
 from .log import Log, format_ranges
 from .repair import channel_file_damaged, rebuild_channel_file
@@ -53,6 +54,10 @@ def _existing(path: str) -> str:
         raise NotAChannelError(path, "it is a file")
     if not os.path.exists(os.path.join(path, CHANNEL_FILE)):
         raise NotAChannelError(path, "no CHANNEL file (create a channel with `filechannel put` or filechannel.open)")
+    if os.path.exists(os.path.join(path, WAL_FILE)):
+        raise NotAChannelError(
+            path, f"it is a write-ahead log; inspect it with `filechannel wal dump {path}` or `filechannel wal verify`"
+        )
     return path
 
 
@@ -63,11 +68,19 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def _body_text(body: bytes) -> str:
+_LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _body_fields(body: bytes, key: str = "body") -> dict[str, str]:
+    """``body`` for a JSON line: ``{key: text, key_encoding: "utf-8"}``, or base64 with ``"base64"``.
+
+    The encoding is always given, so no text can pass for bytes (``"base64:gIE="``
+    and the bytes ``80 81`` print differently).
+    """
     try:
-        return body.decode("utf-8")
+        return {key: body.decode("utf-8"), f"{key}_encoding": "utf-8"}
     except UnicodeDecodeError:
-        return "base64:" + base64.b64encode(body).decode("ascii")
+        return {key: base64.b64encode(body).decode("ascii"), f"{key}_encoding": "base64"}
 
 
 def _in_use(directory: str) -> bool:
@@ -81,29 +94,43 @@ def _progress(msg: str) -> None:
 
 
 class _WarningLine(logging.Formatter):
-    """One line per record, never a traceback."""
+    """One line per record (``filechannel: warning: ...``, ``filechannel: info: ...``), never a traceback."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return "filechannel: warning: " + " ".join(record.getMessage().split("\n"))
+        kind = "warning" if record.levelno >= logging.WARNING else record.levelname.lower()
+        return f"filechannel: {kind}: " + " ".join(record.getMessage().split("\n"))
 
 
 @contextmanager
-def _library_warnings() -> Iterator[None]:
-    """Show the library's WARNING and ERROR records on stderr while a command runs.
+def _library_warnings(level: int = logging.WARNING) -> Iterator[None]:
+    """Show the library's records from ``level`` on (default WARNING) on stderr while a command runs.
 
     The package logger has only a NullHandler, so without this a loss the library
     reports (a record dropped with ``on_corruption="skip"``, when opening or when
     taking, a truncated tail, an unusable checkpoint) would go unseen.
     """
     handler = logging.StreamHandler(sys.stderr)
-    handler.setLevel(logging.WARNING)
+    handler.setLevel(level)
     handler.setFormatter(_WarningLine())
     pkg = logging.getLogger("filechannel")
+    old = pkg.level
+    if level < logging.WARNING:
+        pkg.setLevel(level)
     pkg.addHandler(handler)
     try:
         yield
     finally:
         pkg.removeHandler(handler)
+        pkg.setLevel(old)
+
+
+def _log_level(args: argparse.Namespace) -> int | None:
+    """The level ``--log-level`` or ``-v`` asks for (None: neither was given)."""
+    if args.log_level is not None:
+        return int(getattr(logging, args.log_level.upper()))
+    if args.verbose:
+        return logging.INFO if args.verbose == 1 else logging.DEBUG
+    return None
 
 
 class _Stopped(KeyboardInterrupt):
@@ -190,6 +217,8 @@ def _headers(specs: Sequence[str] | None) -> dict[str, str]:
                 "(carry other bytes in the event body)"
             ) from None
         k, v = h.split("=", 1)
+        if not k:
+            raise ChannelError(f"--header {h!r}: the key is empty; expected KEY=VALUE with a non-empty KEY")
         headers[k] = v
     return headers
 
@@ -216,6 +245,7 @@ def cmd_put(args: argparse.Namespace) -> int:
     committed = 0
     batch: list[bytes] = []
     too_big: tuple[int, int] | None = None  # (line number, event size)
+    new = not os.path.exists(os.path.join(args.dir, CHANNEL_FILE))
     with _Sigint() as sigint:
         try:
             ch = FileChannel(args.dir, cfg)
@@ -256,7 +286,12 @@ def cmd_put(args: argparse.Namespace) -> int:
             f"the {committed} lines before it were committed and nothing from line {lineno} on was put "
             "(raise --max-event-size, or split the line)"
         )
-    print(f"put {committed} events", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"directory": args.dir, "created": new, "events": committed}))
+    else:
+        # A mistyped path would otherwise silently become a channel: say so.
+        created = f" (created the new channel {args.dir})" if new else ""
+        print(f"put {committed} events{created}", file=sys.stderr)
     return 0
 
 
@@ -287,6 +322,16 @@ def _stdout_to_devnull() -> None:
         os.dup2(devnull, fd)
     finally:
         os.close(devnull)
+
+
+def _write_raw(out: Any, body: bytes) -> None:
+    """Write ``body``'s bytes as they are, then a newline: the line ``put`` read (take undoes put)."""
+    raw = getattr(out, "buffer", None)
+    if raw is None:  # a text-only stream (a test's): bytes that are not UTF-8 cannot be shown as they are
+        out.write(body.decode("utf-8", "surrogateescape") + "\n")
+        return
+    out.flush()  # text written before stays before
+    raw.write(body + b"\n")
 
 
 def cmd_take(args: argparse.Namespace) -> int:
@@ -326,14 +371,10 @@ def cmd_take(args: argparse.Namespace) -> int:
                     try:
                         for ev in evs:
                             if args.json:
-                                rec = {
-                                    "position": ev.position,
-                                    "headers": dict(ev.headers),
-                                    "body": _body_text(ev.body),
-                                }
+                                rec = {"position": ev.position, "headers": dict(ev.headers), **_body_fields(ev.body)}
                                 out.write(json.dumps(rec) + "\n")
                             else:
-                                out.write(_body_text(ev.body) + "\n")
+                                _write_raw(out, ev.body)
                             printed += 1
                         out.flush()
                     except BaseException as exc:
@@ -422,7 +463,7 @@ def cmd_stat(args: argparse.Namespace) -> int:
             "torn_tails": len(log.torn_tails),
             "key_ids_in_use": log.key_ids_in_use(),
             "checkpoint": _checkpoint_info(log),
-            "last_open": _store(args.dir).last_open(),
+            "last_open": _last_open(args.dir),
             "accelerator": fmt.accelerator(),
         }
         info.update(_consumers_info(args.dir, log, entries))
@@ -438,46 +479,75 @@ def cmd_stat(args: argparse.Namespace) -> int:
                     print(f"  {f['path']}  {f['bytes']} bytes")
             elif k == "consumers":
                 print(f"consumers: {len(v)}")
-                for name, c in v.items():
+                for c in v:
                     ident = c["identity"] or "-"
                     print(
-                        f"  {name}: acked {c['acked']}, lag {c['lag_events']} events ({c['lag_bytes']} bytes), "
+                        f"  {c['name']}: acked {c['acked']}, lag {c['lag_events']} events ({c['lag_bytes']} bytes), "
                         f"identity {ident}, oldest file {c['oldest_file'] or '-'}"
                     )
             elif isinstance(v, dict):
                 print(f"{k}:")
                 for k2, v2 in v.items():
+                    if k == "last_open" and k2 == "time_iso":
+                        continue  # printed as "time"
+                    if k == "last_open" and k2 == "time" and "time_iso" in v:
+                        v2 = v["time_iso"]
                     print(f"  {k2}: {v2}")
             else:
                 print(f"{k}: {v}")
     return 0
 
 
-def _consumers_info(directory: str, log: Log, entries: list[tuple[int, int, int, int]]) -> dict[str, Any]:
-    """Return ``consumers`` (and ``consumers_problem`` if the registry is damaged) for ``stat``.
+def _last_open(directory: str) -> dict[str, Any] | None:
+    """How the last open recovered, its ``time`` (epoch seconds) also as ISO 8601 (``time_iso``)."""
+    info = _store(directory).last_open()
+    if info is None:
+        return None
+    out: dict[str, Any] = dict(info)
+    t = out.get("time")
+    if isinstance(t, (int, float)) and not isinstance(t, bool):
+        out["time_iso"] = datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")
+    return out
 
-    Per consumer: its acknowledged position, identity, the queued events and bytes at or
-    after it, and the data file of the oldest of them (which it keeps from retiring).
-    """
+
+def _consumers_info(directory: str, log: Log, entries: list[tuple[int, int, int, int]]) -> dict[str, Any]:
+    """Return ``consumers`` (and ``consumers_problem`` if the registry is damaged) for ``stat``."""
     out: dict[str, Any] = {}
     try:
         registry = ConsumerStore(DEFAULT_FS, directory).list()
     except CorruptLogError as exc:
         registry = {}
         out["consumers_problem"] = str(exc)
-    positions = [e[0] for e in entries]
-    consumers: dict[str, Any] = {}
-    for name, c in registry.items():
-        i = bisect.bisect_left(positions, c.acked)
-        consumers[name] = {
-            "acked": c.acked,
-            "identity": c.identity,
-            "lag_events": len(entries) - i,
-            "lag_bytes": sum(e[3] for e in entries[i:]),
-            "oldest_file": log.file_path(entries[i][1]) if i < len(entries) else None,
-        }
-    out["consumers"] = consumers
+    out["consumers"] = _consumer_rows(registry, log, entries)
     return out
+
+
+def _consumer_rows(
+    registry: dict[str, ConsumerState], log: Log, entries: list[tuple[int, int, int, int]]
+) -> list[dict[str, Any]]:
+    """One object per consumer, the same in ``stat`` and ``consumers`` (sorted by name).
+
+    Its name, acknowledged position, identity, registration time, the queued events and
+    bytes at or after its position, and the data file of the oldest of them (which it
+    keeps from retiring; None when it has none).
+    """
+    positions = [e[0] for e in entries]
+    rows = []
+    for name in sorted(registry):
+        c = registry[name]
+        i = bisect.bisect_left(positions, c.acked)
+        rows.append(
+            {
+                "name": name,
+                "acked": c.acked,
+                "identity": c.identity,
+                "registered_ns": c.registered_ns,
+                "lag_events": len(entries) - i,
+                "lag_bytes": sum(e[3] for e in entries[i:]),
+                "oldest_file": log.file_path(entries[i][1]) if i < len(entries) else None,
+            }
+        )
+    return rows
 
 
 def cmd_consumers(args: argparse.Namespace) -> int:
@@ -496,21 +566,20 @@ def cmd_consumers(args: argparse.Namespace) -> int:
         if not store.remove(name):
             known = ", ".join(_consumer_names(store)) or "none"
             raise ChannelError(f"{args.dir}: no consumer named {name!r} (registered: {known})")
+        if args.json:
+            acked = before.acked if before is not None else None
+            print(json.dumps({"directory": args.dir, "removed": name, "acked": acked}))
+            return 0
         where = f" (it had acknowledged up to position {before.acked})" if before is not None else ""
         print(f"removed consumer {name}{where}; the owner no longer waits for it")
         return 0
     registry = store.list()
-    next_position = _next_position(args.dir) if registry else None
-    rows = [
-        {
-            "name": c.name,
-            "identity": c.identity,
-            "acked": c.acked,
-            "lag_events": max(0, next_position - c.acked) if next_position is not None else 0,
-            "registered_ns": c.registered_ns,
-        }
-        for c in registry.values()
-    ]
+    log, entries = _lenient_channel_state(args.dir)
+    try:
+        rows = _consumer_rows(registry, log, entries)
+        next_position = log.next_position
+    finally:
+        log.close()
     if args.json:
         print(json.dumps({"directory": args.dir, "next_position": next_position, "consumers": rows}))
         return 0
@@ -531,13 +600,21 @@ def _consumer_names(store: ConsumerStore) -> list[str]:
         return []
 
 
-def _next_position(directory: str) -> int:
-    """Return the channel's next position as its files say now (read-only; lenient about damage)."""
-    log = Log(directory, ChannelConfig(on_corruption="skip"), readonly=True, checkpoints=_store(directory))
+def _lenient_channel_state(directory: str) -> tuple[Log, list[tuple[int, int, int, int]]]:
+    """The channel's queue as its files say now (read-only, no key needed; lenient about damage)."""
+    log = Log(
+        directory,
+        ChannelConfig(on_corruption="skip"),
+        readonly=True,
+        checkpoints=_store(directory),
+        keyless_ok=True,
+    )
     try:
-        return log.next_position
-    finally:
+        q, _, _ = replay_queue(log, log.base_snapshot)
+    except BaseException:
         log.close()
+        raise
+    return log, list(q)
 
 
 def _checkpoint_info(log: Log) -> dict[str, Any] | None:
@@ -595,9 +672,18 @@ def cmd_dump(args: argparse.Namespace) -> int:
             if r.op == fmt.PUT:
                 rec["position"] = positions.get((r.file_id, r.offset))
                 if args.bodies:
-                    body, headers = fmt.decode_event(log.read_payload(r.file_id, r.offset, r.size))
+                    try:
+                        payload = log.read_payload(r.file_id, r.offset, r.size)
+                    except DecryptionError as exc:
+                        if getattr(args, "keystore", None) is not None:
+                            raise
+                        raise ChannelError(
+                            f"{exc.path}: the channel is encrypted: --bodies needs its keys, give --keystore PATH "
+                            "(without --bodies, dump needs no key)"
+                        ) from exc
+                    body, headers = fmt.decode_event(payload)
                     rec["headers"] = headers
-                    rec["body"] = _body_text(body)
+                    rec.update(_body_fields(body))
             elif r.op == fmt.COMMIT:
                 first, n, t = fmt.decode_commit(r.payload)
                 rec.update(first_position=first, puts=n, takes=t)
@@ -622,6 +708,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         raise ChannelError(f"--salvage {args.salvage}: the destination must be a new or empty directory")
     enc = _encryption(args)
     res = verify_channel(args.dir, progress=_progress if sys.stderr.isatty() else None, encryption=enc)
+    if args.json:
+        return _verify_json(args, res, enc)
     if res.undecrypted:
         print(
             f"note: {res.undecrypted} encrypted events checked by checksum only (key ids "
@@ -644,6 +732,27 @@ def cmd_verify(args: argparse.Namespace) -> int:
         return 1
     print(f"{args.dir}: ok, {len(res.queued)} events queued, {res.files} data files verified")
     return 0
+
+
+def _verify_json(args: argparse.Namespace, res: VerifyResult, enc: Encryption | None) -> int:
+    """``verify --json``: one object on stdout, the same exit status as without it."""
+    salvaged = _salvage(args.dir, res, args.salvage, enc) if args.salvage else None
+    out = {
+        "directory": args.dir,
+        "ok": res.ok,
+        "events_queued": len(res.queued),
+        "data_files": res.files,
+        "problems": [rep.describe() for rep in res.reports],
+        "latent": list(res.latent),
+        "torn_tails": [{"path": p, "offset": start, "bytes": n} for p, start, n in res.torn_tails],
+        "lost_positions": [[a, b] for a, b in res.lost_positions],
+        "lost_events": sum(b - a for a, b in res.lost_positions),
+        "checked_by_checksum_only": res.undecrypted,
+        "salvaged": salvaged,
+        "salvage_dir": args.salvage,
+    }
+    print(json.dumps(out))
+    return 0 if res.ok else 1
 
 
 def _salvage(src: str, res: VerifyResult, dest: str, encryption: Encryption | None = None) -> int:
@@ -712,8 +821,22 @@ def _damaged_channel_file(exc: CorruptLogError, args: argparse.Namespace) -> boo
 
 
 def _existing_wal(path: str) -> str:
-    if not os.path.isdir(path) or not os.path.exists(os.path.join(path, CHANNEL_FILE)):
-        raise NotAChannelError(path, "no write-ahead log here (create one with filechannel.WriteAheadLog)")
+    if not os.path.exists(path):
+        raise ChannelError(f"{path}: no such write-ahead log directory (create one with filechannel.WriteAheadLog)")
+    if not os.path.isdir(path):
+        raise NotAChannelError(path, "it is a file", expected="a write-ahead log")
+    if not os.path.exists(os.path.join(path, CHANNEL_FILE)):
+        raise NotAChannelError(
+            path,
+            "no CHANNEL file (create a write-ahead log with filechannel.WriteAheadLog)",
+            expected="a write-ahead log",
+        )
+    if not os.path.exists(os.path.join(path, WAL_FILE)):
+        raise NotAChannelError(
+            path,
+            f"it is a channel; inspect it with `filechannel dump {path}` or `filechannel verify {path}`",
+            expected="a write-ahead log",
+        )
     return path
 
 
@@ -723,7 +846,7 @@ def cmd_wal_dump(args: argparse.Namespace) -> int:
     for rec in dump_wal(_existing_wal(args.dir), encryption=_encryption(args)):
         data = rec.pop("data", None)
         if data is not None and args.data:
-            rec["data"] = _body_text(data)
+            rec.update(_body_fields(data, "data"))
         out.write(json.dumps(rec) + "\n")
     return 0
 
@@ -908,6 +1031,20 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_EPILOG,
     )
     p.add_argument("--version", action="version", version=f"filechannel {__version__}")
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="show the library's log on stderr: -v at INFO, -vv at DEBUG (default: warnings of put, take, checkpoint)",
+    )
+    p.add_argument(
+        "--log-level",
+        type=str.lower,
+        choices=_LOG_LEVELS,
+        metavar="LEVEL",
+        help=f"show the library's log on stderr from LEVEL on ({', '.join(_LOG_LEVELS)}); overrides -v",
+    )
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
@@ -925,6 +1062,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--capacity", type=int, metavar="N", help="most events the channel may hold while putting (default 1000000)"
     )
     sp.add_argument("--transaction-capacity", type=int, metavar="N", help="most events per transaction (default 10000)")
+    sp.add_argument(
+        "--json",
+        action="store_true",
+        help="print the outcome as one JSON object on stdout (directory, created, events)",
+    )
     sp.add_argument(
         "--max-event-size",
         type=int,
@@ -966,7 +1108,7 @@ def build_parser() -> argparse.ArgumentParser:
         "consumers", help="list external consumers (acknowledged position, lag), or remove one", epilog=_EPILOG
     )
     sp.add_argument("dir", help="channel directory")
-    sp.add_argument("--json", action="store_true", help="print one JSON object")
+    sp.add_argument("--json", action="store_true", help="print one JSON object (also with --remove)")
     sp.add_argument(
         "--remove",
         metavar="NAME",
@@ -992,6 +1134,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("verify", help="check every record and header; exit 1 on problems", epilog=_EPILOG)
     sp.add_argument("dir", help="channel directory")
+    sp.add_argument("--json", action="store_true", help="print one JSON object (same exit status)")
     sp.add_argument(
         "--salvage",
         metavar="DEST",
@@ -1083,8 +1226,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--wait must be a number of seconds >= 0, got {wait}")
     # Commands that open the channel for writing show what the library reports;
     # stat, dump and verify are read-only and report damage themselves.
+    level = _log_level(args)
     shown: AbstractContextManager[None] = (
-        _library_warnings() if args.func in (cmd_put, cmd_take, cmd_checkpoint) else nullcontext()
+        _library_warnings(level)
+        if level is not None
+        else _library_warnings()
+        if args.func in (cmd_put, cmd_take, cmd_checkpoint)
+        else nullcontext()
     )
     try:
         with shown:
@@ -1097,6 +1245,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         cli_flag = _CONFIG_FLAGS.get(exc.option)
         given = getattr(args, exc.option, None) if cli_flag else None
         msg = f"{cli_flag} {given}: {exc.reason}" if given is not None else str(exc)
+        cap = getattr(args, "capacity", None)
+        if exc.option == "transaction_capacity" and given is None and cap is not None:
+            # The default transaction capacity did not fit the --capacity the user gave: blame that.
+            tc = ChannelConfig().transaction_capacity
+            msg = (
+                f"--capacity {cap}: below the transaction capacity ({tc}, the default); "
+                f"give --capacity {tc} or more, or also --transaction-capacity {cap} or less"
+            )
         if exc.option == "encryption":
             ks = getattr(args, "keystore", None)
             msg = f"--keystore {ks}: {exc.reason}" if ks is not None and args.func is not cmd_keygen else exc.reason

@@ -15,13 +15,15 @@ import json
 import logging
 import os
 import re
+import socket
 import struct
 import time
 import uuid
+from datetime import datetime, timezone
 from typing import Any
 
 from . import format as fmt
-from ._fs import read_file, replace_durably
+from ._fs import FS, OsFS, read_file, replace_durably
 from .crypto import MetaMac, header_cipher
 from .errors import (
     ChannelCopyError,
@@ -367,15 +369,17 @@ class ChannelDirectory:
         self.legacy_dirs = False
 
     def _lock_path(self, path: str) -> int | None:
-        """Lock ``path`` (None: this open holds it already)."""
+        """Lock ``path`` (None: this open holds it already) and note who holds it in the file."""
         key = os.path.abspath(path)
         if key in self._locked:
             return None
+        fs = self.st.fs
         try:
-            handle = self.st.fs.lock(path)
+            handle = fs.lock(path)
         except BlockingIOError as exc:
-            raise ChannelLockedError(os.path.dirname(path)) from exc
+            raise ChannelLockedError(os.path.dirname(path), lock_holder(fs, path)) from exc
         self._locked.add(key)
+        _note_holder(fs, handle, _holder_record())
         return handle
 
     def _lock_extra(self, path: str) -> None:
@@ -568,28 +572,15 @@ class ChannelDirectory:
         fs = st.fs
         top = st.directory
         existed = fs.exists(top)
+        if existed:
+            # Refused before the lock too, so a refused open leaves no LOCK behind; under the
+            # lock the check is made again (the directory may have changed meanwhile).
+            self._refuse_foreign_entries(top)
         fs.makedirs(top)
         self._lock(top)
         if fs.exists(chan_path):  # created concurrently before we took the lock
             return
-        # What a crash in the middle of an earlier creation leaves behind.
-        leftovers = {
-            LOCK_FILE,
-            CHANNEL_FILE + ".tmp",
-            DATA_DIRS_FILE,
-            DATA_DIRS_FILE + ".tmp",
-            WAL_FILE,
-            WAL_FILE + ".tmp",
-        }
-        made = {LOCK_FILE, DATA_DIR_ID_FILE, DATA_DIR_ID_FILE + ".tmp"}
-        for d in st.data_dirs:
-            if self.internal(d) and fs.exists(d) and not set(fs.listdir(d)) - made:
-                leftovers.add(os.path.relpath(os.path.abspath(d), os.path.abspath(top)).split(os.sep)[0])
-        others = [n for n in fs.listdir(top) if n not in leftovers]
-        if others:
-            raise NotAChannelError(
-                top, f"it holds {len(others)} other entries but no CHANNEL file; use an empty directory"
-            )
+        self._refuse_foreign_entries(top)
         # Every data directory is locked, and checked to be no other channel's, before
         # anything is written into it: a refused creation leaves other channels as they were.
         self._claim_data_dirs()
@@ -615,6 +606,29 @@ class ChannelDirectory:
             parent = os.path.dirname(os.path.abspath(top))
             fs.fsync_dir(parent)
         logger.info("created channel %s", top)
+
+    def _refuse_foreign_entries(self, top: str) -> None:
+        """Refuse to create a channel in a directory holding anything but an interrupted creation's files."""
+        st = self.st
+        fs = st.fs
+        # What a crash in the middle of an earlier creation leaves behind.
+        leftovers = {
+            LOCK_FILE,
+            CHANNEL_FILE + ".tmp",
+            DATA_DIRS_FILE,
+            DATA_DIRS_FILE + ".tmp",
+            WAL_FILE,
+            WAL_FILE + ".tmp",
+        }
+        made = {LOCK_FILE, DATA_DIR_ID_FILE, DATA_DIR_ID_FILE + ".tmp"}
+        for d in st.data_dirs:
+            if self.internal(d) and fs.exists(d) and not set(fs.listdir(d)) - made:
+                leftovers.add(os.path.relpath(os.path.abspath(d), os.path.abspath(top)).split(os.sep)[0])
+        others = [n for n in fs.listdir(top) if n not in leftovers]
+        if others:
+            raise NotAChannelError(
+                top, f"it holds {len(others)} other entries but no CHANNEL file; use an empty directory"
+            )
 
     def _claim_data_dirs(self) -> None:
         """At creation: refuse a data directory another channel holds or owns; lock each one that exists.
@@ -652,12 +666,68 @@ class ChannelDirectory:
             )
 
     def release(self) -> None:
-        """Drop the locks (idempotent)."""
+        """Drop the locks (idempotent); the holder noted in each lock file is cleared first."""
         fs = self.st.fs
         for h in self.extra_locks:
+            _note_holder(fs, h, b"")
             fs.unlock(h)
         self.extra_locks = []
         self._locked.clear()
         if self.lock_handle is not None:
+            _note_holder(fs, self.lock_handle, b"")
             fs.unlock(self.lock_handle)
             self.lock_handle = None
+
+
+# --------------------------------------------------------------------------
+# who holds a lock (informational: the flock alone keeps a second opener out)
+
+
+def _holder_record() -> bytes:
+    now = time.time()
+    since = datetime.fromtimestamp(now, timezone.utc).isoformat(timespec="seconds")
+    info = {"pid": os.getpid(), "host": socket.gethostname(), "since": since, "since_ns": time.time_ns()}
+    return json.dumps(info, sort_keys=True).encode() + b"\n"
+
+
+def _note_holder(fs: FS, handle: int, data: bytes) -> None:
+    """Write ``data`` (who holds the lock; empty on release) into a held lock file, best effort.
+
+    Only on the real file system, where the lock handle is the lock file's descriptor.
+    It is never fsynced and never trusted: a reader only shows it in an error.
+    """
+    if not isinstance(fs, OsFS):
+        return
+    try:
+        fs.truncate(handle, 0)
+        if data:
+            fs.pwrite_all(handle, data, 0)
+    except OSError as exc:
+        logger.debug("could not note the lock holder: %s", exc)
+
+
+def lock_holder(fs: FS, path: str) -> str | None:
+    """Describe who holds lock file ``path`` as it says (``pid 42 on host h since ...``), or None.
+
+    Read only to make an error message helpful: the content may be missing (an
+    older version, a file the caller cannot read), half written or stale, so
+    whatever does not parse, or names a process of this host that no longer
+    runs, gives None.
+    """
+    try:
+        info = json.loads(read_file(fs, path))
+        pid, host, since = int(info["pid"]), str(info["host"]), str(info["since"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if pid <= 0:
+        return None
+    if host == socket.gethostname():
+        if pid == os.getpid():
+            return f"this process, pid {pid}, since {since}"
+        try:
+            os.kill(pid, 0)  # signal 0: does it run?
+        except ProcessLookupError:
+            return None
+        except OSError:
+            pass  # it runs, as another user
+    return f"pid {pid} on host {host} since {since}"

@@ -1,4 +1,4 @@
-"""The whole exception hierarchy of filechannel, and nothing else.
+"""The whole exception hierarchy of filechannel (and the advice its corruption errors carry), nothing else.
 
 Every error the library raises on purpose is a ``ChannelError``. Where callers
 expect a builtin (``ValueError`` for bad options, ``RuntimeError`` for misuse),
@@ -28,14 +28,19 @@ class ChannelClosedError(ChannelError):
 
 
 class ChannelLockedError(ChannelError):
-    """The channel directory is already open, in this process or another."""
+    """The channel directory is already open, in this process or another.
 
-    def __init__(self, path: str) -> None:
+    ``holder`` describes who holds it (``"pid 4242 on host web-1 since
+    2026-01-02T03:04:05+00:00"``), as the holder wrote it into the ``LOCK`` file,
+    or is None when that is unknown. It is informational only: the lock itself
+    is what keeps a second opener out.
+    """
+
+    def __init__(self, path: str, holder: str | None = None) -> None:
         self.path = path
-        super().__init__(
-            f"channel directory {path} is already open by another FileChannel "
-            "(in this or another process); close it first"
-        )
+        self.holder = holder
+        by = f" (held by {holder})" if holder else " (in this or another process)"
+        super().__init__(f"channel directory {path} is already open by another FileChannel{by}; close it first")
 
 
 class ChannelFullError(ChannelError):
@@ -62,6 +67,17 @@ class EventTooLargeError(InvalidEventError):
         super().__init__(
             f"event of {size} bytes (body and headers) exceeds max_event_size={limit}; "
             "put a smaller event or open the channel with a larger max_event_size="
+        )
+
+
+class RecordTooLargeError(EventTooLargeError):
+    """A write-ahead log record larger than a data file of that log can hold (``max_file_size``)."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(size, limit)
+        self.args = (
+            f"record of {size} bytes exceeds the largest record this write-ahead log takes ({limit} bytes, "
+            "set by max_file_size); write smaller records or open the log with a larger max_file_size=",
         )
 
 
@@ -120,6 +136,18 @@ class EventFormatError(FormatError):
     """
 
 
+#: What a :class:`CorruptLogError` of a channel advises when its raiser gives no hint.
+CHANNEL_HINT = (
+    "run `filechannel verify DIR` for a full report; open with on_corruption='skip' to drop "
+    "exactly what is damaged (each lost position is reported) and keep the rest"
+)
+#: The same advice for a write-ahead log (``filechannel.WriteAheadLog``): its tool and its words.
+WAL_HINT = (
+    "run `filechannel wal verify DIR` for a full report; open the WriteAheadLog with on_corruption='skip' "
+    "to drop exactly what is damaged (each lost record is logged) and keep the rest"
+)
+
+
 class CorruptLogError(ChannelError):
     """Acknowledged data on disk is damaged, missing or not from this channel."""
 
@@ -127,11 +155,14 @@ class CorruptLogError(ChannelError):
         self.path = path
         self.offset = offset
         self.reason = reason
-        self.hint = hint or (
-            "run `filechannel verify DIR` for a full report; open with on_corruption='skip' to drop "
-            "exactly what is damaged (each lost position is reported) and keep the rest"
-        )
+        self.hint = hint or CHANNEL_HINT
         super().__init__(f"{path} at byte {offset}: {reason} ({self.hint})")
+
+    def rehint(self, hint: str) -> None:
+        """Replace the default channel advice with ``hint`` (a raiser's own hint is kept)."""
+        if self.hint == CHANNEL_HINT:
+            self.hint = hint
+            self.args = (f"{self.path} at byte {self.offset}: {self.reason} ({hint})",)
 
 
 class DecryptionError(CorruptLogError):
@@ -151,12 +182,13 @@ class DecryptionError(CorruptLogError):
 
 
 class NotAChannelError(ChannelError):
-    """A path that should be a channel directory is not one."""
+    """A path that should be a channel directory (or, ``expected``, a write-ahead log) is not one."""
 
-    def __init__(self, path: str, reason: str) -> None:
+    def __init__(self, path: str, reason: str, expected: str = "a filechannel directory") -> None:
         self.path = path
         self.reason = reason
-        super().__init__(f"{path} is not a filechannel directory: {reason}")
+        self.expected = expected
+        super().__init__(f"{path} is not {expected}: {reason}")
 
 
 class ChannelCopyError(ChannelError):
@@ -223,12 +255,29 @@ class DataLossError(ChannelError):
         super().__init__(f"positions [{start}, {end}) are gone: {reason}")
 
 
+class AckRangeError(ChannelError, ValueError):
+    """``ChannelReader.ack(end)`` beyond what the channel has committed (``end`` > ``committed``).
+
+    Nothing is acknowledged. Positions at or above ``committed`` do not exist
+    yet: acknowledge only ends that :meth:`ChannelReader.available` returned.
+    """
+
+    def __init__(self, end: int, committed: int) -> None:
+        self.end = end
+        self.committed = committed
+        super().__init__(
+            f"cannot acknowledge up to {end}: only positions below {committed} are committed "
+            "(acknowledge an end that available() or read() returned)"
+        )
+
+
 class InvalidHandleError(ChannelError, ValueError):
     """A write-ahead log handle that names no record of this log (``.reason`` says why).
 
-    Its file was cleaned, it belongs to another log, or its fields cannot
-    describe a record. A handle whose record is there but damaged raises
-    :class:`CorruptLogError` instead.
+    Its file was cleaned, it belongs to another log, its fields cannot describe
+    a record, it points past the end of its data file, or the intact record at
+    its offset has another write-order id. The log is fine: nothing to repair.
+    A handle whose record is there but damaged raises :class:`CorruptLogError`.
     """
 
     def __init__(self, handle: object, reason: str) -> None:

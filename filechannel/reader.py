@@ -36,7 +36,15 @@ from .checkpoint import CheckpointStore
 from .config import CORRUPTION_POLICIES, ChannelConfig
 from .consumers import ConsumerStore, validate_name
 from .crypto import KEY_HINT, SEALED_WITHOUT_KEY, TAMPERED, Encryption, FileCipher, header_cipher
-from .errors import ChannelError, ConfigError, CorruptLogError, DataLossError, DecryptionError, FormatError
+from .errors import (
+    AckRangeError,
+    ChannelError,
+    ConfigError,
+    CorruptLogError,
+    DataLossError,
+    DecryptionError,
+    FormatError,
+)
 from .log import Log
 from .scan import SEG_RE, CorruptionReport, LogRecord, Scanner, segment_name
 
@@ -89,10 +97,13 @@ def read_segment(segment: Segment, *, fs: FS | None = None, encryption: Encrypti
     :class:`~filechannel.Encryption` or a keystore path) holding its key id.
 
     Raises:
+        TypeError: ``segment`` is not a :class:`Segment`.
         DataLossError: The data file is gone (retired after the events were acknowledged).
         CorruptLogError: A record there does not verify.
         DecryptionError: No key for an encrypted segment, or a record whose tag fails.
     """
+    if not isinstance(segment, Segment):
+        raise TypeError(f"read_segment() takes a Segment (from ChannelReader.segments()), got {type(segment).__name__}")
     fs = fs or DEFAULT_FS
     cipher = None
     if segment.cipher:
@@ -665,13 +676,19 @@ class ChannelReader:
         simply absent.
 
         Raises:
+            TypeError: ``start``, ``end`` or ``limit`` is not an int (a float too).
+            ValueError: ``start`` or ``end`` is negative, ``end`` below ``start``, or
+                ``limit`` not positive.
             DataLossError: ``start`` is below this consumer's acknowledged mark (or
                 below what the channel still holds), or ``end`` is beyond what it holds.
             CorruptLogError: An event's record is damaged (``on_corruption="fail"``).
         """
         _check_range(start, end)
-        if limit is not None and (not isinstance(limit, int) or limit <= 0):
-            raise ValueError(f"limit must be a positive int, got {limit!r}")
+        if limit is not None:
+            if not isinstance(limit, int) or isinstance(limit, bool):
+                raise TypeError(f"limit must be an int or None, got {type(limit).__name__} {limit!r}")
+            if limit <= 0:
+                raise ValueError(f"limit must be a positive int, got {limit!r}")
         f = self._state()
         if end > f.visible_end:
             f.refresh()
@@ -745,10 +762,14 @@ class ChannelReader:
         span at most ``max_bytes`` (a single larger event gets a segment alone).
 
         Raises:
+            TypeError: ``start``, ``end`` or ``max_bytes`` is not an int.
+            ValueError: As for :meth:`read`, or ``max_bytes`` not positive.
             DataLossError: As for :meth:`read`.
         """
         _check_range(start, end)
-        if not isinstance(max_bytes, int) or max_bytes <= 0:
+        if not isinstance(max_bytes, int) or isinstance(max_bytes, bool):
+            raise TypeError(f"max_bytes must be an int, got {type(max_bytes).__name__} {max_bytes!r}")
+        if max_bytes <= 0:
             raise ValueError(f"max_bytes must be a positive int, got {max_bytes!r}")
         f = self._state()
         if end > f.visible_end:
@@ -803,14 +824,19 @@ class ChannelReader:
             The acknowledged mark after the call.
 
         Raises:
-            ChannelError: This reader is a view (``consumer=None``), or ``end`` is
-                beyond what is available.
+            TypeError: ``end`` is not an int (``"3"``, ``3.0`` and ``True`` are refused).
+            ValueError: ``end`` is negative.
+            AckRangeError: ``end`` is beyond what the channel has committed (a
+                ``ValueError``; nothing is acknowledged).
+            ChannelError: This reader is a view (``consumer=None``).
             ConsumerIdentityError: Another identity took over this consumer name.
         """
         if self.consumer is None:
             raise ChannelError("a ChannelReader without a consumer name is a view and cannot acknowledge")
         if not isinstance(end, int) or isinstance(end, bool):
-            raise ValueError(f"end must be an int, got {end!r}")
+            raise TypeError(f"end must be an int, got {type(end).__name__} {end!r}")
+        if end < 0:
+            raise ValueError(f"end must be a position >= 0, got {end}")
         f = self._state()
         assert self._acked is not None
         if end <= self._acked:
@@ -818,9 +844,7 @@ class ChannelReader:
         if end > f.visible_end:
             f.refresh()
             if end > f.visible_end:
-                raise ChannelError(
-                    f"cannot acknowledge up to {end}: only positions below {f.visible_end} are committed"
-                )
+                raise AckRangeError(end, f.visible_end)
         self._acked = ConsumerStore(self._fs, self.directory, None, f.meta_mac, f.macs_required).ack(
             self.consumer, self.identity, end
         )
@@ -850,7 +874,9 @@ class ChannelReader:
 
 def _check_range(start: int, end: int) -> None:
     for name, v in (("start", start), ("end", end)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise TypeError(f"{name} must be an int position, got {type(v).__name__} {v!r}")
+        if v < 0:
             raise ValueError(f"{name} must be an int >= 0, got {v!r}")
     if end < start:
         raise ValueError(f"end {end} is below start {start}")

@@ -31,6 +31,7 @@ import os
 import threading
 import time as _time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,13 +41,15 @@ from .checkpoint import CheckpointStore, Snapshot
 from .config import ChannelConfig
 from .crypto import SEALED_WITHOUT_KEY, TAMPERED, FileCipher
 from .errors import (
+    WAL_HINT,
     ChannelClosedError,
     ConfigError,
     CorruptLogError,
     DecryptionError,
-    EventTooLargeError,
     FormatError,
     InvalidHandleError,
+    NotAChannelError,
+    RecordTooLargeError,
 )
 from .log import Log
 from .permissions import fs_for
@@ -239,6 +242,36 @@ def _kept_ends(log: Log) -> dict[int, int]:
     return out
 
 
+@contextmanager
+def _in_wal_words() -> Iterator[None]:
+    """Give the errors the shared channel code raises a write-ahead log's words.
+
+    A damage report names ``filechannel wal verify``, not the channel's ``verify``
+    (which refuses a log); a directory that is not a log says so, not that it is
+    "not a filechannel directory".
+    """
+    try:
+        yield
+    except CorruptLogError as exc:
+        exc.rehint(WAL_HINT)
+        raise
+    except NotAChannelError as exc:
+        if exc.expected != "a filechannel directory":
+            raise
+        reason = exc.reason
+        if reason.startswith("it is a channel"):
+            reason = "it is a channel (open it with filechannel.open; the `filechannel` channel commands inspect it)"
+        elif reason.startswith("no CHANNEL file"):
+            reason = "no CHANNEL file (create a write-ahead log with filechannel.WriteAheadLog)"
+        raise NotAChannelError(exc.path, reason, expected="a write-ahead log") from None
+
+
+def _worded(records: Iterator[Any]) -> Iterator[Any]:
+    """``records``, with the errors raised while iterating them in a write-ahead log's words."""
+    with _in_wal_words():
+        yield from records
+
+
 def _to_ns(t: float | None, what: str = "time", clamp: bool = False) -> int:
     if t is None:
         return _time.time_ns()
@@ -403,7 +436,8 @@ class WriteAheadLog:
         self._max_data = self.config.max_event_size - fmt.WAL_HEAD_LEN - _SPAN_BYTES - tag
         self._fs = fs_for(fs or DEFAULT_FS, self.config.permissions)
         self._store = CheckpointStore(self._fs, os.path.join(self.directory, CHECKPOINT_DIR))
-        self._log = Log(self.directory, self.config, fs=self._fs, checkpoints=self._store, wal=True)
+        with _in_wal_words():
+            self._log = Log(self.directory, self.config, fs=self._fs, checkpoints=self._store, wal=True)
         self._closed = False
         self._closing = False
         self._lock = threading.Lock()  # guards _fds, _cleaned, _cleaners
@@ -416,7 +450,8 @@ class WriteAheadLog:
             self.log_id = self._log.channel_id.hex()
             self.corruption: list[CorruptionReport] = list(self._log.corruption)
             self._kept = _kept_ends(self._log)  # before replay drops the checkpoint that vouched
-            self._load_spans()
+            with _in_wal_words():
+                self._load_spans()
             self._policy = _TimePolicy(self._log, round(self.rolling_interval * _NS), self._spans)
             for w in self._log._writers:
                 w.policy = self._policy
@@ -467,7 +502,7 @@ class WriteAheadLog:
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"a record must be bytes-like, got {type(data).__name__}")
         if len(data) > self._max_data:
-            raise EventTooLargeError(len(data), self._max_data)
+            raise RecordTooLargeError(len(data), self._max_data)
         return fmt.encode_wal_payload(fmt.WAL_RECORD, time_ns, bytes(data))
 
     def write(self, data: bytes, time: float | None = None) -> RecordHandle:
@@ -484,7 +519,8 @@ class WriteAheadLog:
         Raises:
             TypeError: ``data`` is not bytes-like, or ``time`` not a number.
             ValueError: ``time`` is out of range.
-            EventTooLargeError: The record does not fit in a data file.
+            RecordTooLargeError: The record does not fit in a data file (an
+                ``EventTooLargeError``; raise ``max_file_size``).
             OSError: The write or fsync failed (a failed fsync also fails the log).
             ChannelClosedError: The log is closed or has failed.
         """
@@ -503,7 +539,8 @@ class WriteAheadLog:
         Raises:
             TypeError: An item is not bytes-like, or ``time`` not a number.
             ValueError: ``time`` is out of range.
-            EventTooLargeError: A record does not fit in a data file.
+            RecordTooLargeError: A record does not fit in a data file (an
+                ``EventTooLargeError``; raise ``max_file_size``).
             DiskSpaceError: Less than ``minimum_required_space`` is free (nothing written).
             OSError: The write or fsync failed (a failed fsync also fails the log).
             ChannelClosedError: The log is closed or has failed.
@@ -536,9 +573,11 @@ class WriteAheadLog:
         Raises:
             TypeError: ``handle`` is not a :class:`RecordHandle`.
             InvalidHandleError: The handle is of another log, its file was cleaned,
-                or its fields cannot describe a record.
-            CorruptLogError: The record's bytes do not verify (damage, or a record
-                lost in a crash with ``fsync="interval"``).
+                its fields cannot describe a record, it points past the end of its
+                data file, or the intact record at its offset is another one (a
+                made-up handle). The log is fine: nothing to repair.
+            CorruptLogError: The bytes at the handle's offset do not verify (damage),
+                or its record lay in a torn tail this open cut off (lost in a crash).
             ChannelClosedError: The log is closed.
         """
         if not isinstance(handle, RecordHandle):
@@ -557,6 +596,22 @@ class WriteAheadLog:
             raise InvalidHandleError(handle, "its offset or length cannot describe a record")
         log = self._log
         fid = handle.file_id
+        cut = self._torn_at(fid)
+        if cut is not None and handle.offset + handle.length > cut:
+            raise CorruptLogError(
+                log.file_path(fid),
+                handle.offset,
+                f"the record was lost: a crash cut a torn tail off data file {fid} at byte {cut} before this open "
+                "(a write never acknowledged, or acknowledged with fsync='interval' and not yet synced)",
+                WAL_HINT,
+            )
+        end = self._written_end(fid)
+        if end is not None and handle.offset + handle.length > end:
+            raise InvalidHandleError(
+                handle,
+                f"it points past the end of data file {fid} (its records end at byte {end}): no record of this "
+                "log lies there (a made-up handle, or one of a record lost in a crash with fsync='interval')",
+            )
         with self._lock:
             fd = self._fds.get(fid)
             if fd is None:
@@ -571,26 +626,74 @@ class WriteAheadLog:
                 fd = self._fds[fid] = self._fs.open_read(path)
             buf = self._fs.pread(fd, handle.length, handle.offset)
         path = os.path.join(log.data_dirs[0], f"seg-{fid:016x}.wal")
+        seed = fmt.file_seed(log.crc_kind, log.channel_id, fid)
         try:
-            rec = fmt.decode_record(
-                buf, 0, fmt.file_seed(log.crc_kind, log.channel_id, fid), log.crc_kind, log.max_payload
-            )
-            if not isinstance(rec, fmt.Record) or rec.size != handle.length:
-                raise FormatError(0, "the record there is shorter than the handle says (lost or truncated)")
+            rec = fmt.decode_record(buf, 0, seed, log.crc_kind, log.max_payload)
+            if not isinstance(rec, fmt.Record):
+                if len(buf) < handle.length:
+                    raise FormatError(len(buf), "the file ends inside the record (lost or truncated)")
+                # The frame there is longer than the handle says: read it whole to tell a
+                # damaged length (damage) from an intact record that is not the handle's.
+                declared = fmt._U32.unpack_from(buf, 4)[0]  # at most max_payload, or decode_record refused it
+                whole = self._pread(fid, fmt.record_size(declared), handle.offset)
+                other = fmt.decode_record(whole, 0, seed, log.crc_kind, log.max_payload)
+                if not isinstance(other, fmt.Record):
+                    raise FormatError(len(whole), "the file ends inside the record (lost or truncated)")
+                raise InvalidHandleError(
+                    handle,
+                    f"the intact record at byte {handle.offset} of data file {fid} is {other.size} bytes long, "
+                    f"not {handle.length}: the handle names no record of this log",
+                )
+            if rec.size != handle.length:
+                raise InvalidHandleError(
+                    handle,
+                    f"the intact record at byte {handle.offset} of data file {fid} is {rec.size} bytes long, "
+                    f"not {handle.length}: the handle names no record of this log",
+                )
             if rec.op != fmt.PUT or rec.woid != handle.woid:
-                raise FormatError(
-                    0, f"the record there is not the handle's (write-order id {rec.woid}, not {handle.woid})"
+                raise InvalidHandleError(
+                    handle,
+                    f"the intact record at byte {handle.offset} of data file {fid} has write-order id {rec.woid}, "
+                    f"not {handle.woid}: the handle names no record of this log (a made-up handle, or one of a "
+                    "record lost in a crash with fsync='interval' whose place was reused)",
                 )
         except FormatError as exc:
-            raise CorruptLogError(path, handle.offset + exc.offset, exc.reason) from exc
+            raise CorruptLogError(path, handle.offset + exc.offset, exc.reason, WAL_HINT) from exc
         payload = _open_payload(log, fid, path, bytes(buf[:24]), handle.offset, rec.payload)
         try:
             kind, _t, data = fmt.decode_wal_payload(payload)
             if kind != fmt.WAL_RECORD:
                 raise FormatError(0, "the record there is not a data record")
         except FormatError as exc:
-            raise CorruptLogError(path, handle.offset, exc.reason) from exc
+            raise CorruptLogError(path, handle.offset, exc.reason, WAL_HINT) from exc
         return data
+
+    def _torn_at(self, fid: int) -> int | None:
+        """Where the open cut a torn tail off file ``fid`` (records from there on were lost), or None."""
+        log = self._log
+        try:
+            path = log.file_path(fid)
+        except KeyError:
+            return None
+        starts = [start for p, start, _size in log.torn_tails if p == path]
+        return min(starts) if starts else None
+
+    def _written_end(self, fid: int) -> int | None:
+        """How far file ``fid`` holds written records (None: unknown, e.g. a file not of this log)."""
+        log = self._log
+        for w in log._writers:
+            with w.io_lock:
+                if fid == w.file_id and w.fd is not None:
+                    return int(w.offset)
+        try:
+            return _sealed_end(log, fid)
+        except KeyError:
+            return None
+
+    def _pread(self, fid: int, n: int, offset: int) -> bytes:
+        with self._lock:
+            fd = self._fds[fid]
+            return bytes(self._fs.pread(fd, n, offset))
 
     def _snapshot(self) -> list[_Slot]:
         """Every live file with the length written and verified so far, opened for reading."""
@@ -627,7 +730,7 @@ class WriteAheadLog:
             ChannelClosedError: The log is closed.
         """
         self._check_open()
-        return self._read_all()
+        return _worded(self._read_all())
 
     def _read_all(self) -> Iterator[bytes]:
         files = self._snapshot()
@@ -812,7 +915,8 @@ class WalReport:
 def _open_readonly(directory: str | os.PathLike[str], fs: FS | None, encryption: Any) -> Log:
     store = CheckpointStore(fs or DEFAULT_FS, os.path.join(os.fspath(directory), CHECKPOINT_DIR))
     config = ChannelConfig(on_corruption="skip", replay="full", encryption=encryption)
-    return Log(directory, config, fs=fs, readonly=True, checkpoints=store, keyless_ok=True, wal=True)
+    with _in_wal_words():
+        return Log(directory, config, fs=fs, readonly=True, checkpoints=store, keyless_ok=True, wal=True)
 
 
 def _walk(log: Log, ctx: _ScanContext) -> Iterator[_Entry]:
@@ -845,7 +949,7 @@ def dump_wal(
     log = _open_readonly(directory, fs, encryption)
     try:
         ctx = _ScanContext(log.channel_id, log.crc_kind, log.max_payload, log.config)
-        for e in _walk(log, ctx):
+        for e in _worded(_walk(log, ctx)):
             d: dict[str, Any] = {"file": e.file_id, "offset": e.offset, "woid": e.woid}
             if e.kind == _SEALED:
                 d["kind"] = "encrypted"
@@ -886,7 +990,7 @@ def verify_wal(directory: str | os.PathLike[str], *, encryption: Any = None, fs:
         first: set[int] = set()
         sealed = 0
         sealed_files: set[int] = set()
-        for e in _walk(log, ctx):
+        for e in _worded(_walk(log, ctx)):
             if e.kind == _SEALED:
                 sealed += 1
                 sealed_files.add(e.file_id)

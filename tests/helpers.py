@@ -20,7 +20,7 @@ from filechannel.log import CHANNEL_FILE, decode_channel_file
 def contents(ch: filechannel.FileChannel) -> list[tuple[int, bytes]]:
     """The queue as ``(position, body)`` pairs, read by taking everything and rolling back."""
     tx = ch.transaction()
-    evs = tx.take_batch(100_000)
+    evs = tx.take_batch(ch.config.transaction_capacity)
     tx.rollback()
     return [(e.position, e.body) for e in evs]
 
@@ -99,18 +99,29 @@ class _Stdin:
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str, stdin: bytes | None = None) -> tuple[int, str, str]:
-    """Run ``filechannel ARGV`` in this process; return the exit code, stdout and stderr."""
-    old = sys.stdin
+    """Run ``filechannel ARGV`` in this process; return the exit code, stdout and stderr.
+
+    stdout is captured as bytes (``take`` prints bodies as they are) and decoded with surrogateescape.
+    """
+    old, old_out = sys.stdin, sys.stdout
     if stdin is not None:
         sys.stdin = _Stdin(stdin)  # type: ignore[assignment]
+    raw = io.BytesIO()
+    out = old_out  # a test's own stdout is left as it is
+    if type(old_out).__name__ == "CaptureIO":
+        out = sys.stdout = io.TextIOWrapper(raw, encoding="utf-8", write_through=True)
     try:
         code = cli.main(list(argv))
     except SystemExit as exc:  # argparse
         code = int(exc.code or 0)
     finally:
-        sys.stdin = old
-    out, err = capsys.readouterr()
-    return code, out, err
+        out.flush()
+        if out is not old_out:
+            out.detach()  # keep ``raw`` open
+        sys.stdin, sys.stdout = old, old_out
+    captured, err = capsys.readouterr()
+    text = raw.getvalue().decode("utf-8", "surrogateescape") if out is not old_out else captured
+    return code, text, err
 
 
 def cli_command(*argv: str) -> list[str]:

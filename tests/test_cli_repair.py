@@ -33,7 +33,7 @@ def _make(d: str, n: int, *, take: int = 0) -> None:
 def _queued(d: str) -> list[bytes]:
     with filechannel.open(d, minimum_required_space=0) as ch:
         tx = ch.transaction()
-        evs = tx.take_batch(100_000)
+        evs = tx.take_batch(ch.config.transaction_capacity)
         tx.rollback()
     return [e.body for e in evs]
 

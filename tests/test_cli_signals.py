@@ -32,7 +32,7 @@ def _queued(d: str) -> list[bytes]:
     """Every queued body, read by reopening the channel (and taking nothing for good)."""
     with filechannel.open(d, minimum_required_space=0) as ch:
         tx = ch.transaction()
-        evs = tx.take_batch(100_000)
+        evs = tx.take_batch(ch.config.transaction_capacity)
         tx.rollback()
     return [e.body for e in evs]
 

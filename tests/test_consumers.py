@@ -363,8 +363,8 @@ def test_close_applies_acks(chan_dir: str, capsys: pytest.CaptureFixture[str]) -
     assert cli.main(["stat", chan_dir, "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert (info["queue_size"], info["head_position"]) == (6, 4)
-    q = info["consumers"]["q"]
-    assert (q["acked"], q["identity"], q["lag_events"]) == (4, None, 6)
+    (q,) = info["consumers"]  # a list of objects, as `consumers --json` gives (issue 27)
+    assert (q["name"], q["acked"], q["identity"], q["lag_events"]) == ("q", 4, None, 6)
     assert q["lag_bytes"] > 6 * 500  # bodies plus their encoded headers
     assert q["oldest_file"].startswith(os.path.join(chan_dir, "data", "seg-"))
 
@@ -584,8 +584,8 @@ def test_cli_consumers(chan_dir: str, capsys: pytest.CaptureFixture[str]) -> Non
     code, out, _ = _run(capsys, "stat", chan_dir, "--json")
     info = json.loads(out)
     assert info["queue_size"] == 6  # the take's open applied q's (lower) ack: 4
-    r = info["consumers"]["r"]
-    assert (set(info["consumers"]), r["acked"], r["identity"], r["lag_events"]) == ({"r"}, 7, None, 3)
+    (r,) = info["consumers"]
+    assert (r["name"], r["acked"], r["identity"], r["lag_events"]) == ("r", 7, None, 3)
 
 
 def test_cli_consumers_damaged_file(chan_dir: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -45,7 +45,7 @@ def count(name: str, n: int = 1) -> None:
 
 def drain(ch: filechannel.FileChannel) -> State:
     tx = ch.transaction()
-    evs = tx.take_batch(100_000)
+    evs = tx.take_batch(ch.config.transaction_capacity)
     tx.rollback()
     return [(e.position, e.body) for e in evs]
 

@@ -360,7 +360,7 @@ def drain(ch: filechannel.FileChannel) -> list[tuple[int, bytes]]:
     """Read the whole queue without changing it (take all, roll back)."""
     tx = ch.transaction()
     try:
-        evs = tx.take_batch(100_000)
+        evs = tx.take_batch(ch.config.transaction_capacity)
     except filechannel.ConsumerConflictError:
         # Takes are refused while an external consumer is registered: read the queue as they would.
         tx.rollback()

@@ -113,7 +113,7 @@ def _run(tmp_path: Path, role: str, iterations: int, budget: float) -> int:
 
         with filechannel.open(d, minimum_required_space=0, transaction_capacity=100_000) as ch:
             tx = ch.transaction()
-            evs = tx.take_batch(100_000)
+            evs = tx.take_batch(ch.config.transaction_capacity)
             tx.rollback()
             assert ch.size == len(evs)
             keys = [_key(e.body) for e in evs]
@@ -148,7 +148,7 @@ def _run(tmp_path: Path, role: str, iterations: int, budget: float) -> int:
                     assert len(mine) == int(k), f"transaction {label} is partial: {sorted(mine)}"
             if role == "producer" and len(evs) > 3000:
                 with ch.transaction() as tx2:
-                    drained |= {_key(e.body) for e in tx2.take_batch(100_000)}
+                    drained |= {_key(e.body) for e in tx2.take_batch(ch.config.transaction_capacity)}
         done += 1
     # The run must have done real work, or the test proves nothing.
     assert len(acked_puts) > 50

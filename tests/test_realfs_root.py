@@ -147,7 +147,7 @@ def test_ext4_power_cut_under_load(ext4_image: tuple[Path, Path]) -> None:
         ch = filechannel.open(d, **opts)
         # every earlier acknowledged event is there, once, at its position
         tx = ch.transaction()
-        evs = tx.take_batch(100_000)
+        evs = tx.take_batch(ch.config.transaction_capacity)
         tx.rollback()
         got = {e.position: e.body for e in evs}
         for p, b in expected.items():
@@ -223,7 +223,7 @@ def test_ext4_power_cut_under_load(ext4_image: tuple[Path, Path]) -> None:
         _umount(mnt)
     _mount("-o", "loop", str(img), str(mnt))
     with filechannel.open(d, **opts) as ch, ch.transaction() as tx:
-        got = {e.position: e.body for e in tx.take_batch(100_000)}
+        got = {e.position: e.body for e in tx.take_batch(ch.config.transaction_capacity)}
     for p, b in expected.items():
         if p >= next_take:
             assert got.get(p) == b, f"final: acknowledged position {p} lost or changed"

@@ -154,7 +154,7 @@ class ChannelMachine(RuleBasedStateMachine):
         want = [e for e in self.queue if e[0] not in held]
         assert self.ch.size == len(want)
         tx = self.ch.transaction()
-        got = [(e.position, e.body) for e in tx.take_batch(100_000)]
+        got = [(e.position, e.body) for e in tx.take_batch(self.ch.config.transaction_capacity)]
         tx.rollback()
         assert got == want
         assert not self.ch.stats()["failed"]

@@ -36,7 +36,7 @@ def build(path: Path | str, fs: SimFS | None = None) -> dict[int, bytes]:
 
 def drain(ch: filechannel.FileChannel) -> dict[int, bytes]:
     tx = ch.transaction()
-    evs = tx.take_batch(100_000)
+    evs = tx.take_batch(ch.config.transaction_capacity)
     tx.rollback()
     return {e.position: e.body for e in evs if e.position is not None}
 

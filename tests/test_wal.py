@@ -352,13 +352,16 @@ def test_bad_handles(tmp_path: Path) -> None:
                 w.read(bad)
         with pytest.raises(filechannel.InvalidHandleError, match="no data file"):
             w.read(RecordHandle(h.log_id, 999, h.offset, h.length, h.woid, h.time))
-        # Fields that fit a record but not this one: never the wrong bytes.
-        with pytest.raises(filechannel.CorruptLogError, match="not the handle's"):
-            w.read(RecordHandle(h.log_id, h.file_id, h.offset, h.length, h2.woid, h.time))
-        with pytest.raises(filechannel.CorruptLogError):
-            w.read(RecordHandle(h.log_id, h.file_id, h2.offset, h.length, h.woid, h.time))
-        with pytest.raises(filechannel.CorruptLogError):
-            w.read(RecordHandle(h.log_id, h.file_id, h.offset + 4096, h.length, h.woid, h.time))
+        # Fields that fit a record but not this one: never the wrong bytes, and no advice to
+        # repair a log that is fine (issue 27: an InvalidHandleError, not a CorruptLogError).
+        for bad, why in (
+            (RecordHandle(h.log_id, h.file_id, h.offset, h.length, h2.woid, h.time), "write-order id"),
+            (RecordHandle(h.log_id, h.file_id, h2.offset, h.length, h.woid, h.time), "bytes long"),
+            (RecordHandle(h.log_id, h.file_id, h.offset + 4096, h.length, h.woid, h.time), "past the end"),
+        ):
+            with pytest.raises(filechannel.InvalidHandleError, match=why) as info:
+                w.read(bad)
+            assert not isinstance(info.value, filechannel.CorruptLogError)
         assert w.read(h) == b"mine"
     with pytest.raises(filechannel.ChannelClosedError):
         w.read(h)
@@ -651,7 +654,11 @@ def test_cli_wal_dump_and_verify(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
     recs = [json.loads(x) for x in lines]
     assert [r["kind"] for r in recs] == ["span", "record", "span", "record", "record"]
-    assert [r.get("data") for r in recs if r["kind"] == "record"] == ["hello", "base64:/wA=", "x"]
+    assert [(r["data"], r["data_encoding"]) for r in recs if r["kind"] == "record"] == [
+        ("hello", "utf-8"),
+        ("/wA=", "base64"),
+        ("x", "utf-8"),
+    ]
     assert recs[0]["end"] == 110.0
     assert recs[2]["time"] == 111.0
     assert cli_main(["wal", "verify", d]) == 0
