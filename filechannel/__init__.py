@@ -30,6 +30,7 @@ from .channel import Event, FileChannel, Transaction, open_channel
 from .config import ChannelConfig
 from .crypto import Encryption
 from .errors import (
+    AckRangeError,
     AgentAuthError,
     AgentError,
     AgentProtocolError,
@@ -53,6 +54,7 @@ from .errors import (
     InvalidEventError,
     InvalidHandleError,
     NotAChannelError,
+    RecordTooLargeError,
     TransactionCapacityError,
     TransactionStateError,
     UnknownChannelError,
@@ -65,6 +67,7 @@ from .wal import RecordHandle, WriteAheadLog
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
+    "AckRangeError",
     "AgentAuthError",
     "AgentError",
     "AgentProtocolError",
@@ -96,6 +99,7 @@ __all__ = [
     "RecordHandle",
     "Segment",
     "NotAChannelError",
+    "RecordTooLargeError",
     "Transaction",
     "TransactionCapacityError",
     "TransactionStateError",

@@ -372,13 +372,31 @@ def map_file(fs: FS, path: str) -> Iterator[bytes | mmap.mmap]:
         fs.close(fd)
 
 
-def read_file(fs: FS, path: str) -> bytes:
-    """Read a whole file through ``fs``."""
+def read_file(fs: FS, path: str, limit: int | None = None) -> bytes:
+    """Read a whole file through ``fs``.
+
+    With ``limit``, a file larger than that is not read: ``FileTooLarge``
+    (a small metadata file that size is damaged or crafted, never a reason to
+    allocate its size).
+    """
     fd = fs.open_read(path)
     try:
-        return fs.pread(fd, fs.size(fd), 0)
+        size = fs.size(fd)
+        if limit is not None and size > limit:
+            raise FileTooLarge(path, size, limit)
+        return fs.pread(fd, size, 0)
     finally:
         fs.close(fd)
+
+
+class FileTooLarge(ValueError):
+    """A file :func:`read_file` was asked to read whole is larger than its limit (``.size``, ``.limit``)."""
+
+    def __init__(self, path: str, size: int, limit: int) -> None:
+        self.path = path
+        self.size = size
+        self.limit = limit
+        super().__init__(f"{path} is {size} bytes, more than the {limit} such a file can be")
 
 
 def truncate_durably(fs: FS, path: str, size: int) -> None:

@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._fs import FS, read_file, replace_durably
+from ._fs import FS, FileTooLarge, read_file, replace_durably
 from .directory import encode_meta, split_meta, verify_mac
 from .errors import ChannelError, ConfigError, ConsumerIdentityError, CorruptLogError, FormatError
 from .permissions import fs_for, policy_of
@@ -53,6 +53,7 @@ logger = logging.getLogger(__name__)
 CONSUMERS_DIR = "consumers"
 ACK_SUFFIX = ".ack"
 MAX_NAME_LEN = 100
+MAX_ACK_FILE = 64 * 1024  # an ack file is one short JSON line (and a checksum and MAC line)
 _NAME_RE = re.compile(r"[A-Za-z0-9._-]+")
 _TMP_MARK = ".tmp-"
 # A directory token whose times are this recent may not show a change made in
@@ -231,9 +232,13 @@ class ConsumerStore:
     def _read(self, name: str) -> ConsumerState | None:
         path = self.file_path(name)
         try:
-            buf = read_file(self.fs, path)
+            buf = read_file(self.fs, path, MAX_ACK_FILE)
         except FileNotFoundError:
             return None
+        except FileTooLarge as exc:
+            raise CorruptLogError(
+                path, 0, f"consumer {name}: {exc.size} bytes, not an ack file", _REMEDY.format(name=name)
+            ) from exc
         try:
             obj, line, key_id, tag = split_meta(buf, f"consumer {name}")
             state = _state_of(name, obj)
@@ -258,7 +263,9 @@ class ConsumerStore:
         n = 0
         with self._lock:
             for name in self.list():
-                _obj, _line, key_id, _tag = split_meta(read_file(self.fs, self.file_path(name)), f"consumer {name}")
+                _obj, _line, key_id, _tag = split_meta(
+                    read_file(self.fs, self.file_path(name), MAX_ACK_FILE), f"consumer {name}"
+                )
                 if key_id != self.mac.key_id:
                     st = self._read(name)
                     assert st is not None

@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from . import format as fmt
-from ._fs import FS, OsFS, read_file, replace_durably
+from ._fs import FS, FileTooLarge, OsFS, read_file, replace_durably
 from .crypto import MetaMac, header_cipher
 from .errors import (
     ChannelCopyError,
@@ -54,6 +54,8 @@ DATA_DIR_HINT = (
     "mount or restore it at this path (a backup restores the whole channel directory); "
     "to accept the loss of its events, open with on_corruption='skip' (every lost position is reported)"
 )
+_SMALL_FILE = 1 << 20  # CHANNEL, DATA_DIRS, DATADIR: never near this; a larger one is not read
+_ANCHOR_MAX = 8 << 20  # ANCHOR: 52 bytes per live file (at most 65 536) and a trailer
 _MAC_HINT = (
     "the file was edited or forged, or the keys given are not the channel's; restore the channel from a backup, "
     "or see docs/encryption.md"
@@ -125,7 +127,7 @@ def split_meta(buf: bytes, what: str) -> tuple[dict[str, Any], bytes, str | None
         raise FormatError(len(line), f"{what}: checksum mismatch")
     try:
         obj = json.loads(line)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than json can parse
         raise FormatError(0, f"{what}: not JSON") from exc
     if not isinstance(obj, dict):
         raise FormatError(0, f"{what}: not a JSON object")
@@ -219,7 +221,9 @@ class ChannelDirectory:
         elif not st.readonly:
             self._lock(top)
         try:
-            st.channel_id, st.crc_kind, st.created_ns = decode_channel_file(read_file(fs, chan_path))
+            st.channel_id, st.crc_kind, st.created_ns = decode_channel_file(read_file(fs, chan_path, _SMALL_FILE))
+        except FileTooLarge as exc:
+            raise CorruptLogError(chan_path, 0, f"CHANNEL file is {exc.size} bytes: not a CHANNEL file") from exc
         except FormatError as exc:
             damaged = exc.reason.startswith("CHANNEL file is ") or exc.reason == "CHANNEL file checksum mismatch"
             hint = (
@@ -305,7 +309,9 @@ class ChannelDirectory:
         rewritten with one after recovery.
         """
         try:
-            ident, line, key_id, tag = split_meta(read_file(self.st.fs, ident_path), "data directory identity")
+            ident, line, key_id, tag = split_meta(
+                read_file(self.st.fs, ident_path, _SMALL_FILE), "data directory identity"
+            )
             cid = bytes.fromhex(str(ident["channel_id"]))
         except (FormatError, KeyError, ValueError) as exc:
             raise CorruptLogError(ident_path, 0, f"unreadable data directory identity: {exc}") from exc
@@ -415,7 +421,10 @@ class ChannelDirectory:
             self.legacy_dirs = True  # created before DATA_DIRS existed: the default or the given list
             self._set_mac_policy(st.data_dirs)
             return
-        buf = read_file(fs, path)
+        try:
+            buf = read_file(fs, path, _SMALL_FILE)
+        except FileTooLarge as exc:
+            raise CorruptLogError(path, 0, f"list of data directories is {exc.size} bytes: damaged") from exc
         if b"\ncrc32:" in buf:
             try:
                 obj, line, key_id, tag = split_meta(buf, "DATA_DIRS")
@@ -541,13 +550,15 @@ class ChannelDirectory:
                 problem = "ANCHOR is missing, though the channel has authenticated data files"
         else:
             try:
-                body, key_id, tag = fmt.split_sealed(read_file(st.fs, path))
+                body, key_id, tag = fmt.split_sealed(read_file(st.fs, path, _ANCHOR_MAX))
                 problem = verify_mac(st.meta_mac, True, path, ANCHOR_FILE, body, key_id, tag)
                 if problem is None:
                     state = fmt.decode_auth_state(body)
                     self.anchor_key_id = key_id
             except FormatError as exc:
                 problem = exc.reason
+            except FileTooLarge as exc:
+                problem = f"ANCHOR is {exc.size} bytes: damaged"
         if problem is None:
             return state
         self._blame_key(st.data_dirs)

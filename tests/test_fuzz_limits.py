@@ -328,21 +328,9 @@ def test_write_ahead_log(tmp_path: Path) -> None:
     assert {"ok", "CorruptLogError"} <= outcomes  # damage reached, not only refused at the door
 
 
-# consumers.py reads an .ack file whole and directory.decode_meta lets json's RecursionError through
-# (both the lead's files): each of these fails today, and must start passing once they are fixed.
-ACK_DEFECTS = {
-    "nested_json": "directory.decode_meta: RecursionError from json.loads escapes (catch it as FormatError)",
-    "nested_object": "directory.decode_meta: RecursionError from json.loads escapes (catch it as FormatError)",
-    "sparse": "consumers.ConsumerStore._read reads the whole .ack file (MemoryError): bound its size first",
-}
-
-
 @pytest.mark.parametrize(
     "name",
-    [
-        pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=ACK_DEFECTS[n])) if n in ACK_DEFECTS else n
-        for n in ack_inputs()
-    ],
+    [n for n in ack_inputs()],
 )
 def test_ack_files(tmp_path: Path, name: str) -> None:
     d = tmp_path / "ack"
