@@ -318,3 +318,18 @@ def test_verify_reports_a_forged_ack(chan_dir: str) -> None:
     res = verify_channel(chan_dir, encryption=enc())
     assert not res.ok
     assert any("consumer r1: its MAC fails" in r.reason for r in res.reports)
+
+
+def test_a_copied_encrypted_channel_keeps_working(tmp_path: Path) -> None:
+    a = str(tmp_path / "a")
+    put_all(a, BODIES[:3])
+    with filechannel.ChannelReader(a, "r1", encryption=enc()) as r:
+        r.available()
+    b = str(tmp_path / "b")
+    shutil.copytree(a, b, symlinks=True)  # what `cp -a` does (docs/backup.md)
+    shutil.rmtree(a)
+    put_all(b, BODIES[3:])
+    with filechannel.ChannelReader(b, "r1", encryption=enc()) as r:
+        start, end = r.available()
+        assert [e.body for e in r.read(start, end)] == BODIES
+    assert verify_channel(b, encryption=enc()).ok
