@@ -664,7 +664,7 @@ def test_cli_wal_dump_and_verify(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert cli_main(["wal", "verify", d]) == 0
     assert "ok, 3 records" in capsys.readouterr().out
     assert cli_main(["wal", "verify", str(tmp_path / "nope")]) == 2
-    assert "no write-ahead log" in capsys.readouterr().err
+    assert "no such write-ahead log directory" in capsys.readouterr().err
     assert cli_main(["verify", d]) == 2
     assert "WriteAheadLog" in capsys.readouterr().err
 
