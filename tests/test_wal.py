@@ -666,7 +666,7 @@ def test_cli_wal_dump_and_verify(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert cli_main(["wal", "verify", str(tmp_path / "nope")]) == 2
     assert "no such write-ahead log directory" in capsys.readouterr().err
     assert cli_main(["verify", d]) == 2
-    assert "WriteAheadLog" in capsys.readouterr().err
+    assert "filechannel wal verify" in capsys.readouterr().err  # the verb that reads a write-ahead log
 
 
 def test_readme_example_runs(tmp_path: Path) -> None:
