@@ -35,6 +35,7 @@ from .crypto import Encryption, check_key_id, keystore_json, load_keystore
 from .directory import CHANNEL_FILE, LOCK_FILE, WAL_FILE
 from .errors import ChannelError, ConfigError, CorruptLogError, DecryptionError, NotAChannelError
 from .log import Log, format_ranges
+from .reader import ChannelReader
 from .repair import channel_file_damaged, rebuild_channel_file
 from .wal import dump_wal, verify_wal
 
@@ -439,6 +440,37 @@ def _readonly_channel_state(
     return log, list(q)
 
 
+def cmd_peek(args: argparse.Namespace) -> int:
+    """Print the oldest events without taking them (a read-only view: no lock, the owner may keep writing)."""
+    _existing(args.dir)
+    if args.n <= 0:
+        raise ChannelError(f"-n must be a positive number of events, got {args.n}")
+    out = sys.stdout
+    with ChannelReader(args.dir, encryption=_encryption(args)) as r:
+        start, end = r.available()
+        if args.start is not None:
+            if not start <= args.start <= end:
+                raise ChannelError(f"--start {args.start}: the channel holds positions {start} to {end}")
+            start = args.start
+        stop = min(end, start + args.n)
+        done = start
+        while done < stop:  # in bounded reads: -n may be large
+            evs = r.read(done, stop, limit=1000)
+            if not evs:
+                break
+            for ev in evs:
+                if args.json:
+                    rec = {"position": ev.position, "headers": dict(ev.headers), **_body_fields(ev.body)}
+                    out.write(json.dumps(rec) + "\n")
+                else:
+                    _write_raw(out, ev.body)
+            last = evs[-1].position
+            assert last is not None  # a reader's events carry their positions
+            done = last + 1
+            out.flush()
+    return 0
+
+
 def cmd_stat(args: argparse.Namespace) -> int:
     """Print the channel's state."""
     _existing(args.dir)
@@ -573,6 +605,10 @@ def cmd_consumers(args: argparse.Namespace) -> int:
         where = f" (it had acknowledged up to position {before.acked})" if before is not None else ""
         print(f"removed consumer {name}{where}; the owner no longer waits for it")
         return 0
+    if args.reset is not None:
+        return _reset_consumer(args)
+    if args.to_earliest or args.to_latest or args.to_position is not None or args.dry_run:
+        raise ChannelError("--to-earliest, --to-latest, --to-position and --dry-run go with --reset NAME")
     registry = store.list()
     log, entries = _lenient_channel_state(args.dir)
     try:
@@ -589,6 +625,56 @@ def cmd_consumers(args: argparse.Namespace) -> int:
     print(f"{'NAME':<20} {'ACKED':>12} {'LAG':>12}  IDENTITY")
     for r in rows:
         print(f"{r['name']:<20} {r['acked']:>12} {r['lag_events']:>12}  {r['identity'] or '-'}")
+    return 0
+
+
+def _reset_consumer(args: argparse.Namespace) -> int:
+    """``consumers DIR --reset NAME --to-...``: move a consumer's acknowledged position (Kafka's --reset-offsets)."""
+    try:
+        name = validate_name(args.reset)
+    except ConfigError as exc:
+        raise ChannelError(f"--reset {args.reset!r}: {exc.reason}") from exc
+    targets = [t for t in (args.to_earliest, args.to_latest, args.to_position is not None) if t]
+    if len(targets) != 1:
+        raise ChannelError("--reset NAME needs exactly one of --to-earliest, --to-latest, --to-position N")
+    enc = _encryption(args)
+    log = Log(
+        args.dir,
+        ChannelConfig(on_corruption="skip", encryption=enc),
+        readonly=True,
+        checkpoints=_store(args.dir),
+        keyless_ok=enc is None,
+    )
+    try:
+        if log.meta_mac is None and (log.key_ids_in_use() or os.path.exists(os.path.join(args.dir, "ANCHOR"))):
+            raise ChannelError(
+                f"{args.dir} is encrypted: its acknowledgements carry a MAC; pass --keystore PATH to reset one"
+            )
+        q, _, _ = replay_queue(log, log.base_snapshot)
+        end = log.next_position
+        first = q.first_position()
+        head = end if first is None else first
+        store = ConsumerStore(DEFAULT_FS, args.dir, None, log.meta_mac, log.macs_required)
+    finally:
+        log.close()
+    cur = store.get(name)
+    if cur is None:
+        known = ", ".join(_consumer_names(store)) or "none"
+        raise ChannelError(f"{args.dir}: no consumer named {name!r} (registered: {known})")
+    to = head if args.to_earliest else end if args.to_latest else int(args.to_position)
+    if not head <= to <= end:
+        raise ChannelError(
+            f"--to-position {to}: the channel holds positions {head} to {end} (below {head} the owner has "
+            "taken the events; above it nothing is committed)"
+        )
+    plan = {"directory": args.dir, "consumer": name, "from": cur.acked, "to": to, "dry_run": bool(args.dry_run)}
+    if not args.dry_run:
+        store.reset(name, to)
+    if args.json:
+        print(json.dumps(plan))
+    else:
+        verb = "would reset" if args.dry_run else "reset"
+        print(f"{verb} consumer {name}: acknowledged position {cur.acked} -> {to} (channel holds {head} to {end})")
     return 0
 
 
@@ -1098,6 +1184,14 @@ def build_parser() -> argparse.ArgumentParser:
     _keystore_arg(sp)
     sp.set_defaults(func=cmd_take)
 
+    sp = sub.add_parser("peek", help="print the oldest events without taking them (read-only)", epilog=_EPILOG)
+    sp.add_argument("dir", help="channel directory")
+    sp.add_argument("-n", type=int, default=10, help="how many events (default 10)")
+    sp.add_argument("--start", type=int, metavar="POS", help="from position POS instead of the oldest")
+    sp.add_argument("--json", action="store_true", help="one JSON object per event (body and body_encoding)")
+    _keystore_arg(sp)
+    sp.set_defaults(func=cmd_peek)
+
     sp = sub.add_parser("stat", help="queue size, positions, files, bytes, last write-order id", epilog=_EPILOG)
     sp.add_argument("dir", help="channel directory")
     sp.add_argument("--json", action="store_true", help="print one JSON object")
@@ -1114,6 +1208,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="unregister consumer NAME: the owner stops waiting for its acknowledgements",
     )
+    sp.add_argument(
+        "--reset",
+        metavar="NAME",
+        help="move consumer NAME's acknowledged position (stop its reader first); with one of:",
+    )
+    sp.add_argument("--to-earliest", action="store_true", help="the oldest event the channel still holds")
+    sp.add_argument("--to-latest", action="store_true", help="the end: skip everything committed so far")
+    sp.add_argument("--to-position", type=int, metavar="N", help="position N (between the two above)")
+    sp.add_argument("--dry-run", action="store_true", help="print what --reset would do, change nothing")
+    _keystore_arg(sp)
     sp.set_defaults(func=cmd_consumers)
 
     sp = sub.add_parser("checkpoint", help="write a checkpoint now (fast restart)", epilog=_EPILOG)

@@ -359,6 +359,31 @@ class ConsumerStore:
             self._write(ConsumerState(name, cur.identity or identity, end, cur.registered_ns))
             return end
 
+    def reset(self, name: str, position: int) -> ConsumerState:
+        """Set consumer ``name``'s acknowledged position to ``position``, backwards or forwards (durably).
+
+        What ``filechannel consumers --reset`` does (Kafka's ``--reset-offsets``):
+        stop the consumer's reader first. The caller checks ``position`` against
+        what the channel still holds; moving below what the owner already took
+        cannot bring those events back.
+
+        Raises:
+            ConfigError: ``name`` is not a valid consumer name.
+            ChannelError: The consumer is not registered.
+            CorruptLogError: Its ``.ack`` file does not decode (or its MAC fails).
+            OSError: Writing the file failed (the previous position stands).
+        """
+        validate_name(name)
+        _check_position(position, "position")
+        with self._lock:
+            cur = self._read(name)
+            if cur is None:
+                raise ChannelError(f"consumer {name!r} is not registered on {self.directory}")
+            state = ConsumerState(name, cur.identity, position, cur.registered_ns)
+            self._write(state)
+            logger.info("consumer %s: acknowledged position reset from %d to %d", name, cur.acked, position)
+            return state
+
     def remove(self, name: str) -> bool:
         """Unregister consumer ``name`` durably; return whether it was registered.
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from array import array
 from bisect import bisect_left
 from dataclasses import dataclass
@@ -585,6 +586,7 @@ class ChannelReader:
         self._fs = fs or DEFAULT_FS
         self._follower: _Follower | None = None
         self._acked: int | None = None
+        self._cursor: int | None = None  # where poll() goes on
         self._closed = False
 
     # pickling: arguments only; everything else reopens lazily ------------------------------
@@ -667,6 +669,43 @@ class ChannelReader:
                     expect = pos[k] + 1
                 end = expect
         return start, max(start, end)
+
+    def poll(self, max_events: int = 1000, timeout: float = 0.0) -> list[Event]:
+        """Return the next events, up to ``max_events``, waiting up to ``timeout`` seconds for one.
+
+        Like a Kafka consumer's ``poll``: the first call starts at this consumer's
+        acknowledged mark (a view: at the oldest event held); each call goes on
+        after the last event the previous one returned, whether or not it was
+        acknowledged. Acknowledge with :meth:`ack` (``events[-1].position + 1``);
+        a new reader after a crash starts again at the mark. An empty list means
+        nothing was committed within ``timeout``.
+
+        Raises:
+            ValueError: ``max_events`` is not a positive int, or ``timeout`` is negative.
+            CorruptLogError: Damage found (``on_corruption="fail"``).
+        """
+        if type(max_events) is not int or max_events <= 0:
+            raise ValueError(f"max_events must be a positive int, got {max_events!r}")
+        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout < 0:
+            raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
+        deadline = time.monotonic() + timeout
+        pause = 0.005
+        while True:
+            start, end = self.available()
+            cursor = self._cursor if self._cursor is not None else start
+            cursor = max(cursor, start)  # below start: acknowledged here, or taken by the owner (a view)
+            if cursor < end:
+                events = self.read(cursor, min(end, cursor + max_events))
+                if events:
+                    last = events[-1].position
+                    assert last is not None
+                    self._cursor = last + 1
+                    return events
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return []
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, 0.2)
 
     def read(self, start: int, end: int, limit: int | None = None) -> list[Event]:
         """Return the committed events with positions in ``[start, end)``, in order.
