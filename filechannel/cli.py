@@ -34,7 +34,7 @@ from .consumers import ConsumerState, ConsumerStore, validate_name
 from .crypto import Encryption, check_key_id, keystore_json, load_keystore
 from .directory import CHANNEL_FILE, LOCK_FILE, WAL_FILE
 from .errors import ChannelError, ConfigError, CorruptLogError, DecryptionError, NotAChannelError
-from .log import Log, format_ranges
+from .log import Log, LogRecord, format_ranges
 from .reader import ChannelReader
 from .repair import channel_file_damaged, rebuild_channel_file
 from .wal import dump_wal, verify_wal
@@ -245,16 +245,17 @@ def cmd_put(args: argparse.Namespace) -> int:
     limit = cfg.max_event_size
     committed = 0
     batch: list[bytes] = []
-    too_big: tuple[int, int] | None = None  # (line number, event size)
+    too_big: tuple[int, int, bool] | None = None  # (line number, event size, line cut short)
     new = not os.path.exists(os.path.join(args.dir, CHANNEL_FILE))
     with _Sigint() as sigint:
         try:
             ch = FileChannel(args.dir, cfg)
             try:
-                for lineno, line in enumerate(stdin, 1):
+                for lineno, line in enumerate(_lines(stdin, limit - overhead), 1):
                     body = line[:-1] if line[-1:] == b"\n" else line
                     if len(body) + overhead > limit:
-                        too_big = (lineno, len(body) + overhead)
+                        cut = line[-1:] != b"\n" and len(line) >= limit - overhead + 2  # read no further
+                        too_big = (lineno, len(body) + overhead, cut)
                         break
                     batch.append(body)
                     if len(batch) >= args.batch:
@@ -281,9 +282,10 @@ def cmd_put(args: argparse.Namespace) -> int:
             )
             return status
     if too_big is not None:
-        lineno, size = too_big
+        lineno, size, cut = too_big
+        what = f"more than {limit} bytes" if cut else f"{size} bytes"
         raise ChannelError(
-            f"line {lineno}: an event of {size} bytes (line plus headers) exceeds max_event_size={limit}; "
+            f"line {lineno}: an event of {what} (line plus headers) exceeds max_event_size={limit}; "
             f"the {committed} lines before it were committed and nothing from line {lineno} on was put "
             "(raise --max-event-size, or split the line)"
         )
@@ -294,6 +296,23 @@ def cmd_put(args: argparse.Namespace) -> int:
         created = f" (created the new channel {args.dir})" if new else ""
         print(f"put {committed} events{created}", file=sys.stderr)
     return 0
+
+
+def _lines(stream: Any, cap: int) -> Iterator[bytes]:
+    """The lines of ``stream``, each read with a bound: a line longer than ``cap`` bytes ends early.
+
+    A line cut at ``cap + 2`` bytes (without its newline) is longer than ``cap``, so
+    ``put`` refuses it having read no more of it than that (not a 100 MB line whole).
+    """
+    readline = getattr(stream, "readline", None)
+    if readline is None:  # an iterable of lines (a test's stand-in for stdin)
+        yield from stream
+        return
+    while True:
+        line = readline(max(cap, 0) + 2)
+        if not line:
+            return
+        yield line
 
 
 def _put_batch(ch: FileChannel, batch: list[bytes], headers: dict[str, str]) -> int:
@@ -734,53 +753,69 @@ def cmd_dump(args: argparse.Namespace) -> int:
     """Print every record as a JSON line."""
     _existing(args.dir)
     log = Log(args.dir, ChannelConfig(encryption=_encryption(args)), readonly=True, keyless_ok=True)
+    out = sys.stdout
+
+    def emit(r: LogRecord, position: int | None = None) -> None:
+        rec: dict[str, Any] = {
+            "op": fmt.OP_NAMES[r.op],
+            "woid": r.woid,
+            "txn": r.txn_id,
+            "file": os.path.basename(log.file_path(r.file_id)),
+            "offset": r.offset,
+            "size": r.size,
+        }
+        if r.op == fmt.PUT:
+            rec["position"] = position
+            if args.bodies:
+                try:
+                    payload = log.read_payload(r.file_id, r.offset, r.size)
+                except DecryptionError as exc:
+                    if getattr(args, "keystore", None) is not None:
+                        raise
+                    raise ChannelError(
+                        f"{exc.path}: the channel is encrypted: --bodies needs its keys, give --keystore PATH "
+                        "(without --bodies, dump needs no key)"
+                    ) from exc
+                body, headers = fmt.decode_event(payload)
+                rec["headers"] = headers
+                rec.update(_body_fields(body))
+        elif r.op == fmt.COMMIT:
+            first, n, t = fmt.decode_commit(r.payload)
+            rec.update(first_position=first, puts=n, takes=t)
+        elif r.op == fmt.TAKE:
+            rec["positions"] = [[a, a + c] for a, c in fmt.decode_take(r.payload)]
+        elif r.op == fmt.ROLLBACK:
+            p, t = fmt.decode_rollback(r.payload)
+            rec.update(puts=p, takes=t)
+        elif r.op == fmt.RETIRE:
+            rec["retired_file"] = fmt.decode_retire(r.payload)
+        out.write(json.dumps(rec) + "\n")
+
+    # Streamed: only the records of the transaction in progress wait (a PUT's position is in
+    # its COMMIT, which follows it), never the whole log.
+    pending: list[LogRecord] = []
     try:
-        records = list(log.replay())
-        positions: dict[tuple[int, int], int] = {}
-        puts: dict[int, list[tuple[int, int]]] = {}
-        for r in records:
-            if r.op == fmt.PUT:
-                puts.setdefault(r.txn_id, []).append((r.file_id, r.offset))
-            elif r.op == fmt.COMMIT:
-                first, _n, _t = fmt.decode_commit(r.payload)
-                for i, key in enumerate(puts.pop(r.txn_id, [])):
-                    positions[key] = first + i
-        out = sys.stdout
-        for r in records:
-            rec: dict[str, Any] = {
-                "op": fmt.OP_NAMES[r.op],
-                "woid": r.woid,
-                "txn": r.txn_id,
-                "file": os.path.basename(log.file_path(r.file_id)),
-                "offset": r.offset,
-                "size": r.size,
-            }
-            if r.op == fmt.PUT:
-                rec["position"] = positions.get((r.file_id, r.offset))
-                if args.bodies:
-                    try:
-                        payload = log.read_payload(r.file_id, r.offset, r.size)
-                    except DecryptionError as exc:
-                        if getattr(args, "keystore", None) is not None:
-                            raise
-                        raise ChannelError(
-                            f"{exc.path}: the channel is encrypted: --bodies needs its keys, give --keystore PATH "
-                            "(without --bodies, dump needs no key)"
-                        ) from exc
-                    body, headers = fmt.decode_event(payload)
-                    rec["headers"] = headers
-                    rec.update(_body_fields(body))
-            elif r.op == fmt.COMMIT:
-                first, n, t = fmt.decode_commit(r.payload)
-                rec.update(first_position=first, puts=n, takes=t)
-            elif r.op == fmt.TAKE:
-                rec["positions"] = [[a, a + c] for a, c in fmt.decode_take(r.payload)]
-            elif r.op == fmt.ROLLBACK:
-                p, t = fmt.decode_rollback(r.payload)
-                rec.update(puts=p, takes=t)
-            elif r.op == fmt.RETIRE:
-                rec["retired_file"] = fmt.decode_retire(r.payload)
-            out.write(json.dumps(rec) + "\n")
+        for r in log.replay():
+            if pending and r.txn_id != pending[0].txn_id:
+                for q in pending:  # its transaction never committed: no position
+                    emit(q)
+                pending = []
+            if r.op in (fmt.PUT, fmt.TAKE):
+                pending.append(r)
+                continue
+            if r.op == fmt.COMMIT and pending:
+                first = fmt.decode_commit(r.payload)[0]
+                puts = 0
+                for q in pending:
+                    emit(q, first + puts if q.op == fmt.PUT else None)
+                    puts += q.op == fmt.PUT
+            else:
+                for q in pending:
+                    emit(q)
+            pending = []
+            emit(r)
+        for q in pending:
+            emit(q)
     finally:
         log.close()
     return 0

@@ -261,11 +261,36 @@ def test_put_oversized_line_commits_the_lines_before_it_and_names_the_line(
     assert code == 2
     line = one_error_line(err)
     assert f"line {lines + 1}:" in line
-    assert "204 bytes" in line  # 200 bytes of line plus the 4-byte header count
+    # The line is read no further than max_event_size allows: its size is not known, only that it is too big.
+    assert "an event of more than 100 bytes" in line
     assert "max_event_size=100" in line
     assert f"the {committed} lines before it were committed" in line
     assert "--max-event-size" in line  # the fix
     assert bodies(d) == good  # exactly the valid lines before it; nothing after it
+
+
+def test_put_reads_an_oversized_line_no_further_than_the_limit(tmp_path: Path) -> None:
+    """A 100 MB line without a newline is refused after about max_event_size bytes, not read whole."""
+    d = str(tmp_path / "ch")
+    code = (
+        "import io, sys\n"
+        "from filechannel import cli\n"
+        "class Huge(io.RawIOBase):\n"
+        "    served = 0\n"
+        "    def readable(self): return True\n"
+        "    def readinto(self, b):\n"
+        "        n = len(b); b[:n] = b'x' * n; Huge.served += n\n"
+        "        if Huge.served > 1 << 20: raise SystemExit('read more than 1 MiB of the line')\n"
+        "        return n\n"
+        "sys.stdin = io.TextIOWrapper(io.BufferedReader(Huge(), 4096))\n"
+        f"rc = cli.main(['put', {d!r}, '--max-event-size', '1000'])\n"
+        "print('served', Huge.served, file=sys.stderr); sys.exit(rc)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert "more than 1000 bytes" in r.stderr
+    served = int(r.stderr.rsplit("served", 1)[1])
+    assert served < 64 * 1024  # a few buffers, never the 100 MB a whole-line read would take
 
 
 @pytest.mark.parametrize(
