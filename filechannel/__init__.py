@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 from ._fs import FS
 from ._version import __version__
 from .channel import Event, FileChannel, Transaction, open_channel
-from .config import ChannelConfig
+from .config import ChannelConfig, ChannelOptions
 from .crypto import Encryption
 from .errors import (
     AckRangeError,
@@ -75,6 +78,7 @@ __all__ = [
     "AgentUnavailableError",
     "ChannelClosedError",
     "ChannelConfig",
+    "ChannelOptions",
     "ChannelReader",
     "ChannelCopyError",
     "DataDirOwnershipError",
@@ -124,7 +128,11 @@ def __getattr__(name: str) -> Any:
 
 
 def open(
-    directory: str | os.PathLike[str], *, fs: FS | None = None, background: bool = True, **options: Any
+    directory: str | os.PathLike[str],
+    *,
+    fs: FS | None = None,
+    background: bool = True,
+    **options: Unpack[ChannelOptions],
 ) -> FileChannel:
     """Open the channel in ``directory``, creating it if needed, and recover it.
 
@@ -144,4 +152,4 @@ def open(
         CorruptLogError: Acknowledged data is damaged (see ``on_corruption``).
         NotAChannelError: The directory is not a channel directory.
     """
-    return open_channel(directory, fs=fs, background=background, **options)
+    return open_channel(directory, fs=fs, background=background, **options)  # type: ignore[arg-type]

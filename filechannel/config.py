@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from .errors import ConfigError
 from .permissions import PERMISSIONS
+
+if TYPE_CHECKING:
+    from .crypto import Encryption
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -200,3 +204,31 @@ class ChannelConfig:
         if isinstance(opts.get("data_dirs"), list):
             opts["data_dirs"] = tuple(opts["data_dirs"])
         return cls(**opts)
+
+
+class ChannelOptions(TypedDict, total=False):
+    """The keyword options of :func:`filechannel.open`, typed (one per :class:`ChannelConfig` field).
+
+    ``filechannel.open(path, capacity="10")`` is a type error for mypy and
+    pyright, and a :class:`ConfigError` at run time; ``tests/test_typing.py``
+    keeps the two lists equal.
+    """
+
+    capacity: int
+    transaction_capacity: int
+    max_file_size: int
+    max_event_size: int | None
+    fsync: Literal["commit", "interval"]
+    fsync_interval: float
+    keep_alive: float
+    minimum_required_space: int
+    on_corruption: Literal["fail", "skip"]
+    data_dirs: Sequence[str | os.PathLike[str]] | None
+    cache_bytes: int
+    checkpoint_interval: float
+    checkpoint_spread: float
+    backup_checkpoint_dir: str | os.PathLike[str] | None
+    replay: Literal["checkpoint", "full"]
+    ack_interval: float
+    encryption: Encryption | None
+    permissions: Literal["owner", "group"]
