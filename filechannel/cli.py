@@ -1001,7 +1001,14 @@ _CONFIG_FLAGS = {
 
 def _opts(args: argparse.Namespace) -> dict[str, Any]:
     """Return the channel options given on the command line (the rest keep their defaults)."""
-    opts = {name: getattr(args, name) for name in _CONFIG_FLAGS if getattr(args, name, None) is not None}
+    opts: dict[str, Any] = {}
+    flume = getattr(args, "flume_properties", None)
+    if flume is not None:
+        from .flume import options_from_properties
+
+        mapped = options_from_properties(flume, getattr(args, "flume_channel", None))
+        opts.update(mapped.options)  # flags given on the command line win
+    opts.update({name: getattr(args, name) for name in _CONFIG_FLAGS if getattr(args, name, None) is not None})
     enc = _encryption(args)
     if enc is not None:
         opts["encryption"] = enc
@@ -1195,6 +1202,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest event, a line plus its headers (default 8 MiB); a longer line stops the command",
     )
     _keystore_arg(sp)
+    _flume_args(sp)
     sp.set_defaults(func=cmd_put)
 
     sp = sub.add_parser("take", help="print and remove events (one per line)", epilog=_EPILOG)
@@ -1217,6 +1225,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="fail (default) on damaged data, or skip it: drop what is damaged and report each loss on stderr",
     )
     _keystore_arg(sp)
+    _flume_args(sp)
     sp.set_defaults(func=cmd_take)
 
     sp = sub.add_parser("peek", help="print the oldest events without taking them (read-only)", epilog=_EPILOG)
@@ -1341,6 +1350,20 @@ def build_parser() -> argparse.ArgumentParser:
     _keystore_arg(wp)
     wp.set_defaults(func=cmd_wal_verify)
     return p
+
+
+def _flume_args(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument(
+        "--flume-properties",
+        metavar="FILE",
+        help="take the channel options from a Flume agent's FileChannel configuration (docs/flume.md); "
+        "flags given here win",
+    )
+    sp.add_argument(
+        "--flume-channel",
+        metavar="NAME",
+        help="which channel of --flume-properties (agent.channels.NAME, or NAME); needed when it has several",
+    )
 
 
 def _keystore_arg(sp: argparse.ArgumentParser) -> None:
