@@ -636,10 +636,12 @@ class FileChannel:
         *,
         fs: FS | None = None,
         background: bool = True,
+        progress: Callable[[str], None] | None = None,
     ) -> None:
         self.directory = os.fspath(directory)
         self.config = config or ChannelConfig()
         self._background = background
+        self._progress = progress  # told which file recovery reads (the CLI on a terminal)
         self._lock = threading.Lock()
         self._not_empty = threading.Condition(self._lock)
         self._not_full = threading.Condition(self._lock)
@@ -748,7 +750,7 @@ class FileChannel:
         damaged data, handled by ``on_corruption`` like any other damage, never
         a reason to fall back to an older view that knows less.
         """
-        log = Log(self.directory, self.config, fs=self._fs, checkpoints=self._store)
+        log = Log(self.directory, self.config, fs=self._fs, checkpoints=self._store, progress=self._progress)
         try:
             q, self._take_targets, self._taken_from = replay_queue(log, log.base_snapshot)
             if log.recovered_from is not None and self.config.on_corruption != "skip":

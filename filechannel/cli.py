@@ -19,7 +19,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import datetime, timezone
 from typing import Any, NoReturn
@@ -92,6 +92,27 @@ def _in_use(directory: str) -> bool:
 def _progress(msg: str) -> None:
     if sys.stderr.isatty():
         print(msg, file=sys.stderr)
+
+
+def _slow_open_progress(after: float = 2.0) -> Callable[[str], None] | None:
+    """What tells a terminal which file a long recovery reads: silent for the first ``after`` seconds.
+
+    None when stderr is not a terminal (scripts get no progress lines).
+    """
+    if not sys.stderr.isatty():
+        return None
+    t0 = time.monotonic()
+    said = False
+
+    def progress(msg: str) -> None:
+        nonlocal said
+        if time.monotonic() - t0 >= after:
+            if not said:
+                print("filechannel: the open is recovering the channel (reading its data files) ...", file=sys.stderr)
+                said = True
+            print(f"filechannel: {msg}", file=sys.stderr)
+
+    return progress
 
 
 class _WarningLine(logging.Formatter):
@@ -249,7 +270,7 @@ def cmd_put(args: argparse.Namespace) -> int:
     new = not os.path.exists(os.path.join(args.dir, CHANNEL_FILE))
     with _Sigint() as sigint:
         try:
-            ch = FileChannel(args.dir, cfg)
+            ch = FileChannel(args.dir, cfg, progress=_slow_open_progress())
             try:
                 for lineno, line in enumerate(_lines(stdin, limit - overhead), 1):
                     body = line[:-1] if line[-1:] == b"\n" else line
@@ -374,7 +395,7 @@ def cmd_take(args: argparse.Namespace) -> int:
     out = sys.stdout
     with _Sigint() as sigint:
         try:
-            ch = FileChannel(args.dir, cfg)
+            ch = FileChannel(args.dir, cfg, progress=_slow_open_progress())
             try:
                 left = args.n
                 deadline = time.monotonic() + args.wait

@@ -110,3 +110,34 @@ def test_poll_waits_for_new_events_and_goes_on_after_the_last(tmp_path: Path) ->
         filechannel.ChannelReader(d).poll(0)
     with pytest.raises(ValueError, match="timeout"):
         filechannel.ChannelReader(d).poll(1, timeout=-1)
+
+
+def test_a_long_open_says_which_file_it_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    d = str(tmp_path / "ch")
+    with filechannel.open(d, max_file_size=64 * 1024, **OPTS) as ch:
+        for _ in range(6):
+            with ch.transaction() as tx:
+                tx.put_many([b"x" * 10_000] * 4)
+    said: list[str] = []
+    with filechannel.FileChannel(d, filechannel.ChannelConfig(minimum_required_space=0), progress=said.append):
+        pass
+    assert said
+    assert all(m.startswith("reading ") for m in said)
+    # The CLI's: silent on a fast open, and on anything but a terminal.
+    from filechannel import cli
+
+    monkeypatch.setattr(cli.sys.stderr, "isatty", lambda: False)
+    assert cli._slow_open_progress() is None
+    monkeypatch.setattr(cli.sys.stderr, "isatty", lambda: True)
+    printed: list[str] = []
+    monkeypatch.setattr("builtins.print", lambda *a, **k: printed.append(" ".join(map(str, a))))
+    quick = cli._slow_open_progress(after=60)
+    assert quick is not None
+    quick("reading f1")
+    assert printed == []
+    slow = cli._slow_open_progress(after=0)
+    assert slow is not None
+    slow("reading f1")
+    slow("reading f2")
+    assert printed[0].startswith("filechannel: the open is recovering")
+    assert printed[1:] == ["filechannel: reading f1", "filechannel: reading f2"]
