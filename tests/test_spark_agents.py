@@ -213,18 +213,18 @@ def test_an_unreachable_agent_fails_the_query_after_the_hold_or_at_once(spark: A
     put(ch, "h", 0, 5)
     agent = serve([d], "grpc://127.0.0.1:0")
     uri = agent.location
-    for base in (tmp_path / "q1", tmp_path / "q2"):
-        drain(to_parquet(stream(spark, uri), base, availableNow=True))
+    for name in ("q1", "q2"):
+        drain(to_parquet(stream(spark, uri, consumer=name), tmp_path / name, availableNow=True))
     agent.stop()
     t0 = time.monotonic()
-    q = to_parquet(stream(spark, uri, agentHoldMs=3000, agentTimeoutMs=1000), tmp_path / "q1")
+    q = to_parquet(stream(spark, uri, consumer="q1", agentHoldMs=3000, agentTimeoutMs=1000), tmp_path / "q1")
     msg = failure(q)
     assert time.monotonic() - t0 >= 3
     assert "AgentUnavailableError" in msg
     assert f"agent {uri}" in msg
     assert f"channel {cid(d)} at position 5" in msg
     assert "agentHoldMs=3000" in msg
-    q = to_parquet(stream(spark, uri, onAgentUnavailable="fail", agentTimeoutMs=1000), tmp_path / "q2")
+    q = to_parquet(stream(spark, uri, consumer="q2", onAgentUnavailable="fail", agentTimeoutMs=1000), tmp_path / "q2")
     msg = failure(q)
     assert "onAgentUnavailable=fail" in msg
     assert f"channel {cid(d)} at position 5" in msg
