@@ -41,9 +41,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import pipeline  # noqa: E402  (examples/pipeline.py: the producer, its ledger, the bodies)
+import pipeline  # examples/pipeline.py: the producer, its ledger, the bodies
 
-from filechannel.testing.stream import kill_session, session_pids  # noqa: E402
+from filechannel.testing.stream import kill_session, session_pids
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTS = ("h1", "h2", "h3")
@@ -98,6 +98,7 @@ class Proc:
         self.pid = self.proc.pid
 
     def alive(self) -> bool:
+        """Whether the process runs."""
         return self.proc.poll() is None
 
     def kill9(self) -> int:
@@ -108,6 +109,7 @@ class Proc:
         return n
 
     def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM, wait up to ``timeout``, then SIGKILL whatever of the session is left."""
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGTERM)
         try:
@@ -117,6 +119,7 @@ class Proc:
         self.kill9()
 
     def reap(self, timeout: float = 10.0) -> None:
+        """Wait for the session to end; SIGKILL stragglers."""
         deadline = time.monotonic() + timeout
         while session_pids(self.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -125,6 +128,7 @@ class Proc:
         self._out.close()
 
     def tail(self, n: int = 20) -> str:
+        """The end of the log."""
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
 
 
@@ -174,8 +178,15 @@ class StandaloneCluster:
         master_log = self.work / "logs" / "master.log"
         self.master = Proc(
             "master",
-            [cls, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port)]
-            + ["--webui-port", "0"],
+            [
+                cls,
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                *("--webui-port", "0"),
+            ],
             master_log,
             env,
         )
@@ -241,9 +252,11 @@ class Agent:
 
     @property
     def uri(self) -> str:
+        """The agent's address."""
         return f"grpc://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 60.0) -> None:
+        """Start the agent on its port; return once it listens."""
         self.starts += 1
         port_file = self.work / f"agent-{self.host}.port"
         with contextlib.suppress(FileNotFoundError):
@@ -264,6 +277,7 @@ class Agent:
             time.sleep(0.3)  # the port is not free again yet
 
     def kill9(self) -> int:
+        """SIGKILL the agent's session; return how many processes there were."""
         assert self.proc is not None
         n = self.proc.kill9()
         self.proc = None
@@ -346,6 +360,7 @@ def in_flight(work: Path) -> bool:
 
 
 def wait_for(cond: Any, timeout: float, what: str, *watch: Proc) -> Any:
+    """Poll ``cond`` until true (return it); fail if a watched process ends or ``timeout`` passes."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         v = cond()
@@ -417,6 +432,7 @@ class Run:
         self.drivers = 0
 
     def producer_argv(self, host: str) -> list[str]:
+        """The command line of the next producer run of ``host``."""
         a = self.args
         self.producer_runs[host] += 1
         return [
@@ -429,6 +445,7 @@ class Run:
         ]
 
     def start_producer(self, host: str) -> None:
+        """Start ``host``'s producer; return once it recovered the channel."""
         log = self.work / "logs" / f"producer-{host}-{self.producer_runs[host] + 1}.log"
         p = Proc(f"producer {host}", self.producer_argv(host), log, _env())
         self.procs.append(p)
@@ -436,6 +453,7 @@ class Run:
         wait_for(lambda: log.exists() and "recovered" in log.read_text(errors="replace"), 60, f"producer {host}", p)
 
     def start_driver(self) -> None:
+        """Start a driver process (a new SparkSession on the cluster)."""
         self.drivers += 1
         log = self.work / "logs" / f"driver-{self.drivers}.log"
         argv = [sys.executable, os.path.abspath(__file__), str(self.work), "--role", "query"]
@@ -444,10 +462,12 @@ class Run:
         self.procs.append(self.driver)
 
     def batches(self) -> int:
+        """How many micro-batches Spark committed."""
         d = self.work / "checkpoint" / "commits"
         return len(list(d.glob("[0-9]*"))) if d.is_dir() else 0
 
     def run(self) -> int:
+        """Run the scenario in a fresh work directory; return the exit status."""
         if self.work.exists():
             shutil.rmtree(self.work)
         (self.work / "logs").mkdir(parents=True)
@@ -458,6 +478,7 @@ class Run:
             self.cleanup()
 
     def scenario(self, hosts: Path) -> int:
+        """Set up, kill, drain, check."""
         import filechannel
 
         a = self.args
@@ -577,6 +598,7 @@ class Run:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("workdir", nargs="?", default="demo-cluster", help="wiped first (default: ./demo-cluster)")
     p.add_argument("--rate", type=int, default=1000, help="events per second per producer (1000)")
@@ -590,6 +612,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the scenario, or the driver (``--role query``)."""
     args = parse_args(argv)
     if args.role == "query":
         return run_query(args)

@@ -530,13 +530,26 @@ class AgentStreamReader(FileChannelStreamReader):
         positions, query = _parse_offset(end)
         self._use_query(query)
         paths = self._paths()
-        local = {cid: p for cid, p in positions.items() if cid in paths}
-        if local:
-            super().commit(_offset(local, query))
-        for cid, p in positions.items():
-            if cid not in paths:
+        for cid, p in sorted(positions.items()):
+            if cid in paths:
+                self._path_ack(cid, paths[cid], p, query)
+            else:
                 self._pending[cid] = max(p, self._pending.get(cid, 0))
         self._flush_acks(query)
+
+    def _path_ack(self, cid: str, path: str, p: int, query: str) -> None:
+        r = self._reader(cid, query)
+        with self._identity(path):
+            try:
+                r.ack(p)
+            except ConsumerIdentityError:
+                raise
+            except ChannelError as exc:
+                visible = r.available()[1]
+                if p <= visible:
+                    raise
+                loss = DataLossError(visible, p, f"the channel holds positions below {visible} only")
+                raise _lost(path, loss, _AHEAD_HINT) from exc
 
     def _flush_acks(self, query: str) -> None:
         for cid, p in sorted(self._pending.items()):
