@@ -29,6 +29,11 @@ Options (case-insensitive):
     Take over a consumer name registered by another query, e.g. after the
     Spark checkpoint was lost: reading resumes at the consumer's acknowledged
     position.
+``agents``, ``tlsCa``, ``tlsCert``, ``tlsKey``, ``tokenFile``, ``agentTimeoutMs``,
+``maxEventsPerPartition``, ``onAgentUnavailable``, ``agentHoldMs``, ``retireChannels``
+    Channels on other hosts, read through ``filechannel serve`` agents (file
+    paths only, never a secret's contents): see :mod:`filechannel.spark.remote`.
+    ``path`` and ``agents`` mix; the rows then carry ``channel``.
 
 Offsets are ``{"positions": {"<channel id>": N, ...}, "query": "<token>"}``:
 every position below N was delivered, for each channel (keyed by the
