@@ -394,3 +394,50 @@ def test_agent_options_are_checked() -> None:
     ):
         with pytest.raises(ConfigError, match=match):
             SourceOptions.parse({"consumer": "q", **opts}, streaming=True)
+
+
+def test_the_runner_protocol_without_spark_holds_defers_acks_and_bounds_the_hold(tmp_path: Path) -> None:
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+    from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
+
+    from filechannel.errors import AgentUnavailableError
+    from filechannel.spark.remote import AgentStreamReader, agent_batches
+    from filechannel.spark.source import SourceOptions
+
+    d = str(tmp_path / "c")
+    ch = filechannel.open(d, background=False, **OPTS)
+    put(ch, "p", 0, 10)
+    agent = serve([d], "grpc://127.0.0.1:0")
+    port, uri = agent.port, agent.location
+    opts = {"agents": uri, "consumer": "q", "agentTimeoutMs": "2000", "agentHoldMs": "1500"}
+    schema = StructType(
+        [StructField("position", LongType()), StructField("body", BinaryType()), StructField("channel", StringType())]
+    )
+    reader = AgentStreamReader(SourceOptions.parse(opts, streaming=True), schema)
+    start = reader.initialOffset()
+    assert start["positions"] == {cid(d): 0}
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert end["positions"] == {cid(d): 10}
+    parts = reader.partitions(start, end)
+    rows = [r for p in parts for b in agent_batches(p, schema) for r in b.to_pylist()]
+    assert [(r["position"], r["body"], r["channel"]) for r in rows] == [
+        (i, f"p-{i:05d}".encode(), cid(d)) for i in range(10)
+    ]
+    agent.stop()
+    put(ch, "p", 10, 5)
+    reader.commit(end)  # the agent is down: deferred, not failed
+    assert acked_at(d) == 0
+    assert reader.latestOffset(end, ReadAllAvailable())["positions"] == {cid(d): 10}  # held
+    agent = serve([d], f"grpc://127.0.0.1:{port}")
+    try:
+        nxt = reader.latestOffset(end, ReadAllAvailable())
+        assert nxt["positions"] == {cid(d): 15}
+        assert acked_at(d) == 10  # the deferred acknowledgement was delivered
+    finally:
+        agent.stop()
+    reader.latestOffset(end, ReadAllAvailable())  # down again: held, within agentHoldMs
+    time.sleep(1.6)
+    with pytest.raises(AgentUnavailableError, match=rf"agentHoldMs=1500\) with channel {cid(d)} at position 10 "):
+        reader.latestOffset(end, ReadAllAvailable())
+    reader.stop()
+    ch.close()

@@ -32,6 +32,7 @@ The rules (docs/spark.md, "Channels on other hosts"):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
@@ -134,6 +135,14 @@ def _client(settings: AgentSettings) -> AgentClient:
     return c
 
 
+def _forget(settings: AgentSettings) -> None:
+    """Drop a connection that failed (a new one does not wait out gRPC's reconnect backoff)."""
+    c = _CLIENTS.pop(settings, None)
+    if c is not None:
+        with contextlib.suppress(Exception):
+            c.close()
+
+
 def _locate(channel: str, agents: Sequence[AgentSettings]) -> AgentSettings:
     """The agent that serves ``channel`` (asked once per worker, then remembered).
 
@@ -151,6 +160,7 @@ def _locate(channel: str, agents: Sequence[AgentSettings]) -> AgentSettings:
             chans = _client(s).channels()
         except AgentUnavailableError as exc:
             down.append(f"{s.uri} ({exc.reason})")
+            _forget(s)
             continue
         for cid in chans:
             _WHERE.setdefault(cid, s)
@@ -181,6 +191,7 @@ def agent_batches(partition: AgentPartition, schema: StructType) -> Iterator[Any
         segments = _client(settings).read_raw(partition.channel, partition.start, partition.end)
     except AgentUnavailableError:
         _WHERE.pop(partition.channel, None)  # the retry asks again: the channel may have moved
+        _forget(settings)
         raise
     except DataLossError as exc:
         raise DataLossError(
@@ -281,6 +292,17 @@ class AgentStreamReader(FileChannelStreamReader):
             c = self._clients[uri] = self._by_uri[uri].connect()
         return c
 
+    def _forget(self, uri: str) -> None:
+        """Drop the connection to an agent that could not be reached: the next call connects afresh.
+
+        (A gRPC channel that failed waits out an exponential reconnect backoff, up to
+        minutes; a new client sees an agent that is back at once.)
+        """
+        c = self._clients.pop(uri, None)
+        if c is not None:
+            with contextlib.suppress(Exception):
+                c.close()
+
     def _paths(self) -> dict[str, str]:
         return self._channels() if self.options.paths else {}
 
@@ -310,6 +332,7 @@ class AgentStreamReader(FileChannelStreamReader):
                 chans = self._client(s.uri).channels()
             except AgentUnavailableError as exc:
                 down[s.uri] = exc
+                self._forget(s.uri)
                 continue
             for cid in sorted(chans):
                 _refuse_twice(cid, s.uri, served, paths)
@@ -433,6 +456,7 @@ class AgentStreamReader(FileChannelStreamReader):
                     acked, end = self._available(cid, query)
                 except AgentUnavailableError as exc:
                     down[served[cid]] = exc
+                    self._forget(served[cid])
                     self._down.setdefault(served[cid], time.monotonic())
                     held[cid] = s
                     continue
@@ -576,6 +600,7 @@ class AgentStreamReader(FileChannelStreamReader):
                 logger.warning(
                     "filechannel source: acknowledgement of channel %s up to %d deferred: %s", cid, p, exc.reason
                 )
+                self._forget(uri)
                 continue
             del self._pending[cid]
 
