@@ -291,13 +291,13 @@ def run_agent_source(spark: Any, root: str, uris: list[str], n: int, tag: str) -
     return r
 
 
-def ack_latencies(root: str, k: int = 300) -> tuple[dict[str, Any], dict[str, Any]]:
-    """p50/p99 (ms) of ``k`` acknowledgements through an agent (loopback Flight) and locally."""
+def ack_latencies(root: str, tag: str, k: int = 300) -> tuple[dict[str, Any], dict[str, Any]]:
+    """p50/p99 (ms) of ``k`` acknowledgements (a new channel each) through an agent (loopback Flight) and locally."""
     from filechannel.agent import connect, serve
 
     out = []
     for mode in ("agent", "local"):
-        d = os.path.join(root, f"ack-{mode}")
+        d = os.path.join(root, f"acks-{mode}-{tag}")
         _fill(d, k + 1, 100)
         times = []
         if mode == "agent":
@@ -377,7 +377,7 @@ def main_agents(args: argparse.Namespace, n: int, repeats: int) -> int:
             for _, ag in agents:
                 ag.kill9()
             agents.clear()
-            flight, loc = ack_latencies(root)
+            flight, loc = ack_latencies(root, str(rep))
             res.add("ack", 100, "over Flight p50", {"ms": flight["p50_ms"]})
             res.add("ack", 100, "over Flight p99", {"ms": flight["p99_ms"]})
             res.add("ack", 100, "local p50", {"ms": loc["p50_ms"]})
