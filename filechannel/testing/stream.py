@@ -922,7 +922,8 @@ def _report(run: _Run, step: int, actions: Sequence[object], done: list[str], re
         lines += [f"  {show(r, 200)}" for r in rows[:SHOW_ROWS]]
         if len(rows) > SHOW_ROWS:
             lines.append(f"  ... and {len(rows) - SHOW_ROWS} more")
-    lines.append(f"logs of the driver, producer and agent processes: {run.work}")
+    who = "driver, producer and agent" if run.agent is not None else "driver and producer"
+    lines.append(f"logs of the {who} processes: {run.work}")
     return "\n".join(lines)
 
 
