@@ -1,6 +1,7 @@
 """Spark: channel to Parquet through the filechannel source, against Spark's rate source; the sink (issue 9).
 
     .venv/bin/python -m bench.spark [--n N] [--repeats R] [--quick]
+    .venv/bin/python -m bench.spark --agents [--n N] [--repeats R] [--quick]
 
 One local SparkSession (``local[2]``, shuffle partitions 1, UI off, as in
 tests/spark_session.py) for the whole run; its start-up is excluded from every rate.
@@ -27,6 +28,18 @@ way. It is the ceiling of the Spark side; ``ratio`` = source / rate.
 time; against ``df.write.parquet`` of the same DataFrame (``ratio`` = sink / parquet).
 One untimed sink write of 1000 rows first (the session's first Python data-source
 write starts the Python workers).
+
+``--agents`` (issue 24): the same ``source`` measurement, three ways, per repeat:
+today's source on ``local[2]`` reading a local channel; the agent source
+(``option("agents", ...)``) on a Spark standalone cluster (a master and one
+worker with 2 cores from ``spark-class``, the worker in a mount namespace that
+hides the channels where ``unshare --mount`` is allowed; ``examples/cluster.py``)
+reading one channel through one ``filechannel serve`` process; and the same
+cluster reading three channels of N/3 events through three agents (fanned in).
+``ratio`` = agent source / local source of the same repeat. Agent CPU per event:
+the agents' user+system CPU time (``/proc``) during the run over its events.
+``ack``: p50/p99 of 300 acknowledgements, each one position further, through
+``AgentClient.ack`` (loopback Flight) against ``ChannelReader.ack`` (local).
 """
 
 from __future__ import annotations
@@ -196,7 +209,7 @@ class Results:
         for key in self.order:
             workload, size, system = key
             runs = self.raw[key]
-            metric = "events_per_s" if "events_per_s" in runs[0] else "ratio"
+            metric = next(m for m in ("events_per_s", "ratio", "us_per_event", "ms") if m in runs[0])
             rec = {
                 "machine": self.machine,
                 "bench": "spark",
@@ -205,7 +218,7 @@ class Results:
                 "system": system,
                 "event_size": size,
                 "metric": metric,
-                "unit": "events/s" if metric == "events_per_s" else "x",
+                "unit": {"events_per_s": "events/s", "ratio": "x", "us_per_event": "us/event", "ms": "ms"}[metric],
                 **spread(runs, metric),
             }
             self.rows.append(rec)
@@ -215,7 +228,7 @@ class Results:
 def summary(rows: list[dict[str, Any]]) -> str:
     out = [f"{'workload':<22} {'size':>5} {'system':<22} {'median':>12} {'min':>12} {'max':>12}"]
     for r in rows:
-        fmt = "{:>12.2f}" if r["unit"] == "x" else "{:>12,.0f}"
+        fmt = "{:>12,.0f}" if r["unit"] == "events/s" else "{:>12.3f}"
         out.append(
             f"{r['workload']:<22} {r['event_size']:>5} {r['system']:<22} "
             + " ".join(fmt.format(r[k]) for k in ("median", "min", "max"))
@@ -224,15 +237,196 @@ def summary(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cluster_module() -> Any:
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "cluster.py")
+    spec = importlib.util.spec_from_file_location("fc_example_cluster", path)
+    assert spec is not None
+    assert spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _cluster_session(conf: dict[str, str]) -> Any:
+    from pyspark.sql import SparkSession
+
+    import filechannel.spark
+
+    builder = SparkSession.builder.appName("filechannel-bench-agents")
+    for k, v in conf.items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    filechannel.spark.register(spark)
+    return spark
+
+
+def run_agent_source(spark: Any, root: str, uris: list[str], n: int, tag: str) -> dict[str, Any]:
+    q = (
+        spark.readStream.format("filechannel")
+        .option("consumer", "bench")
+        .option("agents", ",".join(uris))
+        .option("maxEventsPerTrigger", str(max(n // BATCHES, 1)))
+        .option("maxEventsPerPartition", str(max(n // BATCHES // 2, 1)))
+        .load()
+        .select("position", "body")
+        .writeStream.format("parquet")
+        .option("path", os.path.join(root, f"apq-{tag}"))
+        .option("checkpointLocation", os.path.join(root, f"ack-{tag}"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination()
+    r = _steady(q.recentProgress)
+    if r["rows_total"] != n:
+        raise RuntimeError(f"agent source query read {r['rows_total']} events, expected {n}")
+    return r
+
+
+def ack_latencies(root: str, tag: str, k: int = 300) -> tuple[dict[str, Any], dict[str, Any]]:
+    """p50/p99 (ms) of ``k`` acknowledgements (a new channel each) through an agent (loopback Flight) and locally."""
+    from filechannel.agent import connect, serve
+
+    out = []
+    for mode in ("agent", "local"):
+        d = os.path.join(root, f"acks-{mode}-{tag}")
+        _fill(d, k + 1, 100)
+        times = []
+        if mode == "agent":
+            with serve([d], "grpc://127.0.0.1:0") as agent, connect(agent.location, timeout=10) as c:
+                cid = next(iter(c.channels()))
+                c.register(cid, "bench", "bench")
+                for end in range(1, k + 1):
+                    t0 = time.perf_counter()
+                    c.ack(cid, "bench", end, "bench")
+                    times.append(time.perf_counter() - t0)
+        else:
+            with filechannel.ChannelReader(d, "bench", identity="bench") as r:
+                for end in range(1, k + 1):
+                    t0 = time.perf_counter()
+                    r.ack(end)
+                    times.append(time.perf_counter() - t0)
+        times.sort()
+        out.append({"p50_ms": times[len(times) // 2] * 1000, "p99_ms": times[int(len(times) * 0.99)] * 1000})
+    return out[0], out[1]
+
+
+def main_agents(args: argparse.Namespace, n: int, repeats: int) -> int:
+    """``--agents``: the agent source on a standalone cluster against today's source on local[2]."""
+    from pathlib import Path
+
+    cluster_mod = _cluster_module()
+    machine = machine_info(args.data_dir or tempfile.gettempdir())
+    res = Results(machine)
+    root = tempfile.mkdtemp(prefix="fc-spark-agents-", dir=args.data_dir)
+    hosts = os.path.join(root, "hosts")
+    os.makedirs(hosts)
+    t_start = time.time()
+    load_before = os.getloadavg()
+    cluster = cluster_mod.StandaloneCluster(Path(root) / "spark", hide=Path(hosts))
+    agents: list[Any] = []
+    try:
+        cluster.start()
+        for rep in range(repeats):
+            chans: dict[str, list[str]] = {}
+            for size in SIZES:
+                one = os.path.join(hosts, f"one-{size}-{rep}", "ch")
+                _fill(one, n, size)
+                three = [os.path.join(hosts, f"three-{size}-{rep}-{i}", "ch") for i in range(3)]
+                for i, d in enumerate(three):
+                    _fill(d, n // 3 + (1 if i < n % 3 else 0), size)
+                chans[f"one-{size}"] = [one]
+                chans[f"three-{size}"] = three
+            spark = _session(root)
+            local = {size: run_source(spark, root, n, size, f"{size}-{rep}") for size in SIZES}
+            spark.stop()
+            for key, dirs in chans.items():
+                for i, d in enumerate(dirs):
+                    ag = cluster_mod.Agent(f"{key}-{rep}-{i}", Path(d), Path(root))
+                    (Path(root) / "logs").mkdir(exist_ok=True)
+                    ag.start()
+                    agents.append((key, ag))
+            spark = _cluster_session(cluster.session_conf(Path(root) / "driver"))
+            for size in SIZES:
+                for shape in ("one", "three"):
+                    mine = [ag for k, ag in agents if k == f"{shape}-{size}"]
+                    cpu0 = sum(_cpu_seconds(ag.proc.pid) for ag in mine)
+                    r = run_agent_source(spark, root, [ag.uri for ag in mine], n, f"{shape}-{size}-{rep}")
+                    cpu = sum(_cpu_seconds(ag.proc.pid) for ag in mine) - cpu0
+                    system = "agent source, 1 agent" if shape == "one" else "agent source, 3 agents"
+                    res.add("to parquet", size, system, r)
+                    res.add(
+                        "to parquet", size, system.replace("agent source", "agent CPU"), {"us_per_event": cpu / n * 1e6}
+                    )
+                    res.add(
+                        "to parquet",
+                        size,
+                        system.replace("agent source", "agent / local"),
+                        {"ratio": r["events_per_s"] / local[size]["events_per_s"]},
+                    )
+                res.add("to parquet", size, "filechannel source, local[2]", local[size])
+            spark.stop()
+            for _, ag in agents:
+                ag.kill9()
+            agents.clear()
+            flight, loc = ack_latencies(root, str(rep))
+            res.add("ack", 100, "over Flight p50", {"ms": flight["p50_ms"]})
+            res.add("ack", 100, "over Flight p99", {"ms": flight["p99_ms"]})
+            res.add("ack", 100, "local p50", {"ms": loc["p50_ms"]})
+            res.add("ack", 100, "local p99", {"ms": loc["p99_ms"]})
+        res.emit_all(args.quick)
+    finally:
+        for _, ag in agents:
+            if ag.proc is not None:
+                ag.kill9()
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    cmd = "python -m bench.spark --agents" + (" --quick" if args.quick else "")
+    run = {
+        "type": "run",
+        "bench": "spark-agents",
+        "quick": args.quick,
+        "n": n,
+        "repeats": repeats,
+        "hidden": cluster.hidden,
+        "seconds": time.time() - t_start,
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+    }
+    print(json.dumps(run), flush=True)
+    print(
+        f"\n`{cmd}`: n={n}, repeats={repeats}, {run['seconds']:.0f} s (session and cluster start-ups excluded), "
+        f"worker {'blind to the channel files (unshare --mount)' if cluster.hidden else 'NOT in a mount namespace'}, "
+        f"load average {load_before[0]:.2f} before, {run['loadavg_after'][0]:.2f} after (1 min)"
+        + (" -- QUICK figures, not for the record" if args.quick else "")
+        + f"\n\n{summary(res.rows)}",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.spark", description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, help="events per run (default 200000, quick 5000)")
     ap.add_argument("--repeats", type=int, help="repeats per case (default 3, quick 1)")
     ap.add_argument("--quick", action="store_true", help="a smoke run: small n, one repeat")
     ap.add_argument("--data-dir", default=None, help="where channels and tables are created (default: the temp dir)")
+    ap.add_argument(
+        "--agents", action="store_true", help="the agent source on a standalone cluster against local[2] (issue 24)"
+    )
     args = ap.parse_args(argv)
     n = args.n or (5000 if args.quick else 200_000)
     repeats = args.repeats or (1 if args.quick else 3)
+    if args.agents:
+        return main_agents(args, n, repeats)
     machine = machine_info(args.data_dir or tempfile.gettempdir())
     res = Results(machine)
     root = tempfile.mkdtemp(prefix="fc-spark-", dir=args.data_dir)

@@ -8,6 +8,10 @@
 # Needs Java 17+ (Spark). Sets up .venv with the dev, spark and crypto extras.
 # Usage: scripts/demo.sh [WORKDIR] [examples/pipeline.py options]
 #        (WORKDIR default: ./demo-work, wiped first if it holds an earlier run; options: --help)
+#        scripts/demo.sh --cluster [WORKDIR] [examples/cluster.py options]
+#        three "hosts" (a producer, its channel and an agent each), a Spark standalone master and
+#        worker whose executors cannot see the channel files, kills of an agent, the driver and a
+#        producer, the exactly-once check per channel (WORKDIR default: ./demo-cluster)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -30,10 +34,21 @@ if [ "$major" -lt 17 ]; then
   exit 2
 fi
 
+cluster=0
+if [ $# -gt 0 ] && [ "$1" = "--cluster" ]; then
+  cluster=1
+  shift
+fi
 bash scripts/venv.sh dev,spark,crypto
 workdir="$root/demo-work"
+if [ "$cluster" = 1 ]; then
+  workdir="$root/demo-cluster"
+fi
 if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then
   workdir="$1"
   shift
+fi
+if [ "$cluster" = 1 ]; then
+  exec .venv/bin/python examples/cluster.py "$workdir" "$@"
 fi
 exec .venv/bin/python examples/pipeline.py "$workdir" "$@"

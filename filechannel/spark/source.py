@@ -29,6 +29,11 @@ Options (case-insensitive):
     Take over a consumer name registered by another query, e.g. after the
     Spark checkpoint was lost: reading resumes at the consumer's acknowledged
     position.
+``agents``, ``tlsCa``, ``tlsCert``, ``tlsKey``, ``tokenFile``, ``agentTimeoutMs``,
+``maxEventsPerPartition``, ``onAgentUnavailable``, ``agentHoldMs``, ``retireChannels``
+    Channels on other hosts, read through ``filechannel serve`` agents (file
+    paths only, never a secret's contents): see :mod:`filechannel.spark.remote`.
+    ``path`` and ``agents`` mix; the rows then carry ``channel``.
 
 Offsets are ``{"positions": {"<channel id>": N, ...}, "query": "<token>"}``:
 every position below N was delivered, for each channel (keyed by the
@@ -94,6 +99,7 @@ __all__ = [
     "FileChannelBatchReader",
     "FileChannelDataSource",
     "FileChannelStreamReader",
+    "FilesNotVisibleError",
     "SourceOptions",
     "register",
 ]
@@ -106,12 +112,27 @@ DEFAULT_PARTITION_BYTES = 4 << 20
 ROWS_PER_BATCH = 10_000
 IDENTITY_PREFIX = "spark-query:"
 
-_STREAM_ONLY = ("consumer", "maxeventspertrigger", "resetconsumer")
-_KNOWN = {"path", "paths", "maxpartitionbytes", "keystore", *_STREAM_ONLY}
+_STREAM_ONLY = (
+    "consumer",
+    "maxeventspertrigger",
+    "resetconsumer",
+    "onagentunavailable",
+    "agentholdms",
+    "retirechannels",
+)
+_AGENT = ("agents", "tlsca", "tlscert", "tlskey", "tokenfile", "agenttimeoutms", "maxeventsperpartition")
+_KNOWN = {"path", "paths", "maxpartitionbytes", "keystore", *_STREAM_ONLY, *_AGENT}
+DEFAULT_PARTITION_EVENTS = 20_000
+DEFAULT_AGENT_TIMEOUT_MS = 10_000
+DEFAULT_AGENT_HOLD_MS = 300_000
 
 
 class CheckpointMismatchError(ChannelError):
     """A streaming query's Spark checkpoint does not belong to the channel or the consumer it reads."""
+
+
+class FilesNotVisibleError(ChannelError):
+    """An executor cannot see a channel's files (another host, a container): read it through an agent."""
 
 
 def register(spark: SparkSession) -> None:
@@ -136,6 +157,17 @@ class SourceOptions:
     partition_bytes: int = DEFAULT_PARTITION_BYTES
     reset: bool = False
     keystore: str | None = None  # an encrypted channel's keystore path (never key bytes)
+    # Agents (filechannel.spark.remote): URIs and file paths only, never a secret's contents.
+    agents: tuple[str, ...] = ()
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    token_file: str | None = None
+    agent_timeout: float = DEFAULT_AGENT_TIMEOUT_MS / 1000
+    partition_events: int = DEFAULT_PARTITION_EVENTS
+    on_unavailable: str = "hold"
+    hold_seconds: float = DEFAULT_AGENT_HOLD_MS / 1000
+    retire: tuple[str, ...] = ()
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
@@ -149,8 +181,9 @@ class SourceOptions:
         if unknown:
             raise ConfigError(
                 unknown[0],
-                "the filechannel source has no such option (it knows path, consumer, maxEventsPerTrigger, "
-                "maxPartitionBytes, resetConsumer, keystore)",
+                "the filechannel source has no such option (it knows path, agents, consumer, maxEventsPerTrigger, "
+                "maxPartitionBytes, maxEventsPerPartition, resetConsumer, keystore, tlsCa, tlsCert, tlsKey, "
+                "tokenFile, agentTimeoutMs, onAgentUnavailable, agentHoldMs, retireChannels)",
             )
         raw: list[str] = []
         if "paths" in opts:  # DataFrameReader.load([a, b]) passes a JSON list
@@ -162,8 +195,13 @@ class SourceOptions:
         if "path" in opts:
             raw.append(opts["path"])
         paths = [p.strip() for r in raw for p in r.split(",") if p.strip()]
-        if not paths:
-            raise ConfigError("path", "no channel directory: use .load(DIR) or .option('path', DIR)")
+        agents = [a.strip() for a in opts.get("agents", "").split(",") if a.strip()]
+        if not paths and not agents:
+            raise ConfigError(
+                "path",
+                "no channel directory and no agent: use .load(DIR), .option('path', DIR) or "
+                ".option('agents', 'grpc+tls://HOST:PORT,...')",
+            )
         paths = [os.path.abspath(p) for p in paths]
         if len(set(paths)) != len(paths):
             raise ConfigError("path", f"a directory is listed twice in {paths}")
@@ -171,11 +209,13 @@ class SourceOptions:
         if keystore is not None:
             keystore = os.path.abspath(keystore)
             Encryption(keys=keystore)  # fail at once on a missing, exposed or malformed keystore
+        remote = _agent_options(opts, agents)
         if not streaming:
             return cls(
                 tuple(paths),
                 partition_bytes=_positive(opts, "maxPartitionBytes", DEFAULT_PARTITION_BYTES),
                 keystore=keystore,
+                **remote,
             )
         if "consumer" not in opts:
             raise ConfigError(
@@ -193,12 +233,64 @@ class SourceOptions:
             partition_bytes=_positive(opts, "maxPartitionBytes", DEFAULT_PARTITION_BYTES),
             reset=reset == "true",
             keystore=keystore,
+            **remote,
+            **_stream_agent_options(opts),
         )
 
     @property
     def multi(self) -> bool:
-        """Whether several channels are read as one (the rows then carry a ``channel`` column)."""
-        return len(self.paths) > 1
+        """Whether the rows carry a ``channel`` column: several directories, or any agent."""
+        return len(self.paths) > 1 or bool(self.agents)
+
+
+def _agent_options(opts: Mapping[str, str], agents: list[str]) -> dict[str, Any]:
+    """The agent options, checked (URIs parsed, files made absolute; the files are read by the client)."""
+    from filechannel.agent.auth import parse_uri
+
+    files = {}
+    for name, key in (("tlsCa", "tls_ca"), ("tlsCert", "tls_cert"), ("tlsKey", "tls_key"), ("tokenFile", "token_file")):
+        value = opts.get(name.lower()) or None
+        if value is not None and not agents:
+            raise ConfigError(name, "applies to agents only: give .option('agents', URI,...) too")
+        files[key] = os.path.abspath(value) if value is not None else None
+    if bool(files["tls_cert"]) != bool(files["tls_key"]):
+        raise ConfigError("tlsCert", "give tlsCert and tlsKey together (a client certificate and its key)")
+    for uri in agents:
+        listen = parse_uri(uri, "agents")
+        if not listen.tls:
+            for name, key in (("tlsCa", "tls_ca"), ("tlsCert", "tls_cert")):
+                if files[key]:
+                    raise ConfigError(name, f"applies to grpc+tls:// agents only, and {uri} is not one")
+    if len(set(agents)) != len(agents):
+        raise ConfigError("agents", f"an agent is listed twice in {agents}")
+    return {
+        "agents": tuple(agents),
+        **files,
+        "agent_timeout": _positive(opts, "agentTimeoutMs", DEFAULT_AGENT_TIMEOUT_MS) / 1000,
+        "partition_events": _positive(opts, "maxEventsPerPartition", DEFAULT_PARTITION_EVENTS),
+    }
+
+
+def _stream_agent_options(opts: Mapping[str, str]) -> dict[str, Any]:
+    """``onAgentUnavailable``, ``agentHoldMs`` and ``retireChannels`` (streaming only)."""
+    policy = opts.get("onagentunavailable", "hold").lower()
+    if policy not in ("hold", "fail"):
+        raise ConfigError("onAgentUnavailable", f"must be hold or fail, got {opts['onagentunavailable']!r}")
+    retire = []
+    for cid in opts.get("retirechannels", "").split(","):
+        cid = cid.strip().lower()
+        if not cid:
+            continue
+        try:
+            bytes.fromhex(cid)
+        except ValueError:
+            raise ConfigError("retireChannels", f"{cid!r} is not a channel id (hex)") from None
+        retire.append(cid)
+    return {
+        "on_unavailable": policy,
+        "hold_seconds": _positive(opts, "agentHoldMs", DEFAULT_AGENT_HOLD_MS) / 1000,
+        "retire": tuple(retire),
+    }
 
 
 def _positive(opts: Mapping[str, str], name: str, default: int | None) -> Any:
@@ -322,6 +414,35 @@ def _batches(partition: InputPartition, schema: StructType) -> Iterator[Any]:
         yield pa.RecordBatch.from_arrays(columns, schema=arrow)
 
 
+def _read(partition: InputPartition, schema: StructType) -> Iterator[Any]:
+    """Read one partition (on an executor): from an agent, or the channel's files on this host."""
+    from .remote import AgentPartition, agent_batches
+
+    if isinstance(partition, AgentPartition):
+        return agent_batches(partition, schema)
+    return _local_batches(partition, schema)
+
+
+def _local_batches(partition: InputPartition, schema: StructType) -> Iterator[Any]:
+    """:func:`_batches`, and a file this host cannot see named as such (not as a retired one)."""
+    try:
+        yield from _batches(partition, schema)
+    except DataLossError as exc:
+        if isinstance(partition, SegmentPartition):
+            data_dir = os.path.dirname(partition.segment.path)
+            if not os.path.isdir(data_dir):
+                import socket
+
+                raise FilesNotVisibleError(
+                    f"filechannel source: this executor (host {socket.gethostname()}, pid {os.getpid()}) cannot "
+                    f"see the channel's files: the directory {data_dir} does not exist here, so positions "
+                    f"[{exc.start}, {exc.end}) cannot be read. The path option needs every executor to see the "
+                    "channel directory (local mode, or the same host); on a cluster, run `filechannel serve` on "
+                    "the channel's host and read it with .option('agents', URI) instead"
+                ) from exc
+        raise
+
+
 def _partitions(segments: Sequence[Segment], channel: str | None, keystore: str | None) -> list[InputPartition]:
     return [SegmentPartition(s, channel, keystore) for s in segments]
 
@@ -366,7 +487,12 @@ class FileChannelDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         """Return an exactly-once stream reader (with admission control and ``availableNow``)."""
-        return FileChannelStreamReader(SourceOptions.parse(self.options, streaming=True), schema)
+        options = SourceOptions.parse(self.options, streaming=True)
+        if options.agents:
+            from .remote import AgentStreamReader
+
+            return AgentStreamReader(options, schema)
+        return FileChannelStreamReader(options, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         """Return the batch sink (``df.write.format("filechannel")``): see :mod:`filechannel.spark.sink`."""
@@ -397,11 +523,18 @@ class FileChannelBatchReader(DataSourceReader):
                 start, end = view.available()
                 segments = view.segments(start, end, self.options.partition_bytes) if end > start else []
             out.extend(_partitions(segments, path if self.options.multi else None, self.options.keystore))
+        if self.options.agents:
+            from .remote import snapshot_partitions
+
+            out.extend(snapshot_partitions(self.options, taken=self._path_ids()))
         return out
+
+    def _path_ids(self) -> dict[str, str]:
+        return {_channel_id(p): p for p in self.options.paths}
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         """Read one partition's events as Arrow record batches (runs on an executor)."""
-        return _batches(partition, self.schema)
+        return _read(partition, self.schema)
 
 
 class FileChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -570,21 +703,24 @@ class FileChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
                 )
             if e == s:
                 continue
-            path = ids[cid]
-            r = self._reader(cid, query)
-            try:
-                with self._identity(path):
-                    segments = r.segments(s, e, self.options.partition_bytes)
-            except DataLossError as exc:
-                acked, visible = r.available()
-                hint = _AHEAD_HINT if e > visible else _BEHIND_HINT if s < acked else "a data file holding them is gone"
-                raise _lost(path, exc, hint) from exc
-            out.extend(_partitions(segments, path if self.options.multi else None, self.options.keystore))
+            out.extend(self._path_partitions(ids[cid], cid, s, e, query))
         return out
+
+    def _path_partitions(self, path: str, cid: str, s: int, e: int, query: str) -> list[InputPartition]:
+        """The partitions of ``[s, e)`` of the local channel ``path`` (id ``cid``)."""
+        r = self._reader(cid, query)
+        try:
+            with self._identity(path):
+                segments = r.segments(s, e, self.options.partition_bytes)
+        except DataLossError as exc:
+            acked, visible = r.available()
+            hint = _AHEAD_HINT if e > visible else _BEHIND_HINT if s < acked else "a data file holding them is gone"
+            raise _lost(path, exc, hint) from exc
+        return _partitions(segments, path if self.options.multi else None, self.options.keystore)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         """Read one partition's events as Arrow record batches (on an executor, from the pickled planner copy)."""
-        return _batches(partition, self.schema)
+        return _read(partition, self.schema)
 
     def commit(self, end: dict[str, Any]) -> None:
         """Acknowledge every position below ``end`` (cumulative and idempotent; Spark calls it a batch late).

@@ -12,7 +12,11 @@ group takes everything it started (the driver's JVM and Python workers too):
 * the **driver** creates a local SparkSession with the ``filechannel`` format
   registered and calls the user's ``module:function(spark, channel_dir,
   output_dir)``, which returns the started ``StreamingQuery``; it also reads the
-  sink's output for the checks (``read_output(spark, output_dir)``).
+  sink's output for the checks (``read_output(spark, output_dir)``);
+* with ``agent=True``, an **agent** (``filechannel serve`` on a loopback port)
+  serves the channel and the function gets the agent's URI instead of the
+  directory (``.option("agents", uri)``); :class:`CrashAgent` SIGKILLs it and
+  starts it again on the same port.
 
 Both see the caller's ``sys.path`` (as ``PYTHONPATH``). They talk to this
 process over pipes in length-prefixed pickles. ``CrashDriver(at="after_sink")``
@@ -57,6 +61,7 @@ __all__ = [
     "AddData",
     "CheckAnswer",
     "CheckExactlyOnce",
+    "CrashAgent",
     "CrashDriver",
     "CrashProducer",
     "ExpectFailure",
@@ -139,6 +144,21 @@ class CrashProducer:
 
 
 @dataclass(frozen=True)
+class CrashAgent:
+    """SIGKILL the agent serving the channel (``stream_test(..., agent=True)``), then start it again.
+
+    ``down`` seconds pass before the restart (the query runs on meanwhile: its
+    source holds the channel's position, or fails, as ``onAgentUnavailable``
+    says). The new agent listens on the same port.
+    """
+
+    down: float = 0.0
+
+    def __str__(self) -> str:
+        return f"CrashAgent(down={self.down:g})" if self.down else "CrashAgent()"
+
+
+@dataclass(frozen=True)
 class CheckAnswer:
     """The sink holds exactly ``rows``, in any order.
 
@@ -187,6 +207,7 @@ ACTIONS = (
     ProcessAllAvailable,
     CrashDriver,
     CrashProducer,
+    CrashAgent,
     CheckAnswer,
     CheckExactlyOnce,
     ExpectFailure,
@@ -211,6 +232,7 @@ class StreamTestResult:
     rows: list[dict[str, Any]] | None
     driver_crashes: list[str] = field(default_factory=list)
     producer_crashes: int = 0
+    agent_crashes: int = 0
     log: list[str] = field(default_factory=list)
 
 
@@ -420,6 +442,55 @@ class _Child:
         return "\n".join(text.splitlines()[-lines:])
 
 
+class _AgentProcess:
+    """``filechannel serve CHANNEL --listen grpc://127.0.0.1:PORT`` in its own session (same port on restarts)."""
+
+    def __init__(self, channel_dir: str, work: Path, timeout: float) -> None:
+        self.channel_dir = channel_dir
+        self.work = work
+        self.timeout = timeout
+        self.port = 0
+        self.starts = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def uri(self) -> str:
+        return f"grpc://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        """Start the agent; return once it listens (raise _StepFailed if it does not)."""
+        self.starts += 1
+        port_file = self.work / "agent.port"
+        with contextlib.suppress(FileNotFoundError):
+            port_file.unlink()
+        log = self.work / f"agent-{self.starts}.log"
+        cmd = [sys.executable, "-m", "filechannel", "serve", self.channel_dir]
+        cmd += ["--listen", f"grpc://127.0.0.1:{self.port}", "--port-file", str(port_file)]
+        deadline = time.monotonic() + self.timeout
+        while True:
+            with open(log, "ab") as out:
+                self.proc = subprocess.Popen(
+                    cmd, stdout=out, stderr=out, start_new_session=True, env=_child_env(), stdin=subprocess.DEVNULL
+                )
+            while not port_file.exists() and self.proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if port_file.exists():
+                self.port = int(port_file.read_text().strip())
+                return
+            self.kill()
+            if time.monotonic() >= deadline or self.port == 0:
+                tail = log.read_text(errors="replace").splitlines()[-10:]
+                raise _StepFailed("the agent did not start; its log ends:\n" + "\n".join(tail))
+            time.sleep(0.2)  # the old port not free yet: try again until the step's timeout
+
+    def kill(self) -> None:
+        """SIGKILL the agent (its whole session) and reap it."""
+        if self.proc is not None:
+            kill_session(self.proc.pid)
+            self.proc.wait()
+            self.proc = None
+
+
 # ------------------------------------------------------------------------------------------
 # The calling side
 
@@ -495,8 +566,10 @@ class _Run:
         timeout: float,
         channel_options: dict[str, Any],
         spark_conf: dict[str, str],
+        agent: bool = False,
     ) -> None:
         self.query = query
+        self.agent = _AgentProcess(dirs["channel_dir"], work, timeout) if agent else None
         self.read_output = read_output
         self.dirs = dirs
         self.work = work
@@ -521,12 +594,15 @@ class _Run:
     def ensure_driver(self) -> _Child:
         if self.driver is None:
             self.drivers_started += 1
+            if self.agent is not None and self.agent.proc is None:
+                self.agent.start()
             config = {
                 "query": self.query,
                 "read_output": self.read_output,
                 "armed": self.armed,
                 "spark_conf": self.spark_conf,
                 **self.dirs,
+                "source": self.agent.uri if self.agent is not None else self.dirs["channel_dir"],
             }
             self.driver = _Child.start("driver", config, self.work / f"driver-{self.drivers_started}.log", self.timeout)
         return self.driver
@@ -581,6 +657,8 @@ class _Run:
             self.crash_driver(action, index)
         elif isinstance(action, CrashProducer):
             self.crash_producer(action)
+        elif isinstance(action, CrashAgent):
+            self.crash_agent(action)
         elif isinstance(action, CheckAnswer):
             problem = _expected_matches(self.read(), list(action.rows))
             if problem:
@@ -674,6 +752,19 @@ class _Run:
         self.producer = None
         self.result.producer_crashes += 1
 
+    def crash_agent(self, action: CrashAgent) -> None:
+        if self.agent is None:
+            raise _StepFailed("CrashAgent(): no agent serves the channel (call stream_test(..., agent=True))")
+        if not (isinstance(action.down, (int, float)) and action.down >= 0):
+            raise _StepFailed(f"CrashAgent(down={action.down!r}): down is a number of seconds >= 0")
+        if self.agent.proc is None:
+            self.agent.start()
+        self.agent.kill()
+        self.result.agent_crashes += 1
+        self.result.log.append(f"  SIGKILL of the agent; down for {action.down:g} s")
+        time.sleep(action.down)
+        self.agent.start()
+
     def expect_failure(self, action: ExpectFailure) -> None:
         error = self.pending_failure
         self.pending_failure = None
@@ -707,6 +798,8 @@ class _Run:
             if child is not None:
                 child.close(min(self.timeout, 60.0))
         self.driver = self.producer = None
+        if self.agent is not None:
+            self.agent.kill()
 
 
 def stream_test(
@@ -721,6 +814,7 @@ def stream_test(
     timeout: float = 300.0,
     channel_options: Mapping[str, Any] | None = None,
     spark_conf: Mapping[str, str] | None = None,
+    agent: bool = False,
 ) -> StreamTestResult:
     """Run ``actions`` against the streaming query ``query``; raise :class:`StreamTestError` at the first failing step.
 
@@ -744,6 +838,10 @@ def stream_test(
         timeout: Seconds each step may take (a driver start included).
         channel_options: Options of :func:`filechannel.open` for the producer.
         spark_conf: Extra settings of the driver's SparkSession.
+        agent: Serve the channel through an agent (``filechannel serve`` on a
+            loopback port, started with the first driver): ``function`` then
+            gets the agent's URI instead of ``channel_dir`` (read it with
+            ``.option("agents", uri)``), and :class:`CrashAgent` applies.
 
     Returns:
         A :class:`StreamTestResult`.
@@ -768,7 +866,16 @@ def stream_test(
     import filechannel
 
     filechannel.open(dirs["channel_dir"], **dict(channel_options or {})).close()
-    run = _Run(query_ref, read_ref, dirs, work, float(timeout), dict(channel_options or {}), dict(spark_conf or {}))
+    run = _Run(
+        query_ref,
+        read_ref,
+        dirs,
+        work,
+        float(timeout),
+        dict(channel_options or {}),
+        dict(spark_conf or {}),
+        agent=bool(agent),
+    )
     done: list[str] = []
     try:
         for i, action in enumerate(actions, 1):
@@ -815,7 +922,8 @@ def _report(run: _Run, step: int, actions: Sequence[object], done: list[str], re
         lines += [f"  {show(r, 200)}" for r in rows[:SHOW_ROWS]]
         if len(rows) > SHOW_ROWS:
             lines.append(f"  ... and {len(rows) - SHOW_ROWS} more")
-    lines.append(f"logs of the driver and producer processes: {run.work}")
+    who = "driver, producer and agent" if run.agent is not None else "driver and producer"
+    lines.append(f"logs of the {who} processes: {run.work}")
     return "\n".join(lines)
 
 
@@ -978,7 +1086,7 @@ class _DriverServer:
         op = msg["op"]
         if op == "start":
             self.foreach_batch = False
-            q = self.function(self.spark, self.config["channel_dir"], self.config["output_dir"])
+            q = self.function(self.spark, self.config["source"], self.config["output_dir"])
             if not hasattr(q, "processAllAvailable"):
                 return {"error": f"{self.config['query']} returned {q!r}, not a started StreamingQuery"}
             self.query = q

@@ -1,0 +1,612 @@
+"""The Spark source's agent side: channels of other hosts, read through ``filechannel serve`` over Arrow Flight.
+
+This module owns what ``.option("agents", "grpc+tls://h1:8815,...")`` adds to
+:mod:`filechannel.spark.source`: discovery of the channels each agent serves,
+consumer registration and acknowledgements over the agent's calls, the
+agent-down policy (``onAgentUnavailable``), and the executors' reads
+(:func:`agent_batches`). Offsets are the source's own (keyed by channel id),
+so a checkpoint survives a channel moving host, and ``path`` channels and
+agent channels mix in one query.
+
+The rules (docs/spark.md, "Channels on other hosts"):
+
+- **Partitions are a pure function of the logged offsets**: each channel's
+  ``[start, end)`` split every ``maxEventsPerPartition`` events into
+  :class:`AgentPartition` s that carry the channel id, the range and every
+  agent's :class:`~filechannel.agent.AgentSettings` (a URI and file paths,
+  never a secret's contents). No agent is asked, so a replay after a restart
+  plans the same tasks while an agent is down; the executor finds the agent
+  serving the channel itself (and remembers it for the life of its Python worker).
+- A channel joins a query (a new channel, an agent that was down when the query
+  started) at its consumer's acknowledged position, with nothing of it in that
+  micro-batch: a channel absent from a batch's start offset contributes nothing.
+- An agent that cannot be reached holds its channels' positions while the other
+  channels proceed; after ``agentHoldMs`` (or at once with
+  ``onAgentUnavailable=fail``) the query fails naming the agent, channel ids
+  and positions. An acknowledgement that cannot be delivered is deferred:
+  acknowledgements are cumulative, the next one covers it.
+- One channel id served twice (two agents, or an agent and a ``path``) is
+  refused. A checkpointed channel that no agent (nor path) serves while every
+  agent answers fails the query, unless named in ``retireChannels``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import InputPartition
+from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows
+
+from filechannel.agent.client import AgentClient, AgentSettings
+from filechannel.channel import Event
+from filechannel.errors import (
+    AgentUnavailableError,
+    ChannelError,
+    ConfigError,
+    ConsumerIdentityError,
+    DataLossError,
+    UnknownChannelError,
+)
+from filechannel.reader import ChannelReader, as_encryption
+
+from .source import (
+    _AHEAD_HINT,
+    _BEHIND_HINT,
+    IDENTITY_PREFIX,
+    ROWS_PER_BATCH,
+    CheckpointMismatchError,
+    FileChannelStreamReader,
+    SourceOptions,
+    _lost,
+    _offset,
+    _parse_offset,
+    _share,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
+
+__all__ = ["AgentPartition", "AgentStreamReader", "agent_batches", "agent_settings", "snapshot_partitions"]
+
+logger = logging.getLogger(__name__)
+
+
+def agent_settings(options: SourceOptions) -> tuple[AgentSettings, ...]:
+    """The picklable settings of each agent of ``options`` (TLS files go to ``grpc+tls`` agents only)."""
+    out = []
+    for uri in options.agents:
+        tls = uri.lower().startswith("grpc+tls://")
+        out.append(
+            AgentSettings(
+                uri,
+                tls_ca=options.tls_ca if tls else None,
+                tls_cert=options.tls_cert if tls else None,
+                tls_key=options.tls_key if tls else None,
+                token_file=options.token_file,
+                timeout=options.agent_timeout,
+            )
+        )
+    return tuple(out)
+
+
+class AgentPartition(InputPartition):
+    """One Spark task: positions ``[start, end)`` of channel ``channel`` (hex), read from whichever agent serves it.
+
+    Picklable: the agents' settings are URIs and file paths; ``keystore`` is a path.
+    ``label`` is the value of the ``channel`` column (the channel id).
+    """
+
+    def __init__(
+        self, channel: str, start: int, end: int, agents: tuple[AgentSettings, ...], keystore: str | None
+    ) -> None:
+        super().__init__((channel, start, end))
+        self.channel = channel
+        self.start = start
+        self.end = end
+        self.agents = agents
+        self.keystore = keystore
+
+    def __repr__(self) -> str:
+        return f"AgentPartition(channel={self.channel}, [{self.start}, {self.end}))"
+
+
+def split(
+    channel: str, start: int, end: int, every: int, agents: tuple[AgentSettings, ...], keystore: str | None
+) -> list[AgentPartition]:
+    """``[start, end)`` of ``channel`` in partitions of at most ``every`` positions (a pure function)."""
+    return [AgentPartition(channel, a, min(a + every, end), agents, keystore) for a in range(start, end, every)]
+
+
+# -- executors ---------------------------------------------------------------------------------
+
+_CLIENTS: dict[AgentSettings, AgentClient] = {}  # per Python worker: one connection per agent
+_WHERE: dict[str, AgentSettings] = {}  # channel id -> the agent that served it
+
+
+def _client(settings: AgentSettings) -> AgentClient:
+    c = _CLIENTS.get(settings)
+    if c is None:
+        c = _CLIENTS[settings] = settings.connect()
+    return c
+
+
+def _forget(settings: AgentSettings) -> None:
+    """Drop a connection that failed (a new one does not wait out gRPC's reconnect backoff)."""
+    c = _CLIENTS.pop(settings, None)
+    if c is not None:
+        with contextlib.suppress(Exception):
+            c.close()
+
+
+def _locate(channel: str, agents: Sequence[AgentSettings]) -> AgentSettings:
+    """The agent that serves ``channel`` (asked once per worker, then remembered).
+
+    Raises:
+        AgentUnavailableError: No reachable agent serves it and some agent cannot be reached.
+        UnknownChannelError: Every agent answered and none serves it.
+    """
+    known = _WHERE.get(channel)
+    if known is not None and known in agents:
+        return known
+    down: list[str] = []
+    served: list[str] = []
+    for s in agents:
+        try:
+            chans = _client(s).channels()
+        except AgentUnavailableError as exc:
+            down.append(f"{s.uri} ({exc.reason})")
+            _forget(s)
+            continue
+        for cid in chans:
+            _WHERE.setdefault(cid, s)
+        served.extend(chans)
+        if channel in chans:
+            _WHERE[channel] = s
+            return s
+    uris = ", ".join(s.uri for s in agents)
+    if down:
+        raise AgentUnavailableError(
+            uris,
+            f"channel {channel} is not served by a reachable agent, and these cannot be reached: {'; '.join(down)}",
+        )
+    raise UnknownChannelError(uris, channel, sorted(served))
+
+
+def agent_batches(partition: AgentPartition, schema: StructType) -> Iterator[Any]:
+    """Read one :class:`AgentPartition` as Arrow record batches of ``schema`` (on an executor).
+
+    Every record is checked here (checksum, and the tag of a sealed one). A read
+    that fails fails the task (Spark retries it; the range is the same).
+    """
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    settings = _locate(partition.channel, partition.agents)
+    try:
+        segments = _client(settings).read_raw(partition.channel, partition.start, partition.end)
+    except AgentUnavailableError:
+        _WHERE.pop(partition.channel, None)  # the retry asks again: the channel may have moved
+        _forget(settings)
+        raise
+    except DataLossError as exc:
+        raise DataLossError(
+            exc.start, exc.end, f"channel {partition.channel} at agent {settings.uri}: {exc.reason}"
+        ) from exc
+    enc = as_encryption(partition.keystore) if any(s.segment.cipher for s in segments) else None
+    arrow = to_arrow_schema(schema, timezone="UTC")
+    for seg in segments:
+        events = seg.events(enc)
+        for i in range(0, len(events), ROWS_PER_BATCH):
+            yield _record_batch(pa, arrow, events[i : i + ROWS_PER_BATCH], partition.channel)
+
+
+def _record_batch(pa: Any, arrow: Any, chunk: list[Event], label: str) -> Any:
+    columns = []
+    for field in arrow:
+        if field.name == "position":
+            values: list[Any] = [ev.position for ev in chunk]
+        elif field.name == "body":
+            values = [ev.body for ev in chunk]
+        elif field.name == "headers":
+            values = [list(ev.headers.items()) for ev in chunk]
+        else:
+            values = [label] * len(chunk)
+        columns.append(pa.array(values, type=field.type))
+    return pa.RecordBatch.from_arrays(columns, schema=arrow)
+
+
+# -- the batch source ----------------------------------------------------------------------------
+
+
+def snapshot_partitions(options: SourceOptions, taken: Mapping[str, str]) -> list[InputPartition]:
+    """The partitions of a snapshot of every channel the agents serve (acknowledges nothing).
+
+    ``taken`` maps the ``path`` channels' ids to their directories (one channel id served twice is refused).
+
+    Raises:
+        AgentUnavailableError: An agent cannot be reached (a snapshot does not skip a host).
+        ConfigError: One channel id served twice.
+    """
+    agents = agent_settings(options)
+    served: dict[str, str] = {}
+    out: list[InputPartition] = []
+    for s in agents:
+        client = _client(s)
+        for cid, info in sorted(client.channels().items()):
+            _refuse_twice(cid, s.uri, served, taken)
+            served[cid] = s.uri
+            out.extend(split(cid, info.start, info.end, options.partition_events, agents, options.keystore))
+    return out
+
+
+def _refuse_twice(cid: str, uri: str, served: Mapping[str, str], paths: Mapping[str, str]) -> None:
+    if cid in served:
+        raise ConfigError(
+            "agents",
+            f"channel {cid} is served by {served[cid]} and by {uri}: one channel id served twice (a copied "
+            "directory?); serve each channel from one agent, or list one of them only",
+        )
+    if cid in paths:
+        raise ConfigError(
+            "agents",
+            f"channel {cid} is the local directory {paths[cid]} and is served by {uri}: one channel id read "
+            "twice (a copy?); read it through the agent or the path, not both",
+        )
+
+
+# -- the stream source ---------------------------------------------------------------------------
+
+
+class AgentStreamReader(FileChannelStreamReader):
+    """The exactly-once stream reader when ``agents`` is given (``path`` channels may be mixed in).
+
+    Runs in the same processes as :class:`FileChannelStreamReader`; the ``path``
+    channels are handled by the base class's code, the agents' here.
+    """
+
+    def __init__(self, options: SourceOptions, schema: StructType) -> None:
+        super().__init__(options, schema)
+        self._agents = agent_settings(options)
+        self._by_uri = {s.uri: s for s in self._agents}
+        self._where: dict[str, str] = {}  # channel id -> agent URI (last seen)
+        self._down: dict[str, float] = {}  # agent URI -> when it was first seen down (monotonic)
+        self._registered: set[str] = set()
+        self._pending: dict[str, int] = {}  # deferred acknowledgements by channel id
+        self._clients: dict[str, AgentClient] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_clients"] = {}
+        return state
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    def _client(self, uri: str) -> AgentClient:
+        c = self._clients.get(uri)
+        if c is None:
+            c = self._clients[uri] = self._by_uri[uri].connect()
+        return c
+
+    def _forget(self, uri: str) -> None:
+        """Drop the connection to an agent that could not be reached: the next call connects afresh.
+
+        (A gRPC channel that failed waits out an exponential reconnect backoff, up to
+        minutes; a new client sees an agent that is back at once.)
+        """
+        c = self._clients.pop(uri, None)
+        if c is not None:
+            with contextlib.suppress(Exception):
+                c.close()
+
+    def _paths(self) -> dict[str, str]:
+        return self._channels() if self.options.paths else {}
+
+    def _use_query(self, query: str) -> None:
+        if self._query is None:
+            self._query = query
+        elif query != self._query:
+            raise CheckpointMismatchError(
+                f"filechannel source: offsets of two queries ({self._query!r} and {query!r}) in one checkpoint"
+            )
+
+    def _label(self, cid: str) -> str:
+        return f"{cid} (agent {self._where.get(cid, '?')})"
+
+    def _discover(self) -> tuple[dict[str, str], dict[str, AgentUnavailableError]]:
+        """Ask every agent what it serves: ``(channel id -> URI, URI -> why it cannot be reached)``.
+
+        Raises:
+            ConfigError: One channel id served twice.
+        """
+        served: dict[str, str] = {}
+        down: dict[str, AgentUnavailableError] = {}
+        paths = self._paths()
+        now = time.monotonic()
+        for s in self._agents:
+            try:
+                chans = self._client(s.uri).channels()
+            except AgentUnavailableError as exc:
+                down[s.uri] = exc
+                self._forget(s.uri)
+                continue
+            for cid in sorted(chans):
+                _refuse_twice(cid, s.uri, served, paths)
+                served[cid] = s.uri
+        for uri in self._by_uri:
+            if uri in down:
+                if uri not in self._down:
+                    logger.warning("filechannel source: agent %s cannot be reached; holding its channels", uri)
+                self._down.setdefault(uri, now)
+            elif self._down.pop(uri, None) is not None:
+                logger.warning("filechannel source: agent %s is back", uri)
+        self._where.update(served)
+        return served, down
+
+    def _register(self, cid: str, query: str) -> int:
+        uri = self._where[cid]
+        with self._identity(self._label(cid)):
+            acked = self._client(uri).register(
+                cid, self.consumer, IDENTITY_PREFIX + query, reset=self.options.reset and cid not in self._registered
+            )
+        self._registered.add(cid)
+        return acked
+
+    def _available(self, cid: str, query: str) -> tuple[int, int]:
+        if cid not in self._registered:
+            self._register(cid, query)
+        with self._identity(self._label(cid)):
+            return self._client(self._where[cid]).available(cid, self.consumer, IDENTITY_PREFIX + query)
+
+    def _hold(self, down: Mapping[str, AgentUnavailableError], held: Mapping[str, int]) -> None:
+        """Hold the channels of unreachable agents, or fail (policy ``fail``, or held past ``agentHoldMs``)."""
+        now = time.monotonic()
+        for uri, exc in down.items():
+            mine = {cid: p for cid, p in held.items() if self._where.get(cid, uri) == uri}
+            what = (
+                ", ".join(f"channel {cid} at position {p}" for cid, p in sorted(mine.items()))
+                or "no channel of this query's checkpoint"
+            )
+            waited = now - self._down.get(uri, now)
+            if self.options.on_unavailable == "fail" or waited > self.options.hold_seconds:
+                why = (
+                    "onAgentUnavailable=fail"
+                    if self.options.on_unavailable == "fail"
+                    else f"held for {waited:.0f} s, past agentHoldMs={self.options.hold_seconds * 1000:.0f}"
+                )
+                raise AgentUnavailableError(
+                    uri,
+                    f"{exc.reason}; the query stops ({why}) with {what} (nothing after those positions was "
+                    "delivered or acknowledged): restart the query once the agent is back; if the channel is "
+                    "gone for good, name it in option('retireChannels', ID)",
+                ) from exc
+
+    # -- Spark's calls (source runner) ---------------------------------------------------------
+
+    def initialOffset(self) -> dict[str, Any]:
+        """Start a new query at each channel's acknowledged position (the head for a new consumer)."""
+        query = self._new_query or self._query or uuid.uuid4().hex[:16]
+        self._new_query = query
+        positions: dict[str, int] = {}
+        if self.options.paths:
+            positions.update(_parse_offset(super().initialOffset())[0])
+        served, down = self._discover()
+        self._hold(down, {})
+        for uri in sorted(set(served.values())):
+            status = self._client(uri).status()
+            consumers = {c["channel"]: c.get("consumers", {}) for c in status.get("channels", [])}
+            for cid in sorted(c for c, u in served.items() if u == uri):
+                cur = consumers.get(cid, {}).get(self.consumer)
+                if cur is not None:  # see FileChannelStreamReader.initialOffset
+                    positions[cid] = int(cur["acked"])
+                else:
+                    self._use_query(query)
+                    positions[cid] = self._register(cid, query)
+        if not positions:
+            raise AgentUnavailableError(
+                ",".join(self.options.agents),
+                "no channel to read: the agents serve none" + (" (some cannot be reached)" if down else ""),
+            )
+        return _offset(positions, query)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Record each channel's committed end now (an unreachable agent's channels wait for the next run)."""
+        target: dict[str, int] = {}
+        paths = self._paths()
+        for cid, path in paths.items():
+            with ChannelReader(path, encryption=self.options.keystore) as view:
+                target[cid] = view.available()[1]
+        served, down = self._discover()
+        for cid, uri in served.items():
+            try:
+                target[cid] = self._client(uri).available(cid)[1]
+            except AgentUnavailableError:
+                continue
+        for uri in down:
+            logger.warning("filechannel source: availableNow: agent %s cannot be reached; its channels wait", uri)
+        self._target = target
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        """The end of the next micro-batch: the agents' channels that answer proceed, the others hold.
+
+        Raises:
+            DataLossError: ``start`` is beyond what a channel holds (restored from an older copy) or below its
+                acknowledged position.
+            AgentUnavailableError: An agent is unreachable (``onAgentUnavailable=fail``, or past ``agentHoldMs``).
+            CheckpointMismatchError: A checkpointed channel that nothing serves, not named in ``retireChannels``.
+            ConfigError: One channel id served twice.
+        """
+        positions, query = _parse_offset(start)
+        self._use_query(query)
+        paths = self._paths()
+        served, down = self._discover()
+        self._flush_acks(query)
+        avail: dict[str, int] = {}
+        ends: dict[str, int] = {}
+        held: dict[str, int] = {}
+        for cid, s in sorted(positions.items()):
+            if cid in paths:
+                avail[cid] = self._path_available(cid, paths[cid], s, query)
+            elif cid in served:
+                try:
+                    acked, end = self._available(cid, query)
+                except AgentUnavailableError as exc:
+                    down[served[cid]] = exc
+                    self._forget(served[cid])
+                    self._down.setdefault(served[cid], time.monotonic())
+                    held[cid] = s
+                    continue
+                self._check_range(cid, s, acked, end)
+                if self._target is not None:
+                    end = min(end, self._target.get(cid, s))
+                avail[cid] = max(0, end - s)
+            elif down:
+                held[cid] = s
+            elif cid in self.options.retire:
+                logger.warning("filechannel source: channel %s (position %d) retired (retireChannels)", cid, s)
+            else:
+                raise CheckpointMismatchError(
+                    f"filechannel source: channel {cid} (at position {s} in this query's checkpoint) is served by "
+                    f"none of the agents ({', '.join(self.options.agents)})"
+                    + (f" nor the paths ({', '.join(self.options.paths)})" if self.options.paths else "")
+                    + ", and every agent answers. If it moved, add its agent to option('agents'); if it is gone "
+                    f"for good, name it in option('retireChannels', '{cid}') (its events from position {s} on "
+                    "are then never delivered)"
+                )
+        self._hold(down, held)
+        take = _share(avail, limit.max_rows) if isinstance(limit, ReadMaxRows) else avail
+        for cid, s in positions.items():
+            if cid in take:
+                ends[cid] = s + take[cid]
+            elif cid in held:
+                ends[cid] = s
+        for cid in sorted((set(served) | set(paths)) - set(positions)):  # a channel joins: nothing of it now
+            if cid in paths:
+                ends[cid] = self._reader(cid, query).available()[0]
+            else:
+                try:
+                    ends[cid] = self._register(cid, query)
+                except AgentUnavailableError:
+                    continue
+                logger.info("filechannel source: channel %s (agent %s) joins at %d", cid, served[cid], ends[cid])
+        return _offset(ends, query)
+
+    def _path_available(self, cid: str, path: str, s: int, query: str) -> int:
+        r = self._reader(cid, query)
+        with self._identity(path):
+            acked, end = r.available()
+        if s > end:
+            raise _lost(path, DataLossError(end, s, f"the channel holds positions below {end} only"), _AHEAD_HINT)
+        if s < acked:
+            raise _lost(
+                path, DataLossError(s, acked, f"consumer {self.consumer!r} acknowledged them already"), _BEHIND_HINT
+            )
+        if self._target is not None:
+            end = min(end, self._target.get(cid, s))
+        return max(0, end - s)
+
+    def _check_range(self, cid: str, s: int, acked: int, end: int) -> None:
+        where = f"{cid} at agent {self._where[cid]}"
+        if s > end:
+            raise _lost(where, DataLossError(end, s, f"the channel holds positions below {end} only"), _AHEAD_HINT)
+        if s < acked:
+            raise _lost(
+                where, DataLossError(s, acked, f"consumer {self.consumer!r} acknowledged them already"), _BEHIND_HINT
+            )
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        """Split ``[start, end)``: a pure function of the two offsets (no agent is asked).
+
+        A channel absent from ``start`` joined in this batch (nothing of it is read);
+        one absent from ``end`` was retired.
+        """
+        first, _ = _parse_offset(start)
+        last, query = _parse_offset(end)
+        paths = self._paths()
+        out: list[InputPartition] = []
+        for cid in sorted(last):
+            if cid not in first:
+                continue
+            s, e = first[cid], last[cid]
+            if e < s:
+                raise CheckpointMismatchError(
+                    f"filechannel source: the micro-batch end {end} is below its start {start}"
+                )
+            if e == s:
+                continue
+            if cid in paths:
+                out.extend(self._path_partitions(paths[cid], cid, s, e, query))
+            else:
+                out.extend(split(cid, s, e, self.options.partition_events, self._agents, self.options.keystore))
+        return out
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Acknowledge every position below ``end``; an agent that cannot be reached gets it later (cumulative).
+
+        Raises:
+            DataLossError: ``end`` is beyond what a channel holds.
+            CheckpointMismatchError: Another query took the consumer name over.
+        """
+        positions, query = _parse_offset(end)
+        self._use_query(query)
+        paths = self._paths()
+        for cid, p in sorted(positions.items()):
+            if cid in paths:
+                self._path_ack(cid, paths[cid], p, query)
+            else:
+                self._pending[cid] = max(p, self._pending.get(cid, 0))
+        self._flush_acks(query)
+
+    def _path_ack(self, cid: str, path: str, p: int, query: str) -> None:
+        r = self._reader(cid, query)
+        with self._identity(path):
+            try:
+                r.ack(p)
+            except ConsumerIdentityError:
+                raise
+            except ChannelError as exc:
+                visible = r.available()[1]
+                if p <= visible:
+                    raise
+                loss = DataLossError(visible, p, f"the channel holds positions below {visible} only")
+                raise _lost(path, loss, _AHEAD_HINT) from exc
+
+    def _flush_acks(self, query: str) -> None:
+        for cid, p in sorted(self._pending.items()):
+            uri = self._where.get(cid)
+            if uri is None:
+                try:
+                    self._discover()
+                except ChannelError:
+                    return
+                uri = self._where.get(cid)
+                if uri is None:
+                    continue  # no agent serves it now: kept until one does
+            try:
+                if cid not in self._registered:
+                    self._register(cid, query)
+                with self._identity(self._label(cid)):
+                    try:
+                        self._client(uri).ack(cid, self.consumer, p, IDENTITY_PREFIX + query)
+                    except ConsumerIdentityError:
+                        raise
+                    except DataLossError as exc:
+                        raise _lost(f"{cid} at agent {uri}", exc, _AHEAD_HINT) from exc
+            except AgentUnavailableError as exc:
+                logger.warning(
+                    "filechannel source: acknowledgement of channel %s up to %d deferred: %s", cid, p, exc.reason
+                )
+                self._forget(uri)
+                continue
+            del self._pending[cid]
+
+    def stop(self) -> None:
+        """Close the connections and readers (Spark rarely calls this; nothing depends on it)."""
+        super().stop()
+        for c in self._clients.values():
+            c.close()
+        self._clients.clear()
