@@ -402,7 +402,7 @@ class Transaction:
                     f"more than {fmt.MAX_MARKS_PER_RECORD} mark keys in one transaction; commit them in several"
                 )
             ch = self._ch
-            if key not in ch._marks and len(ch._marks) + len(self._marks) >= MAX_MARKS:
+            if key not in ch._marks and len(ch._marks) + sum(k not in ch._marks for k in self._marks) >= MAX_MARKS:
                 raise TransactionCapacityError(f"the channel holds {MAX_MARKS} mark keys, the most it keeps")
         self._marks[key] = v
 
