@@ -52,12 +52,16 @@
 #define KIND_CRC32_ZLIB 2
 #define OP_PUT 1
 #define OP_BATCH_END 5
-#define OP_MAX 6
+#define OP_MARK 7
+#define OP_MAX 7
 #define FLAG_SEALED 1 /* format.FLAG_SEALED: a PUT whose payload is encrypted */
 #define HEADER_LEN 32
 #define BATCH_END_PAYLOAD 32
 #define OP_TAKE 2
 #define TAKE_RANGE_LEN 16
+/* format.MARK_MIN_PAYLOAD, format.MARK_MAX_PAYLOAD: the lengths a MARK (variable payload) may have. */
+#define MARK_MIN 21
+#define MARK_MAX (8 + 64 * (12 + 128 + 1024))
 
 /* format.FIXED_PAYLOAD_SIZES: the payload lengths an op other than PUT and TAKE may have (a 0
    ends each list). batch_end_sizes is format.BATCH_END_SIZES: extend both together. */
@@ -66,9 +70,11 @@ static const uint32_t take_sizes[] = {0};
 static const uint32_t rollback_sizes[] = {8, 0};
 static const uint32_t batch_end_sizes[] = {BATCH_END_PAYLOAD, BATCH_END_PAYLOAD + 16, 0}; /* version 2: + the tag */
 static const uint32_t retire_sizes[] = {8, 0};
-static const char *const op_names[OP_MAX + 1] = {"", "put", "take", "commit", "rollback", "batch_end", "retire"};
-static const uint32_t *const fixed_sizes[OP_MAX + 1] = {NULL,           NULL,           take_sizes, commit_sizes,
-                                                         rollback_sizes, batch_end_sizes, retire_sizes};
+static const char *const op_names[OP_MAX + 1] = {"",         "put",       "take",   "commit",
+                                                 "rollback", "batch_end", "retire", "mark"};
+/* NULL: an op whose payload length is open (PUT) or checked on its own (TAKE's ranges, MARK's bounds). */
+static const uint32_t *const fixed_sizes[OP_MAX + 1] = {NULL,           NULL,            take_sizes,   commit_sizes,
+                                                         rollback_sizes, batch_end_sizes, retire_sizes, NULL};
 
 /* ------------------------------------------------------------------------ */
 /* CRC-32C */
@@ -560,12 +566,14 @@ typedef struct {
 
 /* What format.decode_record checks of a payload length before it reads the payload (``op`` is
    valid): 0 fine, 1 a fixed-size op's length is not one it may have, 2 a TAKE's does not hold
-   whole ranges. Constant work, so refusing a frame never costs a checksum of its claimed length. */
+   whole ranges, 3 a MARK's is out of its bounds. Constant work, so refusing a frame never costs a checksum of its claimed length. */
 static int
 payload_len_check(unsigned char op, uint32_t plen)
 {
     if (op == OP_TAKE)
         return plen < 4 || (plen - 4) % TAKE_RANGE_LEN ? 2 : 0;
+    if (op == OP_MARK)
+        return plen < MARK_MIN || plen > MARK_MAX ? 3 : 0;
     const uint32_t *ok = fixed_sizes[op];
     if (ok == NULL)
         return 0;
@@ -1157,6 +1165,10 @@ decode_put_c(const unsigned char *b, Py_ssize_t len, Py_ssize_t off, Py_ssize_t 
     if (bad_len == 2)
         return make_marker(frame_error, 4,
                            PyUnicode_FromFormat("take payload length %lu does not hold whole ranges", (unsigned long)plen));
+    if (bad_len == 3)
+        return make_marker(frame_error, 4,
+                           PyUnicode_FromFormat("mark payload length %lu is not between %d and %d", (unsigned long)plen,
+                                                MARK_MIN, MARK_MAX));
     Py_ssize_t rsize = HEADER_LEN + (Py_ssize_t)plen + (-(Py_ssize_t)plen & 7);
     if (avail < rsize)
         return make_marker(frame_error, 0, PyUnicode_FromString("record is shorter than expected"));

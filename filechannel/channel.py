@@ -50,6 +50,8 @@ from .permissions import fs_for
 from .scan import PUT_RUN, PutRun, ScanRecord, expand_runs
 
 CHECKPOINT_DIR = "checkpoints"
+MAX_MARKS: Final = 4096
+"""Distinct mark keys a channel holds at most (each is re-logged before the data file holding it retires)."""
 _ACK_CHUNK = 1_000_000  # most events one take-only commit of acknowledgements holds
 
 logger = logging.getLogger(__name__)
@@ -231,6 +233,7 @@ class Transaction:
         self._taken = Taken()
         self._runs: list[tuple[int, int, int]] = []  # _taken as (file_id, first, count) runs, set at commit
         self._freed = False
+        self._marks: dict[str, bytes] = {}
         self._dir = self._log.writer_for(self.txn_id)
         channel._open_txns[self.txn_id] = self
 
@@ -366,6 +369,43 @@ class Transaction:
 
     # -- takes ----------------------------------------------------------------------
 
+    def mark(self, key: str, value: bytes | bytearray | memoryview) -> None:
+        """Set the mark ``key`` to ``value`` when this transaction commits, atomically with its events.
+
+        After the commit (and after any restart), :meth:`FileChannel.mark`
+        returns ``value`` until a later transaction marks ``key`` again; a
+        rollback, or a crash before the commit is durable, leaves the previous
+        value. Marking a key twice in one transaction keeps the last value. A
+        transaction may commit marks alone (no puts or takes).
+
+        Args:
+            key: 1 to 128 bytes of UTF-8 text without control characters
+                (e.g. ``"producer:web-1"``).
+            value: At most 1024 bytes (e.g. a sequence number or a file offset).
+
+        Raises:
+            TypeError: The key is not a str or the value is not bytes-like.
+            InvalidEventError: The key or value is out of those bounds (a ``ValueError``).
+            TransactionCapacityError: More than 64 keys in one transaction, or a new
+                key past the channel's 4096.
+            TransactionStateError: The transaction is no longer open.
+        """
+        try:
+            key, v = fmt.check_mark(key, value)
+        except ValueError as exc:
+            raise InvalidEventError(str(exc)) from None
+        if self.state is not OPEN:
+            self._advance("put")
+        if key not in self._marks:
+            if len(self._marks) >= fmt.MAX_MARKS_PER_RECORD:
+                raise TransactionCapacityError(
+                    f"more than {fmt.MAX_MARKS_PER_RECORD} mark keys in one transaction; commit them in several"
+                )
+            ch = self._ch
+            if key not in ch._marks and len(ch._marks) + sum(k not in ch._marks for k in self._marks) >= MAX_MARKS:
+                raise TransactionCapacityError(f"the channel holds {MAX_MARKS} mark keys, the most it keeps")
+        self._marks[key] = v
+
     def take(self, timeout: float = 0.0) -> Event | None:
         """Take the event at the head of the queue, or None if there is none.
 
@@ -449,7 +489,7 @@ class Transaction:
         if self.state is not OPEN:
             self._advance("commit")
         ch = self._ch
-        if not self._payloads and not self._taken.count:
+        if not self._payloads and not self._taken.count and not self._marks:
             self._advance("commit")
             ch._count("transactions_committed")
             ch._open_txns.pop(self.txn_id, None)
@@ -463,7 +503,8 @@ class Transaction:
             takes, self._runs = _take_runs(self._taken.entries())
         try:
             prefix = fmt.EMPTY_HEADERS if self._plain else b""
-            self._log.commit(self.txn_id, self._payloads, takes, self._on_written, prefix)
+            marks = [fmt.encode_marks([fmt.Mark(k, v) for k, v in self._marks.items()])] if self._marks else ()
+            self._log.commit(self.txn_id, self._payloads, takes, self._on_written, prefix, marks)
         except BaseException:
             self._advance("fail")
             ch._undo(self, len(self._payloads), self._taken)
@@ -478,6 +519,7 @@ class Transaction:
         self._bodies = []
         self._headers = []
         self._taken = Taken()
+        self._marks = {}
 
     def _on_written(self, res: CommitResult) -> None:
         # Runs on the writing thread, in commit order, once the records are durable
@@ -504,6 +546,7 @@ class Transaction:
         self._bodies = []
         self._headers = []
         self._taken = Taken()
+        self._marks = {}
 
     def __enter__(self) -> Transaction:
         return self
@@ -518,7 +561,10 @@ class Transaction:
             self.rollback()
 
     def __repr__(self) -> str:
-        return f"<Transaction {self.txn_id} {self.state}: {len(self._payloads)} puts, {len(self._taken)} takes>"
+        return (
+            f"<Transaction {self.txn_id} {self.state}: {len(self._payloads)} puts, {len(self._taken)} takes, "
+            f"{len(self._marks)} marks>"
+        )
 
 
 def _add_position(taken_from: dict[int, list[tuple[int, int]]], file_id: int, position: int) -> None:
@@ -660,6 +706,8 @@ class FileChannel:
         self._take_targets: dict[int, set[int]] = {}
         self._taken_from: dict[int, list[tuple[int, int]]] = {}
         self._open_txns: dict[int, Transaction] = {}
+        # The committed marks: key -> (value, woid of the COMMIT that set it, file holding its newest copy).
+        self._marks: dict[str, tuple[bytes, int, int]] = {}
         self._ckpt_lock = threading.Lock()
         self._ckpt_thread: threading.Thread | None = None
         self._ckpt_stop = threading.Event()
@@ -752,7 +800,7 @@ class FileChannel:
         """
         log = Log(self.directory, self.config, fs=self._fs, checkpoints=self._store, progress=self._progress)
         try:
-            q, self._take_targets, self._taken_from = replay_queue(log, log.base_snapshot)
+            q, self._take_targets, self._taken_from = replay_queue(log, log.base_snapshot, self._marks)
             if log.recovered_from is not None and self.config.on_corruption != "skip":
                 _spot_check(log, q)
         except BaseException:
@@ -778,6 +826,27 @@ class FileChannel:
         """
         self._check_open()
         return Transaction(self)
+
+    def marks(self) -> dict[str, bytes]:
+        """The committed marks (:meth:`Transaction.mark`): each key's last committed value.
+
+        Raises:
+            ChannelClosedError: The channel is closed or has failed.
+        """
+        self._check_open()
+        with self._lock:
+            return {k: v[0] for k, v in self._marks.items()}
+
+    def mark(self, key: str) -> bytes | None:
+        """The last committed value of mark ``key`` (:meth:`Transaction.mark`), or None.
+
+        Raises:
+            ChannelClosedError: The channel is closed or has failed.
+        """
+        self._check_open()
+        with self._lock:
+            m = self._marks.get(key)
+        return None if m is None else m[0]
 
     @property
     def size(self) -> int:
@@ -874,10 +943,14 @@ class FileChannel:
                 for f in cand:
                     relog_files |= self._take_targets.get(f, set()) & stay
                 relog = sorted(r for g in relog_files for r in self._taken_from.get(g, ()))
+                # Marks whose newest copy is in a file that goes: written again first.
+                moving = [fmt.Mark(k, v, w) for k, (v, w, f) in self._marks.items() if f in cand]
             if not cand:
                 return 0
             if relog:
                 self._relog_takes(relog, relog_files)
+            if moving:
+                self._relog_marks(moving)
             self._log.retire(sorted(cand))
             with self._lock:
                 for f in cand:
@@ -903,6 +976,20 @@ class FileChannel:
                 self._take_targets.setdefault(res.file_id, set()).update(files)
 
         self._log.commit(self._log.new_txn_id(), [], merged, note)
+
+    def _relog_marks(self, marks: list[fmt.Mark]) -> None:
+        """Commit a transaction of MARK records repeating ``marks`` with their woids (replay keeps the newest)."""
+
+        def note(res: CommitResult) -> None:
+            with self._lock:
+                for m in marks:
+                    cur = self._marks.get(m.key)
+                    if cur is not None and cur[1] == m.woid:
+                        self._marks[m.key] = (cur[0], cur[1], res.file_id)
+
+        step = fmt.MAX_MARKS_PER_RECORD
+        payloads = [fmt.encode_marks(marks[i : i + step]) for i in range(0, len(marks), step)]
+        self._log.commit(self._log.new_txn_id(), [], (), note, b"", payloads)
 
     # -- external consumers ----------------------------------------------------------------
 
@@ -1067,6 +1154,7 @@ class FileChannel:
             taken = {f: list(r) for f, r in self._taken_from.items() if f in files}
             file_dirs = log.file_dirs(files)
             auth = log.frozen_auth_state(files) if log.meta_mac is not None else None
+            marks = [(k, v, w, f) for k, (v, w, f) in sorted(self._marks.items())]
         snap = Snapshot(
             woid,
             next_pos,
@@ -1079,6 +1167,7 @@ class FileChannel:
             parts=windows,
             file_dirs=file_dirs,
             auth=auth,
+            marks=marks,
         )
         try:
             nbytes, _copies = self._store.write(snap, log.crc_kind, self._pacer(t0) if paced else None, log.meta_mac)
@@ -1344,6 +1433,12 @@ class FileChannel:
                 self._counters["takes_committed"] += n_taken
                 if self._put_waiters:
                     self._not_full.notify(n_taken)
+            if tx._marks:
+                cur_marks = self._marks
+                for key, value in tx._marks.items():
+                    cur = cur_marks.get(key)
+                    if cur is None or cur[1] < res.woid:
+                        cur_marks[key] = (value, res.woid, fid)
             self._open_txns.pop(tx.txn_id, None)
         return freed
 
@@ -1414,7 +1509,7 @@ def _place_runs(tail: EventQueue, first: int, n: int, items: list[ScanRecord]) -
 
 
 def replay_queue(
-    log: Log, base: Snapshot | None = None
+    log: Log, base: Snapshot | None = None, marks: dict[str, tuple[bytes, int, int]] | None = None
 ) -> tuple[EventQueue, dict[int, set[int]], dict[int, list[tuple[int, int]]]]:
     """Rebuild the queue from a checkpoint (if any) and the log records after it.
 
@@ -1428,6 +1523,11 @@ def replay_queue(
     transaction, the positions no intact COMMIT claims around a damaged span,
     and every event the newest checkpoint vouched for that is gone without
     having been taken. Each lands in ``log.corruption`` as lost positions.
+
+    ``marks``, when given, receives the committed marks: key -> (value, woid of
+    the COMMIT that set it, file of its newest copy). A MARK record counts only
+    when its transaction's COMMIT does; of several copies of a key (a re-logged
+    mark keeps its original woid) the highest woid wins, the later copy on a tie.
 
     Raises:
         CorruptLogError: A COMMIT does not match the PUT records before it, or
@@ -1445,6 +1545,12 @@ def replay_queue(
     taken_from: dict[int, list[tuple[int, int]]] = {f: list(r) for f, r in base.taken.items()} if base else {}
     removed: set[int] = set()
     acct = _LossAccounting(log, base)
+    if marks is None:
+        marks = {}
+    if base is not None:
+        for key, value, woid, file_id in base.marks:
+            marks[key] = (value, woid, file_id)
+    pending_marks: dict[int, list[tuple[LogRecord, list[fmt.Mark]]]] = {}
     for r in log.replay_runs():
         op = r.op
         if op == PUT_RUN or op == fmt.PUT:
@@ -1504,9 +1610,16 @@ def replay_queue(
                     for p, f, _o, _s in got:
                         tset.add(f)
                         _add_position(taken_from, f, p)
+            pm = pending_marks.pop(r.txn_id, None)
+            if pm is not None:
+                _apply_marks(marks, pm, r.woid)
+        elif op == fmt.MARK:
+            assert isinstance(r, LogRecord)
+            pending_marks.setdefault(r.txn_id, []).append((r, fmt.decode_marks(r.payload)))
         elif op == fmt.ROLLBACK:
             puts.pop(r.txn_id, None)
             takes.pop(r.txn_id, None)
+            pending_marks.pop(r.txn_id, None)
     if base is not None:
         # A data file is retired only once no queued event points into it, so
         # checkpoint entries in a file known retired were taken after the
@@ -1532,6 +1645,18 @@ def replay_queue(
     # What recovery freed lies below the queue's columns (they grew last): hand it back.
     _accel.trim_heap(fmt.speedups)
     return q, targets, taken_from
+
+
+def _apply_marks(
+    marks: dict[str, tuple[bytes, int, int]], records: list[tuple[LogRecord, list[fmt.Mark]]], commit_woid: int
+) -> None:
+    """Apply a committed transaction's MARK records to ``marks`` (see :func:`replay_queue`)."""
+    for rec, ms in records:
+        for m in ms:
+            woid = m.woid or commit_woid
+            cur = marks.get(m.key)
+            if cur is None or cur[1] <= woid:
+                marks[m.key] = (m.value, woid, rec.file_id)
 
 
 class _LossAccounting:

@@ -50,6 +50,11 @@ logger = logging.getLogger(__name__)
 MAGIC = b"\x89FCK\r\n\x1a\n"
 VERSION = 2
 """Written: a file table entry carries its file's data directory (version 1, still read, did not)."""
+MARKS_VERSION = 3
+"""Written when the channel holds marks: version 2 plus a marks table after the taken table."""
+_MARKS_HEAD = struct.Struct("<I")
+_MARK = struct.Struct("<QQHH")
+MAX_MARKS = 1 << 16
 _HEAD = struct.Struct("<8sHHI16sQQQQQIIQ")
 _FILE_V1 = struct.Struct("<QQ")
 _FILE = struct.Struct("<QQII")
@@ -114,6 +119,8 @@ class Snapshot:
     parts: list[tuple[int, int, Columns]] | None = None
     file_dirs: dict[int, int] = field(default_factory=dict)
     auth: fmt.AuthState | None = None  # an encrypted channel's authenticated files (in the MACed extension)
+    # the committed marks: (key, value, woid of the COMMIT that set it, data file of its newest copy)
+    marks: list[tuple[str, bytes, int, int]] = field(default_factory=list)
 
     def __len__(self) -> int:
         if self.parts is not None:
@@ -152,7 +159,7 @@ def encode_blocks(s: Snapshot, crc_kind: int, block: int | None = None) -> Itera
     n = sum(end - first for first, end, _ in windows)
     head = _HEAD.pack(
         MAGIC,
-        VERSION,
+        MARKS_VERSION if s.marks else VERSION,
         0,
         crc_kind,
         s.channel_id,
@@ -171,6 +178,8 @@ def encode_blocks(s: Snapshot, crc_kind: int, block: int | None = None) -> Itera
     for fid, ranges in sorted(s.taken.items()):
         pend.append(_TF.pack(fid, len(ranges)))
         pend += [_RANGE.pack(a, c) for a, c in ranges]
+    if s.marks:
+        pend.append(encode_marks(s.marks))
     size = sum(len(p) for p in pend)
     crc = 0
     step = max(1, block // 8)
@@ -191,6 +200,54 @@ def encode_blocks(s: Snapshot, crc_kind: int, block: int | None = None) -> Itera
     out = b"".join(pend)
     crc = _crc_step(crc_kind, out, crc)
     yield out + _U32.pack(crc)
+
+
+def encode_marks(marks: list[tuple[str, bytes, int, int]]) -> bytes:
+    """Encode a checkpoint's marks table.
+
+    It is a u32 count, then per mark u64 woid, u64 file id, u16 key length,
+    u16 value length, the key (UTF-8), the value.
+
+    Raises:
+        ValueError: Too many marks, or one out of the bounds of ``format.check_mark``.
+    """
+    if len(marks) > MAX_MARKS:
+        raise ValueError(f"a checkpoint holds at most {MAX_MARKS} marks")
+    out = [_MARKS_HEAD.pack(len(marks))]
+    for key, value, woid, file_id in marks:
+        key, value = fmt.check_mark(key, value)
+        kb = key.encode("utf-8")
+        out += (_MARK.pack(woid, file_id, len(kb), len(value)), kb, value)
+    return b"".join(out)
+
+
+def _decode_marks(buf: bytes, pos: int, end: int) -> tuple[list[tuple[str, bytes, int, int]], int]:
+    """Decode the marks table at ``pos`` (before ``end``); return it and the offset after it.
+
+    Raises:
+        FormatError: It runs past ``end``, or a mark is out of bounds.
+    """
+    if pos + _MARKS_HEAD.size > end:
+        raise FormatError(pos, "checkpoint marks table runs past the end")
+    (n,) = _MARKS_HEAD.unpack_from(buf, pos)
+    if n > MAX_MARKS:
+        raise FormatError(pos, "checkpoint mark count is out of range")
+    pos += _MARKS_HEAD.size
+    out = []
+    for _ in range(n):
+        if pos + _MARK.size > end:
+            raise FormatError(pos, "checkpoint marks table runs past the end")
+        woid, fid, klen, vlen = _MARK.unpack_from(buf, pos)
+        pos += _MARK.size
+        if not 0 < klen <= fmt.MAX_MARK_KEY or vlen > fmt.MAX_MARK_VALUE or pos + klen + vlen > end:
+            raise FormatError(pos - 4, "checkpoint mark key or value length is out of bounds")
+        try:
+            key = buf[pos : pos + klen].decode("utf-8")
+        except UnicodeDecodeError:
+            raise FormatError(pos, "checkpoint mark key is not UTF-8") from None
+        out.append((key, bytes(buf[pos + klen : pos + klen + vlen]), woid, fid))
+        pos += klen + vlen
+    return out, pos
 
 
 def encode(s: Snapshot, crc_kind: int) -> bytes:
@@ -257,7 +314,7 @@ def decode(buf: bytes, crc_kind: int, channel_id: bytes) -> Snapshot:
     )
     if magic != MAGIC:
         raise FormatError(0, "bad checkpoint magic")
-    if version not in (1, VERSION):
+    if version not in (1, VERSION, MARKS_VERSION):
         raise FormatError(8, f"unsupported checkpoint version {version}")
     if kind != crc_kind:
         raise FormatError(12, "checkpoint checksum algorithm differs from the channel's")
@@ -269,13 +326,13 @@ def decode(buf: bytes, crc_kind: int, channel_id: bytes) -> Snapshot:
     if n > MAX_ENTRIES or n_files > fmt.MAX_LIVE_FILES or n_tf > fmt.MAX_LIVE_FILES:
         raise FormatError(_HEAD.size - 16, "checkpoint counts are out of range")
     pos = _HEAD.size
-    entry = _FILE if version == VERSION else _FILE_V1
+    entry = _FILE_V1 if version == 1 else _FILE
     if pos + n_files * entry.size > body_len:
         raise FormatError(pos, "checkpoint file table runs past the end")
     files = {}
     file_dirs = {}
     for _ in range(n_files):
-        if version == VERSION:
+        if version != 1:
             fid, off, d, _ = _FILE.unpack_from(buf, pos)
             if d != UNKNOWN_DIR:
                 file_dirs[fid] = d
@@ -293,6 +350,9 @@ def decode(buf: bytes, crc_kind: int, channel_id: bytes) -> Snapshot:
             raise FormatError(pos, "checkpoint taken ranges run past the end")
         taken[fid] = [_RANGE.unpack_from(buf, pos + i * _RANGE.size) for i in range(nr)]  # type: ignore[misc]
         pos += nr * _RANGE.size
+    marks: list[tuple[str, bytes, int, int]] = []
+    if version == MARKS_VERSION:
+        marks, pos = _decode_marks(buf, pos, body_len)
     if pos + 32 * n != body_len:
         raise FormatError(pos, "checkpoint queue size does not match its count")
     queue_at = pos
@@ -319,6 +379,7 @@ def decode(buf: bytes, crc_kind: int, channel_id: bytes) -> Snapshot:
         sizes=cols[3],
         taken=taken,
         file_dirs=file_dirs,
+        marks=marks,
     )
 
 

@@ -1121,6 +1121,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         keystore=args.keystore,
         port_file=args.port_file,
         on_corruption=args.on_corruption or "fail",
+        writable=args.writable,
     )
     try:
         if args.check:
@@ -1157,6 +1158,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 keystore=config.keystore,
                 port_file=config.port_file,
                 on_corruption=config.on_corruption,
+                writable=config.writable,
             )
             try:
                 while not stop.wait(0.5):
@@ -1354,6 +1356,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--on-corruption", choices=("fail", "skip"), help="fail (default) on damaged data, or skip it")
     sp.add_argument(
         "--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), default="INFO", help="default INFO (on stderr)"
+    )
+    sp.add_argument(
+        "--writable",
+        action="store_true",
+        help="open the channels as their owner (taking the lock) and accept exactly-once puts (DoPut)",
     )
     sp.add_argument("--check", action="store_true", help="print what would be served and exit (binds nothing)")
     sp.set_defaults(func=cmd_serve)

@@ -88,6 +88,7 @@ COMMIT: Final = 3
 ROLLBACK: Final = 4
 BATCH_END: Final = 5
 RETIRE: Final = 6
+MARK: Final = 7
 OP_NAMES: Final = {
     PUT: "put",
     TAKE: "take",
@@ -95,6 +96,7 @@ OP_NAMES: Final = {
     ROLLBACK: "rollback",
     BATCH_END: "batch_end",
     RETIRE: "retire",
+    MARK: "mark",
 }
 
 # File header: fixed part, then ``n_live`` u64 file ids, then a u32 CRC, then
@@ -129,6 +131,20 @@ FIXED_PAYLOAD_SIZES: Final[dict[int, tuple[int, ...]]] = {
 }
 """Every op but PUT and TAKE has a payload of a fixed length, checked before any byte of it is read."""
 TAKE_RANGE_LEN: Final = _RANGE.size
+
+# MARK (a transaction's key -> value marks): u32 count, u32 reserved (0), then per mark
+# u64 origin woid, u16 key length, u16 value length, the key (UTF-8), the value.
+MAX_MARK_KEY: Final = 128
+"""Bytes of a mark's key (UTF-8), at most."""
+MAX_MARK_VALUE: Final = 1024
+"""Bytes of a mark's value, at most."""
+MAX_MARKS_PER_RECORD: Final = 64
+"""Marks in one MARK record (and in one transaction), at most."""
+_MARK_HEAD: Final = struct.Struct("<II")
+_MARK_ENTRY: Final = struct.Struct("<QHH")
+MARK_MIN_PAYLOAD: Final = _MARK_HEAD.size + _MARK_ENTRY.size + 1
+MARK_MAX_PAYLOAD: Final = _MARK_HEAD.size + MAX_MARKS_PER_RECORD * (_MARK_ENTRY.size + MAX_MARK_KEY + MAX_MARK_VALUE)
+"""The payload lengths a MARK may have (``mark_min``/``mark_max`` in ``_speedups.c``: change both)."""
 EMPTY_HEADERS: Final = b"\0\0\0\0"
 """The PUT payload prefix of an event without headers (its body follows)."""
 
@@ -591,6 +607,11 @@ def payload_len_error(op: int, n: int) -> str:
     return f"{OP_NAMES[op]} payload length {n} is not {sizes}"
 
 
+def mark_len_error(n: int) -> str:
+    """The reason a MARK frame with payload length ``n`` is refused (the C twin's too)."""
+    return f"mark payload length {n} is not between {MARK_MIN_PAYLOAD} and {MARK_MAX_PAYLOAD}"
+
+
 def decode_record(
     buf: bytes | bytearray | memoryview, offset: int, seed: int, kind: int, max_payload: int
 ) -> Record | _Incomplete:
@@ -599,7 +620,7 @@ def decode_record(
     Returns :data:`INCOMPLETE` if the frame runs past the end of ``buf``.
     A declared payload length above ``max_payload``, or one its op cannot
     have (:data:`FIXED_PAYLOAD_SIZES`; a TAKE holds whole ranges, as many as
-    its count says), is rejected before the payload is copied or checksummed:
+    its count says; a MARK's is bounded), is rejected before the payload is copied or checksummed:
     a damaged length never causes a large allocation, and refusing a frame
     that is not a record costs a constant amount of work (except a PUT's).
 
@@ -623,6 +644,8 @@ def decode_record(
         raise FormatError(offset + 4, payload_len_error(op, n))
     if op == TAKE and (n < 4 or (n - 4) % TAKE_RANGE_LEN):
         raise FormatError(offset + 4, f"take payload length {n} does not hold whole ranges")
+    if op == MARK and not MARK_MIN_PAYLOAD <= n <= MARK_MAX_PAYLOAD:
+        raise FormatError(offset + 4, mark_len_error(n))
     size = RECORD_HEADER_LEN + n + (-n & 7)
     if avail < size:
         return INCOMPLETE
@@ -833,6 +856,98 @@ def decode_rollback(payload: bytes) -> tuple[int, int]:
     if len(payload) != _ROLLBACK.size:
         raise FormatError(0, "rollback payload has the wrong size")
     return _ROLLBACK.unpack(payload)  # type: ignore[return-value]
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """One mark of a MARK record: ``key`` -> ``value``, ordered by ``woid``.
+
+    ``woid`` is the write-order id of the COMMIT of the transaction that set
+    the mark; 0 in a transaction's own MARK record, meaning "this
+    transaction's COMMIT". A re-logged mark keeps the woid of its original.
+    """
+
+    key: str
+    value: bytes
+    woid: int = 0
+
+
+def check_mark(key: object, value: object) -> tuple[str, bytes]:
+    """Validate a mark's key and value; return them as ``(str, bytes)``.
+
+    A key is 1 to :data:`MAX_MARK_KEY` bytes of UTF-8 text without control
+    characters; a value is bytes-like of at most :data:`MAX_MARK_VALUE` bytes.
+
+    Raises:
+        TypeError: The key is not a str, or the value is not bytes-like.
+        ValueError: Either is empty (the key), too long or not valid text.
+    """
+    if not isinstance(key, str):
+        raise TypeError(f"a mark key is a str, not {type(key).__name__}")
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        raise TypeError(f"a mark value is bytes, not {type(value).__name__}")
+    try:
+        kb = key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("a mark key must be valid UTF-8 text (it holds a lone surrogate)") from None
+    if not 0 < len(kb) <= MAX_MARK_KEY or any(ord(c) < 32 or ord(c) == 127 for c in key):
+        raise ValueError(
+            f"a mark key is 1 to {MAX_MARK_KEY} bytes of text without control characters, not {len(kb)} bytes"
+        )
+    v = bytes(value)
+    if len(v) > MAX_MARK_VALUE:
+        raise ValueError(f"a mark value is at most {MAX_MARK_VALUE} bytes, not {len(v)}")
+    return key, v
+
+
+def encode_marks(marks: Sequence[Mark]) -> bytes:
+    """Encode a MARK payload (1 to :data:`MAX_MARKS_PER_RECORD` marks, checked by :func:`check_mark`).
+
+    Raises:
+        ValueError: No marks, too many, or one out of bounds.
+    """
+    if not 0 < len(marks) <= MAX_MARKS_PER_RECORD:
+        raise ValueError(f"a MARK record holds 1 to {MAX_MARKS_PER_RECORD} marks, not {len(marks)}")
+    out = [_MARK_HEAD.pack(len(marks), 0)]
+    for m in marks:
+        key, value = check_mark(m.key, m.value)
+        kb = key.encode("utf-8")
+        out += (_MARK_ENTRY.pack(m.woid, len(kb), len(value)), kb, value)
+    return b"".join(out)
+
+
+def decode_marks(payload: bytes | memoryview) -> list[Mark]:
+    """Decode a MARK payload into its marks, in record order.
+
+    Raises:
+        FormatError: The payload is malformed: a count, a length or a key out of bounds.
+    """
+    n_bytes = len(payload)
+    if not MARK_MIN_PAYLOAD <= n_bytes <= MARK_MAX_PAYLOAD:
+        raise FormatError(0, mark_len_error(n_bytes))
+    n, reserved = _MARK_HEAD.unpack_from(payload, 0)
+    if reserved:
+        raise FormatError(4, "reserved mark bytes are set")
+    if not 0 < n <= MAX_MARKS_PER_RECORD:
+        raise FormatError(0, f"mark count {n} is not between 1 and {MAX_MARKS_PER_RECORD}")
+    pos = _MARK_HEAD.size
+    out = []
+    for _ in range(n):
+        if pos + _MARK_ENTRY.size > n_bytes:
+            raise FormatError(pos, "mark runs past the end of its record")
+        woid, klen, vlen = _MARK_ENTRY.unpack_from(payload, pos)
+        pos += _MARK_ENTRY.size
+        if not 0 < klen <= MAX_MARK_KEY or vlen > MAX_MARK_VALUE or pos + klen + vlen > n_bytes:
+            raise FormatError(pos - 4, f"mark key length {klen} or value length {vlen} is out of bounds")
+        try:
+            key = bytes(payload[pos : pos + klen]).decode("utf-8")
+        except UnicodeDecodeError:
+            raise FormatError(pos, "mark key is not UTF-8") from None
+        out.append(Mark(key, bytes(payload[pos + klen : pos + klen + vlen]), woid))
+        pos += klen + vlen
+    if pos != n_bytes:
+        raise FormatError(pos, "mark record has bytes after its last mark")
+    return out
 
 
 @dataclass(frozen=True, slots=True)

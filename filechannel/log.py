@@ -236,11 +236,13 @@ class Log(LogState):
         takes: Sequence[tuple[int, int]] = (),
         on_written: Callable[[CommitResult], None] | None = None,
         prefix: bytes = b"",
+        marks: Sequence[bytes] = (),
     ) -> CommitResult:
-        """Append a transaction (PUT records, one TAKE record, a COMMIT) and wait for it.
+        """Append a transaction (MARK records, PUT records, one TAKE record, a COMMIT) and wait for it.
 
         Each PUT record's payload is ``prefix + payloads[i]`` (a channel passes
-        the empty header block once for a transaction whose events have none).
+        the empty header block once for a transaction whose events have none);
+        ``marks`` are encoded MARK payloads (``format.encode_marks``).
 
         With ``fsync="commit"`` this returns once the records are durable;
         with ``"interval"``, once they are written to the OS. ``on_written`` is
@@ -251,7 +253,17 @@ class Log(LogState):
             OSError: The write or fsync failed; the transaction did not commit.
             ChannelClosedError: The log is closed or has failed.
         """
-        item = Item(fmt.COMMIT, txn_id, payloads, takes, True, on_written, overhead=self.seal_overhead, prefix=prefix)
+        item = Item(
+            fmt.COMMIT,
+            txn_id,
+            payloads,
+            takes,
+            True,
+            on_written,
+            overhead=self.seal_overhead,
+            prefix=prefix,
+            marks=marks,
+        )
         self._writers[txn_id % len(self._writers)].submit(item)
         return item.result
 

@@ -282,7 +282,7 @@ def first_record(buf: bytes | bytearray, start: int, limit: int, seed: int, kind
 
 def _frame_cost(buf: bytes | bytearray | memoryview, pos: int, stop: int) -> int:
     """Bytes ``format.decode_record`` may checksum for a frame at ``pos`` (at most up to ``stop``)."""
-    if pos + fmt.RECORD_HEADER_LEN > stop or buf[pos] not in (fmt.PUT, fmt.TAKE):
+    if pos + fmt.RECORD_HEADER_LEN > stop or buf[pos] not in (fmt.PUT, fmt.TAKE, fmt.MARK):
         return 0  # the other ops' lengths are checked before the checksum: constant work
     return min(fmt.record_size(_U32.unpack_from(buf, pos + 4)[0]), stop - pos)
 

@@ -106,6 +106,7 @@ class Item:
         "durable",
         "error",
         "kind",
+        "marks",
         "nbytes",
         "on_written",
         "payloads",
@@ -129,12 +130,14 @@ class Item:
         retire: Sequence[int] = (),
         overhead: int = 0,
         prefix: bytes = b"",
+        marks: Sequence[bytes] = (),
     ) -> None:
         self.kind = kind
         self.txn_id = txn_id
         self.payloads = payloads  # each PUT's payload is prefix + payloads[i]
         self.prefix = prefix
         self.takes = takes
+        self.marks = marks  # MARK payloads, framed first (before the PUTs: see _write_chunk)
         self.durable = durable
         self.on_written = on_written
         self.retire = retire
@@ -149,6 +152,8 @@ class Item:
                 n += fmt.frames_size(payloads, overhead + len(prefix))
             if takes:
                 n += fmt.record_size(4 + 16 * len(takes))
+            for m in marks:
+                n += fmt.record_size(len(m))
         elif kind == fmt.ROLLBACK:
             n = _NOTE_SIZE
         else:
@@ -345,6 +350,11 @@ class Writer:
                     txn = it.txn_id
                     offs = res.put_offsets
                     sizes = res.put_sizes
+                    # MARK records come first: a transaction's PUTs keep consecutive woids ending
+                    # just before its TAKE and COMMIT (what salvage places lost puts by).
+                    for m in it.marks:
+                        off += enc.add(parts, fmt.MARK, woid, txn, m)
+                        woid += 1
                     if it.payloads:  # a take-only commit frames no PUTs
                         off = enc.add_puts(parts, woid, txn, it.payloads, offs, sizes, off, it.prefix)
                         woid += len(it.payloads)

@@ -79,7 +79,7 @@ def payload_fits(op: int, payload: bytes) -> bool:
     """Whether a record of ``op`` may carry ``payload`` (what ``decode_record`` checks before the checksum).
 
     Written out here, not taken from ``format``: COMMIT 16 bytes, ROLLBACK 8, BATCH_END 32, RETIRE 8,
-    a TAKE its u32 range count then that many 16-byte ranges, a PUT anything.
+    a TAKE its u32 range count then that many 16-byte ranges, a MARK 21 to 74 504, a PUT anything.
     """
     n = len(payload)
     fixed = {fmt.COMMIT: 16, fmt.ROLLBACK: 8, fmt.BATCH_END: 32, fmt.RETIRE: 8}
@@ -87,6 +87,8 @@ def payload_fits(op: int, payload: bytes) -> bool:
         return n == fixed[op]
     if op == fmt.TAKE:
         return n >= 4 and (n - 4) % 16 == 0 and int.from_bytes(payload[:4], "little") == (n - 4) // 16
+    if op == fmt.MARK:
+        return 21 <= n <= 8 + 64 * (12 + 128 + 1024)
     return True
 
 

@@ -82,10 +82,31 @@ TOTALS: dict[str, int] = {
 
 @dataclass
 class Effect:
-    """What one transaction does if it commits: its puts (position, body) and taken positions."""
+    """What one transaction does if it commits: its puts (position, body), taken positions and marks.
+
+    ``order`` places its marks in commit order: its first position, or (no puts) the
+    position counter when it committed minus a half.
+    """
 
     puts: list[tuple[int, bytes]] = field(default_factory=list)
     takes: list[int] = field(default_factory=list)
+    marks: dict[str, bytes] = field(default_factory=dict)
+    order: float = 0.0
+
+
+def apply_marks(effects: list[Effect]) -> dict[str, bytes]:
+    out: dict[str, bytes] = {}
+    for e in sorted((e for e in effects if e.marks), key=lambda e: e.order):
+        out.update(e.marks)
+    return out
+
+
+State = tuple[list[tuple[int, bytes]], dict[str, bytes]]
+"""What recovery shows: the queue, and the committed marks."""
+
+
+def state_of(effects: list[Effect]) -> State:
+    return apply_effects(effects), apply_marks(effects)
 
 
 def apply_effects(effects: list[Effect]) -> list[tuple[int, bytes]]:
@@ -118,6 +139,7 @@ class Snap:
     acks: frozenset[int | None] = frozenset({None})  # what CONSUMER's .ack file may hold (None: no file)
     # Commits of concurrent committers still running: each one's bodies, all or nothing at any positions.
     unplaced: tuple[tuple[bytes, ...], ...] = ()
+    unplaced_marks: tuple[dict[str, bytes], ...] = ()  # and each one's marks
 
 
 class Driver:
@@ -139,6 +161,7 @@ class Driver:
         # sees the file system and the model at one instant.
         self.mutex: Any = fs.mutex if isinstance(fs, ConcurrentSimFS) else threading.RLock()
         self.unplaced: list[tuple[bytes, ...]] = []
+        self.unplaced_marks: list[dict[str, bytes]] = []
         # Each concurrent commit: (data file, start of its PUTs, end of its COMMIT record, those bytes).
         self.concurrent_commits: list[tuple[str, int, int, bytes]] = []
         fs.on_op = self._hook
@@ -159,6 +182,7 @@ class Driver:
                     op,
                     self.acks,
                     tuple(self.unplaced),
+                    tuple(self.unplaced_marks),
                 )
             )
 
@@ -167,12 +191,20 @@ class Driver:
         tag = f"ev{self.counter:04d}:".encode()
         return tag + bytes([65 + self.counter % 26]) * max(0, size - len(tag))
 
-    def txn(self, puts: list[int] = (), takes: int = 0, commit: bool = True) -> None:  # type: ignore[assignment]
-        eff = Effect()
+    def txn(
+        self,
+        puts: list[int] = (),  # type: ignore[assignment]
+        takes: int = 0,
+        commit: bool = True,
+        marks: dict[str, bytes] | None = None,
+    ) -> None:
+        eff = Effect(marks=dict(marks or {}))
         tx = self.ch.transaction()
         bodies = [self.body(n) for n in puts]
         for b in bodies:
             tx.put(b, headers={"n": str(len(b))} if len(b) % 2 else None)
+        for k, v in (marks or {}).items():
+            tx.mark(k, v)
         got = tx.take_batch(takes) if takes else []
         want = self.queue[: len(got)]
         assert [(e.position, e.body) for e in got] == want, "take returned the wrong events"
@@ -181,19 +213,29 @@ class Driver:
             return
         eff.takes = [e.position for e in got]  # type: ignore[misc]
         eff.puts = [(self.next_position + i, b) for i, b in enumerate(bodies)]
+        eff.order = self.next_position if bodies else self.next_position - 0.5
         self.inflight = eff
         tx.commit()
         self.inflight = None
         self.acked.append(eff)
         self.next_position += len(bodies)
         self.queue = apply_effects(self.acked)
+        assert self.ch.marks() == apply_marks(self.acked)
 
     def concurrent(
-        self, threads: int, txns: int, puts: list[int], rollback: frozenset[tuple[int, int]] = frozenset()
+        self,
+        threads: int,
+        txns: int,
+        puts: list[int],
+        rollback: frozenset[tuple[int, int]] = frozenset(),
+        marks: bool = False,
     ) -> None:
         """``threads`` threads commit ``txns`` put-only transactions each, at once.
 
         The ``k``-th transaction of thread ``t`` rolls back if ``(t, k)`` is in ``rollback``.
+        With ``marks``, each also marks ``producer:<t>`` (its own key) and ``shared`` (every
+        thread's): the committed ``shared`` is that of the last commit, whatever the threads' order.
+        (Marks are not encrypted: the values leave out the bodies' ``ev`` prefix.)
         Needs a :class:`ConcurrentSimFS` with a ``sync_delay``, so that commits group.
         """
         assert isinstance(self.fs, ConcurrentSimFS)
@@ -216,16 +258,27 @@ class Driver:
                 tx = self.ch.transaction()
                 for b in bodies:
                     tx.put(b)
+                tx_marks = {f"producer:{t}": str(k).encode(), "shared": bodies[0][2:7]} if marks else {}
+                for mk, mv in tx_marks.items():
+                    tx.mark(mk, mv)
                 if (t, k) in rollback:
                     tx.rollback()
                     continue
                 with self.mutex:
                     self.unplaced.append(bodies)
+                    self.unplaced_marks.append(tx_marks)
                 tx.commit()
                 res = results.last
                 with self.mutex:  # the moment the committer hears "committed" is a crash point
-                    self.unplaced.remove(bodies)
-                    self.acked.append(Effect(puts=[(res.first_position + i, b) for i, b in enumerate(bodies)]))
+                    i = self.unplaced.index(bodies)
+                    del self.unplaced[i], self.unplaced_marks[i]
+                    self.acked.append(
+                        Effect(
+                            puts=[(res.first_position + i, b) for i, b in enumerate(bodies)],
+                            marks=tx_marks,
+                            order=res.first_position,
+                        )
+                    )
                     path = log.file_path(res.file_id)
                     a = res.put_offsets[0]
                     z = res.put_offsets[-1] + res.put_sizes[-1] + fmt.record_size(16)
@@ -256,6 +309,7 @@ class Driver:
         self.next_position = next_pos(self.acked)
         self.queue = apply_effects(self.acked)
         assert self.ch.stats()["next_position"] == self.next_position
+        assert self.ch.marks() == apply_marks(self.acked)
 
     def group_sizes(self) -> list[int]:
         """How many concurrent commits each fdatasync made durable (the groups that formed)."""
@@ -377,38 +431,40 @@ def durable_ack(fs: SimFS) -> int | None:
     return None if st is None else st.acked
 
 
-def recover(fs: SimFS, opts: dict[str, Any]) -> list[tuple[int, bytes]]:
+def recover(fs: SimFS, opts: dict[str, Any]) -> State:
     ch = filechannel.open(DIR, fs=fs, **opts)
     try:
-        return drain(ch)
+        return drain(ch), ch.marks()
     finally:
         ch.close()
 
 
-def place(unplaced: tuple[tuple[bytes, ...], ...], got: list[tuple[int, bytes]]) -> list[Effect]:
+def place(
+    unplaced: tuple[tuple[bytes, ...], ...], marks: tuple[dict[str, bytes], ...], got: list[tuple[int, bytes]]
+) -> list[Effect]:
     """The commits in flight that recovery shows, at the positions it shows them: all of each, or none."""
     where = {b: p for p, b in got}
     out = []
-    for bodies in unplaced:
+    for bodies, tx_marks in zip(unplaced, marks, strict=True):
         seen = [b for b in bodies if b in where]
         assert seen in ([], list(bodies)), f"a commit in flight came back in part: {seen} of {list(bodies)}"
         if seen:
             first = where[bodies[0]]
             assert [where[b] for b in bodies] == list(range(first, first + len(bodies))), "positions not consecutive"
-            out.append(Effect(puts=[(first + i, b) for i, b in enumerate(bodies)]))
+            out.append(Effect(puts=[(first + i, b) for i, b in enumerate(bodies)], marks=tx_marks, order=first))
     return out
 
 
-def allowed_states(snap: Snap, mode: str, placed: list[Effect] = ()) -> list[list[tuple[int, bytes]]]:  # type: ignore[assignment]
+def allowed_states(snap: Snap, mode: str, placed: list[Effect] = ()) -> list[State]:  # type: ignore[assignment]
     acked = list(snap.acked) + list(placed)
     if mode == "commit":
-        out = [apply_effects(acked)]
+        out = [state_of(acked)]
         if snap.inflight is not None:
-            out.append(apply_effects([*acked, snap.inflight]))
+            out.append(state_of([*acked, snap.inflight]))
         return out
     # interval: any prefix that keeps what sync() made durable
     full = [*acked, snap.inflight] if snap.inflight is not None else acked
-    return [apply_effects(full[:k]) for k in range(snap.durable_upto, len(full) + 1)]
+    return [state_of(full[:k]) for k in range(snap.durable_upto, len(full) + 1)]
 
 
 def assert_no_plaintext(fs: SimFS, opts: dict[str, Any]) -> None:
@@ -428,7 +484,7 @@ def check_crash_state(crashed: SimFS, snap: Snap, opts: dict[str, Any], nested: 
     assert ack in snap.acks, f"the ack file holds {ack}, expected one of {set(snap.acks)} after {snap.op}"
     if ack is not None:
         # Recovery applies a durable acknowledgement that was not applied yet.
-        allowed = [[(p, b) for p, b in state if p >= ack] for state in allowed]
+        allowed = [([(p, b) for p, b in q if p >= ack], m) for q, m in allowed]
     # 1. recover, recording the recovery itself so we can crash inside it
     rec_snaps: list[SimFS] = []
     if nested:
@@ -439,19 +495,20 @@ def check_crash_state(crashed: SimFS, snap: Snap, opts: dict[str, Any], nested: 
     if snap.unplaced:  # commits of concurrent committers in flight: where recovery put them, if it did
         assert mode == "commit"
         assert ack is None
-        allowed = allowed_states(snap, mode, place(snap.unplaced, got))
+        allowed = allowed_states(snap, mode, place(snap.unplaced, snap.unplaced_marks, got[0]))
     assert got in allowed, f"recovered {got}\nallowed {allowed}\nafter {snap.op}"
     # 2. a clean reopen shows the same, and a new commit gets a fresh position
     ch = filechannel.open(DIR, fs=crashed, **opts)
     try:
-        assert drain(ch) == got
+        assert (drain(ch), ch.marks()) == got
         with ch.transaction() as tx:
             tx.put(b"after-crash")
         again = drain(ch)
-        assert again[:-1] == got
+        assert again[:-1] == got[0]
+        assert ch.marks() == got[1]
         fresh = again[-1][0]
         assert again[-1][1] == b"after-crash"
-        assert fresh >= max((p + 1 for p, _ in got), default=0)
+        assert fresh >= max((p + 1 for p, _ in got[0]), default=0)
         # Positions of acknowledged commits are never handed out again (with
         # fsync="interval", only those made durable by sync() are promised).
         durable = list(snap.acked) if mode == "commit" else list(snap.acked)[: snap.durable_upto]
@@ -495,7 +552,8 @@ def run_crash_points(
             # The same bytes must be checked again when the oracle differs.
             key = (
                 f"{state_key(crashed)}/{len(snap.acked)}/{snap.inflight is not None}/{snap.durable_upto}/"
-                f"{sorted(snap.acks, key=str)}/{sorted(u[0] for u in snap.unplaced)}"
+                f"{sorted(snap.acks, key=str)}/{sorted(u[0] for u in snap.unplaced)}/"
+                f"{sorted(apply_marks(list(snap.acked)).items())}"
             )
             if key in seen:
                 continue
@@ -581,13 +639,35 @@ def w_consumer_acks(d: Driver) -> None:
 
 
 def w_concurrent(d: Driver) -> None:
-    # Several threads commit at once; their commits share writes and fdatasyncs (groups).
+    # Several threads commit at once; their commits share writes and fdatasyncs (groups),
+    # marks included.
     d.txn(puts=[200])
-    d.concurrent(threads=4, txns=3, puts=[150, 150], rollback=frozenset({(1, 1)}))  # a roll at 4 KiB
+    # With marks: each thread's own key, and one key all of them set (the last commit's wins).
+    d.concurrent(threads=4, txns=3, puts=[150, 150], rollback=frozenset({(1, 1)}), marks=True)  # a roll at 4 KiB
     d.txn(takes=4)
     d.checkpoint()
-    d.concurrent(threads=3, txns=2, puts=[900])  # rolls inside groups
+    d.concurrent(threads=3, txns=2, puts=[900], marks=True)  # rolls inside groups
     d.txn(takes=3, puts=[100])
+
+
+def w_marks(d: Driver) -> None:
+    # Marks commit with their transaction's events (and alone), survive a rollback of a later
+    # change, the retirement of the data file that holds them (re-logged first), checkpoints
+    # and reopens.
+    d.txn(puts=[200, 300], marks={"producer:a": b"1"})
+    d.txn(marks={"tail:/var/log/x": b"100"})  # marks alone
+    d.txn(puts=[150], marks={"producer:a": b"2"}, commit=False)
+    d.txn(puts=[900, 900, 900], marks={"producer:b": b"1"})
+    d.txn(puts=[900, 900], marks={"producer:a": b"3"})  # rolls to a second file
+    retired = d.ch.stats()["files_retired"]
+    d.txn(takes=5)  # empties the first file: its marks are re-logged, then it retires
+    assert d.ch.stats()["files_retired"] >= retired + 1
+    d.checkpoint()
+    d.txn(puts=[100], marks={"producer:b": b"2", "tail:/var/log/x": b"200"})
+    d.reopen()
+    retired = d.ch.stats()["files_retired"]
+    d.txn(takes=3, marks={"producer:a": b"4"})  # empties the second file: retired in turn
+    assert d.ch.stats()["files_retired"] >= retired + 1
 
 
 COMMIT = dict(BASE_OPTS)
@@ -614,6 +694,12 @@ CASES = [
     pytest.param(w_interval, INTERVAL, "posix", 40, id="interval-posix"),
     pytest.param(w_basic, dict(COMMIT, data_dirs=["/sim/disk2"]), "posix", 40, id="external-data-dir-posix"),
     pytest.param(w_upgrade_data_dirs, COMMIT, "posix", 30, id="upgrade-data-dirs-posix"),
+    pytest.param(w_marks, COMMIT, "posix", 60, id="marks-posix"),
+    pytest.param(w_marks, COMMIT, "ext4", 40, id="marks-ext4"),
+    pytest.param(w_marks, INTERVAL, "posix", 60, id="marks-interval-posix"),
+    pytest.param(
+        w_marks, dict(COMMIT, encryption=ENCRYPTION), "posix", 60, id="encrypted-marks-posix", marks=ENC_MARKS
+    ),
     pytest.param(w_consumer_acks, COMMIT, "posix", 200, id="consumer-acks-posix"),
     pytest.param(w_consumer_acks, COMMIT, "ext4", 150, id="consumer-acks-ext4"),
     # Encryption on: every new file gets a new salt and key; a torn tail is set aside as ciphertext.

@@ -72,6 +72,7 @@ PAYLOADS = {
     fmt.ROLLBACK: fmt.encode_rollback(3, 1),
     fmt.BATCH_END: fmt.encode_batch_end(fmt.BatchEnd(88, 152, 0xDEADBEEF, 5, 7)),
     fmt.RETIRE: fmt.encode_retire(12),
+    fmt.MARK: fmt.encode_marks([fmt.Mark("producer:a", b"17"), fmt.Mark("tail:/var/log/x", b"\x00" * 9, 42)]),
 }
 
 

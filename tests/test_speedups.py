@@ -274,6 +274,10 @@ def _build_file(kind: int) -> tuple[bytes, list[int]]:
     for i in range(6):
         with ch.transaction() as tx:
             tx.put_many([b"event %d" % i * (i + 1)] * (i + 1))
+            if i % 2:  # MARK records (a variable payload, bounded) before the PUTs
+                tx.mark(f"producer:{i}", b"%d" % i)
+    with ch.transaction() as tx:
+        tx.mark("tail:/var/log/app.log", b"offset 1234")  # a transaction of marks alone
     with ch.transaction() as tx:
         tx.take_batch(3)
     tx2 = ch.transaction()

@@ -25,7 +25,7 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .client import AgentClient, AgentSettings, ChannelInfo, RawSegment, connect
+    from .client import AgentClient, AgentSettings, ChannelInfo, PutResult, RawSegment, connect
     from .server import Agent, AgentConfig, serve
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "AgentTimeoutError",
     "AgentUnavailableError",
     "ChannelInfo",
+    "PutResult",
     "RawSegment",
     "UnknownChannelError",
     "connect",
@@ -49,6 +50,7 @@ _LAZY = {
     "AgentClient": "client",
     "AgentSettings": "client",
     "ChannelInfo": "client",
+    "PutResult": "client",
     "RawSegment": "client",
     "connect": "client",
     "Agent": "server",

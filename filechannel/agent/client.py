@@ -23,9 +23,11 @@ import itertools
 import json
 import logging
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.flight as fl
 
 from filechannel.channel import Event
@@ -38,7 +40,7 @@ from . import protocol as proto
 from .auth import TOKEN_HEADER, parse_uri, read_public_file, read_secret_file, read_token
 from .errors import AgentAuthError, AgentError, AgentProtocolError, AgentTimeoutError, AgentUnavailableError
 
-__all__ = ["AgentClient", "AgentSettings", "ChannelInfo", "RawSegment", "connect"]
+__all__ = ["AgentClient", "AgentSettings", "ChannelInfo", "PutResult", "RawSegment", "connect"]
 
 logger = logging.getLogger("filechannel.agent")
 
@@ -112,6 +114,22 @@ class ChannelInfo:
     name: str
     start: int
     end: int
+
+
+@dataclass(frozen=True)
+class PutResult:
+    """What an agent answered to :meth:`AgentClient.put_batch` (after the durable commit).
+
+    ``duplicate``: the sequence number was at or below the producer's committed
+    one, so nothing was put (a retry of a put that had committed);
+    ``committed``: the producer's committed sequence number now; ``events``: how
+    many events this call put (0 for a duplicate).
+    """
+
+    duplicate: bool
+    sequence: int
+    committed: int
+    events: int
 
 
 @dataclass(frozen=True)
@@ -380,6 +398,81 @@ class AgentClient:
         for s in segments:
             out.extend(s.events(enc))
         return out
+
+    # -- writes ----------------------------------------------------------------------------
+
+    def put_batch(
+        self,
+        channel: str,
+        bodies: Sequence[bytes | bytearray | memoryview],
+        headers: Sequence[Mapping[str, str] | None] | None = None,
+        *,
+        producer: str,
+        sequence: int,
+    ) -> PutResult:
+        """Put ``bodies`` into ``channel`` as one transaction, exactly once per ``(producer, sequence)``.
+
+        Returns only after the agent committed durably. The agent records
+        ``sequence`` as the producer's in the same transaction: calling again
+        with the same (or a lower) sequence number, after a timeout, a lost
+        answer or an agent restart, puts nothing and answers ``duplicate``. So
+        retry a failed call with the same arguments until it answers, and give
+        each new batch a higher sequence number (one producer id per process
+        that numbers its batches; gaps are allowed).
+
+        Args:
+            channel: The channel id (hex).
+            bodies: The event bodies (at most the channel's ``transaction_capacity``).
+            headers: One mapping (or None) per body, or None.
+            producer: 1 to 100 characters of ``A-Z a-z 0-9 . _ : -``.
+            sequence: An int in ``[0, 2**63)``.
+
+        Raises:
+            ValueError: A bad producer id, sequence number, or ``headers`` of another length.
+            ChannelFullError: The channel stayed full (retry later: nothing was put).
+            EventTooLargeError: An event is larger than the channel's ``max_event_size``.
+            TransactionCapacityError: More events than the channel's ``transaction_capacity``.
+            AgentError: The agent serves the channel read-only (started without ``--writable``).
+        """
+        try:
+            proto.check_producer(producer)
+            proto.check_sequence(sequence)
+        except AgentProtocolError as exc:
+            raise ValueError(exc.reason) from None
+        if headers is not None and len(headers) != len(bodies):
+            raise ValueError(f"{len(headers)} headers for {len(bodies)} bodies: give one mapping (or None) per body")
+        schema = proto.put_schema()
+        cols = [pa.array([bytes(b) for b in bodies], pa.binary())]
+        if headers is not None:
+            cols.append(pa.array([list(h.items()) if h else None for h in headers], schema.field("headers").type))
+        else:
+            schema = schema.remove(1)
+        table = pa.Table.from_arrays(cols, schema=schema)
+        command = proto.encode_put_command(channel.lower(), producer, sequence)
+        client = self._flight()
+        what = f"put of sequence {sequence} of producer {producer!r} to channel {channel}"
+        try:
+            writer, results = client.do_put(fl.FlightDescriptor.for_command(command), schema, self._options())
+            try:
+                writer.write_table(table)
+                writer.done_writing()
+                buf = results.read()
+            finally:
+                writer.close()
+        except fl.FlightError as exc:
+            raise self._error(exc, what) from None
+        if buf is None:
+            raise AgentProtocolError(self.uri, f"{what}: no answer")
+        try:
+            ans = proto.decode_json(buf.to_pybytes(), f"the answer to the {what}")
+            dup = ans.get("duplicate")
+            if not isinstance(dup, bool):
+                raise AgentProtocolError("", f"the answer to the {what} has no duplicate flag")
+        except AgentProtocolError as exc:
+            raise AgentProtocolError(self.uri, exc.reason) from None
+        return PutResult(
+            dup, _int(self.uri, ans, "sequence"), _int(self.uri, ans, "committed"), _int(self.uri, ans, "events")
+        )
 
     def close(self) -> None:
         """Close the connection (a later call opens a new one)."""

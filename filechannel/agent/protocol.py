@@ -12,6 +12,14 @@ Arrow Flight. Everything but :func:`batch_schema` works without pyarrow.
 - ``DoGet(ticket)``: the ticket is JSON ``{"v": 1, "channel": hex, "start": s,
   "end": e, "max_bytes": m}``; the stream has the schema of
   :func:`batch_schema`, one record batch (one row) per segment.
+- ``DoPut(descriptor)``: the descriptor's command is JSON ``{"v": 1, "op":
+  "put", "channel": hex, "producer": id, "sequence": n}`` (:func:`encode_put_command`);
+  the stream's record batches (``body`` binary, optional ``headers``
+  ``map<string, string>``, :func:`put_schema`) become one channel transaction
+  that also sets the mark ``producer:<id>`` to ``n``. The one ``PutResult``'s
+  metadata, sent after the durable commit, is JSON ``{"v", "duplicate",
+  "sequence", "committed", "events"}``: ``duplicate`` when ``n`` was at or below
+  the producer's committed sequence (nothing was put).
 - Errors: an application error is a ``FlightServerError`` whose
   ``extra_info`` is JSON ``{"v": 1, "error": class name, "fields": {...}}``
   (:func:`encode_error`), rebuilt by the client as the same class
@@ -22,15 +30,20 @@ Arrow Flight. Everything but :func:`batch_schema` works without pyarrow.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from filechannel.errors import (
     ChannelError,
+    ChannelFullError,
     ConfigError,
     ConsumerIdentityError,
     CorruptLogError,
     DataLossError,
     DecryptionError,
+    EventTooLargeError,
+    InvalidEventError,
+    TransactionCapacityError,
 )
 
 from .errors import AgentError, AgentProtocolError, UnknownChannelError
@@ -141,6 +154,72 @@ def decode_ticket(ticket: bytes) -> tuple[str, int, int, int]:
     return channel, start, end, max_bytes
 
 
+PRODUCER_RE = re.compile(r"^[A-Za-z0-9._:-]{1,100}$")
+MAX_SEQUENCE = (1 << 63) - 1
+MAX_COMMAND_BYTES = 4096
+PRODUCER_MARK_PREFIX = "producer:"
+
+
+def check_producer(producer: object) -> str:
+    """A producer id: 1 to 100 characters of ``A-Z a-z 0-9 . _ : -``.
+
+    Raises:
+        AgentProtocolError: Anything else (``uri`` left empty for the caller to fill).
+    """
+    if not isinstance(producer, str) or not PRODUCER_RE.match(producer):
+        raise AgentProtocolError("", f"a producer id is 1 to 100 characters of A-Z a-z 0-9 . _ : -, got {producer!r}")
+    return producer
+
+
+def check_sequence(sequence: object) -> int:
+    """A put's sequence number: an int in ``[0, 2**63)``.
+
+    Raises:
+        AgentProtocolError: Anything else.
+    """
+    if not isinstance(sequence, int) or isinstance(sequence, bool) or not 0 <= sequence <= MAX_SEQUENCE:
+        raise AgentProtocolError("", f"a sequence number is an int in [0, 2**63), got {sequence!r}")
+    return sequence
+
+
+def producer_mark(producer: str) -> str:
+    """The channel mark that holds ``producer``'s last committed sequence number (as decimal ASCII)."""
+    return PRODUCER_MARK_PREFIX + producer
+
+
+def encode_put_command(channel: str, producer: str, sequence: int) -> bytes:
+    """The DoPut descriptor command of one transaction of ``producer``, numbered ``sequence``."""
+    return json.dumps(
+        {"v": WIRE_VERSION, "op": "put", "channel": channel, "producer": producer, "sequence": sequence},
+        separators=(",", ":"),
+        sort_keys=True,
+    ).encode()
+
+
+def decode_put_command(command: bytes) -> tuple[str, str, int]:
+    """Return ``(channel, producer, sequence)`` of a DoPut command, checked.
+
+    Raises:
+        AgentProtocolError: Not a put command of this version, or a field is missing or invalid.
+    """
+    if len(command) > MAX_COMMAND_BYTES:
+        raise AgentProtocolError("", f"a put command is at most {MAX_COMMAND_BYTES} bytes")
+    obj = decode_json(command, "the put command")
+    if obj.get("v") != WIRE_VERSION or obj.get("op") != "put":
+        raise AgentProtocolError("", f"not a put command of wire version {WIRE_VERSION}")
+    channel = obj.get("channel")
+    if not isinstance(channel, str):
+        raise AgentProtocolError("", "the put command names no channel")
+    return channel, check_producer(obj.get("producer")), check_sequence(obj.get("sequence"))
+
+
+def put_schema() -> Any:
+    """The schema a client sends a put in: ``body binary`` (not null), ``headers map<string, string>``."""
+    import pyarrow as pa
+
+    return pa.schema([pa.field("body", pa.binary(), nullable=False), ("headers", pa.map_(pa.string(), pa.string()))])
+
+
 def int_field(obj: dict[str, Any], name: str) -> int:
     """A position field of a request: an int >= 0."""
     v = obj.get(name)
@@ -172,6 +251,8 @@ def encode_error(exc: ChannelError) -> bytes:
         fields = {"path": exc.path, "offset": exc.offset, "reason": exc.reason, "hint": exc.hint, "key_id": exc.key_id}
     elif isinstance(exc, CorruptLogError):
         fields = {"path": exc.path, "offset": exc.offset, "reason": exc.reason, "hint": exc.hint}
+    elif isinstance(exc, EventTooLargeError):
+        fields = {"size": exc.size, "limit": exc.limit}
     elif isinstance(exc, UnknownChannelError):
         fields = {"channel": exc.channel, "served": exc.served}
     elif isinstance(exc, AgentError):
@@ -222,5 +303,9 @@ _REBUILD: dict[str, Any] = {
     "UnknownChannelError": lambda uri, f: UnknownChannelError(uri, str(f["channel"]), list(f["served"])),
     "AgentProtocolError": lambda uri, f: AgentProtocolError(uri, str(f["reason"])),
     "AgentError": lambda uri, f: AgentError(uri, str(f["reason"])),
+    "EventTooLargeError": lambda uri, f: EventTooLargeError(int(f["size"]), int(f["limit"])),
+    "InvalidEventError": lambda uri, f: InvalidEventError(_where(uri, str(f["message"]))),
+    "ChannelFullError": lambda uri, f: ChannelFullError(_where(uri, str(f["message"]))),
+    "TransactionCapacityError": lambda uri, f: TransactionCapacityError(_where(uri, str(f["message"]))),
     "ChannelError": lambda uri, f: ChannelError(_where(uri, str(f["message"]))),
 }

@@ -11,6 +11,15 @@ disk, read with one ``pread``: no per-event Python here, and every record is
 checked again by the client (``reader.decode_segment``). Clients name channel
 ids and positions, never paths.
 
+Writes (``writable``, opt-in): the agent opens each channel as its owner
+(``filechannel.open``, taking the lock; readers keep working) and ``DoPut``
+turns one stream into one channel transaction that also records the
+producer's sequence number in a mark (``producer:<id>``), acknowledged only
+after the durable commit. A (producer, sequence) at or below the committed one
+is acknowledged again without a put: a retry after a timeout, a lost answer or
+an agent crash is never put twice, because the mark and the events commit
+together (the crash-point harness checks marks at every persistence point).
+
 Security (``auth.py``): TLS off loopback, mutual TLS with a client CA, an
 optional certificate-name allow-list per channel, an optional bearer token
 checked by middleware before any handler runs.
@@ -31,10 +40,18 @@ import pyarrow.flight as fl
 
 from filechannel._fs import DEFAULT_FS, replace_durably
 from filechannel._version import __version__
+from filechannel.channel import FileChannel, open_channel
 from filechannel.consumers import ConsumerStore, validate_name
 from filechannel.crypto import Encryption
 from filechannel.directory import CHANNEL_FILE, decode_channel_file
-from filechannel.errors import ChannelError, ConfigError, ConsumerIdentityError, CorruptLogError, DataLossError
+from filechannel.errors import (
+    ChannelError,
+    ConfigError,
+    ConsumerIdentityError,
+    CorruptLogError,
+    DataLossError,
+    TransactionCapacityError,
+)
 from filechannel.reader import ChannelReader, Segment, as_encryption, channel_id_of
 
 from . import protocol as proto
@@ -62,6 +79,8 @@ class AgentConfig:
             records still travel sealed and clients decrypt them).
         port_file: Write the bound port here (atomically) once listening.
         on_corruption: The readers' policy, ``"fail"`` (default) or ``"skip"``.
+        writable: Open every channel as its owner and accept puts (``DoPut``); off by default.
+        channel_options: Options of ``filechannel.open`` for the owned channels (``capacity``, ...).
     """
 
     directories: tuple[str, ...]
@@ -74,6 +93,8 @@ class AgentConfig:
     keystore: str | None = None
     port_file: str | None = None
     on_corruption: str = "fail"
+    writable: bool = False
+    channel_options: Mapping[str, Any] = field(default_factory=dict)
 
     def parsed_listen(self) -> Listen:
         """The listen URI, checked together with the TLS options.
@@ -115,6 +136,30 @@ class _Served:
         self.lock = threading.Lock()
         self.view = ChannelReader(directory, encryption=encryption, on_corruption=on_corruption)
         self.readers: dict[tuple[str, str | None], ChannelReader] = {}
+        self.channel: FileChannel | None = None  # the owned channel, when the agent is writable
+        self._producer_locks: dict[str, threading.Lock] = {}
+
+    def put(self, producer: str, sequence: int, bodies: list[bytes], headers: list[dict[str, str] | None]) -> Any:
+        """Commit ``bodies`` and the producer's ``sequence`` as one transaction, unless already committed.
+
+        One put per producer at a time (a lock per producer), so a retry racing
+        its original never commits twice; producers commit in parallel (and share
+        fsyncs). Returns the answer of the wire format (``protocol.py``).
+        """
+        assert self.channel is not None
+        with self.lock:
+            lock = self._producer_locks.setdefault(producer, threading.Lock())
+        key = proto.producer_mark(producer)
+        with lock:
+            raw = self.channel.mark(key)
+            committed = int(raw) if raw is not None else -1
+            if sequence <= committed:
+                return {"v": 1, "duplicate": True, "sequence": sequence, "committed": committed, "events": 0}
+            with self.channel.transaction() as tx:
+                for b, h in zip(bodies, headers, strict=True):
+                    tx.put(b, headers=h)
+                tx.mark(key, b"%d" % sequence)
+            return {"v": 1, "duplicate": False, "sequence": sequence, "committed": sequence, "events": len(bodies)}
 
     def reader(self, consumer: str, identity: str | None, reset: bool = False) -> ChannelReader:
         """The reader of ``consumer`` under ``identity`` (registered, or its identity checked, now)."""
@@ -164,6 +209,17 @@ def _open_channels(config: AgentConfig) -> dict[str, _Served]:
             )
         _, crc_kind, _ = decode_channel_file(_read(os.path.join(directory, CHANNEL_FILE)))
         ch = _Served(directory, cid, crc_kind, encryption, config.on_corruption)
+        if config.writable:
+            try:
+                opts = {"on_corruption": config.on_corruption, **config.channel_options}
+                if encryption is not None:
+                    opts["encryption"] = encryption
+                ch.channel = open_channel(directory, **opts)
+            except BaseException:
+                for other in served.values():
+                    if other.channel is not None:
+                        other.channel.close()
+                raise
         ch.view.available()  # load now: a missing key or damage fails the start, not the first call
         served[cid] = ch
     return served
@@ -303,6 +359,22 @@ class _FlightServer(fl.FlightServerBase):  # type: ignore[misc]
 
         return self._run("do_get", context, go)
 
+    # -- writes ----------------------------------------------------------------------------
+
+    def do_put(self, context: Any, descriptor: Any, reader: Any, writer: Any) -> None:
+        def go() -> dict[str, Any]:
+            cid, producer, sequence = proto.decode_put_command(descriptor.command or b"")
+            ch = self._channel(context, cid)
+            if ch.channel is None:
+                raise AgentError("", f"channel {ch.cid} is served read-only: start the agent with --writable to put")
+            bodies, headers = _read_put_stream(reader, ch.channel.config.transaction_capacity)
+            result: dict[str, Any] = ch.put(producer, sequence, bodies, headers)
+            logger.debug("do_put %s producer %r sequence %d: %s", cid, producer, sequence, result)
+            return result
+
+        result = self._run("do_put", context, go)
+        writer.write(pa.py_buffer(json.dumps(result, sort_keys=True).encode()))
+
     # -- actions ---------------------------------------------------------------------------
 
     def list_actions(self, context: Any) -> list[tuple[str, str]]:
@@ -367,6 +439,44 @@ class _FlightServer(fl.FlightServerBase):  # type: ignore[misc]
 
         result = self._run(kind, context, go)
         return iter([json.dumps(result, sort_keys=True).encode()])
+
+
+def _read_put_stream(reader: Any, capacity: int) -> tuple[list[bytes], list[dict[str, str] | None]]:
+    """The events of a DoPut stream: ``body`` (binary, not null) and optional ``headers`` (map<string, string>).
+
+    Raises:
+        AgentProtocolError: Another schema, or a null body.
+        TransactionCapacityError: More events than the channel's ``transaction_capacity``.
+    """
+    schema = reader.schema
+    names = set(schema.names)
+    if "body" not in names or not names <= {"body", "headers"}:
+        raise AgentProtocolError(
+            "", f"a put stream has a body column and an optional headers column, not {schema.names}"
+        )
+    if not (pa.types.is_binary(schema.field("body").type) or pa.types.is_large_binary(schema.field("body").type)):
+        raise AgentProtocolError("", f"the body column is binary, not {schema.field('body').type}")
+    if "headers" in names and schema.field("headers").type != pa.map_(pa.string(), pa.string()):
+        raise AgentProtocolError("", f"the headers column is map<string, string>, not {schema.field('headers').type}")
+    bodies: list[bytes] = []
+    headers: list[dict[str, str] | None] = []
+    for chunk in reader:
+        batch = chunk.data
+        if batch is None:
+            continue
+        if len(bodies) + batch.num_rows > capacity:
+            raise TransactionCapacityError(
+                f"a put of more than transaction_capacity={capacity} events; send smaller batches"
+            )
+        col = batch.column("body")
+        if col.null_count:
+            raise AgentProtocolError("", "a body is null")
+        bodies += col.to_pylist()
+        if "headers" in names:
+            headers += [dict(h) if h else None for h in batch.column("headers").to_pylist()]
+        else:
+            headers += [None] * batch.num_rows
+    return bodies, headers
 
 
 def _segment_batch(schema: Any, s: Segment) -> Any:
@@ -456,6 +566,8 @@ class Agent:
             ch.view.close()
             for r in ch.readers.values():
                 r.close()
+            if ch.channel is not None:
+                ch.channel.close()
         if self.config.port_file:
             try:
                 DEFAULT_FS.unlink(os.path.abspath(self.config.port_file))
@@ -485,6 +597,8 @@ def serve(
     keystore: str | os.PathLike[str] | None = None,
     port_file: str | None = None,
     on_corruption: str = "fail",
+    writable: bool = False,
+    channel_options: Mapping[str, Any] | None = None,
 ) -> Agent:
     """Start an agent serving ``directories`` on ``listen`` and return it (stop it with ``.stop()``).
 
@@ -508,5 +622,7 @@ def serve(
         keystore=os.fspath(keystore) if keystore is not None else None,
         port_file=port_file,
         on_corruption=on_corruption,
+        writable=writable,
+        channel_options=dict(channel_options or {}),
     )
     return Agent(config)
