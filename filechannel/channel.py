@@ -48,6 +48,7 @@ from .errors import (
 from .log import INF_WOID, CommitResult, CorruptionReport, Log, LogRecord, merge_ranges, ranges_of
 from .permissions import fs_for
 from .scan import PUT_RUN, PutRun, ScanRecord, expand_runs
+from .stats import ChannelStats
 
 CHECKPOINT_DIR = "checkpoints"
 MAX_MARKS: Final = 4096
@@ -861,8 +862,11 @@ class FileChannel:
         """Always true, like any open or closed channel object: ``len()`` is the queue, not the truth."""
         return True
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> ChannelStats:
         """Return counters: puts, takes, commits, rollbacks, fsyncs, bytes, files, and more.
+
+        Every key is typed in :class:`filechannel.stats.ChannelStats` and described
+        in docs/stats.md.
 
         ``consumers`` maps each registered external consumer to its ``acked``
         position, ``lag_events`` (queued events at or after it), ``identity`` and
@@ -912,7 +916,7 @@ class FileChannel:
         reports = list(self._log.corruption)
         out["lost_positions"] = [list(r) for r in merge_ranges([r for rep in reports for r in rep.lost_positions])]
         out["corruption_report"] = [r.describe() for r in reports]
-        return out
+        return cast("ChannelStats", out)
 
     def sync(self) -> None:
         """Make every commit so far durable now (useful with ``fsync="interval"``).
