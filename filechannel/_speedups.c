@@ -1543,9 +1543,9 @@ sp_close_batch(PyObject *self, PyObject *args)
        decodes ``count`` event payloads (format.decode_event's checks and reasons) into the
        buffers of Arrow arrays: body offsets (int32) and data, map offsets (int32), key offsets
        and data, value offsets and data; headers as a dict would hold them (a repeated key keeps
-       its first place and its last value). Code 0 an event that does not decode, 2 a header that
-       holds an encoded lone surrogate (valid for decode_event, not UTF-8 for Arrow), 3 more than
-       2 GiB in one column.
+       its first place and its last value). Code 1 the first event that does not decode; else 2
+       the first whose header holds an encoded lone surrogate (valid for decode_event, not UTF-8
+       for Arrow); else 3 more than 2 GiB in one column.
    arrow_puts(offsets, data, n, offset, wide, no_headers, headers) -> list or (index, reason)
        the PUT payloads of an Arrow body column (int32 or, ``wide``, int64 offsets): one bytes
        object per row, in one call. With ``headers`` (map offsets, key offsets, key data, value
@@ -1726,7 +1726,7 @@ typedef struct {
     const unsigned char **kp, **vp;
     uint32_t *kl, *vl;
     uint32_t *val_from; /* per kept header: the header whose value it takes (the last of its key) */
-    uint8_t *drop;
+    uint8_t *drop, *ksur, *vsur; /* dropped (a later header repeats its key); key, value hold a surrogate */
     key_ref *refs;
     uint32_t kept;
 } ev_scratch;
@@ -1740,6 +1740,8 @@ scratch_free(ev_scratch *s)
     PyMem_Free(s->vl);
     PyMem_Free(s->val_from);
     PyMem_Free(s->drop);
+    PyMem_Free(s->ksur);
+    PyMem_Free(s->vsur);
     PyMem_Free(s->refs);
     memset(s, 0, sizeof(*s));
 }
@@ -1757,8 +1759,10 @@ scratch_grow(ev_scratch *s, Py_ssize_t n)
     s->vl = PyMem_Malloc(cap * sizeof(*s->vl));
     s->val_from = PyMem_Malloc(cap * sizeof(*s->val_from));
     s->drop = PyMem_Malloc(cap * sizeof(*s->drop));
+    s->ksur = PyMem_Malloc(cap * sizeof(*s->ksur));
+    s->vsur = PyMem_Malloc(cap * sizeof(*s->vsur));
     s->refs = PyMem_Malloc(cap * sizeof(*s->refs));
-    if (!s->kp || !s->vp || !s->kl || !s->vl || !s->val_from || !s->drop || !s->refs) {
+    if (!s->kp || !s->vp || !s->kl || !s->vl || !s->val_from || !s->drop || !s->ksur || !s->vsur || !s->refs) {
         scratch_free(s);
         PyErr_NoMemory();
         return -1;
@@ -1790,7 +1794,6 @@ event_layout(const unsigned char *p, Py_ssize_t n, ev_scratch *s, Py_ssize_t *bo
     if (scratch_grow(s, count) < 0)
         return -1;
     Py_ssize_t pos = 4;
-    int sur = 0;
     for (uint32_t i = 0; i < count; i++) {
         if (pos + 8 > n) {
             *reason = PyUnicode_FromString("event header runs past the payload");
@@ -1802,7 +1805,8 @@ event_layout(const unsigned char *p, Py_ssize_t n, ev_scratch *s, Py_ssize_t *bo
             *reason = PyUnicode_FromString("event header runs past the payload");
             return *reason ? 1 : -1;
         }
-        if (utf8_check(p + pos, kl, &sur) < 0 || utf8_check(p + pos + kl, vl, &sur) < 0) {
+        int ks = 0, vs = 0;
+        if (utf8_check(p + pos, kl, &ks) < 0 || utf8_check(p + pos + kl, vl, &vs) < 0) {
             *reason = PyUnicode_FromString("event header is not valid UTF-8");
             return *reason ? 1 : -1;
         }
@@ -1811,11 +1815,11 @@ event_layout(const unsigned char *p, Py_ssize_t n, ev_scratch *s, Py_ssize_t *bo
         s->vp[i] = p + pos + kl;
         s->vl[i] = vl;
         s->drop[i] = 0;
+        s->ksur[i] = (uint8_t)ks;
+        s->vsur[i] = (uint8_t)vs;
         s->val_from[i] = i;
         pos += (Py_ssize_t)kl + (Py_ssize_t)vl;
     }
-    if (sur)
-        return 2;
     *body = pos;
     s->kept = count;
     if (count > 1) { /* a repeated key: a dict keeps its first place and its last value */
@@ -1839,6 +1843,9 @@ event_layout(const unsigned char *p, Py_ssize_t n, ev_scratch *s, Py_ssize_t *bo
             i = j;
         }
     }
+    for (uint32_t i = 0; i < count; i++) /* a surrogate matters only where the dict keeps it */
+        if (!s->drop[i] && (s->ksur[i] || s->vsur[s->val_from[i]]))
+            return 2;
     return 0;
 }
 
@@ -1866,6 +1873,7 @@ sp_arrow_events(PyObject *self, PyObject *args)
         }
     /* pass 1: check every event and measure the columns */
     int64_t body_bytes = 0, entries = 0, key_bytes = 0, val_bytes = 0;
+    Py_ssize_t first_sur = -1;
     for (Py_ssize_t i = 0; i < count; i++) {
         const unsigned char *p = b + sp[2 * i];
         Py_ssize_t n = (Py_ssize_t)sp[2 * i + 1], body = 0;
@@ -1873,6 +1881,11 @@ sp_arrow_events(PyObject *self, PyObject *args)
         int rc = event_layout(p, n, &s, &body, &reason);
         if (rc < 0)
             goto done;
+        if (rc == 2) { /* reported only if no later event is damaged: read_segment would raise that */
+            if (first_sur < 0)
+                first_sur = i;
+            continue;
+        }
         if (rc > 0) {
             if (reason == NULL)
                 reason = PyUnicode_FromString("");
@@ -1888,6 +1901,10 @@ sp_arrow_events(PyObject *self, PyObject *args)
             key_bytes += s.kl[k];
             val_bytes += s.vl[s.val_from[k]];
         }
+    }
+    if (first_sur >= 0) {
+        out = Py_BuildValue("((nis)O)", first_sur, 2, "", Py_None);
+        goto done;
     }
     if (body_bytes > INT32_MAX || key_bytes > INT32_MAX || val_bytes > INT32_MAX || entries > INT32_MAX) {
         out = Py_BuildValue("((nis)O)", (Py_ssize_t)0, 3, "more than 2 GiB in one column", Py_None);

@@ -37,7 +37,6 @@ from .errors import ChannelError, CorruptLogError, DataLossError, DecryptionErro
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from .channel import Transaction
     from .reader import ChannelReader, Segment
 
 __all__ = ["ArrowTextError", "events_to_batch", "prepare_puts", "read_arrow", "read_segment_arrow", "schema"]
@@ -165,6 +164,7 @@ def _events_py(data: bytes, spans: bytes, count: int) -> tuple[tuple[int, int, s
         if sp[2 * i] < 0 or sp[2 * i + 1] < 0 or sp[2 * i] + sp[2 * i + 1] > len(data):
             raise ValueError("arrow_events: a span lies outside the data")
     events: list[tuple[bytes, dict[str, str]]] = []
+    surrogate = -1  # reported only when no event is damaged (read_segment would raise that first)
     for i in range(count):
         start = sp[2 * i]
         try:
@@ -176,8 +176,11 @@ def _events_py(data: bytes, spans: bytes, count: int) -> tuple[tuple[int, int, s
                 k.encode("utf-8")
                 v.encode("utf-8")
         except UnicodeEncodeError:
-            return (i, _SURROGATE, ""), None
+            if surrogate < 0:
+                surrogate = i
         events.append((body, headers))
+    if surrogate >= 0:
+        return (surrogate, _SURROGATE, ""), None
     boff, moff, koff, voff = array("i", [0]), array("i", [0]), array("i", [0]), array("i", [0])
     bodies: list[bytes] = []
     keys: list[bytes] = []
@@ -295,17 +298,19 @@ def read_segment_arrow(
     bad, bufs = _events(data, spans, ok)
     if bad is not None:
         i, code, reason = bad
-        if code == _TOO_LARGE:
-            raise ChannelError(
-                f"{segment.path}: the segment at byte {segment.offset} holds more than 2 GiB of event bodies or "
-                "headers, more than one Arrow batch can; read it in smaller segments"
-            )
         offset = segment.offset + segment.offsets[i]
-        if code == _SURROGATE:
-            raise ArrowTextError(segment.path, offset, segment.positions[i])
-        raise CorruptLogError(segment.path, offset, f"event at position {segment.positions[i]}: {reason}")
+        if code == _BAD_EVENT:
+            raise CorruptLogError(segment.path, offset, f"event at position {segment.positions[i]}: {reason}")
     if failed is not None:
         raise failed
+    if bad is not None:  # not damage: what Arrow cannot hold, reported once the whole segment verified
+        i, code, _ = bad
+        if code == _SURROGATE:
+            raise ArrowTextError(segment.path, segment.offset + segment.offsets[i], segment.positions[i])
+        raise ChannelError(
+            f"{segment.path}: the segment at byte {segment.offset} holds more than 2 GiB of event bodies or "
+            "headers, more than one Arrow batch can; read it in smaller segments"
+        )
     assert bufs is not None
     return _build(array("q", segment.positions).tobytes(), len(segment.positions), bufs)
 
