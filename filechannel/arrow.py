@@ -519,8 +519,8 @@ def prepare_puts(data: Any, no_headers: Any) -> PutRows:
                 b = headers.buffers()  # map validity, offsets; struct validity; keys (3); values (3)
                 hbufs = (b[1], b[4], b[5] or b"", b[7], b[8] or b"", b[0] if headers.null_count else None)
         got = _puts(offs, bdata if bdata is not None else b"", n, body.offset, wide, no_headers, hbufs)
-        if hbufs is None:
-            chunks.append((True, got, got, [no_headers] * n))
+        if hbufs is None:  # the payloads are the bodies (two lists: a transaction extends both)
+            chunks.append((True, got, list(got), [no_headers] * n))
         elif len(got) == 2:
             i, part = got
             raise InvalidEventError(
@@ -530,6 +530,9 @@ def prepare_puts(data: Any, no_headers: Any) -> PutRows:
             chunks.append((False, *got))
         row += n
     any_headers = not all(plain for plain, _, _, _ in chunks)
+    if len(chunks) == 1:  # the usual call: the lists as made, no copy
+        plain, p, bl, dl = chunks[0]
+        return (list(map(fmt.EMPTY_HEADERS.__add__, bl)) if plain and any_headers else p), bl, dl, any_headers
     payloads: list[bytes] = []
     bodies: list[bytes] = []
     dicts: list[Any] = []

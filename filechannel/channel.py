@@ -561,9 +561,12 @@ class Transaction:
                 self._unplain()
         elif not self._plain:
             payloads = list(map(fmt.EMPTY_HEADERS.__add__, bodies))
-        self._payloads += payloads
-        self._bodies += bodies
-        self._headers += headers
+        if self._payloads:
+            self._payloads += payloads
+            self._bodies += bodies
+            self._headers += headers
+        else:  # the first puts: the lists prepare_puts made (each a new list) become the transaction's
+            self._payloads, self._bodies, self._headers = payloads, bodies, headers
         return n
 
 
