@@ -18,7 +18,7 @@ Prints one JSON line per result on stdout and a summary table on stderr.
 Within a repeat the cases run back to back, in reversed order every other
 repeat; ratios (how many times faster) are taken within a repeat, then
 summarised as median and min-max over the repeats. Targets (issue 26):
-``read_arrow`` ≥ 5× read + arrays; ``put_arrow`` ≥ 3× ``put_many``.
+``read_arrow`` at least 5x read + arrays; ``put_arrow`` at least 3x ``put_many``.
 """
 
 from __future__ import annotations
