@@ -1534,14 +1534,16 @@ sp_close_batch(PyObject *self, PyObject *args)
 /* The Arrow read and put paths (filechannel/arrow.py is their caller and holds their twins).
 
    arrow_verify(buf, offsets, sizes, seed, kind, keyed) -> (ok, spans, error)
-       checks the records of a segment as reader._decode_put does, record by record, and stops at
+       (offsets and sizes: native int64 buffers) checks the records of a segment as
+       reader._decode_put does, record by record, and stops at
        the first that fails: ``ok`` records passed, ``spans`` holds (payload start, payload length)
        of each as native int64 pairs, ``error`` is None or (code, reason): code 0 a frame that is
        not a PUT record of exactly that size (reason as format.decode_record gives it), code 1 a
        sealed record and no key (``keyed`` false).
-   arrow_events(data, spans, count) -> (None, buffers) or ((index, code, reason), None)
-       decodes ``count`` event payloads (format.decode_event's checks and reasons) into the
-       buffers of Arrow arrays: body offsets (int32) and data, map offsets (int32), key offsets
+   arrow_events(parts) -> (None, buffers) or ((part, index, code, reason), None)
+       decodes the event payloads of each part, (data, spans, count): ``count`` int64 (start,
+       length) pairs into ``data``, one after the other (format.decode_event's checks and
+       reasons) into the buffers of one set of Arrow arrays: body offsets (int32) and data, map offsets (int32), key offsets
        and data, value offsets and data; headers as a dict would hold them (a repeated key keeps
        its first place and its last value). Code 1 the first event that does not decode; else 2
        the first whose header holds an encoded lone surrogate (valid for decode_event, not UTF-8
@@ -1593,29 +1595,20 @@ utf8_check(const unsigned char *s, size_t n, int *sur)
     return 0;
 }
 
-static int
-read_spans(PyObject *seq_obj, const char *what, PyObject **fast)
-{
-    *fast = PySequence_Fast(seq_obj, what);
-    return *fast == NULL ? -1 : 0;
-}
-
 static PyObject *
 sp_arrow_verify(PyObject *self, PyObject *args)
 {
-    Py_buffer view;
-    PyObject *offsets, *sizes;
+    Py_buffer view, ov, sv;
     unsigned long seed_l;
     int kind, keyed;
-    if (!PyArg_ParseTuple(args, "y*OOkip", &view, &offsets, &sizes, &seed_l, &kind, &keyed))
+    if (!PyArg_ParseTuple(args, "y*y*y*kip", &view, &ov, &sv, &seed_l, &kind, &keyed))
         return NULL;
-    PyObject *offs = NULL, *szs = NULL, *spans = NULL, *err = NULL, *out = NULL;
+    PyObject *spans = NULL, *err = NULL, *out = NULL;
     extend_fn ext = extend_for(kind);
-    if (ext == NULL || read_spans(offsets, "offsets must be a sequence", &offs) < 0 ||
-        read_spans(sizes, "sizes must be a sequence", &szs) < 0)
+    if (ext == NULL)
         goto done;
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(offs);
-    if (PySequence_Fast_GET_SIZE(szs) != count) {
+    Py_ssize_t count = ov.len / (Py_ssize_t)sizeof(int64_t);
+    if (sv.len / (Py_ssize_t)sizeof(int64_t) != count) {
         PyErr_SetString(PyExc_ValueError, "offsets and sizes differ in length");
         goto done;
     }
@@ -1627,19 +1620,17 @@ sp_arrow_verify(PyObject *self, PyObject *args)
     Py_ssize_t len = view.len, i;
     uint32_t seed = (uint32_t)seed_l;
     for (i = 0; i < count; i++) {
-        Py_ssize_t off = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(offs, i));
-        if (off == -1 && PyErr_Occurred())
-            goto done;
-        Py_ssize_t size = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(szs, i));
-        if (size == -1 && PyErr_Occurred())
-            goto done;
-        if (off < 0) {
-            PyErr_Format(PyExc_ValueError, "negative record offset %zd", off);
+        int64_t off64, size64;
+        memcpy(&off64, (const char *)ov.buf + 8 * i, 8);
+        memcpy(&size64, (const char *)sv.buf + 8 * i, 8);
+        if (off64 < 0) {
+            PyErr_Format(PyExc_ValueError, "negative record offset %lld", (long long)off64);
             goto done;
         }
+        Py_ssize_t off = off64 > len ? len : (Py_ssize_t)off64, size = (Py_ssize_t)size64;
         /* format.decode_record(buf, off, ...) on the whole buffer, then reader._decode_put's checks */
         Py_ssize_t avail = len - off;
-        const unsigned char *h = b + (avail > 0 ? off : 0);
+        const unsigned char *h = b + off;
         PyObject *reason = NULL;
         int code = 0;
         if (avail < HEADER_LEN) {
@@ -1696,9 +1687,9 @@ sp_arrow_verify(PyObject *self, PyObject *args)
 done:
     Py_XDECREF(spans);
     Py_XDECREF(err);
-    Py_XDECREF(offs);
-    Py_XDECREF(szs);
     PyBuffer_Release(&view);
+    PyBuffer_Release(&ov);
+    PyBuffer_Release(&sv);
     return out;
 }
 
@@ -1849,68 +1840,94 @@ event_layout(const unsigned char *p, Py_ssize_t n, ev_scratch *s, Py_ssize_t *bo
     return 0;
 }
 
+/* One part of arrow_events: a data buffer and ``count`` (start, length) int64 spans into it. */
+typedef struct {
+    Py_buffer data, spans;
+    Py_ssize_t count;
+    int held;
+} ev_part;
+
 static PyObject *
 sp_arrow_events(PyObject *self, PyObject *args)
 {
-    Py_buffer data, spans_view;
-    Py_ssize_t count;
-    if (!PyArg_ParseTuple(args, "y*y*n", &data, &spans_view, &count))
+    PyObject *parts_obj;
+    if (!PyArg_ParseTuple(args, "O", &parts_obj))
         return NULL;
-    PyObject *out = NULL;
+    PyObject *out = NULL, *parts_seq = PySequence_Fast(parts_obj, "parts must be a sequence");
+    if (parts_seq == NULL)
+        return NULL;
+    Py_ssize_t np = PySequence_Fast_GET_SIZE(parts_seq);
+    ev_part *parts = PyMem_Calloc(np > 0 ? (size_t)np : 1, sizeof(ev_part));
     PyObject *bufs[7] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     ev_scratch s;
     memset(&s, 0, sizeof(s));
-    if (count < 0 || spans_view.len < count * 2 * (Py_ssize_t)sizeof(int64_t)) {
-        PyErr_SetString(PyExc_ValueError, "arrow_events: spans hold fewer than count payloads");
+    if (parts == NULL) {
+        PyErr_NoMemory();
         goto done;
     }
-    const unsigned char *b = (const unsigned char *)data.buf;
-    const int64_t *sp = (const int64_t *)spans_view.buf;
-    for (Py_ssize_t i = 0; i < count; i++)
-        if (sp[2 * i] < 0 || sp[2 * i + 1] < 0 || sp[2 * i] + sp[2 * i + 1] > (int64_t)data.len) {
-            PyErr_SetString(PyExc_ValueError, "arrow_events: a span lies outside the data");
+    Py_ssize_t total = 0;
+    for (Py_ssize_t q = 0; q < np; q++) {
+        ev_part *pt = &parts[q];
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(parts_seq, q), "y*y*n;a part is (data, spans, count)", &pt->data,
+                              &pt->spans, &pt->count))
+            goto done;
+        pt->held = 1;
+        if (pt->count < 0 || pt->spans.len < pt->count * 2 * (Py_ssize_t)sizeof(int64_t)) {
+            PyErr_SetString(PyExc_ValueError, "arrow_events: spans hold fewer than count payloads");
             goto done;
         }
+        const int64_t *sp = (const int64_t *)pt->spans.buf;
+        for (Py_ssize_t i = 0; i < pt->count; i++)
+            if (sp[2 * i] < 0 || sp[2 * i + 1] < 0 || sp[2 * i] + sp[2 * i + 1] > (int64_t)pt->data.len) {
+                PyErr_SetString(PyExc_ValueError, "arrow_events: a span lies outside the data");
+                goto done;
+            }
+        total += pt->count;
+    }
     /* pass 1: check every event and measure the columns */
     int64_t body_bytes = 0, entries = 0, key_bytes = 0, val_bytes = 0;
-    Py_ssize_t first_sur = -1;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        const unsigned char *p = b + sp[2 * i];
-        Py_ssize_t n = (Py_ssize_t)sp[2 * i + 1], body = 0;
-        PyObject *reason = NULL;
-        int rc = event_layout(p, n, &s, &body, &reason);
-        if (rc < 0)
-            goto done;
-        if (rc == 2) { /* reported only if no later event is damaged: read_segment would raise that */
-            if (first_sur < 0)
-                first_sur = i;
-            continue;
-        }
-        if (rc > 0) {
-            if (reason == NULL)
-                reason = PyUnicode_FromString("");
-            out = reason ? Py_BuildValue("((niN)O)", i, rc, reason, Py_None) : NULL;
-            goto done;
-        }
-        body_bytes += n - body;
-        Py_ssize_t nh = s.kept ? (Py_ssize_t)get_u32(p) : 0;
-        for (Py_ssize_t k = 0; k < nh; k++) {
-            if (s.drop[k])
+    Py_ssize_t sur_part = -1, sur_i = -1;
+    for (Py_ssize_t q = 0; q < np; q++) {
+        const unsigned char *b = parts[q].data.buf;
+        const int64_t *sp = parts[q].spans.buf;
+        for (Py_ssize_t i = 0; i < parts[q].count; i++) {
+            const unsigned char *p = b + sp[2 * i];
+            Py_ssize_t n = (Py_ssize_t)sp[2 * i + 1], body = 0;
+            PyObject *reason = NULL;
+            int rc = event_layout(p, n, &s, &body, &reason);
+            if (rc < 0)
+                goto done;
+            if (rc == 2) { /* reported only if no later event is damaged: read_segment would raise that */
+                if (sur_part < 0) {
+                    sur_part = q;
+                    sur_i = i;
+                }
                 continue;
-            entries++;
-            key_bytes += s.kl[k];
-            val_bytes += s.vl[s.val_from[k]];
+            }
+            if (rc > 0) {
+                out = reason ? Py_BuildValue("((nniN)O)", q, i, rc, reason, Py_None) : NULL;
+                goto done;
+            }
+            body_bytes += n - body;
+            Py_ssize_t nh = s.kept ? (Py_ssize_t)get_u32(p) : 0;
+            for (Py_ssize_t k = 0; k < nh; k++) {
+                if (s.drop[k])
+                    continue;
+                entries++;
+                key_bytes += s.kl[k];
+                val_bytes += s.vl[s.val_from[k]];
+            }
         }
     }
-    if (first_sur >= 0) {
-        out = Py_BuildValue("((nis)O)", first_sur, 2, "", Py_None);
+    if (sur_part >= 0) {
+        out = Py_BuildValue("((nnis)O)", sur_part, sur_i, 2, "", Py_None);
         goto done;
     }
     if (body_bytes > INT32_MAX || key_bytes > INT32_MAX || val_bytes > INT32_MAX || entries > INT32_MAX) {
-        out = Py_BuildValue("((nis)O)", (Py_ssize_t)0, 3, "more than 2 GiB in one column", Py_None);
+        out = Py_BuildValue("((nnis)O)", (Py_ssize_t)0, (Py_ssize_t)0, 3, "more than 2 GiB in one column", Py_None);
         goto done;
     }
-    Py_ssize_t sizes[7] = {(count + 1) * 4, (Py_ssize_t)body_bytes, (count + 1) * 4, ((Py_ssize_t)entries + 1) * 4,
+    Py_ssize_t sizes[7] = {(total + 1) * 4, (Py_ssize_t)body_bytes, (total + 1) * 4, ((Py_ssize_t)entries + 1) * 4,
                            (Py_ssize_t)key_bytes, ((Py_ssize_t)entries + 1) * 4, (Py_ssize_t)val_bytes};
     for (int k = 0; k < 7; k++)
         if ((bufs[k] = PyBytes_FromStringAndSize(NULL, sizes[k])) == NULL)
@@ -1920,37 +1937,42 @@ sp_arrow_events(PyObject *self, PyObject *args)
     unsigned char *bd = (unsigned char *)PyBytes_AS_STRING(bufs[1]), *kd = (unsigned char *)PyBytes_AS_STRING(bufs[4]);
     unsigned char *vd = (unsigned char *)PyBytes_AS_STRING(bufs[6]);
     int32_t bo = 0, e = 0, ko = 0, vo = 0;
+    Py_ssize_t row = 0;
     boff[0] = moff[0] = koff[0] = voff[0] = 0;
     /* pass 2: fill them (every event was checked) */
-    for (Py_ssize_t i = 0; i < count; i++) {
-        const unsigned char *p = b + sp[2 * i];
-        Py_ssize_t n = (Py_ssize_t)sp[2 * i + 1], body = 4;
-        if (get_u32(p) != 0) {
-            PyObject *reason = NULL;
-            if (event_layout(p, n, &s, &body, &reason) != 0) { /* cannot happen: checked in pass 1 */
-                Py_XDECREF(reason);
-                if (!PyErr_Occurred())
-                    PyErr_SetString(PyExc_RuntimeError, "arrow_events: an event changed between passes");
-                goto done;
+    for (Py_ssize_t q = 0; q < np; q++) {
+        const unsigned char *b = parts[q].data.buf;
+        const int64_t *sp = parts[q].spans.buf;
+        for (Py_ssize_t i = 0; i < parts[q].count; i++, row++) {
+            const unsigned char *p = b + sp[2 * i];
+            Py_ssize_t n = (Py_ssize_t)sp[2 * i + 1], body = 4;
+            if (get_u32(p) != 0) {
+                PyObject *reason = NULL;
+                if (event_layout(p, n, &s, &body, &reason) != 0) { /* cannot happen: checked in pass 1 */
+                    Py_XDECREF(reason);
+                    if (!PyErr_Occurred())
+                        PyErr_SetString(PyExc_RuntimeError, "arrow_events: an event changed between passes");
+                    goto done;
+                }
+                Py_ssize_t nh = (Py_ssize_t)get_u32(p);
+                for (Py_ssize_t k = 0; k < nh; k++) {
+                    if (s.drop[k])
+                        continue;
+                    uint32_t v = s.val_from[k];
+                    memcpy(kd + ko, s.kp[k], s.kl[k]);
+                    ko += (int32_t)s.kl[k];
+                    memcpy(vd + vo, s.vp[v], s.vl[v]);
+                    vo += (int32_t)s.vl[v];
+                    e++;
+                    koff[e] = ko;
+                    voff[e] = vo;
+                }
             }
-            Py_ssize_t nh = (Py_ssize_t)get_u32(p);
-            for (Py_ssize_t k = 0; k < nh; k++) {
-                if (s.drop[k])
-                    continue;
-                uint32_t v = s.val_from[k];
-                memcpy(kd + ko, s.kp[k], s.kl[k]);
-                ko += (int32_t)s.kl[k];
-                memcpy(vd + vo, s.vp[v], s.vl[v]);
-                vo += (int32_t)s.vl[v];
-                e++;
-                koff[e] = ko;
-                voff[e] = vo;
-            }
+            memcpy(bd + bo, p + body, (size_t)(n - body));
+            bo += (int32_t)(n - body);
+            boff[row + 1] = bo;
+            moff[row + 1] = e;
         }
-        memcpy(bd + bo, p + body, (size_t)(n - body));
-        bo += (int32_t)(n - body);
-        boff[i + 1] = bo;
-        moff[i + 1] = e;
     }
     out = Py_BuildValue("(O(NNNNNNN))", Py_None, bufs[0], bufs[1], bufs[2], bufs[3], bufs[4], bufs[5], bufs[6]);
     if (out != NULL)
@@ -1959,8 +1981,14 @@ done:
     for (int k = 0; k < 7; k++)
         Py_XDECREF(bufs[k]);
     scratch_free(&s);
-    PyBuffer_Release(&data);
-    PyBuffer_Release(&spans_view);
+    if (parts != NULL)
+        for (Py_ssize_t q = 0; q < np; q++)
+            if (parts[q].held) {
+                PyBuffer_Release(&parts[q].data);
+                PyBuffer_Release(&parts[q].spans);
+            }
+    PyMem_Free(parts);
+    Py_DECREF(parts_seq);
     return out;
 }
 
@@ -2211,7 +2239,7 @@ static PyMethodDef sp_methods[] = {
      "arrow_verify(buf, offsets, sizes, seed, kind, keyed) -> (ok, spans, error): a segment's PUT records checked"
      " (filechannel.arrow)."},
     {"arrow_events", sp_arrow_events, METH_VARARGS,
-     "arrow_events(data, spans, count) -> (error, buffers): event payloads decoded into Arrow buffers"
+     "arrow_events(parts) -> (error, buffers): event payloads decoded into Arrow buffers"
      " (filechannel.arrow)."},
     {"arrow_puts", sp_arrow_puts, METH_VARARGS,
      "arrow_puts(offsets, data, n, offset, wide, no_headers, headers) -> the PUT payloads of an Arrow column"

@@ -24,15 +24,19 @@ one of these functions runs: ``import filechannel`` never imports it.
 
 from __future__ import annotations
 
-import sys
+import os
 from array import array
+from bisect import bisect_right
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 from . import format as fmt
 from ._fs import DEFAULT_FS, FS
-from .crypto import KEY_HINT, SEALED_WITHOUT_KEY, TAMPERED, Encryption
+from .crypto import KEY_HINT, SEALED_WITHOUT_KEY, TAMPERED, Encryption, FileCipher
 from .errors import ChannelError, CorruptLogError, DataLossError, DecryptionError, FormatError, InvalidEventError
+from .scan import segment_name
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -44,7 +48,6 @@ __all__ = ["ArrowTextError", "events_to_batch", "prepare_puts", "read_arrow", "r
 _INT32_MAX = 0x7FFF_FFFF
 _READ_SEGMENT_BYTES = 64 << 20  # read_arrow: one pread (and one batch) per this many bytes of records
 _MAX_U32 = 0xFFFF_FFFF
-_LITTLE = sys.byteorder == "little"
 
 # arrow_events error codes (the C twin's): an event that does not decode, an encoded lone
 # surrogate in a header (decode_event takes it; Arrow text cannot hold it), a column over 2 GiB.
@@ -89,11 +92,12 @@ def schema() -> pa.Schema:
 
 
 def _verify(
-    buf: bytes, offsets: Sequence[int], sizes: Sequence[int], seed: int, kind: int, keyed: bool
+    buf: bytes, offsets: bytes, sizes: bytes, seed: int, kind: int, keyed: bool
 ) -> tuple[int, bytes, tuple[int, str] | None]:
-    """Check a segment's records as ``reader._decode_put`` does, up to the first that fails.
+    """Check a run's records as ``reader._decode_put`` does, up to the first that fails.
 
-    Returns ``(ok, spans, error)``: ``ok`` records passed; ``spans`` holds each one's
+    ``offsets`` (into ``buf``) and ``sizes`` are native int64 buffers. Returns
+    ``(ok, spans, error)``: ``ok`` records passed; ``spans`` holds each one's
     (payload start, payload length) as native int64 pairs; ``error`` is None or
     ``(code, reason)``: 0 a frame that is not a PUT record of exactly that size,
     1 a sealed record while ``keyed`` is false.
@@ -104,18 +108,25 @@ def _verify(
     return _verify_py(buf, offsets, sizes, seed, kind, keyed)
 
 
+def _q(buf: Any) -> memoryview:
+    """A native int64 view of a bytes-like object (its whole 8-byte words)."""
+    b = memoryview(buf).cast("B")
+    return b[: len(b) // 8 * 8].cast("q")
+
+
 def _verify_py(
-    buf: bytes, offsets: Sequence[int], sizes: Sequence[int], seed: int, kind: int, keyed: bool
+    buf: bytes, offsets: bytes, sizes: bytes, seed: int, kind: int, keyed: bool
 ) -> tuple[int, bytes, tuple[int, str] | None]:
     """The pure-Python :func:`_verify` (the reference)."""
     if kind not in (fmt.CRC32C, fmt.CRC32_ZLIB):
         raise ValueError(f"unknown checksum algorithm {kind}")
-    if len(offsets) != len(sizes):
+    offs, szs = _q(offsets), _q(sizes)
+    if len(offs) != len(szs):
         raise ValueError("offsets and sizes differ in length")
     spans = array("q")
     err: tuple[int, str] | None = None
     i = 0
-    for i, (rel, size) in enumerate(zip(offsets, sizes, strict=True)):  # noqa: B007 - i is the count on a break
+    for i, (rel, size) in enumerate(zip(offs, szs, strict=True)):  # noqa: B007 - i is the count on a break
         if rel < 0:
             raise ValueError(f"negative record offset {rel}")
         try:
@@ -131,56 +142,59 @@ def _verify_py(
         spans.append(rel + fmt.RECORD_HEADER_LEN)
         spans.append(len(rec.payload))
     else:
-        i = len(offsets)
+        i = len(offs)
     return i, spans.tobytes(), err
 
 
 Buffers = tuple[bytes, bytes, bytes, bytes, bytes, bytes, bytes]
 """Body offsets and data, map offsets, key offsets and data, value offsets and data (int32 offsets)."""
+Part = tuple[bytes, bytes, int]
+"""Event payloads to decode: ``(data, spans, count)``, ``count`` native int64 (start, length) pairs into ``data``."""
+EventsError = tuple[int, int, int, str]
+"""The first event that cannot be decoded: ``(part, index, code, reason)``."""
 
 
-def _events(data: bytes, spans: bytes, count: int) -> tuple[tuple[int, int, str] | None, Buffers | None]:
-    """Decode ``count`` event payloads (``spans`` into ``data``) into Arrow buffers.
+def _events(parts: Sequence[Part]) -> tuple[EventsError | None, Buffers | None]:
+    """Decode the event payloads of ``parts``, one after the other, into one set of Arrow buffers.
 
-    Returns ``(None, buffers)``, or ``((index, code, reason), None)`` for the first
-    event that cannot be (codes :data:`_BAD_EVENT`, :data:`_SURROGATE`, :data:`_TOO_LARGE`).
+    Returns ``(None, buffers)``, or ``((part, index, code, reason), None)`` for the
+    first event that cannot be (codes :data:`_BAD_EVENT`, :data:`_SURROGATE`, :data:`_TOO_LARGE`).
     """
     sp = fmt.speedups
     if sp is not None:
-        return sp.arrow_events(data, spans, count)  # type: ignore[no-any-return]
-    return _events_py(data, spans, count)
+        return sp.arrow_events(parts)  # type: ignore[no-any-return]
+    return _events_py(parts)
 
 
-def _i32(values: array[int]) -> bytes:
-    return values.tobytes()
-
-
-def _events_py(data: bytes, spans: bytes, count: int) -> tuple[tuple[int, int, str] | None, Buffers | None]:
+def _events_py(parts: Sequence[Part]) -> tuple[EventsError | None, Buffers | None]:
     """The pure-Python :func:`_events` (the reference): ``format.decode_event`` per payload."""
-    sp = memoryview(spans).cast("q")
-    if count < 0 or len(sp) < 2 * count:
-        raise ValueError("arrow_events: spans hold fewer than count payloads")
-    for i in range(count):
-        if sp[2 * i] < 0 or sp[2 * i + 1] < 0 or sp[2 * i] + sp[2 * i + 1] > len(data):
-            raise ValueError("arrow_events: a span lies outside the data")
+    for data, spans, count in parts:
+        sp = _q(spans)
+        if count < 0 or len(sp) < 2 * count:
+            raise ValueError("arrow_events: spans hold fewer than count payloads")
+        for i in range(count):
+            if sp[2 * i] < 0 or sp[2 * i + 1] < 0 or sp[2 * i] + sp[2 * i + 1] > len(data):
+                raise ValueError("arrow_events: a span lies outside the data")
     events: list[tuple[bytes, dict[str, str]]] = []
-    surrogate = -1  # reported only when no event is damaged (read_segment would raise that first)
-    for i in range(count):
-        start = sp[2 * i]
-        try:
-            body, headers = fmt.decode_event(bytes(data[start : start + sp[2 * i + 1]]))
-        except FormatError as exc:
-            return (i, _BAD_EVENT, exc.reason), None
-        try:
-            for k, v in headers.items():
-                k.encode("utf-8")
-                v.encode("utf-8")
-        except UnicodeEncodeError:
-            if surrogate < 0:
-                surrogate = i
-        events.append((body, headers))
-    if surrogate >= 0:
-        return (surrogate, _SURROGATE, ""), None
+    surrogate: EventsError | None = None  # reported only when no event is damaged (read_segment raises that first)
+    for q, (data, spans, count) in enumerate(parts):
+        sp = _q(spans)
+        for i in range(count):
+            start = sp[2 * i]
+            try:
+                body, headers = fmt.decode_event(bytes(data[start : start + sp[2 * i + 1]]))
+            except FormatError as exc:
+                return (q, i, _BAD_EVENT, exc.reason), None
+            try:
+                for k, v in headers.items():
+                    k.encode("utf-8")
+                    v.encode("utf-8")
+            except UnicodeEncodeError:
+                if surrogate is None:
+                    surrogate = (q, i, _SURROGATE, "")
+            events.append((body, headers))
+    if surrogate is not None:
+        return surrogate, None
     boff, moff, koff, voff = array("i", [0]), array("i", [0]), array("i", [0]), array("i", [0])
     bodies: list[bytes] = []
     keys: list[bytes] = []
@@ -200,8 +214,9 @@ def _events_py(data: bytes, spans: bytes, count: int) -> tuple[tuple[int, int, s
         boff.append(min(bo, _INT32_MAX))
         moff.append(len(keys))
     if max(bo, ko, vo) > _INT32_MAX:
-        return (0, _TOO_LARGE, "more than 2 GiB in one column"), None
-    return None, (_i32(boff), b"".join(bodies), _i32(moff), _i32(koff), b"".join(keys), _i32(voff), b"".join(vals))
+        return (0, 0, _TOO_LARGE, "more than 2 GiB in one column"), None
+    bufs = (boff.tobytes(), b"".join(bodies), moff.tobytes(), koff.tobytes(), b"".join(keys), voff.tobytes())
+    return None, (*bufs, b"".join(vals))
 
 
 def _build(positions: bytes, n: int, bufs: Buffers) -> pa.RecordBatch:
@@ -219,6 +234,104 @@ def _build(positions: bytes, n: int, bufs: Buffers) -> pa.RecordBatch:
 
 
 # -- reading ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Run:
+    """Consecutive events of one data file, read with one ``pread``: a Segment with int64 columns."""
+
+    path: str
+    file_id: int
+    channel_id: bytes
+    crc_kind: int
+    offset: int
+    length: int
+    positions: bytes  # native int64s
+    offsets: bytes  # native int64s, relative to ``offset``
+    sizes: bytes  # native int64s
+    cipher: FileCipher | None
+
+    @property
+    def count(self) -> int:
+        return len(self.positions) // 8
+
+    def position(self, i: int) -> int:
+        return int(_q(self.positions)[i])
+
+    def record_offset(self, i: int) -> int:
+        return self.offset + int(_q(self.offsets)[i])
+
+
+def _read_runs(runs: Sequence[_Run], fs: FS) -> pa.RecordBatch:
+    """Read, check and decode ``runs`` in order into one RecordBatch; the first error in event order is raised."""
+    parts: list[Part] = []
+    failed: Exception | None = None
+    for run in runs:
+        try:
+            fd = fs.open_read(run.path)
+        except FileNotFoundError as exc:
+            failed = DataLossError(
+                run.position(0),
+                run.position(run.count - 1) + 1,
+                f"data file {run.path} is gone (retired after an acknowledgement)",
+            )
+            failed.__cause__ = exc
+            break
+        try:
+            buf = fs.pread(fd, run.length, run.offset)
+        finally:
+            fs.close(fd)
+        seed = fmt.file_seed(run.crc_kind, run.channel_id, run.file_id)
+        cipher = run.cipher
+        ok, spans, err = _verify(buf, run.offsets, run.sizes, seed, run.crc_kind, cipher is not None)
+        if err is not None:
+            where = f"event at position {run.position(ok)}"
+            if err[0] == 1:
+                failed = DecryptionError(run.path, run.record_offset(ok), f"{where}: {SEALED_WITHOUT_KEY}")
+            else:
+                failed = CorruptLogError(run.path, run.record_offset(ok), f"{where}: {err[1]}")
+        data = buf
+        if cipher is not None:  # decrypt what verified, in order, up to the first tag that fails
+            sv = _q(spans)
+            plains: list[bytes] = []
+            opened = array("q")
+            at = 0
+            for i in range(ok):
+                start, n = sv[2 * i], sv[2 * i + 1]
+                rel = start - fmt.RECORD_HEADER_LEN
+                plain = cipher.open(bytes(buf[rel : rel + 24]), run.offset + rel, bytes(buf[start : start + n]))
+                if plain is None:
+                    ok = i
+                    where = f"event at position {run.position(i)}"
+                    failed = DecryptionError(run.path, run.record_offset(i), f"{where}: {TAMPERED}", cipher.key_id)
+                    break
+                plains.append(plain)
+                opened.append(at)
+                opened.append(len(plain))
+                at += len(plain)
+            data = b"".join(plains)
+            spans = opened.tobytes()
+        parts.append((data, spans, ok))
+        if failed is not None:
+            break
+    bad, bufs = _events(parts)
+    if bad is not None and bad[2] == _BAD_EVENT:
+        q, i, _, reason = bad
+        run = runs[q]
+        raise CorruptLogError(run.path, run.record_offset(i), f"event at position {run.position(i)}: {reason}")
+    if failed is not None:
+        raise failed
+    if bad is not None:  # not damage: what Arrow cannot hold, reported once everything verified
+        q, i, code, _ = bad
+        run = runs[q]
+        if code == _SURROGATE:
+            raise ArrowTextError(run.path, run.record_offset(i), run.position(i))
+        raise ChannelError(
+            f"{run.path}: more than 2 GiB of event bodies or headers in one read, more than one Arrow batch "
+            "can hold; read fewer events at a time"
+        )
+    assert bufs is not None
+    return _build(b"".join(run.positions for run in runs), sum(run.count for run in runs), bufs)
 
 
 def read_segment_arrow(
@@ -240,7 +353,6 @@ def read_segment_arrow(
     """
     from .reader import as_encryption
 
-    fs = fs or DEFAULT_FS
     cipher = None
     if segment.cipher:
         enc = as_encryption(encryption)
@@ -255,72 +367,19 @@ def read_segment_arrow(
         cipher = enc.file_cipher(
             segment.path, segment.cipher, segment.key_id, segment.salt, segment.channel_id, segment.file_id
         )
-    try:
-        fd = fs.open_read(segment.path)
-    except FileNotFoundError as exc:
-        raise DataLossError(
-            segment.start, segment.end, f"data file {segment.path} is gone (retired after an acknowledgement)"
-        ) from exc
-    try:
-        buf = fs.pread(fd, segment.length, segment.offset)
-    finally:
-        fs.close(fd)
-    seed = fmt.file_seed(segment.crc_kind, segment.channel_id, segment.file_id)
-    ok, spans, err = _verify(buf, segment.offsets, segment.sizes, seed, segment.crc_kind, cipher is not None)
-    data = buf
-    failed: Exception | None = None
-    if err is not None:
-        failed = _record_error(segment, ok, err[0], err[1])
-    if cipher is not None:  # decrypt what verified, in order, up to the first tag that fails
-        sv = memoryview(spans).cast("q")
-        plains: list[bytes] = []
-        opened = array("q")
-        at = 0
-        for i in range(ok):
-            start, n = sv[2 * i], sv[2 * i + 1]
-            rel = start - fmt.RECORD_HEADER_LEN
-            plain = cipher.open(bytes(buf[rel : rel + 24]), segment.offset + rel, bytes(buf[start : start + n]))
-            if plain is None:
-                ok = i
-                failed = DecryptionError(
-                    segment.path,
-                    segment.offset + segment.offsets[i],
-                    f"event at position {segment.positions[i]}: {TAMPERED}",
-                    cipher.key_id,
-                )
-                break
-            plains.append(plain)
-            opened.append(at)
-            opened.append(len(plain))
-            at += len(plain)
-        data = b"".join(plains)
-        spans = opened.tobytes()
-    bad, bufs = _events(data, spans, ok)
-    if bad is not None:
-        i, code, reason = bad
-        offset = segment.offset + segment.offsets[i]
-        if code == _BAD_EVENT:
-            raise CorruptLogError(segment.path, offset, f"event at position {segment.positions[i]}: {reason}")
-    if failed is not None:
-        raise failed
-    if bad is not None:  # not damage: what Arrow cannot hold, reported once the whole segment verified
-        i, code, _ = bad
-        if code == _SURROGATE:
-            raise ArrowTextError(segment.path, segment.offset + segment.offsets[i], segment.positions[i])
-        raise ChannelError(
-            f"{segment.path}: the segment at byte {segment.offset} holds more than 2 GiB of event bodies or "
-            "headers, more than one Arrow batch can; read it in smaller segments"
-        )
-    assert bufs is not None
-    return _build(array("q", segment.positions).tobytes(), len(segment.positions), bufs)
-
-
-def _record_error(segment: Segment, i: int, code: int, reason: str) -> CorruptLogError:
-    offset = segment.offset + segment.offsets[i]
-    where = f"event at position {segment.positions[i]}"
-    if code == 1:
-        return DecryptionError(segment.path, offset, f"{where}: {SEALED_WITHOUT_KEY}")
-    return CorruptLogError(segment.path, offset, f"{where}: {reason}")
+    run = _Run(
+        segment.path,
+        segment.file_id,
+        segment.channel_id,
+        segment.crc_kind,
+        segment.offset,
+        segment.length,
+        array("q", segment.positions).tobytes(),
+        array("q", segment.offsets).tobytes(),
+        array("q", segment.sizes).tobytes(),
+        cipher,
+    )
+    return _read_runs([run], fs or DEFAULT_FS)
 
 
 def events_to_batch(events: Sequence[Any]) -> pa.RecordBatch:
@@ -337,32 +396,97 @@ def events_to_batch(events: Sequence[Any]) -> pa.RecordBatch:
     )
 
 
+class _Fallback(Exception):
+    """read_arrow: a case the per-event ``read()`` decides (a file it does not know the cipher of)."""
+
+
+def _plan(reader: ChannelReader, start: int, end: int) -> list[_Run]:
+    """The runs of ``[start, end)``, from the reader's index columns (vectorized: no Python per event)."""
+    from .reader import _check_range
+
+    pa = _pa()
+    pc = _pc()
+    _check_range(start, end)
+    f = reader._state()
+    if end > f.visible_end:
+        f.refresh()
+    with f.lock:
+        reader._check_held(f, start, end)
+        idx = f.index
+        i, j = idx.span(start, end)
+        pos, fid, off, size = idx.pos[i:j], idx.fid[i:j], idx.off[i:j], idx.size[i:j]
+        files = dict(f.files)
+        data_dir = f.data_dirs[0]
+        channel_id, crc_kind = f.channel_id, f.crc_kind
+    n = j - i
+    if not n:
+        return []
+
+    def col(a: array[int]) -> Any:
+        return pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(a)])
+
+    fa, oa = col(fid), col(off)
+    starts = [0]
+    if n > 1:  # a new run where the file changes or the offsets stop ascending
+        brk = pc.or_(pc.not_equal(fa.slice(1), fa.slice(0, n - 1)), pc.less_equal(oa.slice(1), oa.slice(0, n - 1)))
+        starts += [k + 1 for k in pc.indices_nonzero(brk).to_pylist()]
+    starts.append(n)
+    ends = array("q")
+    ends.frombytes(pc.add(oa, col(size)).buffers()[1].to_pybytes()[: 8 * n])  # each record's end
+    runs: list[_Run] = []
+    for a, b in pairwise(starts):
+        file_id = fid[a]
+        st = files.get(file_id)
+        if st is not None and st.header.cipher and st.cipher is None:
+            raise _Fallback
+        path = st.path if st is not None else os.path.join(data_dir, segment_name(file_id))
+        k = a
+        while k < b:  # at most _READ_SEGMENT_BYTES per pread (a larger record alone)
+            first = off[k]
+            m = max(k + 1, bisect_right(ends, first + _READ_SEGMENT_BYTES, k + 1, b))
+            rel = array("q")
+            rel.frombytes(pc.subtract(col(off).slice(k, m - k), first).buffers()[1].to_pybytes()[: 8 * (m - k)])
+            runs.append(
+                _Run(
+                    path,
+                    file_id,
+                    channel_id,
+                    crc_kind,
+                    first,
+                    ends[m - 1] - first,
+                    pos[k:m].tobytes(),
+                    rel.tobytes(),
+                    size[k:m].tobytes(),
+                    st.cipher if st is not None else None,
+                )
+            )
+            k = m
+    return runs
+
+
+def _pc() -> Any:
+    import pyarrow.compute
+
+    return pyarrow.compute
+
+
 def read_arrow(reader: ChannelReader, start: int, end: int) -> pa.RecordBatch:
     """``ChannelReader.read_arrow``: the committed events of ``[start, end)`` as one ``pyarrow.RecordBatch``.
 
     The same events as ``reader.read(start, end)``, in the columns of
-    :func:`read_segment_arrow`. Each run of events in one data file is read
-    with one ``pread`` per 64 MiB. With ``on_corruption="skip"`` a run that
-    holds damage is read through ``read()`` instead, which drops and reports
-    exactly the damaged events.
+    :func:`read_segment_arrow`: each run of events in one data file is read
+    with one ``pread`` per 64 MiB, every record checked, and all of them
+    decoded in one pass into one set of buffers. A range holding damage under
+    ``on_corruption="skip"``, or a data file retired meanwhile, goes through
+    ``read()`` instead, which drops and reports exactly the damaged events (or
+    raises as it does).
     """
-    pa = _pa()
-    segments = reader.segments(start, end, _READ_SEGMENT_BYTES)
-    f = reader._state()
-    batches = []
-    for seg in segments:
-        try:
-            batches.append(read_segment_arrow(seg, f.encryption, fs=reader._fs))
-        except (CorruptLogError, DataLossError) as exc:
-            if isinstance(exc, CorruptLogError) and reader.on_corruption != "skip":
-                raise
-            # damage under "skip", or a file retired meanwhile: read() decides (and reports)
-            batches.append(events_to_batch(reader.read(seg.start, seg.end)))
-    if not batches:
-        return pa.RecordBatch.from_arrays([pa.array([], type=t.type) for t in schema()], schema=schema())
-    if len(batches) == 1:
-        return batches[0]
-    return pa.Table.from_batches(batches, schema=schema()).combine_chunks().to_batches(max_chunksize=None)[0]
+    try:
+        return _read_runs(_plan(reader, start, end), reader._fs)
+    except (CorruptLogError, DataLossError, _Fallback) as exc:
+        if isinstance(exc, CorruptLogError) and reader.on_corruption != "skip":
+            raise
+    return events_to_batch(reader.read(start, end))
 
 
 # -- putting ----------------------------------------------------------------------------------------

@@ -114,9 +114,24 @@ def test_events_twin_same_buffers(monkeypatch: pytest.MonkeyPatch, events: list[
         spans += [at, len(e)]
         at += len(e)
     sp = struct.pack(f"={len(spans)}q", *spans)
-    c = C.arrow_events(data, sp, len(events))
-    py = arrow._events_py(data, sp, len(events))
-    assert c == py
+    # as one part, and split in two parts (a read of two runs)
+    half = len(events) // 2
+    cut = spans[2 * half] if half < len(events) else len(data)
+    two = [
+        (data, sp[: 16 * half], half),
+        (
+            data[cut:],
+            struct.pack(
+                f"={len(spans) - 2 * half}q", *[v - cut if k % 2 == 0 else v for k, v in enumerate(spans[2 * half :])]
+            ),
+            len(events) - half,
+        ),
+    ]
+    for parts in ([(data, sp, len(events))], two):
+        c = C.arrow_events(parts)
+        py = arrow._events_py(parts)
+        assert c == py
+    assert C.arrow_events(two)[1] == C.arrow_events([(data, sp, len(events))])[1]  # the same buffers
 
 
 # -- segments -----------------------------------------------------------------------------------------
