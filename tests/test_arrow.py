@@ -9,6 +9,7 @@ to each other in ``test_arrow_twins.py``.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -185,3 +186,19 @@ def test_put_arrow_refuses_header_text_that_is_not_utf8(tmp_path: Path) -> None:
         pytest.raises(InvalidEventError, match="row 0: a header key is not valid UTF-8"),
     ):
         tx.put_arrow(pa.record_batch({"body": pa.array([b"b"]), "headers": headers}))
+
+
+def test_quick_arrow_bench_prints_json_lines(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench import arrow as bench_arrow
+
+    assert bench_arrow.main(["--n", "3000", "--puts", "500", "--repeats", "2"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    systems = {r["system"] for r in rows if r.get("metric") == "ratio"}
+    assert systems == {
+        "read_arrow / read + arrays",
+        "read_arrow pure-python / read + arrays",
+        "put_arrow / put_many",
+        "put_arrow / to_pylist + put_many",
+    }
+    assert all(r["repeats"] == 2 and r["min"] <= r["median"] <= r["max"] for r in rows if "metric" in r)
+    assert [r["type"] for r in rows if "type" in r] == ["target", "target", "run"]
