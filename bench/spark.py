@@ -114,6 +114,11 @@ def _steady(progress: list[Any]) -> dict[str, Any]:
         "first_batch_ms": batches[0]["durationMs"]["triggerExecution"],
         "batch_ms": statistics.median(p["durationMs"]["triggerExecution"] for p in rest),
         "rows_total": sum(p["numInputRows"] for p in batches),
+        # Spark's phases of a steady micro-batch (medians, ms): where a batch's time goes
+        **{
+            f"phase_{k}_ms": statistics.median(p["durationMs"].get(k, 0) for p in rest)
+            for k in sorted({k for p in rest for k in p["durationMs"]} - {"triggerExecution"})
+        },
     }
 
 

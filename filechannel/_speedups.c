@@ -26,6 +26,12 @@
  *   trim_heap()
  *       hands free heap pages back to the system (glibc's malloc_trim) once a
  *       full replay has freed its scan (see channel.replay_queue).
+ *   arrow_verify, arrow_events, arrow_puts
+ *       the Arrow read and put paths (filechannel/arrow.py holds their callers and
+ *       their pure-Python twins): a segment's PUT records checked, its event payloads
+ *       decoded straight into the buffers of Arrow arrays, and an Arrow body column
+ *       (with its map headers) turned into PUT payloads, each in one call. They build
+ *       plain bytes buffers; pyarrow wraps them (pa.py_buffer, Array.from_buffers).
  *
  * It performs no I/O, holds no state and never decides policy: every damage
  * decision stays in scan.py. Both functions accept any object with the buffer
@@ -1536,6 +1542,683 @@ sp_close_batch(PyObject *self, PyObject *args)
     return out;
 }
 
+/* ------------------------------------------------------------------------ */
+/* The Arrow read and put paths (filechannel/arrow.py is their caller and holds their twins).
+
+   arrow_verify(buf, offsets, sizes, seed, kind, keyed) -> (ok, spans, error)
+       (offsets and sizes: native int64 buffers) checks the records of a segment as
+       reader._decode_put does, record by record, and stops at
+       the first that fails: ``ok`` records passed, ``spans`` holds (payload start, payload length)
+       of each as native int64 pairs, ``error`` is None or (code, reason): code 0 a frame that is
+       not a PUT record of exactly that size (reason as format.decode_record gives it), code 1 a
+       sealed record and no key (``keyed`` false).
+   arrow_events(parts) -> (None, buffers) or ((part, index, code, reason), None)
+       decodes the event payloads of each part, (data, spans, count): ``count`` int64 (start,
+       length) pairs into ``data``, one after the other (format.decode_event's checks and
+       reasons) into the buffers of one set of Arrow arrays: body offsets (int32) and data, map offsets (int32), key offsets
+       and data, value offsets and data; headers as a dict would hold them (a repeated key keeps
+       its first place and its last value). Code 1 the first event that does not decode; else 2
+       the first whose header holds an encoded lone surrogate (valid for decode_event, not UTF-8
+       for Arrow); else 3 more than 2 GiB in one column.
+   arrow_puts(offsets, data, n, offset, wide, no_headers, headers) -> list or (index, reason)
+       the PUT payloads of an Arrow body column (int32 or, ``wide``, int64 offsets): one bytes
+       object per row, in one call. With ``headers`` (map offsets, key offsets, key data, value
+       offsets, value data, map validity or None; int32 offsets, no slicing): (payloads, bodies,
+       dicts), each payload format.encode_event(body, dict) of the row's dict (``no_headers`` for
+       an empty or null map); (index, reason) for a header that is not strict UTF-8. */
+
+/* 0: valid UTF-8 under Python's "surrogatepass" (what decode_event accepts); -1 otherwise.
+   *sur is set when an encoded surrogate (ED A0..BF xx) occurs: valid there, not strict UTF-8. */
+static int
+utf8_check(const unsigned char *s, size_t n, int *sur)
+{
+    size_t i = 0;
+    while (i < n) {
+        unsigned char c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        if (c >= 0xC2 && c <= 0xDF) {
+            if (n - i < 2 || (s[i + 1] & 0xC0) != 0x80)
+                return -1;
+            i += 2;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+            if (n - i < 3)
+                return -1;
+            unsigned char c1 = s[i + 1];
+            if ((c1 & 0xC0) != 0x80 || (s[i + 2] & 0xC0) != 0x80 || (c == 0xE0 && c1 < 0xA0))
+                return -1;
+            if (c == 0xED && c1 >= 0xA0)
+                *sur = 1;
+            i += 3;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            if (n - i < 4)
+                return -1;
+            unsigned char c1 = s[i + 1];
+            if ((c1 & 0xC0) != 0x80 || (s[i + 2] & 0xC0) != 0x80 || (s[i + 3] & 0xC0) != 0x80 ||
+                (c == 0xF0 && c1 < 0x90) || (c == 0xF4 && c1 > 0x8F))
+                return -1;
+            i += 4;
+        } else {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static PyObject *
+sp_arrow_verify(PyObject *self, PyObject *args)
+{
+    Py_buffer view, ov, sv;
+    unsigned long seed_l;
+    int kind, keyed;
+    if (!PyArg_ParseTuple(args, "y*y*y*kip", &view, &ov, &sv, &seed_l, &kind, &keyed))
+        return NULL;
+    PyObject *spans = NULL, *err = NULL, *out = NULL;
+    extend_fn ext = extend_for(kind);
+    if (ext == NULL)
+        goto done;
+    Py_ssize_t count = ov.len / (Py_ssize_t)sizeof(int64_t);
+    if (sv.len / (Py_ssize_t)sizeof(int64_t) != count) {
+        PyErr_SetString(PyExc_ValueError, "offsets and sizes differ in length");
+        goto done;
+    }
+    spans = PyBytes_FromStringAndSize(NULL, count * 2 * (Py_ssize_t)sizeof(int64_t));
+    if (spans == NULL)
+        goto done;
+    int64_t *sp = (int64_t *)PyBytes_AS_STRING(spans);
+    const unsigned char *b = (const unsigned char *)view.buf;
+    Py_ssize_t len = view.len, i;
+    uint32_t seed = (uint32_t)seed_l;
+    for (i = 0; i < count; i++) {
+        int64_t off64, size64;
+        memcpy(&off64, (const char *)ov.buf + 8 * i, 8);
+        memcpy(&size64, (const char *)sv.buf + 8 * i, 8);
+        if (off64 < 0) {
+            PyErr_Format(PyExc_ValueError, "negative record offset %lld", (long long)off64);
+            goto done;
+        }
+        Py_ssize_t off = off64 > len ? len : (Py_ssize_t)off64, size = (Py_ssize_t)size64;
+        /* format.decode_record(buf, off, ...) on the whole buffer, then reader._decode_put's checks */
+        Py_ssize_t avail = len - off;
+        const unsigned char *h = b + off;
+        PyObject *reason = NULL;
+        int code = 0;
+        if (avail < HEADER_LEN) {
+            if (avail > 0 && (h[0] < 1 || h[0] > OP_MAX))
+                reason = PyUnicode_FromFormat("invalid record op %d", (int)h[0]);
+            else
+                reason = PyUnicode_FromString("no PUT record of the expected size there");
+        } else {
+            unsigned char op = h[0], flags = h[1];
+            uint32_t plen = get_u32(h + 4);
+            Py_ssize_t rsize = HEADER_LEN + (Py_ssize_t)plen + (-(Py_ssize_t)plen & 7);
+            int bad_len = op >= 1 && op <= OP_MAX ? payload_len_check(op, plen) : 0;
+            if (op < 1 || op > OP_MAX)
+                reason = PyUnicode_FromFormat("invalid record op %d", (int)op);
+            else if (h[2] != 0 || h[3] != 0 || (flags != 0 && (flags != FLAG_SEALED || op != OP_PUT)))
+                reason = PyUnicode_FromString("reserved record bits are set");
+            else if (bad_len == 1)
+                reason = payload_len_reason(op, plen);
+            else if (bad_len == 2)
+                reason = PyUnicode_FromFormat("take payload length %lu does not hold whole ranges", (unsigned long)plen);
+            else if (avail < rsize)
+                reason = PyUnicode_FromString("no PUT record of the expected size there");
+            else if (take_count_bad(op, h + HEADER_LEN, plen))
+                reason = PyUnicode_FromFormat("take payload length %lu does not match its range count %lu",
+                                              (unsigned long)plen, (unsigned long)get_u32(h + HEADER_LEN));
+            else if (ext(ext(seed, h, 24), h + HEADER_LEN, plen) != get_u32(h + 24) || get_u32(h + 28) != 0)
+                reason = PyUnicode_FromString("record checksum mismatch");
+            else if (rsize != size || op != OP_PUT)
+                reason = PyUnicode_FromString("no PUT record of the expected size there");
+            else if (flags == FLAG_SEALED && !keyed) {
+                code = 1;
+                reason = PyUnicode_FromString("");
+            } else {
+                sp[2 * i] = (int64_t)(off + HEADER_LEN);
+                sp[2 * i + 1] = (int64_t)plen;
+                continue;
+            }
+        }
+        if (reason == NULL)
+            goto done;
+        err = Py_BuildValue("(iN)", code, reason);
+        if (err == NULL)
+            goto done;
+        break;
+    }
+    if (err == NULL) {
+        err = Py_None;
+        Py_INCREF(err);
+    }
+    if (i < count && _PyBytes_Resize(&spans, i * 2 * (Py_ssize_t)sizeof(int64_t)) < 0)
+        goto done;
+    out = Py_BuildValue("(nNN)", i, spans, err);
+    spans = err = NULL;
+done:
+    Py_XDECREF(spans);
+    Py_XDECREF(err);
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&ov);
+    PyBuffer_Release(&sv);
+    return out;
+}
+
+typedef struct {
+    const unsigned char *p;
+    uint32_t len;
+    uint32_t idx;
+} key_ref;
+
+static int
+key_ref_cmp(const void *a, const void *b)
+{
+    const key_ref *x = a, *y = b;
+    if (x->len != y->len)
+        return x->len < y->len ? -1 : 1;
+    int c = memcmp(x->p, y->p, x->len);
+    if (c)
+        return c;
+    return x->idx < y->idx ? -1 : (x->idx > y->idx ? 1 : 0);
+}
+
+/* Scratch space for one event's headers: their keys and values, and what a dict keeps of them. */
+typedef struct {
+    Py_ssize_t cap;
+    const unsigned char **kp, **vp;
+    uint32_t *kl, *vl;
+    uint32_t *val_from; /* per kept header: the header whose value it takes (the last of its key) */
+    uint8_t *drop, *ksur, *vsur; /* dropped (a later header repeats its key); key, value hold a surrogate */
+    key_ref *refs;
+    uint32_t kept;
+} ev_scratch;
+
+static void
+scratch_free(ev_scratch *s)
+{
+    PyMem_Free(s->kp);
+    PyMem_Free(s->vp);
+    PyMem_Free(s->kl);
+    PyMem_Free(s->vl);
+    PyMem_Free(s->val_from);
+    PyMem_Free(s->drop);
+    PyMem_Free(s->ksur);
+    PyMem_Free(s->vsur);
+    PyMem_Free(s->refs);
+    memset(s, 0, sizeof(*s));
+}
+
+static int
+scratch_grow(ev_scratch *s, Py_ssize_t n)
+{
+    if (n <= s->cap)
+        return 0;
+    Py_ssize_t cap = n < 16 ? 16 : n;
+    scratch_free(s);
+    s->kp = PyMem_Malloc(cap * sizeof(*s->kp));
+    s->vp = PyMem_Malloc(cap * sizeof(*s->vp));
+    s->kl = PyMem_Malloc(cap * sizeof(*s->kl));
+    s->vl = PyMem_Malloc(cap * sizeof(*s->vl));
+    s->val_from = PyMem_Malloc(cap * sizeof(*s->val_from));
+    s->drop = PyMem_Malloc(cap * sizeof(*s->drop));
+    s->ksur = PyMem_Malloc(cap * sizeof(*s->ksur));
+    s->vsur = PyMem_Malloc(cap * sizeof(*s->vsur));
+    s->refs = PyMem_Malloc(cap * sizeof(*s->refs));
+    if (!s->kp || !s->vp || !s->kl || !s->vl || !s->val_from || !s->drop || !s->ksur || !s->vsur || !s->refs) {
+        scratch_free(s);
+        PyErr_NoMemory();
+        return -1;
+    }
+    s->cap = cap;
+    return 0;
+}
+
+/* One event payload, as format.decode_event checks it. Returns 0 and fills ``s`` (its headers, and
+   which a dict keeps) and *body; 1 with *reason (a static text or a count message) for an event
+   that does not decode; 2 for a header holding an encoded surrogate; -1 on a Python error. */
+static int
+event_layout(const unsigned char *p, Py_ssize_t n, ev_scratch *s, Py_ssize_t *body, PyObject **reason)
+{
+    s->kept = 0;
+    if (n < 4) {
+        *reason = PyUnicode_FromString("event payload shorter than its header count");
+        return *reason ? 1 : -1;
+    }
+    uint32_t count = get_u32(p);
+    if (count == 0) {
+        *body = 4;
+        return 0;
+    }
+    if ((Py_ssize_t)count > (n - 4) / 8) {
+        *reason = PyUnicode_FromFormat("event header count %lu exceeds the payload", (unsigned long)count);
+        return *reason ? 1 : -1;
+    }
+    if (scratch_grow(s, count) < 0)
+        return -1;
+    Py_ssize_t pos = 4;
+    for (uint32_t i = 0; i < count; i++) {
+        if (pos + 8 > n) {
+            *reason = PyUnicode_FromString("event header runs past the payload");
+            return *reason ? 1 : -1;
+        }
+        uint32_t kl = get_u32(p + pos), vl = get_u32(p + pos + 4);
+        pos += 8;
+        if ((uint64_t)pos + kl + vl > (uint64_t)n) {
+            *reason = PyUnicode_FromString("event header runs past the payload");
+            return *reason ? 1 : -1;
+        }
+        int ks = 0, vs = 0;
+        if (utf8_check(p + pos, kl, &ks) < 0 || utf8_check(p + pos + kl, vl, &vs) < 0) {
+            *reason = PyUnicode_FromString("event header is not valid UTF-8");
+            return *reason ? 1 : -1;
+        }
+        s->kp[i] = p + pos;
+        s->kl[i] = kl;
+        s->vp[i] = p + pos + kl;
+        s->vl[i] = vl;
+        s->drop[i] = 0;
+        s->ksur[i] = (uint8_t)ks;
+        s->vsur[i] = (uint8_t)vs;
+        s->val_from[i] = i;
+        pos += (Py_ssize_t)kl + (Py_ssize_t)vl;
+    }
+    *body = pos;
+    s->kept = count;
+    if (count > 1) { /* a repeated key: a dict keeps its first place and its last value */
+        for (uint32_t i = 0; i < count; i++) {
+            s->refs[i].p = s->kp[i];
+            s->refs[i].len = s->kl[i];
+            s->refs[i].idx = i;
+        }
+        qsort(s->refs, count, sizeof(key_ref), key_ref_cmp);
+        for (uint32_t i = 0; i + 1 < count;) {
+            uint32_t j = i + 1;
+            while (j < count && s->refs[j].len == s->refs[i].len && memcmp(s->refs[j].p, s->refs[i].p, s->refs[i].len) == 0)
+                j++;
+            if (j - i > 1) {
+                uint32_t first = s->refs[i].idx, last = s->refs[j - 1].idx;
+                s->val_from[first] = last;
+                for (uint32_t k = i + 1; k < j; k++)
+                    s->drop[s->refs[k].idx] = 1;
+                s->kept -= j - i - 1;
+            }
+            i = j;
+        }
+    }
+    for (uint32_t i = 0; i < count; i++) /* a surrogate matters only where the dict keeps it */
+        if (!s->drop[i] && (s->ksur[i] || s->vsur[s->val_from[i]]))
+            return 2;
+    return 0;
+}
+
+/* One part of arrow_events: a data buffer and ``count`` (start, length) int64 spans into it. */
+typedef struct {
+    Py_buffer data, spans;
+    Py_ssize_t count;
+    int held;
+} ev_part;
+
+static PyObject *
+sp_arrow_events(PyObject *self, PyObject *args)
+{
+    PyObject *parts_obj;
+    if (!PyArg_ParseTuple(args, "O", &parts_obj))
+        return NULL;
+    PyObject *out = NULL, *parts_seq = PySequence_Fast(parts_obj, "parts must be a sequence");
+    if (parts_seq == NULL)
+        return NULL;
+    Py_ssize_t np = PySequence_Fast_GET_SIZE(parts_seq);
+    ev_part *parts = PyMem_Calloc(np > 0 ? (size_t)np : 1, sizeof(ev_part));
+    PyObject *bufs[7] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    ev_scratch s;
+    memset(&s, 0, sizeof(s));
+    if (parts == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t total = 0;
+    for (Py_ssize_t q = 0; q < np; q++) {
+        ev_part *pt = &parts[q];
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(parts_seq, q), "y*y*n;a part is (data, spans, count)", &pt->data,
+                              &pt->spans, &pt->count))
+            goto done;
+        pt->held = 1;
+        if (pt->count < 0 || pt->spans.len < pt->count * 2 * (Py_ssize_t)sizeof(int64_t)) {
+            PyErr_SetString(PyExc_ValueError, "arrow_events: spans hold fewer than count payloads");
+            goto done;
+        }
+        const int64_t *sp = (const int64_t *)pt->spans.buf;
+        for (Py_ssize_t i = 0; i < pt->count; i++)
+            if (sp[2 * i] < 0 || sp[2 * i + 1] < 0 || sp[2 * i] + sp[2 * i + 1] > (int64_t)pt->data.len) {
+                PyErr_SetString(PyExc_ValueError, "arrow_events: a span lies outside the data");
+                goto done;
+            }
+        total += pt->count;
+    }
+    /* pass 1: check every event and measure the columns */
+    int64_t body_bytes = 0, entries = 0, key_bytes = 0, val_bytes = 0;
+    Py_ssize_t sur_part = -1, sur_i = -1;
+    for (Py_ssize_t q = 0; q < np; q++) {
+        const unsigned char *b = parts[q].data.buf;
+        const int64_t *sp = parts[q].spans.buf;
+        for (Py_ssize_t i = 0; i < parts[q].count; i++) {
+            const unsigned char *p = b + sp[2 * i];
+            Py_ssize_t n = (Py_ssize_t)sp[2 * i + 1], body = 0;
+            PyObject *reason = NULL;
+            int rc = event_layout(p, n, &s, &body, &reason);
+            if (rc < 0)
+                goto done;
+            if (rc == 2) { /* reported only if no later event is damaged: read_segment would raise that */
+                if (sur_part < 0) {
+                    sur_part = q;
+                    sur_i = i;
+                }
+                continue;
+            }
+            if (rc > 0) {
+                out = reason ? Py_BuildValue("((nniN)O)", q, i, rc, reason, Py_None) : NULL;
+                goto done;
+            }
+            body_bytes += n - body;
+            Py_ssize_t nh = s.kept ? (Py_ssize_t)get_u32(p) : 0;
+            for (Py_ssize_t k = 0; k < nh; k++) {
+                if (s.drop[k])
+                    continue;
+                entries++;
+                key_bytes += s.kl[k];
+                val_bytes += s.vl[s.val_from[k]];
+            }
+        }
+    }
+    if (sur_part >= 0) {
+        out = Py_BuildValue("((nnis)O)", sur_part, sur_i, 2, "", Py_None);
+        goto done;
+    }
+    if (body_bytes > INT32_MAX || key_bytes > INT32_MAX || val_bytes > INT32_MAX || entries > INT32_MAX) {
+        out = Py_BuildValue("((nnis)O)", (Py_ssize_t)0, (Py_ssize_t)0, 3, "more than 2 GiB in one column", Py_None);
+        goto done;
+    }
+    Py_ssize_t sizes[7] = {(total + 1) * 4, (Py_ssize_t)body_bytes, (total + 1) * 4, ((Py_ssize_t)entries + 1) * 4,
+                           (Py_ssize_t)key_bytes, ((Py_ssize_t)entries + 1) * 4, (Py_ssize_t)val_bytes};
+    for (int k = 0; k < 7; k++)
+        if ((bufs[k] = PyBytes_FromStringAndSize(NULL, sizes[k])) == NULL)
+            goto done;
+    int32_t *boff = (int32_t *)PyBytes_AS_STRING(bufs[0]), *moff = (int32_t *)PyBytes_AS_STRING(bufs[2]);
+    int32_t *koff = (int32_t *)PyBytes_AS_STRING(bufs[3]), *voff = (int32_t *)PyBytes_AS_STRING(bufs[5]);
+    unsigned char *bd = (unsigned char *)PyBytes_AS_STRING(bufs[1]), *kd = (unsigned char *)PyBytes_AS_STRING(bufs[4]);
+    unsigned char *vd = (unsigned char *)PyBytes_AS_STRING(bufs[6]);
+    int32_t bo = 0, e = 0, ko = 0, vo = 0;
+    Py_ssize_t row = 0;
+    boff[0] = moff[0] = koff[0] = voff[0] = 0;
+    /* pass 2: fill them (every event was checked) */
+    for (Py_ssize_t q = 0; q < np; q++) {
+        const unsigned char *b = parts[q].data.buf;
+        const int64_t *sp = parts[q].spans.buf;
+        for (Py_ssize_t i = 0; i < parts[q].count; i++, row++) {
+            const unsigned char *p = b + sp[2 * i];
+            Py_ssize_t n = (Py_ssize_t)sp[2 * i + 1], body = 4;
+            if (get_u32(p) != 0) {
+                PyObject *reason = NULL;
+                if (event_layout(p, n, &s, &body, &reason) != 0) { /* cannot happen: checked in pass 1 */
+                    Py_XDECREF(reason);
+                    if (!PyErr_Occurred())
+                        PyErr_SetString(PyExc_RuntimeError, "arrow_events: an event changed between passes");
+                    goto done;
+                }
+                Py_ssize_t nh = (Py_ssize_t)get_u32(p);
+                for (Py_ssize_t k = 0; k < nh; k++) {
+                    if (s.drop[k])
+                        continue;
+                    uint32_t v = s.val_from[k];
+                    memcpy(kd + ko, s.kp[k], s.kl[k]);
+                    ko += (int32_t)s.kl[k];
+                    memcpy(vd + vo, s.vp[v], s.vl[v]);
+                    vo += (int32_t)s.vl[v];
+                    e++;
+                    koff[e] = ko;
+                    voff[e] = vo;
+                }
+            }
+            memcpy(bd + bo, p + body, (size_t)(n - body));
+            bo += (int32_t)(n - body);
+            boff[row + 1] = bo;
+            moff[row + 1] = e;
+        }
+    }
+    out = Py_BuildValue("(O(NNNNNNN))", Py_None, bufs[0], bufs[1], bufs[2], bufs[3], bufs[4], bufs[5], bufs[6]);
+    if (out != NULL)
+        memset(bufs, 0, sizeof(bufs));
+done:
+    for (int k = 0; k < 7; k++)
+        Py_XDECREF(bufs[k]);
+    scratch_free(&s);
+    if (parts != NULL)
+        for (Py_ssize_t q = 0; q < np; q++)
+            if (parts[q].held) {
+                PyBuffer_Release(&parts[q].data);
+                PyBuffer_Release(&parts[q].spans);
+            }
+    PyMem_Free(parts);
+    Py_DECREF(parts_seq);
+    return out;
+}
+
+/* The bytes of row ``i`` of a binary column: its offsets are int32 (or int64, ``wide``). */
+static int
+arrow_slice(const unsigned char *offs, int wide, Py_ssize_t i, Py_ssize_t data_len, Py_ssize_t *a, Py_ssize_t *b)
+{
+    int64_t x, y;
+    if (wide) {
+        memcpy(&x, offs + 8 * i, 8);
+        memcpy(&y, offs + 8 * (i + 1), 8);
+    } else {
+        int32_t x32, y32;
+        memcpy(&x32, offs + 4 * i, 4);
+        memcpy(&y32, offs + 4 * (i + 1), 4);
+        x = x32;
+        y = y32;
+    }
+    if (x < 0 || y < x || y > (int64_t)data_len) {
+        PyErr_SetString(PyExc_ValueError, "arrow_puts: an offset lies outside the data buffer");
+        return -1;
+    }
+    *a = (Py_ssize_t)x;
+    *b = (Py_ssize_t)y;
+    return 0;
+}
+
+/* One row's headers as a dict (strict UTF-8, a repeated key keeps its last value); NULL with
+   *bad (0 key, 1 value) and no error set when a key or value is not strict UTF-8. */
+static PyObject *
+arrow_row_dict(const unsigned char *koffs, const unsigned char *kdata, Py_ssize_t klen, const unsigned char *voffs,
+               const unsigned char *vdata, Py_ssize_t vlen, Py_ssize_t m0, Py_ssize_t m1, int *bad)
+{
+    PyObject *d = PyDict_New();
+    if (d == NULL)
+        return NULL;
+    for (Py_ssize_t j = m0; j < m1; j++) {
+        Py_ssize_t ka, kb, va, vb;
+        if (arrow_slice(koffs, 0, j, klen, &ka, &kb) < 0 || arrow_slice(voffs, 0, j, vlen, &va, &vb) < 0)
+            goto fail;
+        PyObject *k = PyUnicode_DecodeUTF8((const char *)kdata + ka, kb - ka, NULL);
+        if (k == NULL) {
+            if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+                PyErr_Clear();
+                *bad = 0;
+            }
+            goto fail;
+        }
+        PyObject *v = PyUnicode_DecodeUTF8((const char *)vdata + va, vb - va, NULL);
+        if (v == NULL) {
+            Py_DECREF(k);
+            if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+                PyErr_Clear();
+                *bad = 1;
+            }
+            goto fail;
+        }
+        int rc = PyDict_SetItem(d, k, v);
+        Py_DECREF(k);
+        Py_DECREF(v);
+        if (rc < 0)
+            goto fail;
+    }
+    return d;
+fail:
+    Py_DECREF(d);
+    return NULL;
+}
+
+/* format.encode_event(body, d): the header block of dict ``d`` (str keys and values), then body. */
+static PyObject *
+encode_event_dict(PyObject *d, const unsigned char *body, Py_ssize_t body_len)
+{
+    Py_ssize_t total = 4 + body_len, pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(d, &pos, &k, &v)) {
+        Py_ssize_t kl, vl;
+        if (PyUnicode_AsUTF8AndSize(k, &kl) == NULL || PyUnicode_AsUTF8AndSize(v, &vl) == NULL)
+            return NULL;
+        total += 8 + kl + vl;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
+    if (out == NULL)
+        return NULL;
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+    put_u32(p, (uint32_t)PyDict_GET_SIZE(d));
+    p += 4;
+    pos = 0;
+    while (PyDict_Next(d, &pos, &k, &v)) {
+        Py_ssize_t kl, vl;
+        const char *ks = PyUnicode_AsUTF8AndSize(k, &kl), *vs = PyUnicode_AsUTF8AndSize(v, &vl);
+        put_u32(p, (uint32_t)kl);
+        put_u32(p + 4, (uint32_t)vl);
+        memcpy(p + 8, ks, (size_t)kl);
+        memcpy(p + 8 + kl, vs, (size_t)vl);
+        p += 8 + kl + vl;
+    }
+    memcpy(p, body, (size_t)body_len);
+    return out;
+}
+
+static PyObject *
+sp_arrow_puts(PyObject *self, PyObject *args)
+{
+    Py_buffer offs, data;
+    Py_ssize_t n, offset;
+    int wide;
+    PyObject *no_headers, *headers;
+    if (!PyArg_ParseTuple(args, "y*y*nnpOO", &offs, &data, &n, &offset, &wide, &no_headers, &headers))
+        return NULL;
+    PyObject *out = NULL, *payloads = NULL, *bodies = NULL, *dicts = NULL;
+    Py_buffer hb[6];
+    int nhb = 0;
+    Py_ssize_t width = wide ? 8 : 4;
+    if (n < 0 || offset < 0 || offs.len / width < offset + n + 1) {
+        PyErr_SetString(PyExc_ValueError, "arrow_puts: the offsets buffer is shorter than the column");
+        goto done;
+    }
+    const unsigned char *ob = (const unsigned char *)offs.buf + width * offset;
+    const unsigned char *db = (const unsigned char *)data.buf;
+    if ((payloads = PyList_New(n)) == NULL)
+        goto done;
+    if (headers == Py_None) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_ssize_t a, b;
+            if (arrow_slice(ob, wide, i, data.len, &a, &b) < 0)
+                goto done;
+            PyObject *body = PyBytes_FromStringAndSize((const char *)db + a, b - a);
+            if (body == NULL)
+                goto done;
+            PyList_SET_ITEM(payloads, i, body);
+        }
+        out = payloads;
+        payloads = NULL;
+        goto done;
+    }
+    /* headers: (map offsets, key offsets, key data, value offsets, value data, validity or None) */
+    if (!PyTuple_Check(headers) || PyTuple_GET_SIZE(headers) != 6) {
+        PyErr_SetString(PyExc_TypeError, "arrow_puts: headers must be a 6-tuple of buffers or None");
+        goto done;
+    }
+    for (; nhb < 5; nhb++)
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(headers, nhb), &hb[nhb], PyBUF_SIMPLE) < 0)
+            goto done;
+    PyObject *valid_obj = PyTuple_GET_ITEM(headers, 5);
+    if (valid_obj != Py_None) {
+        if (PyObject_GetBuffer(valid_obj, &hb[5], PyBUF_SIMPLE) < 0)
+            goto done;
+        nhb = 6;
+        if (hb[5].len * 8 < n) {
+            PyErr_SetString(PyExc_ValueError, "arrow_puts: the validity bitmap is shorter than the column");
+            goto done;
+        }
+    }
+    if (hb[0].len / 4 < n + 1) {
+        PyErr_SetString(PyExc_ValueError, "arrow_puts: the map offsets are shorter than the column");
+        goto done;
+    }
+    const unsigned char *mo = hb[0].buf, *valid = nhb == 6 ? hb[5].buf : NULL;
+    Py_ssize_t n_keys = hb[1].len / 4 - 1, n_vals = hb[3].len / 4 - 1;
+    if ((bodies = PyList_New(n)) == NULL || (dicts = PyList_New(n)) == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t a, b, m0, m1;
+        if (arrow_slice(ob, wide, i, data.len, &a, &b) < 0)
+            goto done;
+        PyObject *body = PyBytes_FromStringAndSize((const char *)db + a, b - a);
+        if (body == NULL)
+            goto done;
+        PyList_SET_ITEM(bodies, i, body);
+        int32_t x, y;
+        memcpy(&x, mo + 4 * i, 4);
+        memcpy(&y, mo + 4 * (i + 1), 4);
+        if (valid != NULL && !(valid[i >> 3] >> (i & 7) & 1))
+            y = x; /* a null map: no headers */
+        if (x < 0 || y < x || y > n_keys || y > n_vals) {
+            PyErr_SetString(PyExc_ValueError, "arrow_puts: a map offset lies outside its entries");
+            goto done;
+        }
+        m0 = x;
+        m1 = y;
+        PyObject *d, *payload;
+        if (m0 == m1) {
+            d = no_headers;
+            Py_INCREF(d);
+            payload = PyBytes_FromStringAndSize(NULL, 4 + b - a);
+            if (payload != NULL) {
+                memset(PyBytes_AS_STRING(payload), 0, 4);
+                memcpy(PyBytes_AS_STRING(payload) + 4, db + a, (size_t)(b - a));
+            }
+        } else {
+            int bad = -1;
+            d = arrow_row_dict(hb[1].buf, hb[2].buf, hb[2].len, hb[3].buf, hb[4].buf, hb[4].len, m0, m1, &bad);
+            if (d == NULL) {
+                if (bad >= 0)
+                    out = Py_BuildValue("(ns)", i, bad == 0 ? "key" : "value");
+                goto done;
+            }
+            payload = encode_event_dict(d, db + a, b - a);
+        }
+        PyList_SET_ITEM(dicts, i, d);
+        if (payload == NULL)
+            goto done;
+        PyList_SET_ITEM(payloads, i, payload);
+    }
+    out = Py_BuildValue("(NNN)", payloads, bodies, dicts);
+    payloads = bodies = dicts = NULL;
+done:
+    for (int k = 0; k < nhb; k++)
+        PyBuffer_Release(&hb[k]);
+    Py_XDECREF(payloads);
+    Py_XDECREF(bodies);
+    Py_XDECREF(dicts);
+    PyBuffer_Release(&offs);
+    PyBuffer_Release(&data);
+    return out;
+}
+
 static PyMethodDef sp_methods[] = {
     {"bind_crc32c", sp_bind_crc32c, METH_VARARGS, "bind_crc32c(path) -> bool: use libcrc32c's crc32c_extend."},
     {"unbind_crc32c", sp_unbind_crc32c, METH_NOARGS, "unbind_crc32c(): use the built-in CRC-32C again."},
@@ -1564,6 +2247,15 @@ static PyMethodDef sp_methods[] = {
     {"trim_heap", sp_trim_heap, METH_NOARGS, "trim_heap() -> bool: glibc malloc_trim(0); False elsewhere."},
     {"scan_batches", sp_scan_batches, METH_VARARGS,
      "scan_batches(buf, pos, seed, kind, max_payload, batch_last_woid, base, file_id, record_type, records[, run_type, offsets, sizes]) -> (end_of_verified_prefix, last_woid)."},
+    {"arrow_verify", sp_arrow_verify, METH_VARARGS,
+     "arrow_verify(buf, offsets, sizes, seed, kind, keyed) -> (ok, spans, error): a segment's PUT records checked"
+     " (filechannel.arrow)."},
+    {"arrow_events", sp_arrow_events, METH_VARARGS,
+     "arrow_events(parts) -> (error, buffers): event payloads decoded into Arrow buffers"
+     " (filechannel.arrow)."},
+    {"arrow_puts", sp_arrow_puts, METH_VARARGS,
+     "arrow_puts(offsets, data, n, offset, wide, no_headers, headers) -> the PUT payloads of an Arrow column"
+     " (filechannel.arrow)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -910,6 +910,30 @@ class ChannelReader:
     def __repr__(self) -> str:
         return f"<ChannelReader {self.directory!r} consumer={self.consumer!r}>"
 
+    # the Arrow API (filechannel.arrow; needs pyarrow) -------------------------------------------
+
+    def read_arrow(self, start: int, end: int) -> Any:
+        """Return the committed events of ``[start, end)`` as one ``pyarrow.RecordBatch``.
+
+        Columns ``position int64, body binary, headers map<string, string>``: the
+        events :meth:`read` returns, decoded in C straight into Arrow buffers
+        (no Python object per event). Needs pyarrow.
+
+        Raises:
+            DataLossError, CorruptLogError, DecryptionError: As for :meth:`read`.
+            ArrowTextError: A header holds an encoded lone surrogate (old records only).
+        """
+        from .arrow import read_arrow
+
+        return read_arrow(self, start, end)
+
+    @staticmethod
+    def read_segment_arrow(segment: Segment, encryption: Encryption | str | None = None) -> Any:
+        """:func:`filechannel.arrow.read_segment_arrow`: a :class:`Segment` as one ``pyarrow.RecordBatch``."""
+        from .arrow import read_segment_arrow
+
+        return read_segment_arrow(segment, encryption)
+
 
 def _check_range(start: int, end: int) -> None:
     for name, v in (("start", start), ("end", end)):
