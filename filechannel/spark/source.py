@@ -64,6 +64,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -119,9 +120,21 @@ _STREAM_ONLY = (
     "onagentunavailable",
     "agentholdms",
     "retirechannels",
+    "mineventspertrigger",
+    "maxtriggerdelay",
 )
 _AGENT = ("agents", "tlsca", "tlscert", "tlskey", "tokenfile", "agenttimeoutms", "maxeventsperpartition")
-_KNOWN = {"path", "paths", "maxpartitionbytes", "keystore", *_STREAM_ONLY, *_AGENT}
+_KNOWN = {
+    "path",
+    "paths",
+    "maxpartitionbytes",
+    "keystore",
+    "startingposition",
+    "endingposition",
+    *_STREAM_ONLY,
+    *_AGENT,
+}
+DEFAULT_MAX_TRIGGER_DELAY = 15 * 60.0  # seconds; as the Kafka source's maxTriggerDelay
 DEFAULT_PARTITION_EVENTS = 20_000
 DEFAULT_AGENT_TIMEOUT_MS = 10_000
 DEFAULT_AGENT_HOLD_MS = 300_000
@@ -168,6 +181,11 @@ class SourceOptions:
     on_unavailable: str = "hold"
     hold_seconds: float = DEFAULT_AGENT_HOLD_MS / 1000
     retire: tuple[str, ...] = ()
+    # Kafka-style positions: "earliest", "latest", a position, or per channel (JSON: id or path -> one of them).
+    starting: str | None = None
+    ending: str | None = None  # batch reads only
+    min_events: int | None = None
+    max_trigger_delay: float = DEFAULT_MAX_TRIGGER_DELAY
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
@@ -210,13 +228,21 @@ class SourceOptions:
             keystore = os.path.abspath(keystore)
             Encryption(keys=keystore)  # fail at once on a missing, exposed or malformed keystore
         remote = _agent_options(opts, agents)
+        starting = _position_option(opts, "startingPosition", agents)
+        ending = _position_option(opts, "endingPosition", agents)
         if not streaming:
             return cls(
                 tuple(paths),
                 partition_bytes=_positive(opts, "maxPartitionBytes", DEFAULT_PARTITION_BYTES),
                 keystore=keystore,
+                starting=starting,
+                ending=ending,
                 **remote,
             )
+        if ending is not None:
+            raise ConfigError("endingPosition", "applies to batch reads only (a stream has no end)")
+        if agents and ("mineventspertrigger" in opts or "maxtriggerdelay" in opts):
+            raise ConfigError("minEventsPerTrigger", "applies to channels read by path only, not yet through agents")
         if "consumer" not in opts:
             raise ConfigError(
                 "consumer",
@@ -233,6 +259,9 @@ class SourceOptions:
             partition_bytes=_positive(opts, "maxPartitionBytes", DEFAULT_PARTITION_BYTES),
             reset=reset == "true",
             keystore=keystore,
+            starting=starting,
+            min_events=_positive(opts, "minEventsPerTrigger", None),
+            max_trigger_delay=_duration(opts, "maxTriggerDelay", DEFAULT_MAX_TRIGGER_DELAY),
             **remote,
             **_stream_agent_options(opts),
         )
@@ -241,6 +270,76 @@ class SourceOptions:
     def multi(self) -> bool:
         """Whether the rows carry a ``channel`` column: several directories, or any agent."""
         return len(self.paths) > 1 or bool(self.agents)
+
+
+def _position_option(opts: Mapping[str, str], name: str, agents: list[str]) -> str | None:
+    """``startingPosition`` / ``endingPosition``: checked now, resolved per channel when it is read."""
+    raw = opts.get(name.lower())
+    if raw is None:
+        return None
+    if agents:
+        raise ConfigError(name, "applies to channels read by path only, not yet to channels read through agents")
+    value = raw.strip()
+    try:
+        per = json.loads(value) if value.startswith("{") else {"*": value}
+    except ValueError as exc:
+        raise ConfigError(name, f"is neither earliest, latest, a position nor a JSON object: {raw!r}") from exc
+    if not isinstance(per, dict) or not per:
+        raise ConfigError(name, f"must name at least one channel: {raw!r}")
+    for v in per.values():
+        _one_position(name, v)
+    return json.dumps(per, sort_keys=True)
+
+
+def _one_position(name: str, v: object) -> str | int:
+    if isinstance(v, str) and v.strip().lower() in ("earliest", "latest"):
+        return v.strip().lower()
+    try:
+        n = int(str(v).strip())
+    except ValueError:
+        n = -1
+    if isinstance(v, bool) or n < 0:
+        raise ConfigError(name, f"each position is earliest, latest or a position >= 0, got {v!r}")
+    return n
+
+
+def resolve_position(option: str | None, name: str, cid: str, path: str, start: int, end: int, default: str) -> int:
+    """Where ``startingPosition`` / ``endingPosition`` puts channel ``cid`` (at ``path``), which holds ``[start, end)``.
+
+    Raises:
+        DataLossError: A position below what the channel still holds (those events were taken).
+        ConfigError: A position beyond its end.
+    """
+    per: dict[str, Any] = json.loads(option) if option is not None else {}
+    want = per.get(cid, per.get(path, per.get(os.path.abspath(path), per.get("*", default))))
+    v = _one_position(name, want)
+    if v == "earliest":
+        return start
+    if v == "latest":
+        return end
+    assert isinstance(v, int)
+    if v < start:
+        raise DataLossError(v, start, f"{name} {v}: channel {path} holds positions from {start} (taken before)")
+    if v > end:
+        raise ConfigError(name, f"{v} is beyond what channel {path} holds (positions below {end})")
+    return v
+
+
+def _duration(opts: Mapping[str, str], name: str, default: float) -> float:
+    """A duration option: seconds, or with a unit (``500ms``, ``30s``, ``5m``, ``1h``)."""
+    raw = opts.get(name.lower())
+    if raw is None:
+        return default
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    text = raw.strip().lower()
+    unit = next((u for u in ("ms", "s", "m", "h") if text.endswith(u)), "s")
+    try:
+        value = float(text[: len(text) - len(unit)] if text.endswith(unit) else text) * units[unit]
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ConfigError(name, f"must be a positive duration (e.g. 30s, 5m, 500ms), got {raw!r}")
+    return value
 
 
 def _agent_options(opts: Mapping[str, str], agents: list[str]) -> dict[str, Any]:
@@ -525,7 +624,12 @@ class FileChannelBatchReader(DataSourceReader):
             _channel_id(path)  # a clear error for a missing directory
             with ChannelReader(path, encryption=self.options.keystore) as view:
                 start, end = view.available()
-                segments = view.segments(start, end, self.options.partition_bytes) if end > start else []
+                cid = _channel_id(path)
+                s = resolve_position(self.options.starting, "startingPosition", cid, path, start, end, "earliest")
+                e = resolve_position(self.options.ending, "endingPosition", cid, path, start, end, "latest")
+                if e < s:
+                    raise ConfigError("endingPosition", f"{e} is before startingPosition {s} (channel {path})")
+                segments = view.segments(s, e, self.options.partition_bytes) if e > s else []
             out.extend(_partitions(segments, path if self.options.multi else None, self.options.keystore))
         if self.options.agents:
             from .remote import snapshot_partitions
@@ -559,6 +663,7 @@ class FileChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         self._query: str | None = None  # the token this process reads under
         self._new_query: str | None = None  # the token initialOffset made
         self._target: dict[str, int] | None = None  # availableNow: the ends at prepare time
+        self._waiting_since: float | None = None  # minEventsPerTrigger: when fewer events started waiting
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -645,7 +750,12 @@ class FileChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
                 # another query (refused as soon as this one reads).
                 positions[cid] = cur.acked
             else:
-                positions[cid] = self._reader(cid, query).available()[0]
+                r = self._reader(cid, query)  # registers the consumer at the channel's head
+                start, end = r.available()
+                at = resolve_position(self.options.starting, "startingPosition", cid, path, start, end, "earliest")
+                if at > start:
+                    r.ack(at)  # a new consumer that starts later: what it skips is done for it
+                positions[cid] = r.available()[0]
         return _offset(positions, query)
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -686,6 +796,15 @@ class FileChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
                 end = min(end, self._target[cid])
             avail[cid] = max(0, end - s)
         take = _share(avail, limit.max_rows) if isinstance(limit, ReadMaxRows) else avail
+        least = self.options.min_events
+        if least is not None and self._target is None and 0 < sum(take.values()) < least:
+            # minEventsPerTrigger: wait for more, but no longer than maxTriggerDelay since events first waited.
+            now = time.monotonic()
+            if self._waiting_since is None:
+                self._waiting_since = now
+            if now - self._waiting_since < self.options.max_trigger_delay:
+                return _offset(dict(positions), query)
+        self._waiting_since = None
         return _offset({cid: s + take[cid] for cid, s in positions.items()}, query)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
