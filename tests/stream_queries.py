@@ -23,3 +23,23 @@ def failing_sink(spark: Any, channel_dir: str, output_dir: str) -> Any:
 
     events = spark.readStream.format("filechannel").option("consumer", "stream-test").load(channel_dir)
     return events.writeStream.foreachBatch(write).start()
+
+
+def batch_sink(spark: Any, channel_dir: str, output_dir: str) -> Any:
+    """An idempotent foreachBatch sink: batch N overwrites ``output_dir/batch=N`` (replays write the same rows)."""
+    import os
+
+    def write(df: Any, batch_id: int) -> None:
+        df.select("position", "body").write.mode("overwrite").parquet(os.path.join(output_dir, f"batch={batch_id}"))
+
+    events = spark.readStream.format("filechannel").option("consumer", "stream-test").load(channel_dir)
+    return events.writeStream.foreachBatch(write).start()
+
+
+def rows_of(spark: Any, output_dir: str) -> list[dict[str, Any]]:
+    """``read_output`` returning a list (not a DataFrame): every row the batch sink wrote."""
+    import os
+
+    if not os.path.isdir(output_dir) or not os.listdir(output_dir):
+        return []
+    return [r.asDict() for r in spark.read.parquet(output_dir).select("position", "body").collect()]

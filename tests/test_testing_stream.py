@@ -200,3 +200,29 @@ def test_kill_session_kills_the_processes_a_process_group_kill_misses() -> None:
     finally:
         kill_session(proc.pid)
         proc.wait()
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_crash_after_sink_on_a_running_stream_returns_once_the_driver_is_dead(tmp_path: Path) -> None:
+    """CrashDriver(at="after_sink") with the stream running: a StartStream can follow it at once."""
+    steps = [
+        StartStream(),
+        AddData([b"a", b"b"]),
+        CrashDriver(at="after_sink"),
+        StartStream(),
+        AddData([b"c"]),
+        ProcessAllAvailable(),
+        CheckExactlyOnce(),
+    ]
+    r = stream_test("stream_queries:batch_sink", steps, read_output="stream_queries:rows_of", work_dir=tmp_path)
+    assert len(r.driver_crashes) == 1
+    assert r.driver_crashes[0].startswith("after the sink wrote batch")
+    # With nothing new to read, the step says so instead of waiting for a batch that never comes.
+    with pytest.raises(StreamTestError, match="no batch reached the sink"):
+        stream_test(
+            "stream_queries:batch_sink",
+            [StartStream(), AddData([b"x"]), ProcessAllAvailable(), CrashDriver(at="after_sink")],
+            read_output="stream_queries:rows_of",
+            work_dir=tmp_path / "second",
+        )

@@ -122,9 +122,11 @@ class ProcessAllAvailable:
 class CrashDriver:
     """SIGKILL the driver with its JVM and workers: now, or with ``at="after_sink"`` after the next batch's sink.
 
-    ``at="after_sink"`` arms the crash and returns; the driver dies right after
-    the ``foreachBatch`` function of the next batch returns (after the sink wrote,
-    before Spark's commit log). A later :class:`ProcessAllAvailable` waits for it.
+    ``at="after_sink"`` kills the driver right after the ``foreachBatch`` function
+    of the next batch returns (after the sink wrote, before Spark's commit log).
+    With the stream running, the step returns once that happened (a StartStream
+    can follow at once), or fails saying no batch came; before a StartStream it
+    arms the crash, and that StartStream's first batch fires it.
     """
 
     at: str | None = None
@@ -732,6 +734,18 @@ class _Run:
                 reply = self.driver_call("arm")
                 if reply is not None and reply.get("error"):
                     raise _StepFailed(reply["error"])
+            if self.streaming:
+                # The stream runs: the step ends once the driver is dead, after the next batch's sink
+                # (so that a StartStream can follow it at once).
+                reply = self.driver_call("process")
+                if reply is not None:
+                    if reply.get("error"):
+                        self.streaming = False
+                        raise _StepFailed(f"the query failed: {reply['error']}")
+                    raise _StepFailed(
+                        "CrashDriver(at='after_sink'): no batch reached the sink, so the driver was not killed "
+                        "(nothing new to read: add data with AddData before this step)"
+                    )
             return
         if self.driver is None:
             raise _StepFailed("CrashDriver(): no driver is running (StartStream first)")
@@ -833,7 +847,7 @@ def stream_test(
             go. Default: a new temporary directory, removed when the test
             passes, kept (and named in the report) when it fails.
         read_output: ``"module:function"`` (or such a function) ``f(spark,
-            output_dir)`` returning a DataFrame of what the sink holds.
+            output_dir)`` returning what the sink holds: a DataFrame, or a list of rows (``Row`` or dict).
             Default: ``spark.read.parquet(output_dir)`` (no rows while it is empty).
         timeout: Seconds each step may take (a driver start included).
         channel_options: Options of :func:`filechannel.open` for the producer.
@@ -1132,10 +1146,12 @@ class _DriverServer:
     def _read(self) -> list[dict[str, Any]]:
         out = self.config["output_dir"]
         if self.read_output is not None:
-            df = self.read_output(self.spark, out)
-        else:
-            visible = [n for n in os.listdir(out) if not n.startswith((".", "_"))] if os.path.isdir(out) else []
-            if not visible:
-                return []
-            df = self.spark.read.parquet(out)
+            got = self.read_output(self.spark, out)
+            # A DataFrame, or rows already collected (Row objects or dicts).
+            rows = got.collect() if hasattr(got, "collect") else list(got)
+            return [r if isinstance(r, dict) else r.asDict(recursive=True) for r in rows]
+        visible = [n for n in os.listdir(out) if not n.startswith((".", "_"))] if os.path.isdir(out) else []
+        if not visible:
+            return []
+        df = self.spark.read.parquet(out)
         return [r.asDict(recursive=True) for r in df.collect()]
