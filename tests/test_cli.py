@@ -357,9 +357,9 @@ def test_cli_options_reach_the_channel(
     seen: list[filechannel.ChannelConfig] = []
     real = cli.FileChannel
 
-    def spy(directory: str, config: filechannel.ChannelConfig) -> filechannel.FileChannel:
+    def spy(directory: str, config: filechannel.ChannelConfig, **kw: Any) -> filechannel.FileChannel:
         seen.append(config)
-        return real(directory, config)
+        return real(directory, config, **kw)
 
     monkeypatch.setattr(cli, "FileChannel", spy)
     argv = ["--capacity", "500", "--transaction-capacity", "40", "--max-event-size", "2000", "--fsync", "interval"]

@@ -91,6 +91,8 @@ def _fit(op: int, payload: bytes) -> bytes:
     if op == fmt.TAKE:
         k = len(payload) // 16
         return struct.pack("<I", k) + payload[: 16 * k]
+    if op == fmt.MARK:
+        return (payload + bytes(21))[: max(21, len(payload))]  # at least the smallest mark payload
     return payload
 
 
