@@ -212,6 +212,20 @@ class StandaloneCluster:
             time.sleep(0.2)
         raise RuntimeError(f"the Spark {proc.name} did not start within {timeout:.0f} s:\n{proc.tail()}")
 
+    def executor_pids(self) -> list[int]:
+        """The executor JVMs the worker started (``CoarseGrainedExecutorBackend``, in the worker's session)."""
+        if self.worker is None:
+            return []
+        out = []
+        for pid in session_pids(self.worker.pid):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"CoarseGrainedExecutorBackend" in cmd:
+                out.append(pid)
+        return out
+
     def stop(self) -> None:
         """SIGKILL the worker (its executors with it) and the master; nothing of them is left."""
         for p in (self.worker, self.master):
@@ -527,6 +541,16 @@ class Run:
         before = self.batches()
         wait_for(lambda: self.batches() >= before + 2, 240, "progress after the driver restart", self.driver)
         _log(f"new driver streaming; {self.batches()} micro-batches committed")
+
+        # 2b. SIGKILL the executor JVM mid-batch; the worker starts a new one and Spark retries the tasks
+        wait_for(lambda: in_flight(self.work), 120, "a micro-batch in flight", self.driver)
+        pids = self.cluster.executor_pids()
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        _log(f"SIGKILL of the executor JVM mid-batch ({len(pids)} process)")
+        before = self.batches()
+        wait_for(lambda: self.batches() >= before + 2, 240, "progress after the executor was killed", self.driver)
+        _log(f"a new executor runs the tasks; {self.batches()} micro-batches committed")
 
         # 3. SIGKILL a producer (a transaction open or committing); a new one recovers the channel
         n = self.producers["h3"].kill9()

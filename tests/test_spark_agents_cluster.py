@@ -64,6 +64,9 @@ def test_three_agents_a_blind_worker_and_kills_deliver_each_channel_exactly_once
     assert "SIGKILL of agent h2 mid-batch" in out
     assert "SIGKILL of the driver's session mid-batch" in out
     assert "SIGKILL of producer h3" in out
+    m = re.search(r"SIGKILL of the executor JVM mid-batch \((\d+) process\)", out)
+    assert m, out
+    assert int(m.group(1)) >= 1, out  # an executor was there to kill
     assert "processes left behind: 0" in out
     assert _pids_mentioning(str(work)) == []
     # the executors read through the agents, never the files (they could not see them)
