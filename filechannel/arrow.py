@@ -24,29 +24,23 @@ one of these functions runs: ``import filechannel`` never imports it.
 
 from __future__ import annotations
 
-import os
 from array import array
-from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 from . import format as fmt
 from ._fs import DEFAULT_FS, FS
-from .crypto import KEY_HINT, SEALED_WITHOUT_KEY, TAMPERED, Encryption, FileCipher
+from .crypto import KEY_HINT, SEALED_WITHOUT_KEY, TAMPERED, Encryption, FileCipher, as_encryption
 from .errors import ChannelError, CorruptLogError, DataLossError, DecryptionError, FormatError, InvalidEventError
-from .scan import segment_name
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from .reader import ChannelReader, Segment
-
-__all__ = ["ArrowTextError", "events_to_batch", "prepare_puts", "read_arrow", "read_segment_arrow", "schema"]
+__all__ = ["ArrowTextError", "events_to_batch", "prepare_puts", "read_runs", "read_segment_arrow", "schema"]
 
 _INT32_MAX = 0x7FFF_FFFF
-_READ_SEGMENT_BYTES = 64 << 20  # read_arrow: one pread (and one batch) per this many bytes of records
+READ_SEGMENT_BYTES = 64 << 20  # read_arrow: one pread (and one batch) per this many bytes of records
 _MAX_U32 = 0xFFFF_FFFF
 
 # arrow_events error codes (the C twin's): an event that does not decode, an encoded lone
@@ -237,7 +231,7 @@ def _build(positions: bytes, n: int, bufs: Buffers) -> pa.RecordBatch:
 
 
 @dataclass(frozen=True)
-class _Run:
+class Run:
     """Consecutive events of one data file, read with one ``pread``: a Segment with int64 columns."""
 
     path: str
@@ -262,7 +256,7 @@ class _Run:
         return self.offset + int(_q(self.offsets)[i])
 
 
-def _read_runs(runs: Sequence[_Run], fs: FS) -> pa.RecordBatch:
+def read_runs(runs: Sequence[Run], fs: FS) -> pa.RecordBatch:
     """Read, check and decode ``runs`` in order into one RecordBatch; the first error in event order is raised."""
     parts: list[Part] = []
     failed: Exception | None = None
@@ -335,7 +329,7 @@ def _read_runs(runs: Sequence[_Run], fs: FS) -> pa.RecordBatch:
 
 
 def read_segment_arrow(
-    segment: Segment, encryption: Encryption | str | None = None, *, fs: FS | None = None
+    segment: Any, encryption: Encryption | str | None = None, *, fs: FS | None = None
 ) -> pa.RecordBatch:
     """Read the events a :class:`~filechannel.reader.Segment` describes as one ``pyarrow.RecordBatch``.
 
@@ -351,8 +345,6 @@ def read_segment_arrow(
         DecryptionError: No key for an encrypted segment, or a record whose tag fails.
         ArrowTextError: A header holds an encoded lone surrogate (old records only).
     """
-    from .reader import as_encryption
-
     cipher = None
     if segment.cipher:
         enc = as_encryption(encryption)
@@ -367,7 +359,7 @@ def read_segment_arrow(
         cipher = enc.file_cipher(
             segment.path, segment.cipher, segment.key_id, segment.salt, segment.channel_id, segment.file_id
         )
-    run = _Run(
+    run = Run(
         segment.path,
         segment.file_id,
         segment.channel_id,
@@ -379,7 +371,7 @@ def read_segment_arrow(
         array("q", segment.sizes).tobytes(),
         cipher,
     )
-    return _read_runs([run], fs or DEFAULT_FS)
+    return read_runs([run], fs or DEFAULT_FS)
 
 
 def events_to_batch(events: Sequence[Any]) -> pa.RecordBatch:
@@ -396,97 +388,14 @@ def events_to_batch(events: Sequence[Any]) -> pa.RecordBatch:
     )
 
 
-class _Fallback(Exception):
+class Fallback(Exception):
     """read_arrow: a case the per-event ``read()`` decides (a file it does not know the cipher of)."""
-
-
-def _plan(reader: ChannelReader, start: int, end: int) -> list[_Run]:
-    """The runs of ``[start, end)``, from the reader's index columns (vectorized: no Python per event)."""
-    from .reader import _check_range
-
-    pa = _pa()
-    pc = _pc()
-    _check_range(start, end)
-    f = reader._state()
-    if end > f.visible_end:
-        f.refresh()
-    with f.lock:
-        reader._check_held(f, start, end)
-        idx = f.index
-        i, j = idx.span(start, end)
-        pos, fid, off, size = idx.pos[i:j], idx.fid[i:j], idx.off[i:j], idx.size[i:j]
-        files = dict(f.files)
-        data_dir = f.data_dirs[0]
-        channel_id, crc_kind = f.channel_id, f.crc_kind
-    n = j - i
-    if not n:
-        return []
-
-    def col(a: array[int]) -> Any:
-        return pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(a)])
-
-    fa, oa = col(fid), col(off)
-    starts = [0]
-    if n > 1:  # a new run where the file changes or the offsets stop ascending
-        brk = pc.or_(pc.not_equal(fa.slice(1), fa.slice(0, n - 1)), pc.less_equal(oa.slice(1), oa.slice(0, n - 1)))
-        starts += [k + 1 for k in pc.indices_nonzero(brk).to_pylist()]
-    starts.append(n)
-    ends = array("q")
-    ends.frombytes(pc.add(oa, col(size)).buffers()[1].to_pybytes()[: 8 * n])  # each record's end
-    runs: list[_Run] = []
-    for a, b in pairwise(starts):
-        file_id = fid[a]
-        st = files.get(file_id)
-        if st is not None and st.header.cipher and st.cipher is None:
-            raise _Fallback
-        path = st.path if st is not None else os.path.join(data_dir, segment_name(file_id))
-        k = a
-        while k < b:  # at most _READ_SEGMENT_BYTES per pread (a larger record alone)
-            first = off[k]
-            m = max(k + 1, bisect_right(ends, first + _READ_SEGMENT_BYTES, k + 1, b))
-            rel = array("q")
-            rel.frombytes(pc.subtract(col(off).slice(k, m - k), first).buffers()[1].to_pybytes()[: 8 * (m - k)])
-            runs.append(
-                _Run(
-                    path,
-                    file_id,
-                    channel_id,
-                    crc_kind,
-                    first,
-                    ends[m - 1] - first,
-                    pos[k:m].tobytes(),
-                    rel.tobytes(),
-                    size[k:m].tobytes(),
-                    st.cipher if st is not None else None,
-                )
-            )
-            k = m
-    return runs
 
 
 def _pc() -> Any:
     import pyarrow.compute
 
     return pyarrow.compute
-
-
-def read_arrow(reader: ChannelReader, start: int, end: int) -> pa.RecordBatch:
-    """``ChannelReader.read_arrow``: the committed events of ``[start, end)`` as one ``pyarrow.RecordBatch``.
-
-    The same events as ``reader.read(start, end)``, in the columns of
-    :func:`read_segment_arrow`: each run of events in one data file is read
-    with one ``pread`` per 64 MiB, every record checked, and all of them
-    decoded in one pass into one set of buffers. A range holding damage under
-    ``on_corruption="skip"``, or a data file retired meanwhile, goes through
-    ``read()`` instead, which drops and reports exactly the damaged events (or
-    raises as it does).
-    """
-    try:
-        return _read_runs(_plan(reader, start, end), reader._fs)
-    except (CorruptLogError, DataLossError, _Fallback) as exc:
-        if isinstance(exc, CorruptLogError) and reader.on_corruption != "skip":
-            raise
-    return events_to_batch(reader.read(start, end))
 
 
 # -- putting ----------------------------------------------------------------------------------------

@@ -479,6 +479,15 @@ SEALED_WITHOUT_KEY: Final = (
 )
 
 
+def as_encryption(encryption: Encryption | str | os.PathLike[str] | None) -> Encryption | None:
+    """An ``encryption=`` argument as an Encryption: a keystore path is loaded (its last key active)."""
+    if encryption is None or isinstance(encryption, Encryption):
+        return encryption
+    if isinstance(encryption, (str, os.PathLike)):
+        return Encryption(keys=os.fspath(encryption))
+    raise ConfigError("encryption", f"must be a filechannel.Encryption or a keystore path, got {encryption!r}")
+
+
 def header_cipher(
     encryption: Encryption | None, path: str, header: Any, header_bytes: bytes | memoryview, channel_id: bytes
 ) -> FileCipher | None:

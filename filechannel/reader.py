@@ -25,8 +25,9 @@ import os
 import threading
 import time
 from array import array
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
+from itertools import pairwise
 from types import TracebackType
 from typing import Any
 
@@ -36,7 +37,7 @@ from .channel import CHECKPOINT_DIR, Event, replay_queue
 from .checkpoint import CheckpointStore
 from .config import CORRUPTION_POLICIES, ChannelConfig
 from .consumers import ConsumerStore, validate_name
-from .crypto import KEY_HINT, SEALED_WITHOUT_KEY, TAMPERED, Encryption, FileCipher, header_cipher
+from .crypto import KEY_HINT, SEALED_WITHOUT_KEY, TAMPERED, Encryption, FileCipher, as_encryption, header_cipher
 from .errors import (
     AckRangeError,
     ChannelError,
@@ -135,15 +136,6 @@ def read_segment(segment: Segment, *, fs: FS | None = None, encryption: Encrypti
     for p, rel, size in zip(segment.positions, segment.offsets, segment.sizes, strict=True):
         out.append(_decode_put(buf, rel, size, seed, segment.crc_kind, segment.path, segment.offset + rel, p, cipher))
     return out
-
-
-def as_encryption(encryption: Encryption | str | os.PathLike[str] | None) -> Encryption | None:
-    """An ``encryption=`` argument as an Encryption: a keystore path is loaded (its last key active)."""
-    if encryption is None or isinstance(encryption, Encryption):
-        return encryption
-    if isinstance(encryption, (str, os.PathLike)):
-        return Encryption(keys=os.fspath(encryption))
-    raise ConfigError("encryption", f"must be a filechannel.Encryption or a keystore path, got {encryption!r}")
 
 
 def _decode_put(
@@ -923,9 +915,7 @@ class ChannelReader:
             DataLossError, CorruptLogError, DecryptionError: As for :meth:`read`.
             ArrowTextError: A header holds an encoded lone surrogate (old records only).
         """
-        from .arrow import read_arrow
-
-        return read_arrow(self, start, end)
+        return _read_arrow(self, start, end)
 
     @staticmethod
     def read_segment_arrow(segment: Segment, encryption: Encryption | str | None = None) -> Any:
@@ -1016,3 +1006,92 @@ def channel_id_of(directory: str | os.PathLike[str], *, fs: FS | None = None) ->
         return decode_channel_file(data)[0]
     except FormatError as exc:
         raise CorruptLogError(chan, exc.offset, exc.reason) from exc
+
+
+# -- the Arrow API's planning (filechannel.arrow decodes; needs pyarrow) ----------------------------
+
+
+def _plan_arrow(reader: ChannelReader, start: int, end: int) -> list[Any]:
+    """The runs of ``[start, end)`` (``arrow.Run``), from the reader's index columns (no Python per event)."""
+    from . import arrow
+    from .arrow import Run
+
+    pa = arrow._pa()
+    pc = arrow._pc()
+    _check_range(start, end)
+    f = reader._state()
+    if end > f.visible_end:
+        f.refresh()
+    with f.lock:
+        reader._check_held(f, start, end)
+        idx = f.index
+        i, j = idx.span(start, end)
+        pos, fid, off, size = idx.pos[i:j], idx.fid[i:j], idx.off[i:j], idx.size[i:j]
+        files = dict(f.files)
+        data_dir = f.data_dirs[0]
+        channel_id, crc_kind = f.channel_id, f.crc_kind
+    n = j - i
+    if not n:
+        return []
+
+    def col(a: array[int]) -> Any:
+        return pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(a)])
+
+    fa, oa = col(fid), col(off)
+    starts = [0]
+    if n > 1:  # a new run where the file changes or the offsets stop ascending
+        brk = pc.or_(pc.not_equal(fa.slice(1), fa.slice(0, n - 1)), pc.less_equal(oa.slice(1), oa.slice(0, n - 1)))
+        starts += [k + 1 for k in pc.indices_nonzero(brk).to_pylist()]
+    starts.append(n)
+    ends = array("q")
+    ends.frombytes(pc.add(oa, col(size)).buffers()[1].to_pybytes()[: 8 * n])  # each record's end
+    runs: list[Run] = []
+    for a, b in pairwise(starts):
+        file_id = fid[a]
+        st = files.get(file_id)
+        if st is not None and st.header.cipher and st.cipher is None:
+            raise arrow.Fallback
+        path = st.path if st is not None else os.path.join(data_dir, segment_name(file_id))
+        k = a
+        while k < b:  # at most arrow.READ_SEGMENT_BYTES per pread (a larger record alone)
+            first = off[k]
+            m = max(k + 1, bisect_right(ends, first + arrow.READ_SEGMENT_BYTES, k + 1, b))
+            rel = array("q")
+            rel.frombytes(pc.subtract(col(off).slice(k, m - k), first).buffers()[1].to_pybytes()[: 8 * (m - k)])
+            runs.append(
+                Run(
+                    path,
+                    file_id,
+                    channel_id,
+                    crc_kind,
+                    first,
+                    ends[m - 1] - first,
+                    pos[k:m].tobytes(),
+                    rel.tobytes(),
+                    size[k:m].tobytes(),
+                    st.cipher if st is not None else None,
+                )
+            )
+            k = m
+    return runs
+
+
+def _read_arrow(reader: ChannelReader, start: int, end: int) -> Any:
+    """``ChannelReader.read_arrow``: the committed events of ``[start, end)`` as one ``pyarrow.RecordBatch``.
+
+    The same events as ``reader.read(start, end)``, in the columns of
+    :func:`read_segment_arrow`: each run of events in one data file is read
+    with one ``pread`` per 64 MiB, every record checked, and all of them
+    decoded in one pass into one set of buffers. A range holding damage under
+    ``on_corruption="skip"``, or a data file retired meanwhile, goes through
+    ``read()`` instead, which drops and reports exactly the damaged events (or
+    raises as it does).
+    """
+    from . import arrow
+
+    try:
+        return arrow.read_runs(_plan_arrow(reader, start, end), reader._fs)
+    except (CorruptLogError, DataLossError, arrow.Fallback) as exc:
+        if isinstance(exc, CorruptLogError) and reader.on_corruption != "skip":
+            raise
+    return arrow.events_to_batch(reader.read(start, end))

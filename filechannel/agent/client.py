@@ -31,9 +31,9 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from filechannel.channel import Event
-from filechannel.crypto import Encryption
+from filechannel.crypto import Encryption, as_encryption
 from filechannel.errors import ChannelError, ConfigError
-from filechannel.reader import Segment, as_encryption, decode_segment
+from filechannel.reader import Segment, decode_segment
 from filechannel.scan import segment_name
 
 from . import protocol as proto

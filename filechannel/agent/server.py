@@ -42,7 +42,7 @@ from filechannel._fs import DEFAULT_FS, replace_durably
 from filechannel._version import __version__
 from filechannel.channel import FileChannel, open_channel
 from filechannel.consumers import ConsumerStore, validate_name
-from filechannel.crypto import Encryption
+from filechannel.crypto import Encryption, as_encryption
 from filechannel.directory import CHANNEL_FILE, decode_channel_file
 from filechannel.errors import (
     ChannelError,
@@ -52,7 +52,7 @@ from filechannel.errors import (
     DataLossError,
     TransactionCapacityError,
 )
-from filechannel.reader import ChannelReader, Segment, as_encryption, channel_id_of
+from filechannel.reader import ChannelReader, Segment, channel_id_of
 
 from . import protocol as proto
 from .auth import Listen, allowed, make_token_middleware, parse_uri, read_public_file, read_secret_file, read_token

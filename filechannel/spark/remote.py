@@ -44,6 +44,7 @@ from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows
 
 from filechannel.agent.client import AgentClient, AgentSettings
 from filechannel.channel import Event
+from filechannel.crypto import as_encryption
 from filechannel.errors import (
     AgentUnavailableError,
     ChannelError,
@@ -52,7 +53,7 @@ from filechannel.errors import (
     DataLossError,
     UnknownChannelError,
 )
-from filechannel.reader import ChannelReader, as_encryption
+from filechannel.reader import ChannelReader
 
 from .source import (
     _AHEAD_HINT,
