@@ -1086,6 +1086,10 @@ _SERVE_FLAGS = {
     "encryption": "--keystore",
     "directories": "DIR",
     "on_corruption": "--on-corruption",
+    "capacity": "--capacity",
+    "transaction_capacity": "--transaction-capacity",
+    "max_event_size": "--max-event-size",
+    "fsync": "--fsync",
 }
 
 
@@ -1098,6 +1102,18 @@ def _serve_allow(specs: Sequence[str] | None) -> dict[str, frozenset[str]]:
             raise ChannelError(f"--allow {spec!r}: give NAME (a client certificate's name) or NAME=CHANNEL_ID")
         allow.setdefault(channel.lower() if sep else "*", set()).add(name)
     return {k: frozenset(v) for k, v in allow.items()}
+
+
+_SERVE_CHANNEL_FLAGS = ("capacity", "transaction_capacity", "max_event_size", "fsync")
+
+
+def _serve_channel_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The channel options of ``serve --writable`` (``--capacity``, ...); refused without ``--writable``."""
+    given = {n: getattr(args, n) for n in _SERVE_CHANNEL_FLAGS if getattr(args, n, None) is not None}
+    if given and not args.writable:
+        flag = _CONFIG_FLAGS[next(iter(given))]
+        raise ChannelError(f"{flag} applies to the channels an agent owns: add --writable (or drop {flag})")
+    return given
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -1122,6 +1138,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         port_file=args.port_file,
         on_corruption=args.on_corruption or "fail",
         writable=args.writable,
+        channel_options=_serve_channel_options(args),
     )
     try:
         if args.check:
@@ -1159,6 +1176,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 port_file=config.port_file,
                 on_corruption=config.on_corruption,
                 writable=config.writable,
+                channel_options=config.channel_options,
             )
             try:
                 while not stop.wait(0.5):
@@ -1362,6 +1380,17 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="open the channels as their owner (taking the lock) and accept exactly-once puts (DoPut)",
     )
+    sp.add_argument("--capacity", type=int, metavar="N", help="with --writable: most events a channel may hold")
+    sp.add_argument(
+        "--transaction-capacity",
+        type=int,
+        metavar="N",
+        help="with --writable: most events per transaction (a put, a Spark sink batch; default 10000)",
+    )
+    sp.add_argument(
+        "--max-event-size", type=int, metavar="BYTES", help="with --writable: largest event (default 8 MiB)"
+    )
+    sp.add_argument("--fsync", choices=("commit", "interval"), help="with --writable: fsync mode (default commit)")
     sp.add_argument("--check", action="store_true", help="print what would be served and exit (binds nothing)")
     sp.set_defaults(func=cmd_serve)
 

@@ -23,7 +23,7 @@ import itertools
 import json
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -474,6 +474,116 @@ class AgentClient:
             dup, _int(self.uri, ans, "sequence"), _int(self.uri, ans, "committed"), _int(self.uri, ans, "events")
         )
 
+    # -- the Spark sink (a writable agent; filechannel.agent.staging) ------------------------
+
+    def sink_stage(
+        self,
+        channel: str,
+        events: Iterable[tuple[bytes, Mapping[str, str] | None]],
+        *,
+        partition: int,
+        attempt: int,
+        query: str | None = None,
+        batch_id: int | None = None,
+        job: str | None = None,
+        chunk: int = 4096,
+    ) -> tuple[str | None, int, int]:
+        """Stage a Spark task's rows at the agent (streamed in record batches of ``chunk`` rows).
+
+        Returns only once the agent made the staged file durable.
+
+        Returns:
+            ``(staged file name or None for no rows, rows, bytes)``: what the task's commit message carries.
+
+        Raises:
+            EventTooLargeError: A row is larger than the channel's ``max_event_size``.
+            InvalidEventError: A null header value, or a bad query, batch or job id.
+            AgentError: The agent serves the channel read-only.
+        """
+        command = proto.encode_stage_command(
+            channel.lower(), partition, attempt, query=query, batch_id=batch_id, job=job
+        )
+        schema = proto.put_schema()
+        client = self._flight()
+        what = f"stage of partition {partition} to channel {channel}"
+        try:
+            writer, results = client.do_put(fl.FlightDescriptor.for_command(command), schema, self._options())
+            try:
+                bodies: list[bytes] = []
+                maps: list[Any] = []
+                for body, headers in events:
+                    bodies.append(bytes(body))
+                    maps.append(list(headers.items()) if headers else None)
+                    if len(bodies) >= chunk:
+                        writer.write_batch(_put_batch(schema, bodies, maps))
+                        bodies, maps = [], []
+                if bodies:
+                    writer.write_batch(_put_batch(schema, bodies, maps))
+                writer.done_writing()
+                buf = results.read()
+            finally:
+                writer.close()
+        except fl.FlightError as exc:
+            raise self._error(exc, what) from None
+        if buf is None:
+            raise AgentProtocolError(self.uri, f"{what}: no answer")
+        try:
+            ans = proto.decode_json(buf.to_pybytes(), f"the answer to the {what}")
+        except AgentProtocolError as exc:
+            raise AgentProtocolError(self.uri, exc.reason) from None
+        staged = ans.get("staged")
+        if staged is not None and not isinstance(staged, str):
+            raise AgentProtocolError(self.uri, f"{what}: the answer names no staged file")
+        return staged, _int(self.uri, ans, "rows"), _int(self.uri, ans, "bytes")
+
+    def sink_commit(
+        self,
+        channel: str,
+        files: Sequence[str],
+        *,
+        rows: int | None = None,
+        query: str | None = None,
+        batch_id: int | None = None,
+        job: str | None = None,
+        stale_staging: float | None = None,
+    ) -> dict[str, Any]:
+        """Commit staged files as one transaction: micro-batch ``batch_id`` of ``query`` (or batch job ``job``).
+
+        Exactly once per (query, batch id), and per job id: the agent records it in a
+        channel mark in the same transaction, so calling again (a retry after a timeout
+        or an agent restart, a batch Spark replays) puts nothing.
+
+        Returns:
+            ``{"committed": bool, "reason": "committed" | "already committed" | "empty", "rows": n, ...}``.
+
+        Raises:
+            ChannelError: A staged file is missing or damaged, the batch is larger than the channel's
+                ``transaction_capacity``, or the channel refused it (``ChannelFullError``): nothing was put.
+            AgentError: The agent serves the channel read-only.
+        """
+        body: dict[str, Any] = {"channel": channel.lower(), "files": list(files), "rows": rows}
+        body |= {"job": job} if job is not None else {"query": query, "batch": batch_id}
+        if stale_staging is not None:
+            body["stale_staging"] = stale_staging
+        return self._action("sink_commit", body)
+
+    def sink_abort(
+        self,
+        channel: str,
+        files: Sequence[str],
+        *,
+        query: str | None = None,
+        batch_id: int | None = None,
+        job: str | None = None,
+        stale_staging: float | None = None,
+    ) -> int:
+        """Delete staged files: those named and every attempt's of the batch (or job); return how many."""
+        body: dict[str, Any] = {"channel": channel.lower(), "files": list(files)}
+        body |= {"job": job} if job is not None else {"query": query, "batch": batch_id}
+        if stale_staging is not None:
+            body["stale_staging"] = stale_staging
+        return _int(self.uri, self._action("sink_abort", body), "deleted")
+
     def close(self) -> None:
         """Close the connection (a later call opens a new one)."""
         if self._client is not None:
@@ -487,6 +597,10 @@ class AgentClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _put_batch(schema: Any, bodies: list[bytes], maps: list[Any]) -> Any:
+    return pa.record_batch([pa.array(bodies, pa.binary()), pa.array(maps, schema.field("headers").type)], schema=schema)
 
 
 def _first_line(exc: BaseException) -> str:

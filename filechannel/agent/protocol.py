@@ -20,6 +20,14 @@ Arrow Flight. Everything but :func:`batch_schema` works without pyarrow.
   metadata, sent after the durable commit, is JSON ``{"v", "duplicate",
   "sequence", "committed", "events"}``: ``duplicate`` when ``n`` was at or below
   the producer's committed sequence (nothing was put).
+- The Spark sink (``writeStream.format("filechannel").option("agent", URI)``):
+  ``DoPut`` with the command ``{"v": 1, "op": "stage", "channel", "partition",
+  "attempt", "query", "batch"}`` (or ``"job"`` instead of query and batch;
+  :func:`encode_stage_command`) stages a task's rows (the put schema) at the
+  agent and answers ``{"v", "staged": name or null, "rows", "bytes"}`` once the
+  staged file is durable; the actions in :data:`SINK_ACTIONS` commit (one
+  transaction per (query, batch id), exactly once, through the mark
+  ``spark-sink:<query>``) or abort staged files.
 - Errors: an application error is a ``FlightServerError`` whose
   ``extra_info`` is JSON ``{"v": 1, "error": class name, "fields": {...}}``
   (:func:`encode_error`), rebuilt by the client as the same class
@@ -70,6 +78,12 @@ ACTIONS = {
     "available": "{channel, consumer?, identity?} -> {start, end} (no consumer: what the channel holds)",
     "ack": "{channel, consumer, identity?, end} -> {acked}",
     "status": "{} -> {agent, version, channels: [{channel, name, start, end, consumers: {name: {...}}}]}",
+}
+
+#: DoAction types of the Spark sink (a writable agent): request body -> answer.
+SINK_ACTIONS = {
+    "sink_commit": "{channel, query, batch | job, files, rows?, stale_staging?} -> {committed, reason, rows}",
+    "sink_abort": "{channel, query?, batch?, job?, files, stale_staging?} -> {deleted}",
 }
 
 # Schema metadata keys of a DoGet stream.
@@ -211,6 +225,56 @@ def decode_put_command(command: bytes) -> tuple[str, str, int]:
     if not isinstance(channel, str):
         raise AgentProtocolError("", "the put command names no channel")
     return channel, check_producer(obj.get("producer")), check_sequence(obj.get("sequence"))
+
+
+def command_op(command: bytes) -> object:
+    """The ``op`` of a DoPut command (``"put"`` or ``"stage"``), or None when it does not decode."""
+    try:
+        obj = json.loads(command) if len(command) <= MAX_COMMAND_BYTES else None
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return obj.get("op") if isinstance(obj, dict) else None
+
+
+def encode_stage_command(
+    channel: str,
+    partition: int,
+    attempt: int,
+    *,
+    query: str | None = None,
+    batch_id: int | None = None,
+    job: str | None = None,
+) -> bytes:
+    """The DoPut command staging one Spark task's rows: a streaming task's (query, batch) or a batch job's."""
+    obj: dict[str, Any] = {"v": WIRE_VERSION, "op": "stage", "channel": channel, "partition": partition}
+    obj["attempt"] = attempt
+    if job is not None:
+        obj["job"] = job
+    else:
+        obj |= {"query": query, "batch": batch_id}
+    return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
+
+
+def decode_stage_command(command: bytes) -> dict[str, Any]:
+    """The fields of a stage command: ``channel``, ``partition``, ``attempt`` and ``query``/``batch`` or ``job``.
+
+    Raises:
+        AgentProtocolError: Not a stage command of this version, or a field is missing or invalid.
+    """
+    if len(command) > MAX_COMMAND_BYTES:
+        raise AgentProtocolError("", f"a stage command is at most {MAX_COMMAND_BYTES} bytes")
+    obj = decode_json(command, "the stage command")
+    if obj.get("v") != WIRE_VERSION or obj.get("op") != "stage":
+        raise AgentProtocolError("", f"not a stage command of wire version {WIRE_VERSION}")
+    if not isinstance(obj.get("channel"), str):
+        raise AgentProtocolError("", "the stage command names no channel")
+    out: dict[str, Any] = {"channel": obj["channel"]}
+    out["partition"], out["attempt"] = int_field(obj, "partition"), int_field(obj, "attempt")
+    if "job" in obj:
+        out["job"] = str_field(obj, "job")
+    else:
+        out["query"], out["batch_id"] = str_field(obj, "query"), int_field(obj, "batch")
+    return out
 
 
 def put_schema() -> Any:

@@ -50,13 +50,16 @@ from filechannel.errors import (
     ConsumerIdentityError,
     CorruptLogError,
     DataLossError,
+    InvalidEventError,
     TransactionCapacityError,
 )
 from filechannel.reader import ChannelReader, Segment, channel_id_of
+from filechannel.spark.sink import DEFAULT_STALE_STAGING
 
 from . import protocol as proto
 from .auth import Listen, allowed, make_token_middleware, parse_uri, read_public_file, read_secret_file, read_token
 from .errors import AgentError, AgentProtocolError, UnknownChannelError
+from .staging import AgentSink, StageRequest
 
 __all__ = ["Agent", "AgentConfig", "serve"]
 
@@ -137,6 +140,7 @@ class _Served:
         self.view = ChannelReader(directory, encryption=encryption, on_corruption=on_corruption)
         self.readers: dict[tuple[str, str | None], ChannelReader] = {}
         self.channel: FileChannel | None = None  # the owned channel, when the agent is writable
+        self.sink: AgentSink | None = None  # the Spark sink's staging area (staging.py), made at first use
         self._producer_locks: dict[str, threading.Lock] = {}
 
     def put(self, producer: str, sequence: int, bodies: list[bytes], headers: list[dict[str, str] | None]) -> Any:
@@ -160,6 +164,17 @@ class _Served:
                     tx.put(b, headers=h)
                 tx.mark(key, b"%d" % sequence)
             return {"v": 1, "duplicate": False, "sequence": sequence, "committed": sequence, "events": len(bodies)}
+
+    def sink_store(self) -> AgentSink:
+        """The Spark sink's staging area and commits of this channel (a writable agent's only)."""
+        if self.channel is None:
+            raise AgentError(
+                "", f"channel {self.cid} is served read-only: start the agent with --writable for the Spark sink"
+            )
+        with self.lock:
+            if self.sink is None:
+                self.sink = AgentSink(self.channel, self.directory)
+            return self.sink
 
     def reader(self, consumer: str, identity: str | None, reset: bool = False) -> ChannelReader:
         """The reader of ``consumer`` under ``identity`` (registered, or its identity checked, now)."""
@@ -363,6 +378,8 @@ class _FlightServer(fl.FlightServerBase):  # type: ignore[misc]
 
     def do_put(self, context: Any, descriptor: Any, reader: Any, writer: Any) -> None:
         def go() -> dict[str, Any]:
+            if proto.command_op(descriptor.command or b"") == "stage":
+                return self._sink_stage(context, descriptor.command, reader)
             cid, producer, sequence = proto.decode_put_command(descriptor.command or b"")
             ch = self._channel(context, cid)
             if ch.channel is None:
@@ -378,7 +395,7 @@ class _FlightServer(fl.FlightServerBase):  # type: ignore[misc]
     # -- actions ---------------------------------------------------------------------------
 
     def list_actions(self, context: Any) -> list[tuple[str, str]]:
-        return list(proto.ACTIONS.items())
+        return [*proto.ACTIONS.items(), *proto.SINK_ACTIONS.items()]
 
     def do_action(self, context: Any, action: Any) -> Iterator[bytes]:
         kind = action.type
@@ -393,6 +410,8 @@ class _FlightServer(fl.FlightServerBase):  # type: ignore[misc]
                     with ch.lock:
                         out.append(ch.describe())
                 return {"agent": self._agent.location, "version": __version__, "channels": out}
+            if kind in proto.SINK_ACTIONS:
+                return self._sink_action(context, kind, req)
             if kind not in proto.ACTIONS:
                 raise AgentProtocolError("", f"no action {kind!r} (there are: {', '.join(proto.ACTIONS)})")
             ch = self._channel(context, req.get("channel"))
@@ -439,6 +458,80 @@ class _FlightServer(fl.FlightServerBase):  # type: ignore[misc]
 
         result = self._run(kind, context, go)
         return iter([json.dumps(result, sort_keys=True).encode()])
+
+    # -- the Spark sink (staging.py) ------------------------------------------------------
+
+    def _sink_stage(self, context: Any, command: bytes, reader: Any) -> dict[str, Any]:
+        cmd = proto.decode_stage_command(command)
+        store = self._channel(context, cmd.pop("channel")).sink_store()
+        req = StageRequest(**cmd)
+        name, rows, size = store.stage(req, _stream_events(reader))
+        logger.debug("sink stage %s: %d rows from %s", name, rows, context.peer())
+        return {"v": proto.WIRE_VERSION, "staged": name, "rows": rows, "bytes": size}
+
+    def _sink_action(self, context: Any, kind: str, req: dict[str, Any]) -> dict[str, Any]:
+        store = self._channel(context, req.get("channel")).sink_store()
+        files = req.get("files", [])
+        if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+            raise AgentProtocolError("", "files must be a list of staged file names")
+        stale = req.get("stale_staging", DEFAULT_STALE_STAGING)
+        if not isinstance(stale, (int, float)) or isinstance(stale, bool) or not 0 <= stale < float("inf"):
+            raise AgentProtocolError("", f"stale_staging must be a number of seconds >= 0, got {stale!r}")
+        job = proto.str_field(req, "job", required=False)
+        query = proto.str_field(req, "query", required=False)
+        if kind == "sink_abort":
+            batch = req.get("batch")
+            prefix = None
+            if job is not None:
+                prefix = StageRequest(0, 0, job=job).prefix
+            elif query is not None and batch is not None:
+                prefix = StageRequest(0, 0, query=query, batch_id=proto.int_field(req, "batch")).prefix
+            deleted = store.discard(prefix, files)
+            store.sweep(float(stale))
+            logger.info("sink abort from %s: %d staged file(s) deleted", context.peer(), deleted)
+            return {"deleted": deleted}
+        rows = req.get("rows")
+        if rows is not None:
+            rows = proto.int_field(req, "rows")
+        if job is not None:
+            return store.commit_job(job, files, rows, float(stale))
+        if query is None:
+            raise AgentProtocolError("", "a sink commit names a query and batch, or a job")
+        return store.commit_batch(query, proto.int_field(req, "batch"), files, rows, float(stale))
+
+
+def _stream_events(reader: Any) -> Iterator[tuple[bytes, dict[str, str] | None]]:
+    """The rows of a stage stream, one by one (the put schema: ``body`` binary, optional ``headers``).
+
+    Raises:
+        AgentProtocolError: Another schema, or a null body.
+        InvalidEventError: A null header value.
+    """
+    schema = reader.schema
+    names = set(schema.names)
+    if "body" not in names or not names <= {"body", "headers"}:
+        raise AgentProtocolError(
+            "", f"a stage stream has a body column and an optional headers column, not {schema.names}"
+        )
+    if not (pa.types.is_binary(schema.field("body").type) or pa.types.is_large_binary(schema.field("body").type)):
+        raise AgentProtocolError("", f"the body column is binary, not {schema.field('body').type}")
+    if "headers" in names and schema.field("headers").type != pa.map_(pa.string(), pa.string()):
+        raise AgentProtocolError("", f"the headers column is map<string, string>, not {schema.field('headers').type}")
+    for chunk in reader:
+        batch = chunk.data
+        if batch is None:
+            continue
+        col = batch.column("body")
+        if col.null_count:
+            raise AgentProtocolError("", "a body is null")
+        maps = batch.column("headers").to_pylist() if "headers" in names else None
+        for i, body in enumerate(col.to_pylist()):
+            headers = None
+            if maps is not None and maps[i]:
+                headers = dict(maps[i])
+                if any(v is None for v in headers.values()):
+                    raise InvalidEventError("a header value is null; headers are strings")
+            yield body, headers
 
 
 def _read_put_stream(reader: Any, capacity: int) -> tuple[list[bytes], list[dict[str, str] | None]]:

@@ -76,6 +76,8 @@ from filechannel.errors import (
 from filechannel.permissions import fs_for
 from filechannel.reader import ChannelReader
 
+from .agent_sink import AGENT_OPTIONS, AgentSinkOptions, AgentSinkTarget
+
 __all__ = [
     "HEADER_BATCH",
     "HEADER_QUERY",
@@ -156,6 +158,9 @@ class SinkOptions:
         keystore: The ``keystore`` option: the path of the keystore of an encrypted
             channel (never key bytes: the path is what travels to executors). Its
             last key encrypts new data files and the staged rows.
+        agent: With ``.option("agent", URI)``: rows are staged at, and committed by, the
+            agent that owns the channel (:mod:`filechannel.spark.agent_sink`); ``path``
+            is then empty.
     """
 
     path: str
@@ -164,6 +169,7 @@ class SinkOptions:
     stale_staging: float = DEFAULT_STALE_STAGING
     checkpoint_location: str | None = None
     keystore: str | None = None
+    agent: AgentSinkOptions | None = None
 
     @classmethod
     def from_spark(cls, options: Mapping[str, str]) -> SinkOptions:
@@ -174,10 +180,14 @@ class SinkOptions:
                 (``.option`` names the Spark option, e.g. ``channel.capacity``).
         """
         opts = {str(k).lower(): v for k, v in options.items()}
+        if "agent" in opts:
+            return cls._through_agent(opts)
         channel: dict[str, Any] = {}
         for key, value in opts.items():
             if key.startswith(_CHANNEL_PREFIX):
                 channel[key[len(_CHANNEL_PREFIX) :]] = value
+            elif key in AGENT_OPTIONS:
+                raise ConfigError(key, "is an option of the sink through an agent: give .option('agent', URI) too")
             elif key not in _SINK_OPTIONS:
                 raise ConfigError(
                     key,
@@ -202,6 +212,32 @@ class SinkOptions:
             stale_staging=_seconds(opts, "stalestagingseconds", "staleStagingSeconds", DEFAULT_STALE_STAGING),
             checkpoint_location=opts.get("checkpointlocation") or None,
             keystore=keystore,
+        )
+
+    @classmethod
+    def _through_agent(cls, opts: Mapping[str, Any]) -> SinkOptions:
+        """The options of the sink through an agent (the agent owns the channel and its options)."""
+        for key in opts:
+            if key.startswith(_CHANNEL_PREFIX) or key in ("path", "keystore", "locktimeout"):
+                why = {
+                    "path": "the agent's channel is named with .option('channel', ID or NAME), not a path",
+                    "keystore": "the agent encrypts with its own --keystore (staged rows too)",
+                    "locktimeout": "the agent owns the channel: there is no lock to wait for",
+                }.get(key, "the agent's channel options are set where it runs: filechannel serve --capacity ...")
+                raise ConfigError(key, f"not an option of the sink through an agent: {why}")
+            if key not in AGENT_OPTIONS and key not in ("checkpointlocation", "stalestagingseconds"):
+                raise ConfigError(
+                    key,
+                    "unknown option of the filechannel sink through an agent (known: agent, channel, tlsCa, tlsCert, "
+                    "tlsKey, tokenFile, agentTimeoutMs, agentRetryMs, staleStagingSeconds, checkpointLocation)",
+                )
+        if not str(opts["agent"]).strip():
+            raise ConfigError("agent", "give the agent's URI, e.g. grpc+tls://host:8815")
+        return cls(
+            path="",
+            stale_staging=_seconds(opts, "stalestagingseconds", "staleStagingSeconds", DEFAULT_STALE_STAGING),
+            checkpoint_location=opts.get("checkpointlocation") or None,
+            agent=AgentSinkOptions.from_spark(opts),
         )
 
     def encryption(self) -> Encryption | None:
@@ -1144,6 +1180,12 @@ class _WriterBase:
         self.options = SinkOptions.from_spark(options)
         self.columns = _check_schema(schema)
         self.max_event_size = self.options.config().max_event_size
+        # Through an agent: the agent checks each row against its channel's max_event_size.
+        self.target = AgentSinkTarget(self.options.agent) if self.options.agent is not None else None
+
+    def _ensure_channel(self) -> None:
+        if self.target is None:
+            self._committer().ensure_channel()
 
     def _committer(self) -> SinkCommitter:
         return SinkCommitter(self.options)
@@ -1195,7 +1237,7 @@ class FileChannelStreamWriter(_WriterBase, DataSourceStreamArrowWriter):
         if overwrite:
             raise ConfigError("outputMode", "the filechannel sink only appends: use outputMode('append')")
         super().__init__(options, schema)
-        self._committer().ensure_channel()
+        self._ensure_channel()
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedFiles:
         """Stage this task's rows durably and return what was staged.
@@ -1206,6 +1248,20 @@ class FileChannelStreamWriter(_WriterBase, DataSourceStreamArrowWriter):
             OSError: Writing the staged file failed.
         """
         info = task_info()
+        if self.target is not None:
+            if info.query is None or info.batch_id is None:
+                raise ChannelError(
+                    "a task of the sink through an agent could not tell its streaming query id and batch id "
+                    f"(Spark's {_QUERY_ID_PROPERTY!r} and {_BATCH_ID_PROPERTY!r} properties)"
+                )
+            files, rows, size = self.target.stage(
+                _arrow_events(iterator, self.columns),
+                partition=info.partition,
+                attempt=info.attempt,
+                query=info.query,
+                batch_id=info.batch_id,
+            )
+            return StagedFiles(files, rows, size, query=info.query, batch_id=info.batch_id)
         overhead = _headers_overhead(
             _sink_headers(info.query or "x" * 64, 10**12 if info.batch_id is None else info.batch_id)
         )
@@ -1226,6 +1282,12 @@ class FileChannelStreamWriter(_WriterBase, DataSourceStreamArrowWriter):
         query = self._query_of(msgs, batchId, required=bool(files))
         if query is None:
             return
+        if self.target is not None:
+            out = self.target.commit(
+                files, rows, query=query, batch_id=batchId, stale_staging=self.options.stale_staging
+            )
+            logger.info("batch %d of query %s at %s: %s", batchId, query, self.target.options.uri, out.get("reason"))
+            return
         self._committer().commit_batch(query, batchId, files, rows)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
@@ -1233,6 +1295,10 @@ class FileChannelStreamWriter(_WriterBase, DataSourceStreamArrowWriter):
         msgs = [m for m in messages if isinstance(m, StagedFiles)]
         files = [f for m in msgs for f in m.files]
         query = self._query_of(msgs, batchId, required=False)
+        if self.target is not None:
+            n = self.target.abort(files, query=query, batch_id=batchId, stale_staging=self.options.stale_staging)
+            logger.info("aborted batch %d: %d staged file(s) deleted at the agent", batchId, n)
+            return
         prefix = _stream_prefix(query, batchId) if query is not None else None
         n = self._committer().discard(prefix, files)
         logger.info("aborted batch %d: %d staged file(s) deleted", batchId, n)
@@ -1293,7 +1359,7 @@ class FileChannelBatchWriter(_WriterBase, DataSourceArrowWriter):
             raise ConfigError("mode", "the filechannel sink only appends: use mode('append')")
         super().__init__(options, schema)
         self.job = uuid.uuid4().hex
-        self._committer().ensure_channel()
+        self._ensure_channel()
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedFiles:
         """Stage this task's rows durably and return what was staged.
@@ -1304,7 +1370,12 @@ class FileChannelBatchWriter(_WriterBase, DataSourceArrowWriter):
             OSError: Writing the staged file failed.
         """
         info = task_info()
-        files, rows, size = self._stage(iterator, _job_prefix(self.job), info, 0)
+        if self.target is not None:
+            files, rows, size = self.target.stage(
+                _arrow_events(iterator, self.columns), partition=info.partition, attempt=info.attempt, job=self.job
+            )
+        else:
+            files, rows, size = self._stage(iterator, _job_prefix(self.job), info, 0)
         return StagedFiles(files, rows, size, job=self.job)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
@@ -1316,9 +1387,16 @@ class FileChannelBatchWriter(_WriterBase, DataSourceArrowWriter):
         """
         msgs = _messages(messages, f"batch job {self.job}")
         files = [f for m in msgs for f in m.files]
+        if self.target is not None:
+            rows = sum(m.rows for m in msgs)
+            self.target.commit(files, rows, job=self.job, stale_staging=self.options.stale_staging)
+            return
         self._committer().commit_job(self.job, files, sum(m.rows for m in msgs))
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         """Delete the job's staged files."""
         files = [f for m in messages if isinstance(m, StagedFiles) for f in m.files]
+        if self.target is not None:
+            self.target.abort(files, job=self.job, stale_staging=self.options.stale_staging)
+            return
         self._committer().discard(_job_prefix(self.job), files)
