@@ -54,7 +54,7 @@ from filechannel.errors import (
     TransactionCapacityError,
 )
 from filechannel.reader import ChannelReader, Segment, channel_id_of
-from filechannel.spark.sink import DEFAULT_STALE_STAGING
+from filechannel.staged import DEFAULT_STALE_STAGING
 
 from . import protocol as proto
 from .auth import Listen, allowed, make_token_middleware, parse_uri, read_public_file, read_secret_file, read_token

@@ -44,7 +44,7 @@ from filechannel._fs import DEFAULT_FS, FS
 from filechannel.channel import FileChannel
 from filechannel.errors import ChannelError, InvalidEventError, TransactionCapacityError
 from filechannel.permissions import fs_for
-from filechannel.spark.sink import (
+from filechannel.staged import (
     DEFAULT_STALE_STAGING,
     SINK_DIR,
     STAGING_DIR,

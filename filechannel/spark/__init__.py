@@ -43,6 +43,6 @@ def __getattr__(name: str) -> Any:
         raise ImportError(
             f"filechannel.spark needs PySpark 4.2+ and pyarrow ({exc}): pip install 'filechannel[spark]'"
         ) from exc
-    from . import source
+    from . import datasource, source
 
-    return getattr(source, name)
+    return getattr(datasource if name in ("register", "FileChannelDataSource") else source, name)

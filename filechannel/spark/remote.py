@@ -115,6 +115,10 @@ class AgentPartition(InputPartition):
     def __repr__(self) -> str:
         return f"AgentPartition(channel={self.channel}, [{self.start}, {self.end}))"
 
+    def batches(self, schema: StructType) -> Iterator[Any]:
+        """Read this partition as Arrow record batches of ``schema`` (the source's ``read`` calls it)."""
+        return agent_batches(self, schema)
+
 
 def split(
     channel: str, start: int, end: int, every: int, agents: tuple[AgentSettings, ...], keystore: str | None

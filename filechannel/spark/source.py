@@ -66,12 +66,12 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
 from filechannel._fs import DEFAULT_FS, read_file
@@ -90,19 +90,15 @@ from filechannel.errors import (
 from filechannel.reader import ChannelReader, Segment
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-    from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter
     from pyspark.sql.types import StructType
 
 __all__ = [
     "SCHEMA",
     "CheckpointMismatchError",
     "FileChannelBatchReader",
-    "FileChannelDataSource",
     "FileChannelStreamReader",
     "FilesNotVisibleError",
     "SourceOptions",
-    "register",
 ]
 
 logger = logging.getLogger(__name__)
@@ -146,15 +142,6 @@ class CheckpointMismatchError(ChannelError):
 
 class FilesNotVisibleError(ChannelError):
     """An executor cannot see a channel's files (another host, a container): read it through an agent."""
-
-
-def register(spark: SparkSession) -> None:
-    """Register the ``filechannel`` data source in ``spark`` (once per session).
-
-    The Python workers must import ``filechannel`` and ``pyarrow``: run the
-    session with ``PYSPARK_PYTHON`` pointing at the interpreter that has them.
-    """
-    spark.dataSource.register(FileChannelDataSource)
 
 
 # -- options --------------------------------------------------------------------------------
@@ -518,11 +505,14 @@ def _batches(partition: InputPartition, schema: StructType) -> Iterator[Any]:
 
 
 def _read(partition: InputPartition, schema: StructType) -> Iterator[Any]:
-    """Read one partition (on an executor): from an agent, or the channel's files on this host."""
-    from .remote import AgentPartition, agent_batches
+    """Read one partition (on an executor): from an agent, or the channel's files on this host.
 
-    if isinstance(partition, AgentPartition):
-        return agent_batches(partition, schema)
+    A partition that reads itself (``filechannel.spark.remote.AgentPartition``: it has
+    ``batches(schema)``) does; any other is a segment of a local channel.
+    """
+    own = getattr(partition, "batches", None)
+    if callable(own):
+        return own(schema)  # type: ignore[no-any-return]
     return _local_batches(partition, schema)
 
 
@@ -568,54 +558,19 @@ _BEHIND_HINT = (
 # -- the data source ------------------------------------------------------------------------
 
 
-class FileChannelDataSource(DataSource):
-    """The Spark data source registered as ``"filechannel"`` (see the module docstring for options)."""
-
-    @classmethod
-    def name(cls) -> str:
-        """Return the short name used in ``format("filechannel")``."""
-        return "filechannel"
-
-    def schema(self) -> str:
-        """Return ``position long, body binary, headers map<string,string>`` (+ ``channel string``)."""
-        try:
-            multi = SourceOptions.parse(self.options, streaming=False).multi
-        except ConfigError:
-            multi = False  # reported by reader() or streamReader(), which Spark calls next
-        return MULTI_SCHEMA if multi else SCHEMA
-
-    def reader(self, schema: StructType) -> DataSourceReader:
-        """Return a batch reader: the committed, untaken events at the moment of planning."""
-        return FileChannelBatchReader(SourceOptions.parse(self.options, streaming=False), schema)
-
-    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        """Return an exactly-once stream reader (with admission control and ``availableNow``)."""
-        options = SourceOptions.parse(self.options, streaming=True)
-        if options.agents:
-            from .remote import AgentStreamReader
-
-            return AgentStreamReader(options, schema)
-        return FileChannelStreamReader(options, schema)
-
-    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        """Return the batch sink (``df.write.format("filechannel")``): see :mod:`filechannel.spark.sink`."""
-        from .sink import FileChannelBatchWriter
-
-        return FileChannelBatchWriter(self.options, schema)
-
-    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        """Return the streaming sink (``writeStream.format("filechannel")``): see :mod:`filechannel.spark.sink`."""
-        from .sink import FileChannelStreamWriter
-
-        return FileChannelStreamWriter(self.options, schema)
-
-
 class FileChannelBatchReader(DataSourceReader):
     """A snapshot: the committed events the channel still holds, read through a view; acknowledges nothing."""
 
-    def __init__(self, options: SourceOptions, schema: StructType) -> None:
+    def __init__(
+        self,
+        options: SourceOptions,
+        schema: StructType,
+        agent_partitions: Callable[..., list[InputPartition]] | None = None,
+    ) -> None:
         self.options = options
         self.schema = _check_columns(schema, options)
+        # The agents' channels (``filechannel.spark.remote.snapshot_partitions``): given by the data source.
+        self.agent_partitions = agent_partitions
 
     def partitions(self) -> Sequence[InputPartition]:
         """Plan the snapshot: one partition per segment (runs in the planner process)."""
@@ -632,9 +587,9 @@ class FileChannelBatchReader(DataSourceReader):
                 segments = view.segments(s, e, self.options.partition_bytes) if e > s else []
             out.extend(_partitions(segments, path if self.options.multi else None, self.options.keystore))
         if self.options.agents:
-            from .remote import snapshot_partitions
-
-            out.extend(snapshot_partitions(self.options, taken=self._path_ids()))
+            if self.agent_partitions is None:
+                raise ConfigError("agents", "this reader was made without the agent transport (use the data source)")
+            out.extend(self.agent_partitions(self.options, taken=self._path_ids()))
         return out
 
     def _path_ids(self) -> dict[str, str]:
