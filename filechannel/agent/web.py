@@ -255,7 +255,7 @@ def parse_json_events(data: bytes) -> tuple[list[bytes], list[dict[str, str] | N
         _BadRequest: 400 with a one-line reason.
     """
     try:
-        doc = json.loads(data)
+        doc = json.loads(data.decode("utf-8"))
     except UnicodeDecodeError:
         raise _BadRequest(400, "the body is not UTF-8 JSON") from None
     except json.JSONDecodeError as exc:
@@ -504,6 +504,9 @@ class HttpServer:
             handle_signals=False,
             shutdown_timeout=10.0,
             keepalive_timeout=self._settings.read_timeout,
+            # After a refused body (413, 408) the rest of it is read and dropped for at most 1 s (so
+            # the client sees the answer rather than a reset), then the connection is closed.
+            lingering_time=min(1.0, self._settings.read_timeout),
         )
         await runner.setup()
         site = web.TCPSite(runner, host, port, ssl_context=self._ssl, reuse_address=True)
