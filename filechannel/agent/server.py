@@ -20,6 +20,9 @@ is acknowledged again without a put: a retry after a timeout, a lost answer or
 an agent crash is never put twice, because the mark and the events commit
 together (the crash-point harness checks marks at every persistence point).
 
+HTTP (``web.py``, opt-in with ``http``): the HTTP source, ``/metrics`` and
+health checks on a port of their own; Flight calls count into its metrics.
+
 Security (``auth.py``): TLS off loopback, mutual TLS with a client CA, an
 optional certificate-name allow-list per channel, an optional bearer token
 checked by middleware before any handler runs.
