@@ -15,6 +15,7 @@ import bisect
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -512,7 +513,9 @@ def cmd_peek(args: argparse.Namespace) -> int:
 
 
 def cmd_stat(args: argparse.Namespace) -> int:
-    """Print the channel's state."""
+    """Print the channel's state (``--prometheus``: its metrics)."""
+    if args.json and args.prometheus:
+        raise ChannelError("--json and --prometheus: give one of them")
     _existing(args.dir)
     _progress(f"reading {args.dir} ...")
     log, entries = _readonly_channel_state(args.dir, _encryption(args))
@@ -539,8 +542,13 @@ def cmd_stat(args: argparse.Namespace) -> int:
             "accelerator": fmt.accelerator(),
         }
         info.update(_consumers_info(args.dir, log, entries))
+        info["stats"] = st
     finally:
         log.close()
+    if args.prometheus:
+        sys.stdout.write(_stat_prometheus(args.dir, info))
+        return 0
+    info.pop("stats")
     if args.json:
         print(json.dumps(info))
     else:
@@ -568,6 +576,32 @@ def cmd_stat(args: argparse.Namespace) -> int:
             else:
                 print(f"{k}: {v}")
     return 0
+
+
+def _stat_prometheus(directory: str, info: dict[str, Any]) -> str:
+    """``stat --prometheus``: the channel's metrics that its files tell (no process counters)."""
+    try:
+        from .agent.metrics import ChannelSample, render_samples
+    except ImportError as exc:
+        raise ChannelError(f"--prometheus needs prometheus_client ({exc}): pip install 'filechannel[agent]'") from None
+    st = info["stats"]
+    s = ChannelSample(os.path.basename(os.path.normpath(directory)))
+    s.values["channel_size"] = float(info["queue_size"])
+    s.values["next_position"] = float(info["next_position"])
+    s.values["disk_bytes"] = float(st["disk_bytes"])
+    s.values["data_files"] = float(len(info["files"]))
+    ckpt = info["checkpoint"]
+    if ckpt is not None:
+        s.values["last_checkpoint_bytes"] = float(ckpt["bytes"])
+        if "age_seconds" in ckpt:
+            s.values["last_checkpoint_timestamp_seconds"] = round(time.time() - ckpt["age_seconds"], 3)
+    for c in info["consumers"]:
+        s.consumers[c["name"]] = {
+            "acked": float(c["acked"]),
+            "lag_events": float(c["lag_events"]),
+            "lag_bytes": float(c["lag_bytes"]),
+        }
+    return render_samples([s]).decode()
 
 
 def _last_open(directory: str) -> dict[str, Any] | None:
@@ -1090,7 +1124,27 @@ _SERVE_FLAGS = {
     "transaction_capacity": "--transaction-capacity",
     "max_event_size": "--max-event-size",
     "fsync": "--fsync",
+    "http": "--http",
+    "http_read_timeout": "--http-read-timeout",
+    "http_max_body": "--http-max-body",
+    "http_idempotency_keys": "--http-idempotency-keys",
 }
+
+
+def _serve_dirs(specs: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """``DIR`` or ``DIR=NAME`` (the name the HTTP port's URLs use): the directories and their names."""
+    dirs: list[str] = []
+    names: dict[str, str] = {}
+    for spec in specs:
+        d, sep, name = spec.rpartition("=")
+        if not sep or os.path.exists(spec):
+            dirs.append(spec)
+            continue
+        if not d or not re.match(r"^[A-Za-z0-9._-]{1,100}$", name):
+            raise ChannelError(f"{spec!r}: give DIR or DIR=NAME, NAME 1 to 100 characters of A-Z a-z 0-9 . _ -")
+        dirs.append(d)
+        names[d] = name
+    return dirs, names
 
 
 def _serve_allow(specs: Sequence[str] | None) -> dict[str, frozenset[str]]:
@@ -1124,10 +1178,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ChannelError(
             f"filechannel serve needs pyarrow with Arrow Flight ({exc}): pip install 'filechannel[agent]'"
         ) from None
-    for d in args.dir:
+    dirs, names = _serve_dirs(args.dir)
+    for d in dirs:
         _existing(d)
+    http = None
+    if args.http is not None:
+        try:
+            from .agent.web import HttpSettings
+        except ImportError as exc:
+            raise ChannelError(
+                f"--http needs aiohttp and prometheus_client ({exc}): pip install 'filechannel[agent]'"
+            ) from None
+        http = HttpSettings(
+            args.http,
+            port_file=args.http_port_file,
+            read_timeout=args.http_read_timeout,
+            max_body=args.http_max_body,
+            idempotency_keys=args.http_idempotency_keys,
+        )
+    elif args.http_port_file:
+        raise ChannelError("--http-port-file goes with --http HOST:PORT")
     config = AgentConfig(
-        tuple(args.dir),
+        tuple(dirs),
         args.listen,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
@@ -1139,9 +1211,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         on_corruption=args.on_corruption or "fail",
         writable=args.writable,
         channel_options=_serve_channel_options(args),
+        names=names,
+        http=http,
     )
     try:
         if args.check:
+            if http is not None:
+                http.check()
             info = describe(config)
             how = ", ".join(
                 k
@@ -1177,6 +1253,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 on_corruption=config.on_corruption,
                 writable=config.writable,
                 channel_options=config.channel_options,
+                names=config.names,
+                http=config.http,
             )
             try:
                 while not stop.wait(0.5):
@@ -1280,6 +1358,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("stat", help="queue size, positions, files, bytes, last write-order id", epilog=_EPILOG)
     sp.add_argument("dir", help="channel directory")
     sp.add_argument("--json", action="store_true", help="print one JSON object")
+    sp.add_argument(
+        "--prometheus",
+        action="store_true",
+        help="print the channel's metrics in the Prometheus text format (docs/agents.md#metrics)",
+    )
     _keystore_arg(sp)
     sp.set_defaults(func=cmd_stat)
 
@@ -1352,7 +1435,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve channels to other hosts over Arrow Flight (an agent; see docs/agents.md)",
         epilog="Stops on SIGTERM or SIGINT (exit status 0). " + _EPILOG,
     )
-    sp.add_argument("dir", nargs="+", metavar="DIR", help="channel directories to serve (each channel id once)")
+    sp.add_argument(
+        "dir",
+        nargs="+",
+        metavar="DIR[=NAME]",
+        help="channel directories to serve (each channel id once); NAME names it in HTTP URLs (default: base name)",
+    )
     sp.add_argument(
         "--listen",
         required=True,
@@ -1391,6 +1479,33 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-event-size", type=int, metavar="BYTES", help="with --writable: largest event (default 8 MiB)"
     )
     sp.add_argument("--fsync", choices=("commit", "interval"), help="with --writable: fsync mode (default commit)")
+    sp.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        help="also serve HTTP: the HTTP source (POST /v1/channels/NAME/events), /metrics, /healthz, /readyz",
+    )
+    sp.add_argument("--http-port-file", metavar="FILE", help="write the bound HTTP port here once listening")
+    sp.add_argument(
+        "--http-read-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="a client's deadline for its headers, and again for its body (default 30)",
+    )
+    sp.add_argument(
+        "--http-max-body",
+        type=int,
+        default=64 << 20,
+        metavar="BYTES",
+        help="the largest request body taken (default 64 MiB; 413 above)",
+    )
+    sp.add_argument(
+        "--http-idempotency-keys",
+        type=int,
+        default=1024,
+        metavar="N",
+        help="Idempotency-Key values remembered per channel, the newest N (1 to 2048; default 1024)",
+    )
     sp.add_argument("--check", action="store_true", help="print what would be served and exit (binds nothing)")
     sp.set_defaults(func=cmd_serve)
 

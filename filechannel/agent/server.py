@@ -20,6 +20,9 @@ is acknowledged again without a put: a retry after a timeout, a lost answer or
 an agent crash is never put twice, because the mark and the events commit
 together (the crash-point harness checks marks at every persistence point).
 
+HTTP (``web.py``, opt-in with ``http``): the HTTP source, ``/metrics`` and
+health checks on a port of their own; Flight calls count into its metrics.
+
 Security (``auth.py``): TLS off loopback, mutual TLS with a client CA, an
 optional certificate-name allow-list per channel, an optional bearer token
 checked by middleware before any handler runs.
@@ -31,6 +34,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,6 +88,10 @@ class AgentConfig:
         on_corruption: The readers' policy, ``"fail"`` (default) or ``"skip"``.
         writable: Open every channel as its owner and accept puts (``DoPut``); off by default.
         channel_options: Options of ``filechannel.open`` for the owned channels (``capacity``, ...).
+        names: A channel's name by its directory as given (default: the directory's base name);
+            the HTTP port's URLs use it.
+        http: Also serve HTTP (the HTTP source, ``/metrics``, health checks; ``web.py``) with these
+            settings (an ``HttpSettings``); TLS, the token and the allow-list apply there too.
     """
 
     directories: tuple[str, ...]
@@ -98,6 +106,8 @@ class AgentConfig:
     on_corruption: str = "fail"
     writable: bool = False
     channel_options: Mapping[str, Any] = field(default_factory=dict)
+    names: Mapping[str, str] = field(default_factory=dict)
+    http: Any = None
 
     def parsed_listen(self) -> Listen:
         """The listen URI, checked together with the TLS options.
@@ -109,7 +119,7 @@ class AgentConfig:
         listen = parse_uri(self.listen, "listen")
         if listen.tls and not (self.tls_cert and self.tls_key):
             raise ConfigError("tls_cert", f"{self.listen}: grpc+tls needs --tls-cert FILE and --tls-key FILE")
-        if not listen.tls:
+        if not listen.tls and self.http is None:  # the HTTP port uses the TLS options on its own
             for option, value in (
                 ("tls_cert", self.tls_cert),
                 ("tls_key", self.tls_key),
@@ -224,6 +234,7 @@ def _open_channels(config: AgentConfig) -> dict[str, _Served]:
             )
         _, crc_kind, _ = decode_channel_file(_read(os.path.join(directory, CHANNEL_FILE)))
         ch = _Served(directory, cid, crc_kind, encryption, config.on_corruption)
+        ch.name = config.names.get(d, ch.name)
         if config.writable:
             try:
                 opts = {"on_corruption": config.on_corruption, **config.channel_options}
@@ -316,18 +327,28 @@ class _FlightServer(fl.FlightServerBase):  # type: ignore[misc]
         return ch
 
     def _run(self, what: str, context: Any, fn: Any) -> Any:
+        metrics = self._agent.metrics
         try:
-            return fn()
+            result = fn()
         except fl.FlightError:
+            if metrics is not None:
+                metrics.flight_call(what, "denied")
             raise
         except ChannelError as exc:
+            if metrics is not None:
+                metrics.flight_call(what, "refused")
             logger.info(
                 "%s from %s refused: %s", what, context.peer(), exc.reason if isinstance(exc, AgentError) else exc
             )
             raise _flight_error(exc) from None
         except OSError as exc:
+            if metrics is not None:
+                metrics.flight_call(what, "error")
             logger.error("%s from %s failed: %s", what, context.peer(), exc)
             raise fl.FlightInternalError(f"{what}: {exc.strerror or type(exc).__name__} on the agent") from None
+        if metrics is not None:
+            metrics.flight_call(what, "ok")
+        return result
 
     # -- discovery -------------------------------------------------------------------------
 
@@ -385,7 +406,10 @@ class _FlightServer(fl.FlightServerBase):  # type: ignore[misc]
             if ch.channel is None:
                 raise AgentError("", f"channel {ch.cid} is served read-only: start the agent with --writable to put")
             bodies, headers = _read_put_stream(reader, ch.channel.config.transaction_capacity)
+            t0 = time.monotonic()
             result: dict[str, Any] = ch.put(producer, sequence, bodies, headers)
+            if self._agent.metrics is not None and not result["duplicate"]:
+                self._agent.metrics.put_committed(ch.name, "flight", time.monotonic() - t0)
             logger.debug("do_put %s producer %r sequence %d: %s", cid, producer, sequence, result)
             return result
 
@@ -628,12 +652,22 @@ class Agent:
             kwargs["root_certificates"] = client_ca
         self._stopped = False
         self.location = listen.location()
+        self.http: Any = None  # the HttpServer (web.py) when config.http is set
+        self.metrics: Any = None  # its AgentMetrics
         try:
             self._server = _FlightServer(self, listen.location(), **kwargs)
         except (fl.FlightError, pa.ArrowException, OSError) as exc:
             raise ChannelError(f"cannot listen on {config.listen}: {str(exc).splitlines()[0]}") from None
         self.port = int(self._server.port) if listen.scheme != "grpc+unix" else 0
         self.location = listen.location(self.port if listen.scheme != "grpc+unix" else None)
+        if config.http is not None:
+            try:
+                self._start_http()
+            except BaseException:
+                self._stopped = True
+                self._server.shutdown()
+                self._close_channels()
+                raise
         if config.port_file:
             path = os.path.abspath(config.port_file)
             replace_durably(DEFAULT_FS, f"{path}.tmp-{os.getpid()}", path, b"%d\n" % self.port)
@@ -649,18 +683,33 @@ class Agent:
             ", ".join(f"{c.cid} ({c.name})" for c in self.channels.values()),
         )
 
-    def stop(self) -> None:
-        """Stop listening and wait for the calls in flight (idempotent); remove the port file."""
-        if self._stopped:
-            return
-        self._stopped = True
-        self._server.shutdown()
+    def _start_http(self) -> None:
+        try:
+            from .web import HttpServer
+        except ImportError as exc:
+            raise ConfigError(
+                "http", f"the HTTP port needs aiohttp and prometheus_client ({exc}): pip install 'filechannel[agent]'"
+            ) from None
+        self.http = HttpServer(self, self.config.http)
+        self.metrics = self.http.metrics
+
+    def _close_channels(self) -> None:
         for ch in self.channels.values():
             ch.view.close()
             for r in ch.readers.values():
                 r.close()
             if ch.channel is not None:
                 ch.channel.close()
+
+    def stop(self) -> None:
+        """Stop listening and wait for the calls in flight (idempotent); remove the port file."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self.http is not None:
+            self.http.stop()
+        self._server.shutdown()
+        self._close_channels()
         if self.config.port_file:
             try:
                 DEFAULT_FS.unlink(os.path.abspath(self.config.port_file))
@@ -692,11 +741,15 @@ def serve(
     on_corruption: str = "fail",
     writable: bool = False,
     channel_options: Mapping[str, Any] | None = None,
+    names: Mapping[str, str] | None = None,
+    http: Any = None,
 ) -> Agent:
     """Start an agent serving ``directories`` on ``listen`` and return it (stop it with ``.stop()``).
 
-    See :class:`AgentConfig` for the arguments. The agent listens on return;
-    with port 0 its ``.port`` (and ``port_file``) tells which port was bound.
+    See :class:`AgentConfig` for the arguments (``http``: an ``HttpSettings`` of
+    ``filechannel.agent.web``, or ``"HOST:PORT"``). The agent listens on return;
+    with port 0 its ``.port`` (and ``port_file``) tells which port was bound, and
+    ``.http.port`` the HTTP one.
 
     Raises:
         ConfigError: A bad option, or a TLS key, CA or token file that is missing or unsafe.
@@ -704,6 +757,10 @@ def serve(
         ChannelError: The address cannot be bound.
     """
     dirs = (directories,) if isinstance(directories, (str, os.PathLike)) else tuple(directories)
+    if isinstance(http, str):
+        from .web import HttpSettings
+
+        http = HttpSettings(http)
     config = AgentConfig(
         tuple(os.fspath(d) for d in dirs),
         listen,
@@ -717,5 +774,7 @@ def serve(
         on_corruption=on_corruption,
         writable=writable,
         channel_options=dict(channel_options or {}),
+        names=dict(names or {}),
+        http=http,
     )
     return Agent(config)

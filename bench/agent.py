@@ -1,0 +1,239 @@
+"""The agent's HTTP source against in-process puts (issue 25).
+
+    .venv/bin/python -m bench.agent [--n N] [--repeats R] [--quick] [--data-dir DIR]
+
+Prints one JSON line per result on stdout and a summary table on stderr.
+Workload: transactions of 100 events of 100 B and 1 KiB, ``fsync="commit"``
+(one fdatasync per commit, the channel's default), N events per case.
+
+Systems:
+- ``put_many (in-process)``: one thread, ``tx.put_many(100 bodies)`` + commit;
+- ``http 1 client``: ``filechannel serve --writable --http`` in a child process,
+  one keep-alive client posting Flume JSON bodies of 100 events, one at a time;
+- ``http 1 client + key``: the same with an ``Idempotency-Key`` per request
+  (a mark committed with the events);
+- ``http 4 clients + key``: four such clients at once (their commits share fsyncs).
+
+Within a repeat the systems run one after the other, each on a fresh channel;
+the ratio ``<http system> / put_many`` is taken within the repeat, then
+summarised as median and min-max over the repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import filechannel
+
+from .run import machine_info, spread
+
+BATCH = 100
+SIZES = (100, 1024)
+OPTS: dict[str, Any] = {"fsync": "commit", "minimum_required_space": 0, "checkpoint_interval": 0}
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def in_process(directory: str, size: int, n: int) -> dict[str, Any]:
+    body = b"x" * size
+    with filechannel.open(directory, capacity=max(1_000_000, n), **OPTS) as ch:
+        t0 = time.perf_counter()
+        for _ in range(n // BATCH):
+            with ch.transaction() as tx:
+                tx.put_many([body] * BATCH)
+        took = time.perf_counter() - t0
+    return {"events_per_s": n / took, "seconds": took}
+
+
+class _Agent:
+    def __init__(self, directory: str) -> None:
+        filechannel.open(directory, **OPTS).close()
+        self.hpf = Path(directory + ".http-port")
+        pf = Path(directory + ".port")
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "filechannel",
+                "serve",
+                directory,
+                "--listen",
+                "grpc://127.0.0.1:0",
+                "--port-file",
+                str(pf),
+                "--writable",
+                "--http",
+                "127.0.0.1:0",
+                "--http-port-file",
+                str(self.hpf),
+                "--log-level",
+                "WARNING",
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 60
+        while not pf.exists():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the agent exited: {self.proc.communicate()[1]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError("the agent did not start within 60 s")
+            time.sleep(0.05)
+        self.port = int(self.hpf.read_text())
+
+    def cpu_seconds(self) -> float:
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.communicate(timeout=60)
+
+
+def _client(port: int, payload: bytes, requests: int, key_prefix: str | None, lat: list[float]) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        for i in range(requests):
+            headers = {"Content-Type": "application/json"}
+            if key_prefix is not None:
+                headers["Idempotency-Key"] = f"{key_prefix}-{i}"
+            t = time.perf_counter()
+            conn.request("POST", "/v1/channels/c/events", body=payload, headers=headers)
+            r = conn.getresponse()
+            r.read()
+            lat.append(time.perf_counter() - t)
+            if r.status != 200:
+                raise RuntimeError(f"HTTP {r.status}")
+    finally:
+        conn.close()
+
+
+def over_http(directory: str, size: int, n: int, clients: int, key: bool) -> dict[str, Any]:
+    payload = json.dumps([{"body": "x" * size}] * BATCH).encode()
+    agent = _Agent(directory)
+    try:
+        per_client = n // BATCH // clients
+        lats: list[list[float]] = [[] for _ in range(clients)]
+        cpu0 = agent.cpu_seconds()
+        t0 = time.perf_counter()
+        threads = [
+            threading.Thread(target=_client, args=(agent.port, payload, per_client, f"c{k}" if key else None, lats[k]))
+            for k in range(clients)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        took = time.perf_counter() - t0
+        cpu = agent.cpu_seconds() - cpu0
+    finally:
+        agent.stop()
+    all_lat = sorted(x for lat in lats for x in lat)
+    events = per_client * clients * BATCH
+    if len(all_lat) != per_client * clients:
+        raise RuntimeError("a client failed")
+    return {
+        "events_per_s": events / took,
+        "seconds": took,
+        "p50_ms": all_lat[len(all_lat) // 2] * 1000,
+        "p99_ms": all_lat[min(len(all_lat) - 1, int(len(all_lat) * 0.99))] * 1000,
+        "agent_cpu_us_per_event": cpu / events * 1e6,
+    }
+
+
+SYSTEMS: dict[str, Any] = {
+    "put_many (in-process)": lambda d, s, n: in_process(d, s, n),
+    "http 1 client": lambda d, s, n: over_http(d, s, n, 1, False),
+    "http 1 client + key": lambda d, s, n: over_http(d, s, n, 1, True),
+    "http 4 clients + key": lambda d, s, n: over_http(d, s, n, 4, True),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.agent", description=__doc__.splitlines()[0])
+    p.add_argument("--n", type=int, default=20_000, help="events per case (default 20 000)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--quick", action="store_true", help="n=800, one repeat")
+    p.add_argument("--data-dir", help="where the channels go (default: a temporary directory)")
+    args = p.parse_args(argv)
+    n, repeats = (800, 1) if args.quick else (args.n, args.repeats)
+    n = max(BATCH * 4, n // (BATCH * 4) * BATCH * 4)
+    root = tempfile.mkdtemp(prefix="bench-agent-", dir=args.data_dir)
+    machine = machine_info(root)
+    load_before = os.getloadavg()
+    t_start = time.time()
+    runs: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    ratios: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    try:
+        for rep in range(repeats):
+            for size in SIZES:
+                order = list(SYSTEMS) if rep % 2 == 0 else list(reversed(SYSTEMS))
+                got: dict[str, dict[str, Any]] = {}
+                for system in order:
+                    d = os.path.join(root, f"r{rep}-{size}-{len(got)}", "c")
+                    os.makedirs(os.path.dirname(d))
+                    got[system] = SYSTEMS[system](d, size, n)
+                    runs.setdefault((size, system), []).append(got[system])
+                    shutil.rmtree(os.path.dirname(d), ignore_errors=True)
+                base = got["put_many (in-process)"]["events_per_s"]
+                for system, m in got.items():
+                    if system.startswith("http"):
+                        ratios.setdefault((size, f"{system} / put_many"), []).append(
+                            {"ratio": m["events_per_s"] / base}
+                        )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    rows = []
+    for (size, system), ms in runs.items():
+        rec = {"machine": machine["host"], "fsync": "commit", "event_size": size, "workload": "put x100"}
+        rec.update(system=system, metric="events_per_s", unit="events/s", **spread(ms, "events_per_s"))
+        rows.append(rec)
+    for (size, system), ms in ratios.items():
+        rec = {"machine": machine["host"], "fsync": "commit", "event_size": size, "workload": "put x100"}
+        rec.update(system=system, metric="ratio", unit="x", **spread(ms, "ratio"))
+        rows.append(rec)
+    for rec in rows:
+        print(json.dumps(rec), flush=True)
+    cmd = "python -m bench.agent " + " ".join(argv if argv is not None else sys.argv[1:])
+    run = {
+        "machine": machine,
+        "type": "run",
+        "command": cmd,
+        "n": n,
+        "repeats": repeats,
+        "seconds": round(time.time() - t_start, 1),
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+    }
+    print(json.dumps(run), flush=True)
+    lines = [f"`{cmd}`: n={n}, repeats={repeats}, {run['seconds']:.0f} s", ""]
+    lines.append("| size | system | median | min | max | p50 ms | p99 ms | agent CPU µs/event |")
+    lines.append("|---|---|---|---|---|---|---|---|")
+    for r in sorted(rows, key=lambda r: (r["event_size"], r["unit"], r["system"])):
+        f = (lambda v: f"{v:.3f}") if r["unit"] == "x" else (lambda v: f"{v:,.0f}")
+        ex = r.get("extra", {})
+        extra = " | ".join(f"{ex[k]:.2f}" if k in ex else "" for k in ("p50_ms", "p99_ms", "agent_cpu_us_per_event"))
+        lines.append(
+            f"| {r['event_size']} | {r['system']} | {f(r['median'])} | {f(r['min'])} | {f(r['max'])} | {extra} |"
+        )
+    print("\n".join(lines), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,703 @@
+"""The agent's HTTP port (``filechannel serve --http HOST:PORT``): the HTTP source, ``/metrics`` and health.
+
+This module owns the HTTP side of an agent, served by aiohttp on an event
+loop in a thread of its own:
+
+- ``POST /v1/channels/<name>/events``: Flume's JSON handler body
+  (``[{"headers": {...}, "body": "text"}]``, or ``"body_base64"`` for binary
+  bodies) or ``application/octet-stream`` (one event). One request is one
+  channel transaction, answered ``200`` only after its durable commit. An
+  ``Idempotency-Key`` header makes retries exactly-once: the key commits in
+  the same transaction as the events, as a mark in a ring of
+  ``idempotency_keys`` slots per channel (``http:<slot>`` = ``"<seq> <body
+  hash> <key>"``; marks cannot be deleted, so the ring bounds them); a retry
+  whose key is among the ring's keys is answered ``200`` again, nothing put.
+- ``GET /v1/channels``: the served channels by name.
+- ``GET /metrics``: Prometheus text (``metrics.py``).
+- ``GET /healthz`` (the process answers) and ``GET /readyz`` (every channel
+  open, not full, its disks above ``minimum_required_space``; a JSON body
+  says why not).
+
+Requests are checked before any work: the bearer token (as for Flight; the
+health checks need none), the content type, the ``Content-Length`` against
+``max_body`` (and a body read in chunks of 64 KiB, never whole, under a read
+deadline), each event against ``max_event_size`` and the event count
+against ``transaction_capacity``. Commits run in a thread pool, so
+concurrent requests share fsyncs (the channel's group commit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import concurrent.futures
+import hashlib
+import hmac
+import json
+import logging
+import os
+import re
+import ssl
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from filechannel._fs import DEFAULT_FS, replace_durably
+from filechannel.channel import FileChannel
+from filechannel.errors import (
+    ChannelClosedError,
+    ChannelError,
+    ChannelFullError,
+    ConfigError,
+    DiskSpaceError,
+    EventTooLargeError,
+    InvalidEventError,
+    TransactionCapacityError,
+)
+
+from .auth import allowed, is_loopback, read_public_file, read_secret_file, read_token
+from .metrics import CONTENT_TYPE, AgentMetrics, ChannelSample, sample_from_stats
+
+if TYPE_CHECKING:
+    from .server import Agent, _Served
+
+__all__ = ["HttpServer", "HttpSettings", "channel_samples", "parse_http_address", "readiness"]
+
+logger = logging.getLogger("filechannel.agent.http")
+
+NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
+KEY_RE = re.compile(r"^[A-Za-z0-9._:-]{1,100}$")
+MARK_PREFIX = "http:"
+MAX_IDEMPOTENCY_KEYS = 2048  # the channel keeps at most 4096 mark keys; the rest is for producers and tails
+CHUNK = 65536
+JSON_TYPES = ("application/json",)
+BINARY_TYPES = ("application/octet-stream",)
+RETRY_AFTER_FULL = "1"
+RETRY_AFTER_DISK = "30"
+
+
+@dataclass(frozen=True)
+class HttpSettings:
+    """The HTTP port's options (``filechannel serve --http ...``).
+
+    Attributes:
+        address: ``HOST:PORT`` (``[::1]:PORT`` for IPv6); port 0 picks a free one. Plain HTTP on a
+            loopback address only; elsewhere the agent's ``tls_cert``/``tls_key`` are required.
+        port_file: Write the bound port here (atomically) once listening.
+        read_timeout: Seconds a client has to send its headers, and again its body; an idle
+            keep-alive connection is closed after it too.
+        max_body: The largest request body taken (bytes).
+        idempotency_keys: Idempotency keys remembered per channel (the newest; 1 to 2048).
+        workers: Threads that run commits (concurrent requests share fsyncs).
+    """
+
+    address: str
+    port_file: str | None = None
+    read_timeout: float = 30.0
+    max_body: int = 64 << 20
+    idempotency_keys: int = 1024
+    workers: int = 8
+
+    def check(self) -> tuple[str, int]:
+        """The host and port, the options checked.
+
+        Raises:
+            ConfigError: A bad address or option.
+        """
+        host, port = parse_http_address(self.address)
+        if not (isinstance(self.read_timeout, (int, float)) and self.read_timeout > 0):
+            raise ConfigError("http_read_timeout", f"must be a positive number of seconds, not {self.read_timeout!r}")
+        if not (isinstance(self.max_body, int) and self.max_body > 0):
+            raise ConfigError("http_max_body", f"must be a positive number of bytes, not {self.max_body!r}")
+        if not (isinstance(self.idempotency_keys, int) and 1 <= self.idempotency_keys <= MAX_IDEMPOTENCY_KEYS):
+            raise ConfigError(
+                "http_idempotency_keys", f"must be 1 to {MAX_IDEMPOTENCY_KEYS}, not {self.idempotency_keys!r}"
+            )
+        if not (isinstance(self.workers, int) and self.workers > 0):
+            raise ConfigError("http_workers", f"must be a positive int, not {self.workers!r}")
+        return host, port
+
+
+def parse_http_address(address: str) -> tuple[str, int]:
+    """``HOST:PORT`` (or ``[V6]:PORT``) as ``(host, port)``.
+
+    Raises:
+        ConfigError: No host or no port, or a port out of range.
+    """
+    host, sep, port_s = address.rpartition(":") if isinstance(address, str) else ("", "", "")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port_s.isdigit() or int(port_s) > 65535:
+        raise ConfigError("http", f"{address!r}: give HOST:PORT, e.g. 127.0.0.1:8080 (port 0 picks a free port)")
+    return host, int(port_s)
+
+
+class _Conflict(ChannelError):
+    """An idempotency key committed with another body."""
+
+
+class _Ring:
+    """The idempotency keys of one channel: a ring of mark slots, rebuilt from the channel's marks.
+
+    Slot ``seq % size`` holds ``"<seq> <fingerprint> <key>"`` of the key committed
+    with sequence ``seq``; a new key overwrites the slot of the key ``size``
+    commits older, which is forgotten then. One request per key runs at a time
+    (striped locks), so a retry racing its original never commits twice.
+    """
+
+    def __init__(self, channel: FileChannel, size: int) -> None:
+        self.size = size
+        self.lock = threading.Lock()
+        self.by_key: dict[str, tuple[int, str]] = {}  # key -> (seq, fingerprint)
+        self.by_slot: dict[int, tuple[int, str]] = {}  # slot -> (seq, key)
+        self.next_seq = 0
+        self.stripes = [threading.Lock() for _ in range(256)]
+        for mark, value in channel.marks().items():
+            if not mark.startswith(MARK_PREFIX):
+                continue
+            try:
+                seq_s, fp, key = value.decode("ascii").split(" ", 2)
+                slot, seq = int(mark[len(MARK_PREFIX) :]), int(seq_s)
+            except (UnicodeDecodeError, ValueError):
+                logger.warning("ignoring mark %r: not an HTTP idempotency slot", mark)
+                continue
+            self._remember(slot, seq, key, fp)
+            self.next_seq = max(self.next_seq, seq + 1)
+
+    def _remember(self, slot: int, seq: int, key: str, fp: str) -> None:
+        old = self.by_slot.get(slot)
+        if old is not None:
+            if old[0] > seq:
+                return
+            if self.by_key.get(old[1], (None,))[0] == old[0]:
+                del self.by_key[old[1]]
+        self.by_slot[slot] = (seq, key)
+        self.by_key[key] = (seq, fp)
+
+    def put(
+        self,
+        channel: FileChannel,
+        key: str | None,
+        fingerprint: str,
+        bodies: list[bytes],
+        headers: list[dict[str, str] | None],
+    ) -> tuple[bool, float]:
+        """Commit the events (and the key) as one transaction; return (duplicate, seconds to commit).
+
+        Raises:
+            _Conflict: ``key`` was committed with another body.
+            ChannelError: From the channel (full, too large, failed, ...); nothing was put.
+        """
+        if key is None:
+            return False, _commit(channel, bodies, headers, None, b"")
+        with self.stripes[hash(key) % len(self.stripes)]:
+            with self.lock:
+                hit = self.by_key.get(key)
+                if hit is None:
+                    seq = self.next_seq
+                    self.next_seq += 1
+            if hit is not None:
+                if hit[1] != fingerprint:
+                    raise _Conflict(f"Idempotency-Key {key!r} was committed with another body; use a new key")
+                return True, 0.0
+            slot = seq % self.size
+            took = _commit(
+                channel,
+                bodies,
+                headers,
+                f"{MARK_PREFIX}{slot}",
+                b"%d %s %s" % (seq, fingerprint.encode(), key.encode()),
+            )
+            with self.lock:
+                self._remember(slot, seq, key, fingerprint)
+            return False, took
+
+
+def _commit(
+    channel: FileChannel, bodies: list[bytes], headers: list[dict[str, str] | None], mark: str | None, value: bytes
+) -> float:
+    t0 = time.monotonic()
+    with channel.transaction() as tx:
+        for b, h in zip(bodies, headers, strict=True):
+            tx.put(b, headers=h)
+        if mark is not None:
+            tx.mark(mark, value)
+    return time.monotonic() - t0
+
+
+class _BadRequest(Exception):
+    def __init__(self, status: int, reason: str, headers: dict[str, str] | None = None, close: bool = False) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+        self.headers = headers or {}
+        self.close = close
+
+
+def _answer(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        status=status,
+        text=json.dumps(body, sort_keys=True) + "\n",
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def parse_json_events(data: bytes) -> tuple[list[bytes], list[dict[str, str] | None]]:
+    """Flume's JSON handler body: a list of ``{"headers": {str: str}, "body": str | "body_base64": str}``.
+
+    Raises:
+        _BadRequest: 400 with a one-line reason.
+    """
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise _BadRequest(400, "the body is not UTF-8 JSON") from None
+    except json.JSONDecodeError as exc:
+        raise _BadRequest(400, f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    if not isinstance(doc, list):
+        raise _BadRequest(400, f"the body is a JSON list of events, not {type(doc).__name__}")
+    bodies: list[bytes] = []
+    headers: list[dict[str, str] | None] = []
+    for i, ev in enumerate(doc):
+        if not isinstance(ev, dict):
+            raise _BadRequest(400, f"event {i} is not a JSON object")
+        extra = set(ev) - {"headers", "body", "body_base64"}
+        if extra:
+            raise _BadRequest(400, f"event {i} has unknown fields {sorted(extra)} (headers, body, body_base64)")
+        if ("body" in ev) == ("body_base64" in ev):
+            raise _BadRequest(400, f"event {i} needs exactly one of body (text) and body_base64")
+        if "body" in ev:
+            if not isinstance(ev["body"], str):
+                raise _BadRequest(400, f"event {i}: body is a string (use body_base64 for binary bodies)")
+            try:
+                bodies.append(ev["body"].encode("utf-8"))
+            except UnicodeEncodeError:
+                raise _BadRequest(400, f"event {i}: body holds a lone surrogate (not UTF-8 text)") from None
+        else:
+            b64 = ev["body_base64"]
+            if not isinstance(b64, str):
+                raise _BadRequest(400, f"event {i}: body_base64 is a string")
+            try:
+                bodies.append(base64.b64decode(b64, validate=True))
+            except (binascii.Error, ValueError):
+                raise _BadRequest(400, f"event {i}: body_base64 is not valid base64") from None
+        h = ev.get("headers")
+        if h is None:
+            headers.append(None)
+        elif isinstance(h, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in h.items()):
+            headers.append(h or None)
+        else:
+            raise _BadRequest(400, f"event {i}: headers is an object of string values")
+    return bodies, headers
+
+
+def _data_dirs(ch: _Served) -> list[str]:
+    log = getattr(ch.channel, "_log", None)
+    dirs = getattr(log, "data_dirs", None)
+    return list(dirs) if dirs else [ch.directory]
+
+
+def readiness(agent: Agent) -> tuple[bool, dict[str, Any]]:
+    """Whether every channel is open, not full and has its minimum disk space; and why not, per channel."""
+    out: dict[str, Any] = {}
+    ready = True
+    for ch in agent.channels.values():
+        problems: list[str] = []
+        try:
+            if ch.channel is not None:
+                c = ch.channel
+                if c.closed:
+                    problems.append("the channel is closed")
+                else:
+                    st = c.stats()
+                    if st["failed"]:
+                        problems.append("the channel has failed (see the agent's log); restart the agent")
+                    if st["queue_size"] >= st["capacity"]:
+                        problems.append(f"the channel is full ({st['queue_size']} of {st['capacity']} events)")
+                    need = c.config.minimum_required_space
+                    for d in _data_dirs(ch):
+                        free = DEFAULT_FS.free_space(d)
+                        if free < need:
+                            problems.append(f"only {free} bytes free on {d} (minimum_required_space={need})")
+            else:
+                with ch.lock:
+                    ch.view.available()
+        except (ChannelError, OSError) as exc:
+            problems.append(f"cannot read the channel: {exc}")
+        ready = ready and not problems
+        out[ch.name] = {"channel": ch.cid, "ready": not problems, "problems": problems}
+    return ready, {"ready": ready, "channels": out}
+
+
+def channel_samples(agent: Agent) -> list[ChannelSample]:
+    """Every served channel's metric values now (owned channels from ``stats()``; others from the view)."""
+    samples: list[ChannelSample] = []
+    for ch in agent.channels.values():
+        try:
+            if ch.channel is not None and not ch.channel.closed:
+                s = sample_from_stats(ch.name, ch.channel.stats())
+            else:
+                s = ChannelSample(ch.name)
+                with ch.lock:
+                    start, end = ch.view.available()
+                    info = ch.describe()
+                s.values["channel_size"] = float(end - start)
+                s.values["next_position"] = float(end)
+                for cname, c in info["consumers"].items():
+                    s.consumers[cname] = {"acked": float(c["acked"]), "lag_events": float(c["lag"])}
+            with ch.lock:
+                start, end = ch.view.available()
+                for row in s.consumers.values():
+                    lo = max(int(row["acked"]), start)
+                    if lo >= end:
+                        row["lag_bytes"] = 0.0
+                        continue
+                    try:
+                        segs = ch.view.segments(lo, end, 1 << 62)
+                    except ChannelError:
+                        continue
+                    row["lag_bytes"] = float(sum(sum(seg.sizes) for seg in segs))
+        except (ChannelError, OSError) as exc:
+            logger.warning("metrics of channel %s (%s): %s", ch.name, ch.cid, exc)
+            continue
+        samples.append(s)
+    return samples
+
+
+def _ssl_context(tls_cert: str, tls_key: str, client_ca: str | None) -> ssl.SSLContext:
+    read_public_file(tls_cert, "tls_cert")
+    read_secret_file(tls_key, "tls_key")  # the mode and owner checks; ssl reads the file itself
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        ctx.load_cert_chain(tls_cert, tls_key)
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(
+            "tls_cert",
+            f"{tls_cert} and {tls_key} are not a PEM certificate chain and its key ({exc.__class__.__name__})",
+        ) from None
+    if client_ca:
+        read_public_file(client_ca, "client_ca")
+        try:
+            ctx.load_verify_locations(cafile=client_ca)
+        except (ssl.SSLError, OSError):
+            raise ConfigError("client_ca", f"{client_ca} is not a PEM CA certificate") from None
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+def _peer_name(request: web.Request) -> str | None:
+    transport = request.transport
+    cert = transport.get_extra_info("peercert") if transport is not None else None
+    if not cert:
+        return None
+    for rdn in cert.get("subject", ()):
+        for k, v in rdn:
+            if k == "commonName":
+                return str(v)
+    return None
+
+
+class HttpServer:
+    """The HTTP port of an agent; listening when made, stopped by :meth:`stop`.
+
+    Attributes:
+        port: The bound port.
+        url: ``http(s)://HOST:PORT`` to reach it on this host.
+        metrics: The agent's :class:`AgentMetrics` (Flight calls count into it too).
+    """
+
+    def __init__(self, agent: Agent, settings: HttpSettings) -> None:
+        config = agent.config
+        host, port = settings.check()
+        self._agent = agent
+        self._settings = settings
+        self._ssl = (
+            _ssl_context(config.tls_cert, config.tls_key, config.client_ca)
+            if config.tls_cert and config.tls_key
+            else None
+        )
+        if self._ssl is None and not is_loopback(host):
+            raise ConfigError(
+                "http",
+                f"{settings.address}: plain HTTP is for a loopback address only (127.0.0.1, ::1, localhost); "
+                "give --tls-cert and --tls-key for HTTPS",
+            )
+        self._token = b"Bearer " + read_token(config.token_file, "token_file") if config.token_file else None
+        self._by_name: dict[str, _Served] = {}
+        for ch in agent.channels.values():
+            if not NAME_RE.match(ch.name):
+                raise ConfigError(
+                    "directories",
+                    f"{ch.directory}: the name {ch.name!r} is not 1-100 of A-Z a-z 0-9 . _ -: give DIR=NAME",
+                )
+            if ch.name in self._by_name:
+                raise ConfigError(
+                    "directories",
+                    f"{self._by_name[ch.name].directory} and {ch.directory} are both named {ch.name!r}: give DIR=NAME",
+                )
+            self._by_name[ch.name] = ch
+        self._rings = {
+            ch.cid: _Ring(ch.channel, settings.idempotency_keys)
+            for ch in agent.channels.values()
+            if ch.channel is not None
+        }
+        self.metrics = AgentMetrics(lambda: channel_samples(agent))
+        self._pool = concurrent.futures.ThreadPoolExecutor(settings.workers, thread_name_prefix="filechannel-http")
+        self._loop = asyncio.new_event_loop()
+        self._runner: web.AppRunner | None = None
+        self._started = threading.Event()
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(host, port), name="filechannel-http", daemon=True)
+        self._thread.start()
+        self._started.wait()
+        if self._failure is not None:
+            self._pool.shutdown()
+            raise ChannelError(f"cannot listen for HTTP on {settings.address}: {self._failure}") from None
+        scheme = "https" if self._ssl else "http"
+        shown = f"[{host}]" if ":" in host else host
+        self.url = f"{scheme}://{shown}:{self.port}"
+        if settings.port_file:
+            path = os.path.abspath(settings.port_file)
+            replace_durably(DEFAULT_FS, f"{path}.tmp-{os.getpid()}", path, b"%d\n" % self.port)
+            DEFAULT_FS.fsync_dir(os.path.dirname(path))
+        logger.info("HTTP source, /metrics and health checks on %s", self.url)
+
+    # -- the event loop thread -------------------------------------------------------------
+
+    def _run(self, host: str, port: int) -> None:
+        asyncio.set_event_loop(self._loop)
+        ok = False
+        try:
+            self._loop.run_until_complete(self._start(host, port))
+            ok = True
+        except OSError as exc:  # reported by __init__
+            self._failure = exc
+        finally:
+            if not ok:
+                self._failure = self._failure or RuntimeError("the HTTP server did not start")
+                self._started.set()
+                self._loop.close()
+        if not ok:
+            return
+        self._started.set()
+        try:
+            self._loop.run_forever()
+        finally:
+            self._loop.close()
+
+    async def _start(self, host: str, port: int) -> None:
+        app = web.Application(middlewares=[self._middleware], client_max_size=self._settings.max_body)
+        app.router.add_get("/v1/channels", self._list, name="channels")
+        app.router.add_post("/v1/channels/{name}/events", self._events, name="events")
+        app.router.add_get("/metrics", self._metrics, name="metrics")
+        app.router.add_get("/healthz", self._healthz, name="healthz")
+        app.router.add_get("/readyz", self._readyz, name="readyz")
+        runner = web.AppRunner(
+            app,
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=10.0,
+            keepalive_timeout=self._settings.read_timeout,
+            # After a refused body (413, 408) the rest of it is read and dropped for at most 1 s (so
+            # the client sees the answer rather than a reset), then the connection is closed.
+            lingering_time=min(1.0, self._settings.read_timeout),
+        )
+        await runner.setup()
+        site = web.TCPSite(runner, host, port, ssl_context=self._ssl, reuse_address=True)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self.port = int(runner.addresses[0][1])
+
+    def stop(self) -> None:
+        """Stop listening; requests in flight finish (up to 10 s); remove the port file."""
+        if self._runner is not None and not self._loop.is_closed():
+            fut = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
+            try:
+                fut.result(30)
+            except (concurrent.futures.TimeoutError, RuntimeError) as exc:
+                logger.warning("HTTP shutdown: %s", exc)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._runner = None
+        self._thread.join(30)
+        self._pool.shutdown(wait=True)
+        if self._settings.port_file:
+            try:
+                DEFAULT_FS.unlink(os.path.abspath(self._settings.port_file))
+            except FileNotFoundError:
+                pass
+
+    # -- middleware: the token, errors as JSON, counting -----------------------------------
+
+    @web.middleware
+    async def _middleware(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        route = request.match_info.route
+        endpoint = route.name if route.name else "other"
+        channel = request.match_info.get("name", "") if endpoint == "events" else ""
+        if channel not in self._by_name:
+            channel = "" if endpoint != "events" else "?"  # unknown names share one label value
+        try:
+            if self._token is not None and endpoint not in ("healthz", "readyz"):
+                given = request.headers.get("Authorization")
+                if given is None:
+                    raise _BadRequest(
+                        401,
+                        "this agent requires a bearer token: send Authorization: Bearer <token>",
+                        {"WWW-Authenticate": "Bearer"},
+                    )
+                if not hmac.compare_digest(given.encode("utf-8", "replace"), self._token):
+                    raise _BadRequest(
+                        401, "the bearer token is wrong", {"WWW-Authenticate": 'Bearer error="invalid_token"'}
+                    )
+            resp = await handler(request)
+        except _BadRequest as exc:
+            resp = _answer(exc.status, {"error": exc.reason}, exc.headers)
+            if exc.close:
+                resp.force_close()
+        except web.HTTPException as exc:  # no such route, a method not allowed, ...
+            resp = _answer(exc.status, {"error": exc.reason}, {k: v for k, v in exc.headers.items() if k == "Allow"})
+        self.metrics.http_request(endpoint, channel, resp.status)
+        return resp
+
+    # -- handlers --------------------------------------------------------------------------
+
+    async def _healthz(self, request: web.Request) -> web.StreamResponse:
+        return _answer(200, {"status": "ok"})
+
+    async def _readyz(self, request: web.Request) -> web.StreamResponse:
+        ready, body = await self._loop.run_in_executor(self._pool, readiness, self._agent)
+        return _answer(200 if ready else 503, body)
+
+    async def _metrics(self, request: web.Request) -> web.StreamResponse:
+        data = await self._loop.run_in_executor(self._pool, self.metrics.render)
+        return web.Response(body=data, headers={"Content-Type": CONTENT_TYPE})
+
+    async def _list(self, request: web.Request) -> web.StreamResponse:
+        def go() -> list[dict[str, Any]]:
+            out = []
+            for name, ch in sorted(self._by_name.items()):
+                with ch.lock:
+                    start, end = ch.view.available()
+                out.append(
+                    {"name": name, "channel": ch.cid, "start": start, "end": end, "writable": ch.channel is not None}
+                )
+            return out
+
+        return _answer(200, {"channels": await self._loop.run_in_executor(self._pool, go)})
+
+    async def _events(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        ch = self._by_name.get(name)
+        if ch is None:
+            raise _BadRequest(404, f"no channel named {name!r} here (served: {', '.join(sorted(self._by_name))})")
+        peer = _peer_name(request)
+        if not allowed(self._agent.config.allow, ch.cid, peer):
+            logger.warning("refused certificate name %r for channel %s over HTTP", peer, ch.cid)
+            raise _BadRequest(403, f"certificate name {peer!r} is not allowed to use channel {name} (--allow)")
+        channel = ch.channel
+        if channel is None:
+            raise _BadRequest(403, f"channel {name} is served read-only: start the agent with --writable to post")
+        if "Content-Type" not in request.headers:
+            raise _BadRequest(
+                415, "give Content-Type: application/json (Flume's JSON events) or application/octet-stream"
+            )
+        ctype = request.content_type
+        charset = request.charset
+        if ctype in JSON_TYPES:
+            if charset is not None and charset.lower().replace("_", "-") not in ("utf-8", "utf8"):
+                raise _BadRequest(415, f"JSON events are UTF-8, not charset={charset}")
+        elif ctype not in BINARY_TYPES:
+            raise _BadRequest(
+                415,
+                f"Content-Type {ctype} is not taken: "
+                "give application/json (Flume's JSON events) or application/octet-stream",
+            )
+        key = request.headers.get("Idempotency-Key")
+        if key is not None and not KEY_RE.match(key):
+            raise _BadRequest(400, "an Idempotency-Key is 1 to 100 characters of A-Z a-z 0-9 . _ : -")
+        limit = self._settings.max_body
+        max_event = channel.config.max_event_size
+        if ctype in BINARY_TYPES:
+            limit = min(limit, max_event)
+        length = request.content_length
+        if length is not None and length > limit:
+            what = f"max_event_size={max_event}" if limit == max_event else f"the agent's --http-max-body={limit}"
+            raise _BadRequest(413, f"a body of {length} bytes is over {what}", close=True)
+        data = await self._read_body(request, limit, max_event)
+        if ctype in JSON_TYPES:
+            bodies, headers = parse_json_events(data)
+        else:
+            bodies, headers = [data], [None]
+        cap = channel.config.transaction_capacity
+        if len(bodies) > cap:
+            raise _BadRequest(413, f"{len(bodies)} events in one request, over transaction_capacity={cap}: send fewer")
+        fingerprint = hashlib.sha256(ctype.encode() + b"\0" + data).hexdigest()[:32]
+        ring = self._rings[ch.cid]
+        try:
+            duplicate, took = await self._loop.run_in_executor(
+                self._pool, ring.put, channel, key, fingerprint, bodies, headers
+            )
+        except _Conflict as exc:
+            raise _BadRequest(422, str(exc)) from None
+        except ChannelFullError:
+            raise _BadRequest(
+                503, f"channel {name} is full: retry later (nothing was put)", {"Retry-After": RETRY_AFTER_FULL}
+            ) from None
+        except DiskSpaceError as exc:
+            raise _BadRequest(503, f"{exc} (nothing was put)", {"Retry-After": RETRY_AFTER_DISK}) from None
+        except EventTooLargeError as exc:
+            raise _BadRequest(413, str(exc)) from None
+        except TransactionCapacityError as exc:
+            raise _BadRequest(413, str(exc)) from None
+        except InvalidEventError as exc:
+            raise _BadRequest(400, str(exc)) from None
+        except ChannelClosedError as exc:
+            logger.error("a put to channel %s failed: %s", name, exc)
+            raise _BadRequest(503, f"channel {name} has failed: {exc}") from None
+        except ChannelError as exc:
+            logger.error("a put to channel %s failed: %s", name, exc)
+            raise _BadRequest(500, f"the put failed: {exc}") from None
+        except OSError as exc:
+            logger.error("a put to channel %s failed: %s", name, exc)
+            raise _BadRequest(500, f"the put failed: {exc.strerror or type(exc).__name__} on the agent") from None
+        if duplicate:
+            self.metrics.http_duplicates.labels(name).inc()
+        else:
+            self.metrics.http_events.labels(name).inc(len(bodies))
+            self.metrics.put_committed(name, "http", took)
+        return _answer(200, {"channel": name, "events": 0 if duplicate else len(bodies), "duplicate": duplicate})
+
+    async def _read_body(self, request: web.Request, limit: int, max_event: int) -> bytes:
+        """The body, read in chunks up to ``limit`` bytes within the read deadline."""
+        buf = bytearray()
+
+        async def read() -> None:
+            while True:
+                chunk = await request.content.read(CHUNK)
+                if not chunk:
+                    return
+                if len(buf) + len(chunk) > limit:
+                    what = (
+                        f"max_event_size={max_event}" if limit == max_event else f"the agent's --http-max-body={limit}"
+                    )
+                    raise _BadRequest(413, f"the body is over {what}", close=True)
+                buf.extend(chunk)
+
+        try:
+            await asyncio.wait_for(read(), self._settings.read_timeout)
+        except asyncio.TimeoutError:
+            raise _BadRequest(
+                408, f"the body did not arrive within {self._settings.read_timeout:g} s", close=True
+            ) from None
+        return bytes(buf)
