@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parent.parent / "filechannel"
-MODULES = sorted(PKG.glob("*.py"))
+MODULES = sorted(PKG.rglob("*.py"))  # the subpackages (agent, spark, testing) too
 PURE = ("format.py", "_queue.py")
 BANNED_IMPORTS = {"os", "io", "time", "logging"}
 DURABILITY_CALLS = {
@@ -68,6 +68,84 @@ def test_only_fs_makes_durability_calls(path: Path) -> None:
             assert all(a.name != "fcntl" for a in node.names), f"{path.name} imports fcntl"
 
 
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """The filechannel modules ``path`` imports, lazily inside functions too (not under ``TYPE_CHECKING``)."""
+    tree = _tree(path)
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip.update(id(n) for b in node.body for n in ast.walk(b))
+    known = {_module_name(p) for p in MODULES}
+    out = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            targets = [base, *(f"{base}.{a.name}" for a in node.names)]
+        for t in targets:
+            while t and t not in known:
+                t = t.rpartition(".")[0]
+            if t and t != name and t.startswith("filechannel"):
+                out.add(t)
+    return out
+
+
+def test_imports_point_down_no_circles() -> None:
+    """No two modules import each other, directly or round a longer loop (lazy imports count too).
+
+    A package's ``__init__`` is left out: it only re-exports what lies below it.
+    """
+    graph = {_module_name(p): _imports(p) for p in MODULES if p.name != "__init__.py"}
+    graph = {m: {t for t in deps if t in graph} for m, deps in graph.items()}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for t in sorted(graph[m]):
+            if state.get(t) == 1:
+                loop = [*stack[stack.index(t) :], t]
+                raise AssertionError("an import circle: " + " -> ".join(loop))
+            if t not in state:
+                visit(t)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+
+
+def test_the_circle_check_sees_a_circle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pkg = tmp_path / "filechannel"
+    pkg.mkdir()
+    (pkg / "a.py").write_text('"""A."""\n\ndef f():\n    from . import b\n')
+    (pkg / "b.py").write_text('"""B."""\nfrom .a import f\n')
+    monkeypatch.setattr(sys.modules[__name__], "PKG", pkg)
+    monkeypatch.setattr(sys.modules[__name__], "MODULES", sorted(pkg.rglob("*.py")))
+    with pytest.raises(AssertionError, match=r"an import circle: filechannel\.a -> filechannel\.b -> filechannel\.a"):
+        test_imports_point_down_no_circles()
+
+
 def test_the_checker_catches_a_violation(tmp_path: Path) -> None:
     """The rule above is not vacuous: it sees ``os.fsync`` in a module."""
     bad = tmp_path / "bad.py"
@@ -92,7 +170,8 @@ def test_print_only_in_cli(path: Path) -> None:
 def test_import_does_not_load_optional_dependencies() -> None:
     code = (
         "import sys, filechannel\n"
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'cryptography', 'pyarrow'))\n"
+        "opt = ('pyspark', 'cryptography', 'pyarrow', 'aiohttp', 'prometheus_client')\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in opt)\n"
         "print(','.join(bad))\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
