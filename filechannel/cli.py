@@ -1442,6 +1442,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="channel directories to serve (each channel id once); NAME names it in HTTP URLs (default: base name)",
     )
     sp.add_argument(
+        "--config",
+        metavar="FILE",
+        help="read these options from a TOML file (keys: the long options, and channels = [DIR, ...]); "
+        "options on the command line win",
+    )
+    sp.add_argument(
         "--listen",
         required=True,
         metavar="URI",
@@ -1547,10 +1553,62 @@ def _keystore_arg(sp: argparse.ArgumentParser) -> None:
     )
 
 
+def _serve_config(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """``serve --config agent.toml``: the file's settings become command-line options placed first.
+
+    Keys are ``serve``'s long options (``listen``, ``tls_cert`` or ``tls-cert``,
+    ``writable = true``, ``tail = ["/var/log/*.log"]``...), and ``channels`` the
+    directories (``"DIR"`` or ``"DIR=NAME"``). Options given on the command line
+    come after them, so they win (repeatable ones add up).
+    """
+    if not argv or argv[0] != "serve" or "--config" not in argv:
+        return argv
+    i = argv.index("--config")
+    if i + 1 >= len(argv):
+        parser.error("--config needs a FILE")
+    path = argv[i + 1]
+    rest = argv[1:i] + argv[i + 2 :]
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        try:
+            import tomli as tomllib  # type: ignore[no-redef,import-not-found,unused-ignore]
+        except ImportError:
+            parser.error("--config needs Python 3.11+ or the tomli package (pip install 'filechannel[agent]')")
+    try:
+        with open(path, "rb") as f:
+            conf = tomllib.load(f)
+    except OSError as exc:
+        parser.error(f"--config {path}: {exc.strerror or exc}")
+    except tomllib.TOMLDecodeError as exc:
+        parser.error(f"--config {path}: not TOML: {exc}")
+    subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    serve = subs.choices["serve"]
+    flags = {s for a in serve._actions for s in a.option_strings if s.startswith("--")}
+    out: list[str] = []
+    dirs = conf.pop("channels", [])
+    if not isinstance(dirs, list) or not all(isinstance(d, str) for d in dirs):
+        parser.error(f'--config {path}: channels must be a list of directories ("DIR" or "DIR=NAME")')
+    for key, value in conf.items():
+        flag = "--" + str(key).replace("_", "-")
+        if flag not in flags or flag == "--config":
+            parser.error(f"--config {path}: unknown key {key!r} (the keys are serve's long options, and channels)")
+        for v in value if isinstance(value, list) else [value]:
+            if v is True:
+                out.append(flag)
+            elif v is False:
+                continue
+            elif isinstance(v, (str, int, float)):
+                out += [flag, str(v)]
+            else:
+                parser.error(f"--config {path}: {key} must be a string, a number, true/false or a list of them")
+    return ["serve", *dirs, *out, *rest]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_serve_config(list(sys.argv[1:] if argv is None else argv), parser))
     for name, flag in (("n", "-n"), ("batch", "--batch")):
         v = getattr(args, name, None)
         if v is not None and v <= 0:

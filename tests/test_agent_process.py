@@ -187,3 +187,33 @@ def test_serve_refuses_bad_options_in_one_line(tmp_path: Path, args: list[str], 
     assert r.returncode == 2
     assert r.stderr.startswith("filechannel: error: " + message), r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_serve_takes_its_options_from_a_toml_file(tmp_path: Path) -> None:
+    d = make_channel(tmp_path / "c", 3)
+    conf = tmp_path / "agent.toml"
+    conf.write_text(f'channels = ["{d}=orders"]\nlisten = "grpc://127.0.0.1:0"\nwritable = true\ncapacity = 50\n')
+    r = _cli("serve", "--config", str(conf), "--check")
+    assert "exceeds capacity=50" in r.stderr  # the file's capacity reached the channel options
+    conf.write_text(f'channels = ["{d}=orders"]\nlisten = "grpc://127.0.0.1:0"\nwritable = true\ncapacity = 50000\n')
+    r = _cli("serve", "--config", str(conf), "--check")
+    assert r.returncode == 0, r.stderr
+    assert f"channel {cid_of(d)} {d}: positions [0, 3)" in r.stdout
+    assert "would listen on grpc://127.0.0.1:0" in r.stdout
+    # A flag on the command line wins over the file.
+    r = _cli("serve", "--config", str(conf), "--listen", "grpc://0.0.0.0:9", "--check")
+    assert r.returncode == 2
+    assert "plain grpc:// is for a loopback address" in r.stderr
+    for text, message in (
+        ('listen = "grpc://127.0.0.1:0"\nlisten_twice = 1\n', "unknown key 'listen_twice'"),
+        ("listen = [", "not TOML"),
+        ('channels = "x"\n', "channels must be a list"),
+    ):
+        conf.write_text(text)
+        r = _cli("serve", "--config", str(conf), "--check")
+        assert r.returncode == 2, text
+        assert message in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+    r = _cli("serve", "--config", str(tmp_path / "missing.toml"))
+    assert r.returncode == 2
+    assert "missing.toml" in r.stderr
