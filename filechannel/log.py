@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import cast
+from typing import Any, cast
 
 from . import format as fmt
 from ._fs import FS
@@ -45,7 +45,7 @@ from .directory import (
     encode_meta,
 )
 from .errors import ChannelClosedError, CorruptLogError, DecryptionError, DiskSpaceError, EventFormatError, FormatError
-from .logstate import DEFAULT_DATA_DIR, LogState
+from .logstate import DEFAULT_DATA_DIR, FSYNC_BUCKETS, LogState
 from .recovery import Recovery
 from .retention import retire_files
 from .scan import (
@@ -501,7 +501,7 @@ class Log(LogState):
                 out.add(max(w.live))
         return out
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, Any]:
         """Counters of the log (fsyncs, bytes, files)."""
         total = 0
         # list() copies the table in one step (no Python code runs while it iterates),
@@ -517,6 +517,14 @@ class Log(LogState):
                 self.fs.close(fd)
         return {
             "fsyncs": self.fsyncs,
+            "fsync_seconds": round(self.fsync_seconds, 6),
+            # Cumulative, as Prometheus has them: [upper bound, fdatasyncs that took at most that].
+            "fsync_seconds_buckets": [
+                [le, n]
+                for le, n in zip(
+                    (*(repr(b) for b in FSYNC_BUCKETS), "+Inf"), itertools.accumulate(self.fsync_buckets), strict=True
+                )
+            ],
             "bytes_written": self.bytes_written,
             "files": len(self.files),
             "files_created": self.files_created,

@@ -18,6 +18,7 @@ import itertools
 import logging
 import os
 import threading
+from bisect import bisect_left
 from typing import TYPE_CHECKING
 
 from . import format as fmt
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DEFAULT_DATA_DIR = "data"
+FSYNC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+"""Upper bounds (seconds) of the commit fdatasync histogram in ``stats()`` (the last bucket is open)."""
 
 
 class LogState:
@@ -108,6 +111,9 @@ class LogState:
         self.read_fds: dict[int, int] = {}
         # I/O counters
         self.fsyncs = 0
+        # How long the commits' fdatasyncs took: a histogram (FSYNC_BUCKETS) and the sum.
+        self.fsync_seconds = 0.0
+        self.fsync_buckets = [0] * (len(FSYNC_BUCKETS) + 1)
         self.bytes_written = 0
         self.files_created = 0
         self.files_retired = 0
@@ -183,6 +189,12 @@ class LogState:
         """Add a data file to the live table (at recovery, or when a writer creates it)."""
         self.files[file_id] = (index, path)
         self.seeds[file_id] = fmt.file_seed(self.crc_kind, self.channel_id, file_id)
+
+    def note_fsync(self, seconds: float) -> None:
+        """Count one commit fdatasync that took ``seconds`` (the writer's; called under its lock)."""
+        self.fsyncs += 1
+        self.fsync_seconds += seconds
+        self.fsync_buckets[bisect_left(FSYNC_BUCKETS, seconds)] += 1
 
     def auth_state(self, files: dict[int, int], tags: dict[int, bytes]) -> fmt.AuthState | None:
         """What a checkpoint and ANCHOR record of the authenticated live files (None: none is).

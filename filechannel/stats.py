@@ -65,6 +65,8 @@ class ChannelStats(TypedDict):
     last_checkpoint_time: float | None
     # the log
     fsyncs: int
+    fsync_seconds: float
+    fsync_seconds_buckets: list[list[str | int]]
     bytes_written: int
     files: int
     files_created: int

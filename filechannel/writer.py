@@ -410,13 +410,14 @@ class Writer:
         if self.fd is None or self.synced == self.offset:
             self._publish()
             return
+        t0 = time.monotonic()
         try:
             log.fs.fdatasync(self.fd)
         except OSError as exc:
             log.fail(exc, f"fdatasync of {self._path(self.file_id)} failed")
             self._unpublished.clear()
             raise
-        log.fsyncs += 1
+        log.note_fsync(time.monotonic() - t0)
         self.synced = self.offset
         self._publish()
 

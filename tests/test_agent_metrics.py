@@ -82,6 +82,12 @@ def test_channel_metrics_match_stats(tmp_path: Path) -> None:
     assert got[("filechannel_consumer_lag_events", labels)] == st["consumers"]["q"]["lag_events"] == 10
     # Lag in bytes: what `filechannel stat` counts for the same consumer.
     assert got[("filechannel_consumer_lag_bytes", labels)] == stat_json(d)["consumers"][0]["lag_bytes"] > 0
+    # The commits' fdatasyncs as a histogram: one per durable commit (3 posts), buckets cumulative.
+    ch_label = (("channel", "c"),)
+    count = got[("filechannel_fsync_seconds_count", ch_label)]
+    assert count == dict(st["fsync_seconds_buckets"])["+Inf"] >= 3
+    assert got[("filechannel_fsync_seconds_sum", ch_label)] == pytest.approx(st["fsync_seconds"], abs=1e-6)
+    assert got[("filechannel_fsync_seconds_bucket", (("channel", "c"), ("le", "+Inf")))] == count
 
 
 def stat_json(d: str) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from filechannel._version import __version__
@@ -100,6 +100,9 @@ class ChannelSample:
     channel: str
     values: dict[str, float] = field(default_factory=dict)
     consumers: dict[str, dict[str, float]] = field(default_factory=dict)
+    # The commits' fdatasync durations: cumulative [(upper bound, count)] and their sum (stats()).
+    fsync_buckets: list[tuple[str, float]] = field(default_factory=list)
+    fsync_sum: float = 0.0
 
 
 def sample_from_stats(channel: str, stats: Mapping[str, Any]) -> ChannelSample:
@@ -119,6 +122,9 @@ def sample_from_stats(channel: str, stats: Mapping[str, Any]) -> ChannelSample:
         out.values["channel_fill_ratio"] = size / cap
     for cname, c in (stats.get("consumers") or {}).items():
         out.consumers[cname] = {"acked": float(c["acked"]), "lag_events": float(c["lag_events"])}
+    for le, n in stats.get("fsync_seconds_buckets") or ():
+        out.fsync_buckets.append((str(le), float(n)))
+    out.fsync_sum = float(stats.get("fsync_seconds") or 0.0)
     return out
 
 
@@ -136,6 +142,16 @@ def channel_families(samples: Iterable[ChannelSample]) -> Iterator[Metric]:
                 fam.add_metric([s.channel], s.values[name])
         if fam.samples:
             yield fam
+    h = HistogramMetricFamily(
+        PREFIX + "fsync_seconds",
+        "How long each commit's fdatasync took (the durable part of a commit)",
+        labels=["channel"],
+    )
+    for s in samples:
+        if s.fsync_buckets:
+            h.add_metric([s.channel], s.fsync_buckets, s.fsync_sum)
+    if h.samples:
+        yield h
     for name, text, key in CONSUMER_METRICS:
         g = GaugeMetricFamily(PREFIX + name, text, labels=["channel", "consumer"])
         for s in samples:
