@@ -1086,6 +1086,7 @@ _SERVE_FLAGS = {
     "encryption": "--keystore",
     "directories": "DIR",
     "on_corruption": "--on-corruption",
+    "tail": "--tail",
 }
 
 
@@ -1123,6 +1124,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         on_corruption=args.on_corruption or "fail",
         writable=args.writable,
     )
+    if args.tail and not args.writable:
+        raise ChannelError("--tail puts into the channels: give --writable too")
     try:
         if args.check:
             info = describe(config)
@@ -1160,10 +1163,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 on_corruption=config.on_corruption,
                 writable=config.writable,
             )
+            tails = []
             try:
+                if args.tail:
+                    from .agent.tail import start_tails
+
+                    tails = start_tails(agent, args.tail)
                 while not stop.wait(0.5):
-                    pass
+                    if any(t.error is not None for t in tails):
+                        raise ChannelError("a tail source stopped (see the log above); the agent stops too")
             finally:
+                for t in tails:
+                    t.stop()
                 agent.stop()
         finally:
             for s, h in old.items():
@@ -1361,6 +1372,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--writable",
         action="store_true",
         help="open the channels as their owner (taking the lock) and accept exactly-once puts (DoPut)",
+    )
+    sp.add_argument(
+        "--tail",
+        action="append",
+        metavar="[NAME=]GLOB",
+        help="with --writable: follow files matching GLOB into the channel NAME (its directory's base name; "
+        "optional when one channel is served), exactly once (repeatable; docs/agents.md)",
     )
     sp.add_argument("--check", action="store_true", help="print what would be served and exit (binds nothing)")
     sp.set_defaults(func=cmd_serve)

@@ -81,7 +81,9 @@ def test_lines_headers_and_resume_from_marks(chan_dir: str, logdir: Path) -> Non
             (b"two", {"file": str(log), "offset": "4"}),
         ]
         (pos,) = src.positions().values()
-        assert pos["offset"] == 8 and pos["inode"] == log.stat().st_ino and pos["fp_len"] == 8
+        assert pos["offset"] == 8
+        assert pos["inode"] == log.stat().st_ino
+        assert pos["fp_len"] == 8
         src.stop()
     append(log, b"three\n")
     with filechannel.open(chan_dir, **OPTS) as ch:
@@ -169,7 +171,8 @@ def test_rotation_by_copy_truncate_continues_in_the_copy(
         got = bodies(ch)
         assert [b for b in got if b.startswith(b"a")] == expect("a", 100, 120)
         assert [b for b in got if b.startswith(b"b")] == expect("b", 0, 3)
-        assert src.stats()["copies_followed"] == 1 and src.stats()["lost_bytes"] == 0
+        assert src.stats()["copies_followed"] == 1
+        assert src.stats()["lost_bytes"] == 0
         assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
         src.stop()
 
@@ -275,7 +278,8 @@ def test_a_long_line_is_split_into_pieces_that_join_back(chan_dir: str, logdir: 
         evs = drain_events(ch)
         assert evs[0] == (b"short", {"file": str(log), "offset": "0"})
         pieces = [e for e in evs[1:-1]]
-        assert len(pieces) > 1 and all(h["split"] == "6" for _, h in pieces)
+        assert len(pieces) > 1
+        assert all(h["split"] == "6" for _, h in pieces)
         assert b"".join(b for b, _ in pieces) == long
         assert evs[-1] == (b"after", {"file": str(log), "offset": str(6 + len(long) + 1)})
         assert src.stats()["split_lines"] == 1
@@ -362,7 +366,8 @@ def test_sigkill_loop_while_appending_and_rotating_keeps_every_line_once(chan_di
         child = subprocess.Popen(
             [sys.executable, "-c", CHILD, chan_dir, pattern], env=env, stdout=subprocess.PIPE, cwd=ROOT
         )
-        assert child.stdout is not None and child.stdout.readline() == b"ready\n"
+        assert child.stdout is not None
+        assert child.stdout.readline() == b"ready\n"
         until = time.monotonic() + rng.uniform(0.05, 0.4)
         while time.monotonic() < until:
             write_some()
@@ -375,7 +380,8 @@ def test_sigkill_loop_while_appending_and_rotating_keeps_every_line_once(chan_di
         kills += 1
         if time.monotonic() > deadline:
             break
-    assert rotations >= 3 and kills >= 10
+    assert rotations >= 3
+    assert kills >= 10
     with filechannel.open(chan_dir, **OPTS) as ch:
         src = TailSource(ch, pattern, rotate_grace=0.0)
         src.drain()
@@ -389,3 +395,46 @@ def test_sigkill_loop_while_appending_and_rotating_keeps_every_line_once(chan_di
     assert sorted(per_gen) == sorted(written)
     for g, count in written.items():
         assert per_gen[g] == list(range(count)), f"generation {g}: lines lost, repeated or out of order"
+
+
+# -- filechannel serve --tail --------------------------------------------------------------------------
+
+
+def test_serve_tail_follows_files_into_the_served_channel(chan_dir: str, logdir: Path, tmp_path: Path) -> None:
+    pytest.importorskip("pyarrow.flight")
+    from test_agent_process import AgentProcess
+
+    from filechannel.reader import ChannelReader
+
+    filechannel.open(chan_dir, **OPTS).close()
+    append(logdir / "app.log", lines("a", 0, 30))
+    name = os.path.basename(chan_dir)
+    agent = AgentProcess([chan_dir], tmp_path / "port", "--writable", "--tail", f"{name}={logdir / '*.log'}")
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with ChannelReader(chan_dir) as view:
+                if view.available()[1] >= 30:
+                    break
+            assert time.monotonic() < deadline, "the agent put fewer than 30 lines within 30 s"
+            time.sleep(0.1)
+        agent.proc.send_signal(signal.SIGTERM)
+        assert agent.proc.wait(30) == 0
+    finally:
+        agent.kill()
+    with filechannel.open(chan_dir, **OPTS) as ch:
+        assert bodies(ch) == expect("a", 0, 30)
+
+
+def test_serve_tail_needs_writable(chan_dir: str) -> None:
+    filechannel.open(chan_dir, **OPTS).close()
+    r = subprocess.run(
+        [sys.executable, "-m", "filechannel", "serve", chan_dir, "--listen", "grpc://127.0.0.1:0", "--tail", "/x/*"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
+    assert r.returncode != 0
+    assert "--writable" in r.stderr
+    assert "Traceback" not in r.stderr

@@ -40,7 +40,7 @@ from filechannel import format as fmt
 from filechannel.channel import FileChannel
 from filechannel.errors import ChannelFullError, ConfigError, DiskSpaceError
 
-__all__ = ["FINGERPRINT_BYTES", "TailSource"]
+__all__ = ["FINGERPRINT_BYTES", "TailSource", "parse_tail_specs", "start_tails"]
 
 logger = logging.getLogger("filechannel.agent.tail")
 
@@ -80,6 +80,7 @@ class _File:
     size_seen: int = -1
     mtime_seen: int = -1
     idle_since: float | None = None  # out of the glob (or deleted) and at its end since then
+    head: bytes = b""  # the fingerprinted bytes themselves (to recognize a copy still being written)
 
     def value(self) -> bytes:
         d: dict[str, Any] = {
@@ -104,6 +105,7 @@ class _Read:
     split: int | None = None
     fp: str = ""
     fp_len: int = 0
+    head: bytes = b""
     nbytes: int = 0
     splits: int = 0
 
@@ -347,7 +349,7 @@ class TailSource:
             if fd is not None:
                 st = os.fstat(fd)
                 if (st.st_dev, st.st_ino) == (f.dev, f.ino) and self._same(fd, st.st_size, f):
-                    f.fd = fd
+                    f.fd, f.head = fd, _pread(fd, f.fp_len, 0)
                     self._files[(f.dev, f.ino)] = f
                     logger.info("resuming %s at byte %d (%s)", f.path, f.offset, where)
                     return
@@ -365,7 +367,7 @@ class TailSource:
                     f.offset,
                 )
                 self.counters["truncations"] += 1
-                f.fd, f.offset, f.fp, f.fp_len, f.split = fd, 0, _fingerprint(b""), 0, None
+                f.fd, f.offset, f.fp, f.fp_len, f.split, f.head = fd, 0, _fingerprint(b""), 0, None, b""
                 self._files[(f.dev, f.ino)] = f
                 self._dirty[f.slot] = f.value()
                 return
@@ -500,7 +502,7 @@ class TailSource:
             f.offset,
             f"; {unread} bytes written before the truncation were never read (lost)" if unread else "",
         )
-        f.offset, f.fp, f.fp_len, f.split = 0, _fingerprint(b""), 0, None
+        f.offset, f.fp, f.fp_len, f.split, f.head = 0, _fingerprint(b""), 0, None, b""
         f.size_seen, f.mtime_seen = -1, -1
         self._dirty[f.slot] = f.value()
 
@@ -516,7 +518,7 @@ class TailSource:
             if fd is None:
                 continue
             st = os.fstat(fd)
-            if (st.st_dev, st.st_ino) != key:  # replaced since the scan
+            if (st.st_dev, st.st_ino) != key or st.st_size == 0:  # replaced since the scan, or nothing yet
                 os.close(fd)
                 continue
             like = self._looks_like_copy(fd, st.st_size)
@@ -542,13 +544,11 @@ class TailSource:
             logger.info("following %s (inode %d) from byte 0", path, key[1])
 
     def _looks_like_copy(self, fd: int, size: int) -> _File | None:
-        heads: dict[int, bytes] = {}
+        """A followed file whose first bytes this file begins with (or, shorter, is a prefix of: a copy being made)."""
+        mine = _pread(fd, FINGERPRINT_BYTES, 0)
         for f in self._files.values():
-            if f.fp_len == 0 or size < f.fp_len:
-                continue
-            if f.fp_len not in heads:
-                heads[f.fp_len] = _pread(fd, f.fp_len, 0)
-            if _fingerprint(heads[f.fp_len]) == f.fp:
+            n = min(len(mine), f.fp_len)
+            if f.fp_len and len(f.head) == f.fp_len and mine[:n] == f.head[:n]:
                 return f
         return None
 
@@ -590,8 +590,16 @@ class TailSource:
         pos, split = f.offset, f.split
         events: list[tuple[bytes, dict[str, str]]] = []
         nbytes = splits = 0
+        head: bytes | None = None
         while len(events) < budget:
-            data = os.pread(f.fd, size, pos)
+            if head is None and pos < FINGERPRINT_BYTES:
+                # the first bytes and the lines in one read: the fingerprint is of what the lines came from
+                whole = os.pread(f.fd, size + pos, 0)
+                head, data = whole[:FINGERPRINT_BYTES], whole[pos:]
+                if len(whole) < pos or _fingerprint(head[: f.fp_len]) != f.fp:
+                    return None  # changed since the check: the next poll's check sees how
+            else:
+                data = os.pread(f.fd, size, pos)
             if not data:
                 break
             i, n = 0, len(data)
@@ -631,10 +639,13 @@ class TailSource:
                 break
         if pos == f.offset and split == f.split:
             return None
-        r = _Read(events, pos, split, f.fp, f.fp_len)
-        if f.fp_len < FINGERPRINT_BYTES and pos > f.fp_len:
+        r = _Read(events, pos, split, f.fp, f.fp_len, f.head)
+        if head is not None:
             r.fp_len = min(FINGERPRINT_BYTES, pos)
-            r.fp = _fingerprint(_pread(f.fd, r.fp_len, 0))
+            r.head = head[: r.fp_len]
+            r.fp = _fingerprint(r.head)
+        elif _fingerprint(_pread(f.fd, f.fp_len, 0)) != f.fp:
+            return None  # truncated or replaced while we read: the lines may be another file's
         r.nbytes, r.splits = nbytes, splits
         return r
 
@@ -670,7 +681,8 @@ class TailSource:
         if not reads and not self._dirty:
             return 0
         by_slot = {f.slot: f for f in self._files.values()}
-        marks = dict(self._dirty)
+        room = _MAX_MARKS_PER_TX - len(reads)  # _read_all leaves room for at least one dirty mark
+        marks = {s: v for s, v in list(self._dirty.items())[:room] if s not in reads}
         for slot, r in reads.items():
             f = by_slot[slot]
             marks[slot] = _File(slot, f.path, f.dev, f.ino, r.fp, r.fp_len, r.offset, r.split).value()
@@ -686,15 +698,38 @@ class TailSource:
             self.counters["full_retries"] += 1
             logger.warning("tail source %r: %s; the same lines are read again at the next poll", self.name, exc)
             return 0
-        self._dirty.clear()
+        for slot in list(marks) + list(reads):
+            self._dirty.pop(slot, None)
         for slot, r in reads.items():
             f = by_slot[slot]
-            f.offset, f.split, f.fp, f.fp_len = r.offset, r.split, r.fp, r.fp_len
+            f.offset, f.split, f.fp, f.fp_len, f.head = r.offset, r.split, r.fp, r.fp_len, r.head
             self.counters["bytes"] += r.nbytes
             self.counters["split_lines"] += r.splits
         self.counters["lines"] += n
         self.counters["transactions"] += 1
         return n
+
+
+def start_tails(agent: Any, specs: Iterable[str], **options: Any) -> list[TailSource]:
+    """Start one :class:`TailSource` per channel named in ``specs`` (``--tail``) on a writable agent.
+
+    Raises:
+        ConfigError: A spec naming no served channel, or an agent that is not writable.
+    """
+    by_name = {ch.name: ch for ch in agent.channels.values()}
+    sources: list[TailSource] = []
+    try:
+        for name, patterns in parse_tail_specs(specs, sorted(by_name)).items():
+            channel = by_name[name].channel
+            if channel is None:
+                raise ConfigError("tail", "the tail source puts into the channel: start the agent with --writable")
+            sources.append(TailSource(channel, patterns, **options).start())
+            logger.info("tailing %s into channel %s", ", ".join(patterns), name)
+    except BaseException:
+        for src in sources:
+            src.stop()
+        raise
+    return sources
 
 
 def parse_tail_specs(specs: Iterable[str], names: Sequence[str]) -> dict[str, list[str]]:
