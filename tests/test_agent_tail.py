@@ -263,8 +263,33 @@ def test_delete_and_recreate_is_a_new_file_and_the_old_one_is_read_to_its_end(
         src = source(ch, logdir)
         with caplog.at_level(logging.WARNING, "filechannel.agent.tail"):
             src.drain()
+            time.sleep(0.6)  # a file not found is looked for again for a while before it is called gone
+            src.drain()
         assert bodies(ch) == expect("c", 0, 4)
         assert any(r.levelno == logging.WARNING for r in caplog.records)
+        src.stop()
+
+
+def test_a_followed_file_missed_by_a_listing_at_restart_is_resumed_not_read_again(
+    chan_dir: str, logdir: Path, tmp_path: Path
+) -> None:
+    log = logdir / "app.log"
+    append(log, lines("a", 0, 10))
+    with filechannel.open(chan_dir, **OPTS) as ch:
+        src = source(ch, logdir, pattern="app.log*", rotate_grace=60.0)
+        src.drain()
+        assert bodies(ch) == expect("a", 0, 10)
+        src.stop()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.rename(log, elsewhere / "app.log")  # invisible at the restart, as during a rename racing a listing
+    with filechannel.open(chan_dir, **OPTS) as ch:
+        src = source(ch, logdir, pattern="app.log*", rotate_grace=60.0)
+        assert src.drain() == 0
+        os.rename(elsewhere / "app.log", logdir / "app.log.1")
+        append(logdir / "app.log.1", lines("a", 10, 12))
+        src.drain()
+        assert bodies(ch) == expect("a", 10, 12)
         src.stop()
 
 

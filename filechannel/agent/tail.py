@@ -174,6 +174,7 @@ class TailSource:
         self._held: dict[tuple[int, int], float] = {}  # possible copies of followed files: first seen
         self._refused: set[tuple[int, int]] = set()
         self._claimed: set[tuple[int, int]] = set()  # inodes of committed marks, while resuming
+        self._missing: dict[int, tuple[_File, float]] = {}  # marks whose file is not found (yet): since when
         self._resumed = False
         self._rr = 0
         self._stop = threading.Event()
@@ -204,6 +205,7 @@ class TailSource:
         if not self._resumed:
             self._resume()
         matched = self._scan()
+        self._retry_missing(matched)
         self._check_files(matched)
         self._discover(matched)
         reads = self._read_all()
@@ -308,6 +310,7 @@ class TailSource:
         self._free_slots.clear()
         self._dirty.clear()
         self._held.clear()
+        self._missing.clear()
         marks = {k: v for k, v in self.channel.marks().items() if k.startswith(self._prefix)}
         slots: dict[int, bytes] = {}
         for k, v in marks.items():
@@ -341,8 +344,15 @@ class TailSource:
             self._claimed = set()
         self._resumed = True
 
-    def _locate(self, f: _File, matched: dict[tuple[int, int], str]) -> None:
+    def _locate(self, f: _File, matched: dict[tuple[int, int], str], since: float | None = None) -> None:
         """Open the file of a committed mark: by its inode, else a copy by its fingerprint, else report it gone."""
+        if (f.dev, f.ino) in self._files:
+            logger.error(
+                "marks %s and %s name the same file; keeping the first", self._files[(f.dev, f.ino)].slot, f.slot
+            )
+            self._free_slots.add(f.slot)
+            self._dirty[f.slot] = _FREE
+            return
         where = matched.get((f.dev, f.ino)) or self._find_inode(f)
         if where is not None and (f.dev, f.ino) not in self._files:
             fd = self._open(where)
@@ -371,12 +381,28 @@ class TailSource:
                 self._files[(f.dev, f.ino)] = f
                 self._dirty[f.slot] = f.value()
                 return
+        # Not found: a directory listing can miss a file being renamed, so look again at the next polls
+        # before calling it gone (reading it later as a new file would repeat its lines).
+        now = time.monotonic()
+        since = now if since is None else since
+        if now - since < max(self.rotate_grace, 20 * self.poll_interval, 0.5):
+            self._missing[f.slot] = (f, since)
+            return
         logger.warning(
             "%s (inode %d) is gone: lines written after byte %d, if any, were not read", f.path, f.ino, f.offset
         )
         self.counters["files_gone"] += 1
         self._free_slots.add(f.slot)
         self._dirty[f.slot] = _FREE
+
+    def _retry_missing(self, matched: dict[tuple[int, int], str]) -> None:
+        for slot in list(self._missing):
+            f, since = self._missing.pop(slot)
+            self._claimed = {(m.dev, m.ino) for m, _ in self._missing.values()}
+            try:
+                self._locate(f, matched, since)
+            finally:
+                self._claimed = set()
 
     def _find_inode(self, f: _File) -> str | None:
         """The path of ``f``'s inode: its recorded name, else a name in the same directory (renamed)."""
@@ -430,7 +456,13 @@ class TailSource:
             except OSError:
                 continue
             key = (st.st_dev, st.st_ino)
-            if not _stat.S_ISREG(st.st_mode) or key in self._files or key in self._claimed or key == (f.dev, f.ino):
+            if (
+                not _stat.S_ISREG(st.st_mode)
+                or key in self._files
+                or key in self._claimed
+                or key == (f.dev, f.ino)
+                or any(key == (m.dev, m.ino) for m, _ in self._missing.values())
+            ):
                 continue
             if st.st_size < f.offset or st.st_size < f.fp_len:
                 continue
@@ -511,8 +543,9 @@ class TailSource:
         now = time.monotonic()
         for key in [k for k in self._held if k not in matched]:
             del self._held[key]
+        missing = {(m.dev, m.ino) for m, _ in self._missing.values()}
         for key, path in matched.items():
-            if key in self._files or key in self._refused:
+            if key in self._files or key in self._refused or key in missing:
                 continue
             fd = self._open(path)
             if fd is None:
