@@ -200,6 +200,20 @@ def test_copy_truncate_with_the_copy_inside_the_glob_is_not_read_twice(chan_dir:
         src.stop()
 
 
+def test_a_copy_of_a_file_with_nothing_put_yet_is_not_read_twice(chan_dir: str, logdir: Path) -> None:
+    log = logdir / "app.log"
+    append(log, lines("a", 0, 5))
+    shutil.copyfile(log, logdir / "app.log.1")  # the copy is there before the original was ever read
+    with filechannel.open(chan_dir, **OPTS) as ch:
+        src = source(ch, logdir, pattern="app.log*", rotate_grace=60.0)
+        src.drain()
+        os.truncate(log, 0)
+        append(log, lines("b", 0, 2))
+        src.drain()
+        assert bodies(ch) == expect("a", 0, 5) + expect("b", 0, 2)
+        src.stop()
+
+
 def test_truncation_in_place_restarts_at_zero_and_reports_the_loss(
     chan_dir: str, logdir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -554,7 +554,7 @@ class TailSource:
             if (st.st_dev, st.st_ino) != key or st.st_size == 0:  # replaced since the scan, or nothing yet
                 os.close(fd)
                 continue
-            like = self._looks_like_copy(fd, st.st_size)
+            like = self._looks_like_copy(fd)
             if like is not None:
                 first = self._held.setdefault(key, now)
                 if now - first < self.rotate_grace:
@@ -576,12 +576,21 @@ class TailSource:
             self._files[key] = f
             logger.info("following %s (inode %d) from byte 0", path, key[1])
 
-    def _looks_like_copy(self, fd: int, size: int) -> _File | None:
-        """A followed file whose first bytes this file begins with (or, shorter, is a prefix of: a copy being made)."""
+    def _looks_like_copy(self, fd: int) -> _File | None:
+        """A followed file this new file may be a copy of (held until that file is truncated, or for a while).
+
+        It begins with the same bytes (a copy being made is a prefix), compared with what the
+        followed file holds now and with the bytes of it already put.
+        """
         mine = _pread(fd, FINGERPRINT_BYTES, 0)
+        if not mine:
+            return None
         for f in self._files.values():
+            assert f.fd is not None
             n = min(len(mine), f.fp_len)
-            if f.fp_len and len(f.head) == f.fp_len and mine[:n] == f.head[:n]:
+            if n and len(f.head) == f.fp_len and mine[:n] == f.head[:n]:
+                return f
+            if _pread(f.fd, len(mine), 0) == mine:
                 return f
         return None
 
