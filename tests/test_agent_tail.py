@@ -34,7 +34,7 @@ def drain_events(ch: filechannel.FileChannel) -> list[tuple[bytes, dict[str, str
     out = []
     while True:
         with ch.transaction() as tx:
-            evs = tx.take_batch(1000)
+            evs = tx.take_batch(min(1000, ch.config.transaction_capacity))
         if not evs:
             return out
         out += [(e.body, dict(e.headers)) for e in evs]
@@ -345,6 +345,29 @@ def test_the_thread_stops_after_a_whole_transaction(chan_dir: str, logdir: Path)
         got = bodies(ch)
         assert got == expect("a", 0, n)
         assert (next(iter(src.positions().values()))["offset"]) == n * len(b"a-00000\n")
+
+
+def test_a_full_channel_is_retried_without_loss(chan_dir: str, logdir: Path) -> None:
+    append(logdir / "app.log", lines("a", 0, 14))
+    with filechannel.open(chan_dir, capacity=10, transaction_capacity=10, keep_alive=0.0, **OPTS) as ch:
+        src = source(ch, logdir, batch_size=4)
+        src.drain()
+        assert src.stats()["full_retries"] >= 1
+        first = bodies(ch)
+        src.drain()
+        assert first + bodies(ch) == expect("a", 0, 14)
+        src.stop()
+
+
+def test_a_file_name_that_is_not_utf8_is_refused_not_fatal(chan_dir: str, logdir: Path) -> None:
+    with open(os.path.join(os.fsencode(logdir), b"bad-\xff.log"), "wb") as f:
+        f.write(b"x\n")
+    append(logdir / "good.log", b"y\n")
+    with filechannel.open(chan_dir, **OPTS) as ch:
+        src = source(ch, logdir, pattern="*.log")
+        src.drain()
+        assert bodies(ch) == [b"y"]
+        src.stop()
 
 
 def test_parse_tail_specs() -> None:

@@ -235,6 +235,9 @@ class TailSource:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+            if self._thread.is_alive():
+                logger.warning("tail source %r: its transaction did not end within %s s", self.name, timeout)
+                return
             self._thread = None
         for f in self._files.values():
             if f.fd is not None:
@@ -566,6 +569,13 @@ class TailSource:
                     like.path,
                 )
             self._held.pop(key, None)
+            try:
+                path.encode("utf-8")
+            except UnicodeEncodeError:
+                logger.error("%r: the file name is not UTF-8 text (it is the file header); not followed", path)
+                self._refused.add(key)
+                os.close(fd)
+                continue
             f = _File(-1, path, key[0], key[1], _fingerprint(b""), 0, 0, fd=fd)
             if len(f.value()) + 40 > _MAX_MARK_VALUE:
                 logger.error("%s: the path is too long to record its position in a mark; not followed", path)
