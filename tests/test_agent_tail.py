@@ -500,3 +500,10 @@ def test_serve_tail_needs_writable(chan_dir: str) -> None:
     assert r.returncode != 0
     assert "--writable" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_bench_tail_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from bench import tail as bench_tail
+
+    assert bench_tail.main(["--lines", "300", "--repeats", "1", "--data-dir", str(tmp_path)]) == 0
+    assert "ratio tail/cat" in capsys.readouterr().out
