@@ -216,9 +216,10 @@ class TailSource:
         """Poll until a poll commits nothing; returns the lines committed (for tools and tests)."""
         total = 0
         for _ in range(max_polls):
+            full = self.counters["full_retries"]
             n = self.poll()
             total += n
-            if n == 0 and not self._dirty:
+            if n == 0 and (not self._dirty or self.counters["full_retries"] > full):
                 break
         return total
 
