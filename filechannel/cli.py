@@ -1128,6 +1128,7 @@ _SERVE_FLAGS = {
     "http_read_timeout": "--http-read-timeout",
     "http_max_body": "--http-max-body",
     "http_idempotency_keys": "--http-idempotency-keys",
+    "tail": "--tail",
 }
 
 
@@ -1214,6 +1215,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         names=names,
         http=http,
     )
+    if args.tail and not args.writable:
+        raise ChannelError("--tail puts into the channels: give --writable too")
     try:
         if args.check:
             if http is not None:
@@ -1256,10 +1259,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 names=config.names,
                 http=config.http,
             )
+            tails = []
             try:
+                if args.tail:
+                    from .agent.tail import start_tails
+
+                    tails = start_tails(agent, args.tail)
                 while not stop.wait(0.5):
-                    pass
+                    if any(t.error is not None for t in tails):
+                        raise ChannelError("a tail source stopped (see the log above); the agent stops too")
             finally:
+                for t in tails:
+                    t.stop()
                 agent.stop()
         finally:
             for s, h in old.items():
@@ -1511,6 +1522,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=1024,
         metavar="N",
         help="Idempotency-Key values remembered per channel, the newest N (1 to 2048; default 1024)",
+    )
+    sp.add_argument(
+        "--tail",
+        action="append",
+        metavar="[NAME=]GLOB",
+        help="with --writable: follow files matching GLOB into the channel NAME (its directory's base name; "
+        "optional when one channel is served), exactly once (repeatable; docs/agents.md)",
     )
     sp.add_argument("--check", action="store_true", help="print what would be served and exit (binds nothing)")
     sp.set_defaults(func=cmd_serve)
