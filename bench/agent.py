@@ -1,4 +1,4 @@
-"""The agent's HTTP source against in-process puts (issue 25).
+"""The agent's write side (HTTP source, Flight puts) against in-process puts (issue 25).
 
     .venv/bin/python -m bench.agent [--n N] [--repeats R] [--quick] [--data-dir DIR]
 
@@ -12,7 +12,10 @@ Systems:
   one keep-alive client posting Flume JSON bodies of 100 events, one at a time;
 - ``http 1 client + key``: the same with an ``Idempotency-Key`` per request
   (a mark committed with the events);
-- ``http 4 clients + key``: four such clients at once (their commits share fsyncs).
+- ``http 4 clients + key``: four such clients at once (their commits share fsyncs);
+- ``flight put_batch x1000``: exactly-once Flight puts (``AgentClient.put_batch``) of
+  1000 events each, one producer, one at a time (against ``put_many`` of 100 per
+  transaction in process: the Flight put amortises its round trip over 1000).
 
 Within a repeat the systems run one after the other, each on a fresh channel;
 the ratio ``<http system> / put_many`` is taken within the repeat, then
@@ -94,6 +97,7 @@ class _Agent:
                 raise RuntimeError("the agent did not start within 60 s")
             time.sleep(0.05)
         self.port = int(self.hpf.read_text())
+        self.flight_port = int(pf.read_text())
 
     def cpu_seconds(self) -> float:
         with open(f"/proc/{self.proc.pid}/stat") as f:
@@ -156,11 +160,47 @@ def over_http(directory: str, size: int, n: int, clients: int, key: bool) -> dic
     }
 
 
+FLIGHT_BATCH = 1000
+
+
+def over_flight(directory: str, size: int, n: int) -> dict[str, Any]:
+    """Exactly-once Flight puts (``AgentClient.put_batch``) of 1000 events each, one producer, one at a time."""
+    from filechannel.agent import connect
+
+    agent = _Agent(directory)
+    bodies = [b"x" * size] * FLIGHT_BATCH
+    try:
+        with connect(f"grpc://127.0.0.1:{agent.flight_port}", timeout=60) as client:
+            cid = next(iter(client.channels()))
+            lat: list[float] = []
+            cpu0 = agent.cpu_seconds()
+            t0 = time.perf_counter()
+            puts = max(1, n // FLIGHT_BATCH)
+            for seq in range(1, puts + 1):
+                t = time.perf_counter()
+                client.put_batch(cid, bodies, producer="bench", sequence=seq)
+                lat.append(time.perf_counter() - t)
+            took = time.perf_counter() - t0
+            cpu = agent.cpu_seconds() - cpu0
+    finally:
+        agent.stop()
+    lat.sort()
+    events = puts * FLIGHT_BATCH
+    return {
+        "events_per_s": events / took,
+        "seconds": took,
+        "p50_ms": lat[len(lat) // 2] * 1000,
+        "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000,
+        "agent_cpu_us_per_event": cpu / events * 1e6,
+    }
+
+
 SYSTEMS: dict[str, Any] = {
     "put_many (in-process)": lambda d, s, n: in_process(d, s, n),
     "http 1 client": lambda d, s, n: over_http(d, s, n, 1, False),
     "http 1 client + key": lambda d, s, n: over_http(d, s, n, 1, True),
     "http 4 clients + key": lambda d, s, n: over_http(d, s, n, 4, True),
+    "flight put_batch x1000": lambda d, s, n: over_flight(d, s, n),
 }
 
 
@@ -192,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
                     shutil.rmtree(os.path.dirname(d), ignore_errors=True)
                 base = got["put_many (in-process)"]["events_per_s"]
                 for system, m in got.items():
-                    if system.startswith("http"):
+                    if system != "put_many (in-process)":
                         ratios.setdefault((size, f"{system} / put_many"), []).append(
                             {"ratio": m["events_per_s"] / base}
                         )
