@@ -2350,7 +2350,7 @@ sp_column_frames_size(PyObject *self, PyObject *args)
         return NULL;
     PyObject *out = NULL;
     Py_ssize_t n;
-    if (column_offsets(&ob, PY_SSIZE_T_MAX, "column_frames_size", &n) == 0) {
+    if (column_offsets(&ob, (Py_ssize_t)1 << 62, "column_frames_size", &n) == 0) { /* the twin's bound: no overflow */
         const unsigned char *p = ob.buf;
         long long total = 0;
         int64_t a, b;
@@ -2447,8 +2447,11 @@ sp_encode_column(PyObject *self, PyObject *args)
     unsigned char *p;
     if (into != Py_None) {
         /* frames written into the caller's buffer at ``at`` (the writer's reused scratch) */
-        if (PyObject_GetBuffer(into, &outbuf, PyBUF_WRITABLE) < 0)
+        if (PyObject_GetBuffer(into, &outbuf, PyBUF_WRITABLE) < 0) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "encode_column: the output buffer is read-only");
             goto done;
+        }
         have_out = 1;
         if (at < 0 || outbuf.len - at < total) {
             PyErr_SetString(PyExc_ValueError, "encode_column: the output buffer is too short");

@@ -326,7 +326,8 @@ def encode_column(
     and ``out_sizes``. One C call with the accelerator (``_speedups.encode_column``:
     no Python object per payload unless it is sealed); :func:`_encode_column_py`
     is its twin. With ``out``, the frames are written into it from ``at`` and
-    their length is returned in place of the bytes (the writer's reused buffer).
+    their length is returned in place of the bytes (the writer's reused buffer;
+    after an error it may hold part of them). On an error the columns are unchanged.
 
     Raises:
         TypeError: ``out_offsets`` or ``out_sizes`` is neither a list nor an ``array("q")``.
@@ -379,6 +380,13 @@ def _encode_column_py(
     count = len(o) - 1
     if any(len(prefix) + o[i + 1] - o[i] + tag_len > 0xFFFFFFFF for i in range(count)):
         raise OverflowError("record payload does not fit a u32 length")
+    if out is not None:
+        total = sum(record_size(len(prefix) + o[i + 1] - o[i] + tag_len) for i in range(count))
+        view = memoryview(out).cast("B")
+        if view.readonly:
+            raise TypeError("encode_column: the output buffer is read-only")
+        if at < 0 or len(view) - at < total:
+            raise ValueError("encode_column: the output buffer is too short")
     flags = FLAG_SEALED if seal is not None else 0
     parts: list[bytes] = []
     offs: list[int] = []
@@ -400,12 +408,6 @@ def _encode_column_py(
         sizes.append(size)
         offset += size
     frames = b"".join(parts)
-    if out is not None:
-        view = memoryview(out).cast("B")
-        if view.readonly:
-            raise TypeError("encode_column: the output buffer is read-only")
-        if at < 0 or len(view) - at < len(frames):
-            raise ValueError("encode_column: the output buffer is too short")
     out_offsets.extend(offs)
     out_sizes.extend(sizes)
     if out is not None:
