@@ -2567,6 +2567,22 @@ done:
     return Py_BuildValue("(Nn)", out, offset);
 }
 
+/* frame_buffer(n) -> bytearray of n bytes, not zero-filled: the writer's reused frame buffer
+   (encode_column's ``out``), whose pages are then touched once, by the frames. Its content is
+   unspecified (the twin, bytearray(n), gives zeros). */
+static PyObject *
+sp_frame_buffer(PyObject *self, PyObject *args)
+{
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "n", &n))
+        return NULL;
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "frame_buffer: a negative size");
+        return NULL;
+    }
+    return PyByteArray_FromStringAndSize(NULL, n);
+}
+
 static PyMethodDef sp_methods[] = {
     {"bind_crc32c", sp_bind_crc32c, METH_VARARGS, "bind_crc32c(path) -> bool: use libcrc32c's crc32c_extend."},
     {"unbind_crc32c", sp_unbind_crc32c, METH_NOARGS, "unbind_crc32c(): use the built-in CRC-32C again."},
@@ -2607,6 +2623,8 @@ static PyMethodDef sp_methods[] = {
     {"put_column", sp_put_column, METH_VARARGS,
      "put_column(offsets, data, n, offset, wide) -> (data, offsets, max_len): an Arrow binary column's rows"
      " copied into a PUT column (format.PutColumn)."},
+    {"frame_buffer", sp_frame_buffer, METH_VARARGS,
+     "frame_buffer(n) -> bytearray: n bytes, not zero-filled (encode_column's reused output buffer)."},
     {"column_frames_size", sp_column_frames_size, METH_VARARGS,
      "column_frames_size(offsets, extra) -> int: frames_size of a PUT column's payloads."},
     {"encode_column", sp_encode_column, METH_VARARGS,
