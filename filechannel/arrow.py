@@ -9,11 +9,14 @@ or write path:
   check :func:`~filechannel.reader.read_segment` does, with the same errors;
 - :func:`read_arrow` (``ChannelReader.read_arrow``) does it for a range of
   positions;
-- :func:`prepare_puts` (``Transaction.put_arrow``) turns the rows of a ``body``
-  column (and an optional ``headers`` map column) into PUT payloads.
+- :func:`prepare_column` (``Transaction.put_arrow``) copies the rows of a ``body``
+  column without headers into a ``format.PutColumn`` (one buffer, int64 offsets),
+  which the writer frames without a Python object per row;
+- :func:`prepare_puts` turns the rows of a ``body`` column (and an optional
+  ``headers`` map column) into PUT payloads, one ``bytes`` each (rows with headers).
 
-With the C accelerator the per-event loops are three C calls
-(``_speedups.arrow_verify``, ``arrow_events``, ``arrow_puts``) that fill plain
+With the C accelerator the per-event loops are C calls
+(``_speedups.arrow_verify``, ``arrow_events``, ``put_column``, ``arrow_puts``) that fill plain
 bytes buffers; pyarrow wraps them (``pa.py_buffer``, ``Array.from_buffers``),
 so no Python object is made per event on the read path. The functions whose
 names end in ``_py`` are their pure-Python twins (the reference,

@@ -205,6 +205,17 @@ def test_close_batch_of_views_is_the_close_batch_of_bytes(rows: list[bytes], kin
     assert len(set(out)) == 1
 
 
+@needs_c
+def test_frame_buffer_is_a_bytearray_of_that_size() -> None:
+    """The writer's frame buffer (twin: ``bytearray(n)``; its content is unspecified, not zero-filled)."""
+    for n in (0, 1, 4097, 1 << 20):
+        buf = C.frame_buffer(n)
+        assert type(buf) is bytearray
+        assert len(buf) == n
+    with pytest.raises(ValueError, match="negative"):
+        C.frame_buffer(-1)
+
+
 def test_encode_column_refuses_what_it_cannot_frame() -> None:
     """The pure twin (and the C one, when built) name the problem."""
     fns = [fmt._encode_column_py] + ([C.encode_column] if C is not None else [])
