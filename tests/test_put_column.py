@@ -382,3 +382,56 @@ def test_put_arrow_column_limits_and_rollback(tmp_path: Path) -> None:
         tx.rollback()
         with ch.transaction() as tx2:
             assert tx2.take_batch(4) == []
+
+
+def test_a_lazy_cache_run_evicted_untaken_never_makes_its_events(tmp_path: Path) -> None:
+    """Past ``cache_bytes`` the oldest column run is dropped without being loaded; its takes read the file."""
+    a = [b"a%03d" % i for i in range(100)]
+    b = [b"b%03d" % i for i in range(100)]
+    with filechannel.open(tmp_path / "c", cache_bytes=100 * (4 + 64) + 10, **OPTS) as ch:
+        loads = []
+        for bodies in (a, b):
+            with ch.transaction() as tx:
+                tx.put_arrow(pa.array(bodies, pa.binary()))
+        runs = ch._cache._runs
+        assert list(runs) == [100]  # the first run was evicted
+        run = runs[100]
+        load = run.load
+        assert load is not None
+
+        def counting() -> Any:
+            loads.append(1)
+            return load()
+
+        run.load = counting
+        with ch.transaction() as tx:
+            got = tx.take_batch(200)
+        assert [e.body for e in got] == a + b
+        assert loads == [1]  # only the cached run was loaded, once
+        stats = ch.stats()
+        assert stats["disk_reads"] == 100
+        assert stats["cache_hits"] == 100
+
+
+def test_take_cache_lazy_run_unit() -> None:
+    """TakeCache.add_lazy: counted like add, loaded at the first pop that reaches it, partial pops keep the rest."""
+    from filechannel._cache import OVERHEAD, TakeCache
+
+    cache = TakeCache(1 << 20)
+    calls: list[int] = []
+
+    def load() -> tuple[list[Any], list[Any]]:
+        calls.append(1)
+        return [b"x", b"yy", b"zzz"], [{}, {}, {}]
+
+    cache.add_lazy(10, 3, 6, load)
+    assert (cache.events, cache.nbytes) == (3, 6 + 3 * OVERHEAD)
+    assert cache.pop([5]) == [None]
+    assert calls == []  # a miss elsewhere does not load it
+    assert cache.pop([11]) == [(b"yy", {}, 11)]
+    assert cache.pop([10, 12]) == [(b"x", {}, 10), (b"zzz", {}, 12)]
+    assert calls == [1]
+    assert (cache.events, cache.nbytes) == (0, 0)
+    cache.add_lazy(20, 2, 2, load)  # a load that does not match its count is a bug, said so
+    with pytest.raises(ValueError, match="different number of events"):
+        cache.pop([20])
