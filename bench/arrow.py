@@ -14,6 +14,15 @@ Prints one JSON line per result on stdout and a summary table on stderr.
   too): ``put_arrow`` of a binary array against ``put_many`` of the same bodies
   as a list of bytes, and against ``to_pylist()`` + ``put_many`` (what code
   holding Arrow data does without ``put_arrow``).
+- **take after put**: in the same channel, right after that commit, one
+  transaction takes all the events back (``take_batch``, commit timed too):
+  served by the take cache, which holds ``put_many``'s list of bodies and
+  ``put_arrow``'s column (its events made by the first take that reaches it).
+  The case ``put_arrow, no cache`` (``cache_bytes=0``) shows what takes would
+  cost if the cache skipped Arrow puts (every event read back from disk).
+- **put, steady state**: then two more such put transactions into the same
+  channel (the median of the two): what a producer committing batch after
+  batch sees, its process's memory and the data file already in use.
 
 Within a repeat the cases run back to back, in reversed order every other
 repeat; ratios (how many times faster) are taken within a repeat, then
@@ -85,17 +94,31 @@ def read_cases(reader: filechannel.ChannelReader, start: int, end: int, order: l
     return out
 
 
-def put_case(d: str, case: str, column: pa.Array, bodies: list[bytes]) -> float:
-    with filechannel.open(d, fsync="commit", **OPTS) as ch:
-        t0 = time.perf_counter()
+def put_case(d: str, case: str, column: pa.Array, bodies: list[bytes]) -> tuple[float, float, float]:
+    """Seconds of the put transaction, of the one that takes its events back, and of a later put (median of 2)."""
+    opts = dict(OPTS, cache_bytes=0) if case == "put_arrow, no cache" else OPTS
+    with filechannel.open(d, fsync="commit", **opts) as ch:
+
+        def put() -> float:
+            t0 = time.perf_counter()
+            with ch.transaction() as tx:
+                if case.startswith("put_arrow"):
+                    tx.put_arrow(column)
+                elif case == "put_many":
+                    tx.put_many(bodies)
+                else:
+                    tx.put_many(column.to_pylist())
+            return time.perf_counter() - t0
+
+        first = put()
+        t1 = time.perf_counter()
         with ch.transaction() as tx:
-            if case == "put_arrow":
-                tx.put_arrow(column)
-            elif case == "put_many":
-                tx.put_many(bodies)
-            else:
-                tx.put_many(column.to_pylist())
-        return time.perf_counter() - t0
+            got = tx.take_batch(len(bodies))
+        took = time.perf_counter() - t1
+        assert len(got) == len(bodies), "the take returned fewer events"
+        assert got[-1].body == bodies[-1], "the take returned other events"
+        later = sorted([put(), put()])
+        return first, took, (later[0] + later[1]) / 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,22 +158,34 @@ def main(argv: list[str] | None = None) -> int:
         body = os.urandom(SIZE)
         bodies = [body[: i % 50] + body[i % 50 :] for i in range(n_puts)]  # distinct objects, 100 B each
         column = pa.array(bodies, type=pa.binary())
-        put_order = ["put_arrow", "put_many", "to_pylist + put_many"]
+        put_order = ["put_arrow", "put_many", "to_pylist + put_many", "put_arrow, no cache"]
         k = 0
         for rep in range(repeats):
             order = put_order if rep % 2 == 0 else put_order[::-1]
             secs = {}
+            takes = {}
+            steady = {}
             for case in order:
                 k += 1
                 d = os.path.join(root, f"put{k}")
-                secs[case] = put_case(d, case, column, bodies)
+                secs[case], takes[case], steady[case] = put_case(d, case, column, bodies)
                 shutil.rmtree(d, ignore_errors=True)
             for case, s in secs.items():
                 runs.setdefault(("put, one transaction", case), []).append({"events_per_s": n_puts / s, "seconds": s})
+            for case, s in takes.items():
+                runs.setdefault(("take after put", case), []).append({"events_per_s": n_puts / s, "seconds": s})
+            for case, s in steady.items():
+                runs.setdefault(("put, steady state", case), []).append({"events_per_s": n_puts / s, "seconds": s})
             for case in ("put_many", "to_pylist + put_many"):
                 ratios.setdefault(("put, one transaction", f"put_arrow / {case}"), []).append(
                     {"ratio": secs[case] / secs["put_arrow"]}
                 )
+                ratios.setdefault(("put, steady state", f"put_arrow / {case}"), []).append(
+                    {"ratio": steady[case] / steady["put_arrow"]}
+                )
+            ratios.setdefault(("take after put", "put_arrow / put_many"), []).append(
+                {"ratio": takes["put_many"] / takes["put_arrow"]}
+            )
     finally:
         shutil.rmtree(root, ignore_errors=True)
     rows = []
@@ -165,15 +200,23 @@ def main(argv: list[str] | None = None) -> int:
     for rec in rows:
         print(json.dumps(rec), flush=True)
     targets = {
-        "read_arrow / read + arrays": (
+        ("read", "read_arrow / read + arrays"): (
             "read_arrow of a channel at 100 B is at least 5x read() + building the arrays",
             5,
         ),
-        "put_arrow / put_many": ("put_arrow of 100 B events is at least 3x put_many of the same bodies", 3),
+        ("put, one transaction", "put_arrow / put_many"): (
+            "put_arrow of 100 B events is at least 3x put_many of the same bodies",
+            3,
+        ),
+        ("put, steady state", "put_arrow / put_many"): (
+            "put_arrow of 100 B events is at least 3x put_many of the same bodies (steady state)",
+            3,
+        ),
     }
     for r in rows:
-        if r["system"] in targets:
-            what, need = targets[r["system"]]
+        key = (r["workload"], r["system"])
+        if key in targets:
+            what, need = targets[key]
             print(json.dumps({"type": "target", "what": what, "median": r["median"], "met": r["median"] >= need}))
     cmd = "python -m bench.arrow " + " ".join(argv if argv is not None else sys.argv[1:])
     run = {

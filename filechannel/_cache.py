@@ -12,6 +12,10 @@ still held. Adding a commit costs one entry whatever its size, and eviction
 drops whole runs, lowest positions first (the events a FIFO take reaches
 soonest are also the oldest). Taking an event clears its slot; a run whose
 slots are all cleared is dropped.
+
+A commit of ``Transaction.put_arrow``'s column is added lazily (:meth:`TakeCache.add_lazy`):
+the run holds the column, and its bodies are made, in one C call, by the first
+take that reaches it, so a commit costs no Python object per event.
 """
 
 from __future__ import annotations
@@ -42,6 +46,10 @@ def take_tuples(
     return items, nbytes
 
 
+Load = Callable[[], tuple[list[Any], list[Mapping[str, str]]]]
+"""How a lazy run makes its bodies and headers (lists of its length), at its first take."""
+
+
 class _Run:
     """One commit's events: ``bodies[k]`` is position ``first + k``, None once taken.
 
@@ -50,7 +58,7 @@ class _Run:
     ``lo`` is cleared (a pop there needs no search for None).
     """
 
-    __slots__ = ("bodies", "headers", "holes", "left", "lo", "nbytes")
+    __slots__ = ("bodies", "headers", "holes", "left", "lo", "load", "nbytes")
 
     def __init__(self, bodies: list[bytes | None], headers: Sequence[Mapping[str, str]], nbytes: int) -> None:
         self.bodies = bodies
@@ -59,6 +67,16 @@ class _Run:
         self.nbytes = nbytes
         self.lo = 0
         self.holes = False
+        self.load: Load | None = None  # a lazy run's: makes bodies and headers at its first take
+
+    def loaded(self) -> list[bytes | None]:
+        """The run's bodies, made now if the run is lazy (see :meth:`TakeCache.add_lazy`)."""
+        if self.load is not None:
+            bodies, headers = self.load()
+            if len(bodies) != self.left or len(headers) != self.left:
+                raise ValueError("a lazy cache run loaded a different number of events than it holds")
+            self.bodies, self.headers, self.load = bodies, headers, None
+        return self.bodies
 
 
 class TakeCache:
@@ -84,13 +102,30 @@ class TakeCache:
         if not n or not self.limit:
             return
         nbytes = sum(map(len, bodies)) + OVERHEAD * n
-        self._runs[first] = _Run(list(bodies), headers, nbytes)
+        self._insert(first, _Run(list(bodies), headers, nbytes), n)
+
+    def add_lazy(self, first: int, n: int, nbytes: int, load: Load) -> None:
+        """:meth:`add` of a commit whose bodies are made only if a take reaches them.
+
+        ``n`` events of ``nbytes`` body bytes together; ``load()`` returns their
+        bodies and headers (``Transaction.put_arrow``'s column: committing costs
+        no Python object per event, and a run evicted untaken never makes them).
+        """
+        if not n or not self.limit:
+            return
+        run = _Run([], (), nbytes + OVERHEAD * n)
+        run.left = n
+        run.load = load
+        self._insert(first, run, n)
+
+    def _insert(self, first: int, run: _Run, n: int) -> None:
+        self._runs[first] = run
         firsts = self._firsts
         if not firsts or first > firsts[-1]:
             firsts.append(first)
         else:  # several data directories: commits can take effect out of position order
             insort(firsts, first, lo=self._head)
-        self.nbytes += nbytes
+        self.nbytes += run.nbytes
         self.events += n
         if self.nbytes > self.limit:
             self._evict()
@@ -139,7 +174,7 @@ class TakeCache:
                 i += 1
                 continue
             first = firsts[k]
-            bodies = run.bodies
+            bodies = run.bodies if run.load is None else run.loaded()
             a = p - first
             if a >= len(bodies):
                 out.append(None)

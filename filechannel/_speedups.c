@@ -26,6 +26,9 @@
  *   trim_heap()
  *       hands free heap pages back to the system (glibc's malloc_trim) once a
  *       full replay has freed its scan (see channel.replay_queue).
+ *   put_column, column_frames_size, encode_column
+ *       a transaction's puts as a column (one data buffer, int64 offsets: Transaction.put_arrow)
+ *       and their PUT frames, the bytes of encode_puts, without a Python object per payload.
  *   arrow_verify, arrow_events, arrow_puts
  *       the Arrow read and put paths (filechannel/arrow.py holds their callers and
  *       their pure-Python twins): a segment's PUT records checked, its event payloads
@@ -1507,12 +1510,21 @@ sp_close_batch(PyObject *self, PyObject *args)
     unsigned long long body_len = 0;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(parts); i++) {
         PyObject *part = PyList_GET_ITEM(parts, i);
-        if (!PyBytes_Check(part)) {
-            PyErr_Format(PyExc_TypeError, "close_batch: parts must be bytes, not %.100s", Py_TYPE(part)->tp_name);
+        if (PyBytes_Check(part)) {
+            body_crc = ext(body_crc, (const unsigned char *)PyBytes_AS_STRING(part), (size_t)PyBytes_GET_SIZE(part));
+            body_len += (unsigned long long)PyBytes_GET_SIZE(part);
+            continue;
+        }
+        /* a view of the writer's frame buffer (encode_column's ``out``): any contiguous buffer */
+        Py_buffer pb;
+        if (PyObject_GetBuffer(part, &pb, PyBUF_SIMPLE) < 0) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "close_batch: parts must be bytes-like, not %.100s", Py_TYPE(part)->tp_name);
             return NULL;
         }
-        body_crc = ext(body_crc, (const unsigned char *)PyBytes_AS_STRING(part), (size_t)PyBytes_GET_SIZE(part));
-        body_len += (unsigned long long)PyBytes_GET_SIZE(part);
+        body_crc = ext(body_crc, (const unsigned char *)pb.buf, (size_t)pb.len);
+        body_len += (unsigned long long)pb.len;
+        PyBuffer_Release(&pb);
     }
     if (body_len > 0xFFFFFFFFull) {
         PyErr_SetString(PyExc_OverflowError, "close_batch: the batch does not fit a u32 length");
@@ -2219,6 +2231,358 @@ done:
     return out;
 }
 
+/* ------------------------------------------------------------------------ */
+/* PUT columns: a transaction's puts as one data buffer and native int64 offsets (payload i is
+   data[offsets[i]:offsets[i + 1]]), framed without a Python object per payload. format.py holds
+   the twins of column_frames_size and encode_column; arrow.py the twin of put_column.
+
+   put_column(offsets, data, n, offset, wide) -> (data, offsets, max_len)
+       rows offset .. offset + n - 1 of an Arrow binary column (int32 or, ``wide``, int64 offsets)
+       copied into a column of their own: a new bytes object holding the rows' bytes, their int64
+       offsets from 0 (n + 1 of them, as bytes), and the longest row's length. The copy is what the
+       transaction keeps: the caller's buffers may change after put_arrow returns.
+   column_frames_size(offsets, extra) -> int
+       the bytes the PUT frames of a column occupy when each stored payload is ``extra`` bytes
+       longer than its row: format.frames_size of the column's payloads.
+   encode_column(seed, kind, woid, txn_id, data, offsets, out_offsets, out_sizes, offset,
+                 seal=None, tag_len=0, prefix=b"", out=None, at=0) -> (frames, end_offset)
+       encode_puts of the column's payloads: the same bytes, offsets and sizes. Without ``seal``
+       no Python object is made per payload, and a large column is framed without the GIL. With
+       ``out`` (a writable buffer) the frames are written there from ``at`` instead, and their
+       length is returned in place of the bytes (the writer reuses one buffer: no page faults). */
+
+/* The n + 1 native int64 offsets of a column in ``ob``, checked: ascending from >= 0, the last
+   within ``data_len``. Sets *n; -1 with a ValueError naming ``who`` otherwise. */
+static int
+column_offsets(const Py_buffer *ob, Py_ssize_t data_len, const char *who, Py_ssize_t *n)
+{
+    if (ob->len < 8 || ob->len % 8) {
+        PyErr_Format(PyExc_ValueError, "%s: a column's offsets are n + 1 int64s", who);
+        return -1;
+    }
+    Py_ssize_t k = ob->len / 8 - 1;
+    const unsigned char *p = ob->buf;
+    int64_t prev;
+    memcpy(&prev, p, 8);
+    if (prev < 0) {
+        PyErr_Format(PyExc_ValueError, "%s: an offset lies outside the data buffer", who);
+        return -1;
+    }
+    for (Py_ssize_t i = 1; i <= k; i++) {
+        int64_t x;
+        memcpy(&x, p + 8 * i, 8);
+        if (x < prev) {
+            PyErr_Format(PyExc_ValueError, "%s: an offset lies outside the data buffer", who);
+            return -1;
+        }
+        prev = x;
+    }
+    if (prev > (int64_t)data_len) {
+        PyErr_Format(PyExc_ValueError, "%s: an offset lies outside the data buffer", who);
+        return -1;
+    }
+    *n = k;
+    return 0;
+}
+
+static PyObject *
+sp_put_column(PyObject *self, PyObject *args)
+{
+    Py_buffer offs, data;
+    Py_ssize_t n, offset;
+    int wide;
+    if (!PyArg_ParseTuple(args, "y*y*nnp", &offs, &data, &n, &offset, &wide))
+        return NULL;
+    PyObject *out = NULL, *obytes = NULL, *dbytes = NULL;
+    Py_ssize_t width = wide ? 8 : 4;
+    if (n < 0 || offset < 0 || offs.len / width < offset + n + 1) {
+        PyErr_SetString(PyExc_ValueError, "put_column: the offsets buffer is shorter than the column");
+        goto done;
+    }
+    obytes = PyBytes_FromStringAndSize(NULL, (n + 1) * 8);
+    if (obytes == NULL)
+        goto done;
+    const unsigned char *ob = (const unsigned char *)offs.buf + width * offset;
+    int64_t *o = (int64_t *)PyBytes_AS_STRING(obytes);
+    for (Py_ssize_t i = 0; i <= n; i++) {
+        if (wide) {
+            memcpy(&o[i], ob + 8 * i, 8);
+        } else {
+            int32_t x;
+            memcpy(&x, ob + 4 * i, 4);
+            o[i] = x;
+        }
+    }
+    int64_t first = o[0], longest = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t a = o[i], b = o[i + 1];
+        if (a < 0 || b < a || b > (int64_t)data.len) {
+            PyErr_SetString(PyExc_ValueError, "put_column: an offset lies outside the data buffer");
+            goto done;
+        }
+        if (b - a > longest)
+            longest = b - a;
+    }
+    if (n == 0)
+        first = 0;
+    Py_ssize_t total = n ? (Py_ssize_t)(o[n] - first) : 0;
+    dbytes = PyBytes_FromStringAndSize(n ? (const char *)data.buf + first : NULL, total);
+    if (dbytes == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i <= n; i++)
+        o[i] = n ? o[i] - first : 0;
+    out = Py_BuildValue("(NNL)", dbytes, obytes, (long long)longest);
+    dbytes = obytes = NULL;
+done:
+    Py_XDECREF(dbytes);
+    Py_XDECREF(obytes);
+    PyBuffer_Release(&offs);
+    PyBuffer_Release(&data);
+    return out;
+}
+
+static PyObject *
+sp_column_frames_size(PyObject *self, PyObject *args)
+{
+    Py_buffer ob;
+    Py_ssize_t extra;
+    if (!PyArg_ParseTuple(args, "y*n", &ob, &extra))
+        return NULL;
+    PyObject *out = NULL;
+    Py_ssize_t n;
+    if (column_offsets(&ob, (Py_ssize_t)1 << 62, "column_frames_size", &n) == 0) { /* the twin's bound: no overflow */
+        const unsigned char *p = ob.buf;
+        long long total = 0;
+        int64_t a, b;
+        memcpy(&a, p, 8);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            memcpy(&b, p + 8 * (i + 1), 8);
+            long long k = (long long)(b - a) + extra;
+            total += (k + HEADER_LEN + 7) & ~7LL;
+            a = b;
+        }
+        out = PyLong_FromLongLong(total);
+    }
+    PyBuffer_Release(&ob);
+    return out;
+}
+
+/* Frame payload ``i`` at ``p`` (its head already written): checksum, prefix + row copied, padding. */
+static inline Py_ssize_t
+frame_row(unsigned char *p, extend_fn ext, uint32_t seed, const unsigned char *prefix, Py_ssize_t prefix_len,
+          const unsigned char *row, Py_ssize_t row_len)
+{
+    Py_ssize_t n = prefix_len + row_len;
+    Py_ssize_t pad = -n & 7;
+    memcpy(p + HEADER_LEN, prefix, (size_t)prefix_len);
+    memcpy(p + HEADER_LEN + prefix_len, row, (size_t)row_len);
+    uint32_t c = ext(seed, p, 24);
+    c = ext(c, p + HEADER_LEN, (size_t)n);
+    put_u32(p + 24, c);
+    put_u32(p + 28, 0);
+    memset(p + HEADER_LEN + n, 0, (size_t)pad);
+    return HEADER_LEN + n + pad;
+}
+
+static PyObject *
+sp_encode_column(PyObject *self, PyObject *args)
+{
+    unsigned long seed_l;
+    int kind;
+    unsigned long long woid, txn_id;
+    Py_buffer data, ob;
+    PyObject *offsets, *sizes;
+    Py_ssize_t offset;
+    PyObject *seal = Py_None;
+    Py_ssize_t tag_len = 0;
+    const char *prefix = "";
+    Py_ssize_t prefix_len = 0;
+    PyObject *into = Py_None;
+    Py_ssize_t at = 0;
+    if (!PyArg_ParseTuple(args, "kiKKy*y*OOn|Ony#On", &seed_l, &kind, &woid, &txn_id, &data, &ob, &offsets, &sizes,
+                          &offset, &seal, &tag_len, &prefix, &prefix_len, &into, &at))
+        return NULL;
+    PyObject *out = NULL;
+    Py_buffer outbuf;
+    int have_out = 0;
+    int64_t *cols = NULL;
+    Py_ssize_t count = 0;
+    if (!PyList_Check(offsets) && !PyObject_HasAttrString(offsets, "frombytes")) {
+        PyErr_SetString(PyExc_TypeError, "offsets must be a list or an array('q')");
+        goto done;
+    }
+    if (!PyList_Check(sizes) && !PyObject_HasAttrString(sizes, "frombytes")) {
+        PyErr_SetString(PyExc_TypeError, "sizes must be a list or an array('q')");
+        goto done;
+    }
+    if (seal == Py_None)
+        tag_len = 0;
+    else if (tag_len < 0) {
+        PyErr_SetString(PyExc_ValueError, "tag_len must not be negative");
+        goto done;
+    }
+    extend_fn ext = extend_for(kind);
+    if (ext == NULL)
+        goto done;
+    if (column_offsets(&ob, data.len, "encode_column", &count) < 0)
+        goto done;
+    uint32_t seed = (uint32_t)seed_l;
+    const unsigned char *o = ob.buf, *db = data.buf;
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        int64_t a, b;
+        memcpy(&a, o + 8 * i, 8);
+        memcpy(&b, o + 8 * (i + 1), 8);
+        Py_ssize_t n = prefix_len + (Py_ssize_t)(b - a) + tag_len;
+        if ((unsigned long long)n > 0xFFFFFFFFull) {
+            PyErr_SetString(PyExc_OverflowError, "record payload does not fit a u32 length");
+            goto done;
+        }
+        total += HEADER_LEN + n + (-n & 7);
+    }
+    if (count > 0 && (cols = PyMem_Malloc((size_t)count * 2 * sizeof(int64_t))) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    unsigned char *p;
+    if (into != Py_None) {
+        /* frames written into the caller's buffer at ``at`` (the writer's reused scratch) */
+        if (PyObject_GetBuffer(into, &outbuf, PyBUF_WRITABLE) < 0) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "encode_column: the output buffer is read-only");
+            goto done;
+        }
+        have_out = 1;
+        if (at < 0 || outbuf.len - at < total) {
+            PyErr_SetString(PyExc_ValueError, "encode_column: the output buffer is too short");
+            goto done;
+        }
+        out = PyLong_FromSsize_t(total);
+        if (out == NULL)
+            goto done;
+        p = (unsigned char *)outbuf.buf + at;
+    } else {
+        out = PyBytes_FromStringAndSize(NULL, total);
+        if (out == NULL)
+            goto done;
+        p = (unsigned char *)PyBytes_AS_STRING(out);
+    }
+    const unsigned char *pre = (const unsigned char *)prefix;
+    if (seal == Py_None) {
+        /* Everything here is this call's own: the buffers are held, the output not yet shared. */
+        int release = total >= CRC_RELEASE_GIL;
+        PyThreadState *ts = release ? PyEval_SaveThread() : NULL;
+        Py_ssize_t at = offset;
+        for (Py_ssize_t i = 0; i < count; i++) {
+            int64_t a, b;
+            memcpy(&a, o + 8 * i, 8);
+            memcpy(&b, o + 8 * (i + 1), 8);
+            Py_ssize_t n = prefix_len + (Py_ssize_t)(b - a);
+            p[0] = OP_PUT;
+            p[1] = 0;
+            put_u16(p + 2, 0);
+            put_u32(p + 4, (uint32_t)n);
+            put_u64(p + 8, (uint64_t)(woid + (unsigned long long)i));
+            put_u64(p + 16, (uint64_t)txn_id);
+            Py_ssize_t size = frame_row(p, ext, seed, pre, prefix_len, db + a, (Py_ssize_t)(b - a));
+            cols[i] = at;
+            cols[count + i] = size;
+            at += size;
+            p += size;
+        }
+        offset = at;
+        if (release)
+            PyEval_RestoreThread(ts);
+    } else {
+        for (Py_ssize_t i = 0; i < count; i++) {
+            int64_t a, b;
+            memcpy(&a, o + 8 * i, 8);
+            memcpy(&b, o + 8 * (i + 1), 8);
+            Py_ssize_t row_len = (Py_ssize_t)(b - a);
+            Py_ssize_t n = prefix_len + row_len + tag_len;
+            p[0] = OP_PUT;
+            p[1] = FLAG_SEALED;
+            put_u16(p + 2, 0);
+            put_u32(p + 4, (uint32_t)n);
+            put_u64(p + 8, (uint64_t)(woid + (unsigned long long)i));
+            put_u64(p + 16, (uint64_t)txn_id);
+            /* seal(frame bytes [0, 24), offset, prefix + row) -> ciphertext, as encode_puts calls it */
+            PyObject *head = PyBytes_FromStringAndSize((const char *)p, 24);
+            PyObject *off_obj = head ? PyLong_FromSsize_t(offset) : NULL;
+            PyObject *plain = off_obj ? PyBytes_FromStringAndSize(NULL, prefix_len + row_len) : NULL;
+            PyObject *ct = NULL;
+            if (plain != NULL) {
+                memcpy(PyBytes_AS_STRING(plain), prefix, (size_t)prefix_len);
+                memcpy(PyBytes_AS_STRING(plain) + prefix_len, db + a, (size_t)row_len);
+                PyObject *argv[3] = {head, off_obj, plain};
+                ct = PyObject_Vectorcall(seal, argv, 3, NULL);
+            }
+            Py_XDECREF(head);
+            Py_XDECREF(off_obj);
+            Py_XDECREF(plain);
+            if (ct == NULL) {
+                Py_CLEAR(out);
+                goto done;
+            }
+            if (!PyBytes_Check(ct) || PyBytes_GET_SIZE(ct) != n) {
+                PyErr_Format(PyExc_ValueError, "the sealer returned %zd bytes for a %zd-byte sealed payload",
+                             PyBytes_Check(ct) ? PyBytes_GET_SIZE(ct) : (Py_ssize_t)-1, n);
+                Py_DECREF(ct);
+                Py_CLEAR(out);
+                goto done;
+            }
+            Py_ssize_t size = frame_row(p, ext, seed, (const unsigned char *)"", 0, (const unsigned char *)PyBytes_AS_STRING(ct), n);
+            Py_DECREF(ct);
+            cols[i] = offset;
+            cols[count + i] = size;
+            offset += size;
+            p += size;
+        }
+    }
+    if (count > 0) {
+        for (int k = 0; k < 2; k++) {
+            PyObject *col = k == 0 ? offsets : sizes;
+            const int64_t *v = cols + (k == 0 ? 0 : count);
+            int bad = 0;
+            if (PyList_Check(col)) {
+                for (Py_ssize_t i = 0; i < count && !bad; i++)
+                    bad = append_ssize(col, (Py_ssize_t)v[i]) < 0;
+            } else {
+                bad = extend_column(col, v, count) < 0;
+            }
+            if (bad) {
+                Py_CLEAR(out);
+                break;
+            }
+        }
+    }
+done:
+    PyMem_Free(cols);
+    if (have_out)
+        PyBuffer_Release(&outbuf);
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&ob);
+    if (out == NULL)
+        return NULL;
+    return Py_BuildValue("(Nn)", out, offset);
+}
+
+/* frame_buffer(n) -> bytearray of n bytes, not zero-filled: the writer's reused frame buffer
+   (encode_column's ``out``), whose pages are then touched once, by the frames. Its content is
+   unspecified (the twin, bytearray(n), gives zeros). */
+static PyObject *
+sp_frame_buffer(PyObject *self, PyObject *args)
+{
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "n", &n))
+        return NULL;
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "frame_buffer: a negative size");
+        return NULL;
+    }
+    return PyByteArray_FromStringAndSize(NULL, n);
+}
+
 static PyMethodDef sp_methods[] = {
     {"bind_crc32c", sp_bind_crc32c, METH_VARARGS, "bind_crc32c(path) -> bool: use libcrc32c's crc32c_extend."},
     {"unbind_crc32c", sp_unbind_crc32c, METH_NOARGS, "unbind_crc32c(): use the built-in CRC-32C again."},
@@ -2256,6 +2620,16 @@ static PyMethodDef sp_methods[] = {
     {"arrow_puts", sp_arrow_puts, METH_VARARGS,
      "arrow_puts(offsets, data, n, offset, wide, no_headers, headers) -> the PUT payloads of an Arrow column"
      " (filechannel.arrow)."},
+    {"put_column", sp_put_column, METH_VARARGS,
+     "put_column(offsets, data, n, offset, wide) -> (data, offsets, max_len): an Arrow binary column's rows"
+     " copied into a PUT column (format.PutColumn)."},
+    {"frame_buffer", sp_frame_buffer, METH_VARARGS,
+     "frame_buffer(n) -> bytearray: n bytes, not zero-filled (encode_column's reused output buffer)."},
+    {"column_frames_size", sp_column_frames_size, METH_VARARGS,
+     "column_frames_size(offsets, extra) -> int: frames_size of a PUT column's payloads."},
+    {"encode_column", sp_encode_column, METH_VARARGS,
+     "encode_column(seed, kind, woid, txn_id, data, offsets, out_offsets, out_sizes, offset, seal=None, tag_len=0,"
+     " prefix=b'', out=None, at=0) -> (frames or their length, end_offset): encode_puts of a PUT column."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -9,11 +9,14 @@ or write path:
   check :func:`~filechannel.reader.read_segment` does, with the same errors;
 - :func:`read_arrow` (``ChannelReader.read_arrow``) does it for a range of
   positions;
-- :func:`prepare_puts` (``Transaction.put_arrow``) turns the rows of a ``body``
-  column (and an optional ``headers`` map column) into PUT payloads.
+- :func:`prepare_column` (``Transaction.put_arrow``) copies the rows of a ``body``
+  column without headers into a ``format.PutColumn`` (one buffer, int64 offsets),
+  which the writer frames without a Python object per row;
+- :func:`prepare_puts` turns the rows of a ``body`` column (and an optional
+  ``headers`` map column) into PUT payloads, one ``bytes`` each (rows with headers).
 
-With the C accelerator the per-event loops are three C calls
-(``_speedups.arrow_verify``, ``arrow_events``, ``arrow_puts``) that fill plain
+With the C accelerator the per-event loops are C calls
+(``_speedups.arrow_verify``, ``arrow_events``, ``put_column``, ``arrow_puts``) that fill plain
 bytes buffers; pyarrow wraps them (``pa.py_buffer``, ``Array.from_buffers``),
 so no Python object is made per event on the read path. The functions whose
 names end in ``_py`` are their pure-Python twins (the reference,
@@ -37,7 +40,15 @@ from .errors import ChannelError, CorruptLogError, DataLossError, DecryptionErro
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["ArrowTextError", "events_to_batch", "prepare_puts", "read_runs", "read_segment_arrow", "schema"]
+__all__ = [
+    "ArrowTextError",
+    "events_to_batch",
+    "prepare_column",
+    "prepare_puts",
+    "read_runs",
+    "read_segment_arrow",
+    "schema",
+]
 
 _INT32_MAX = 0x7FFF_FFFF
 READ_SEGMENT_BYTES = 64 << 20  # read_arrow: one pread (and one batch) per this many bytes of records
@@ -507,21 +518,19 @@ def _columns(data: Any) -> Iterator[tuple[Any, Any]]:
     )
 
 
-def prepare_puts(data: Any, no_headers: Any) -> PutRows:
-    """The PUT payloads of Arrow ``data`` (see ``Transaction.put_arrow``), with each row's body and headers.
+Chunk = tuple[Any, Any, int, int, bool, "tuple[Any, ...] | None", int]
+"""A checked chunk of put data: body offsets, body data, rows, offset, wide, header buffers, first row."""
 
-    Without any headers the payloads are the bodies themselves (the transaction
-    frames them behind the shared empty header block); otherwise each is the
-    whole encoded event. One C call per chunk with the accelerator.
 
-    Raises:
-        TypeError: ``data`` is not Arrow data, or ``body``/``headers`` has the wrong type.
-        InvalidEventError: A null body or header value, a header that is not UTF-8, a missing
-            ``body`` column or an unknown column (a ``ValueError``).
-    """
+class Chunks(list[Chunk]):
+    """The checked chunks of put data (:func:`prepare_column` hands them to :func:`prepare_puts`)."""
+
+
+def _chunks(data: Any) -> Chunks:
+    """The chunks of Arrow ``data``, their types and nulls checked (no work per row)."""
     pa = _pa()
     map_type = schema().field("headers").type
-    chunks: list[tuple[bool, list[bytes], list[bytes], list[Any]]] = []
+    out = Chunks()
     row = 0
     for body, headers in _columns(data):
         t = body.type
@@ -551,7 +560,79 @@ def prepare_puts(data: Any, no_headers: Any) -> PutRows:
             if headers.null_count or headers.offsets[-1].as_py():
                 b = headers.buffers()  # map validity, offsets; struct validity; keys (3); values (3)
                 hbufs = (b[1], b[4], b[5] or b"", b[7], b[8] or b"", b[0] if headers.null_count else None)
-        got = _puts(offs, bdata if bdata is not None else b"", n, body.offset, wide, no_headers, hbufs)
+        out.append((offs, bdata if bdata is not None else b"", n, body.offset, wide, hbufs, row))
+        row += n
+    return out
+
+
+def _column(offsets: Any, data: Any, n: int, offset: int, wide: bool) -> tuple[bytes, bytes, int]:
+    """Rows ``offset .. offset + n - 1`` of a binary column copied into a PUT column chunk.
+
+    Returns ``(data, offsets, longest)``: the rows' bytes, their ``n + 1`` native
+    int64 offsets from 0, and the longest row's length (``_speedups.put_column``).
+    """
+    sp = fmt.speedups
+    if sp is not None:
+        return sp.put_column(offsets, data, n, offset, wide)  # type: ignore[no-any-return]
+    return _column_py(offsets, data, n, offset, wide)
+
+
+def _column_py(offsets: Any, data: Any, n: int, offset: int, wide: bool) -> tuple[bytes, bytes, int]:
+    """The pure-Python :func:`_column` (the reference): the same bytes and errors."""
+    width = 8 if wide else 4
+    ob = memoryview(offsets).cast("B")
+    if n < 0 or offset < 0 or len(ob) // width < offset + n + 1:
+        raise ValueError("put_column: the offsets buffer is shorter than the column")
+    offs = ob[: (len(ob) // width) * width].cast("q" if wide else "i")[offset : offset + n + 1]
+    db = memoryview(data).cast("B")
+    longest = 0
+    for i in range(n):
+        a, b = offs[i], offs[i + 1]
+        if a < 0 or b < a or b > len(db):
+            raise ValueError("put_column: an offset lies outside the data buffer")
+        longest = max(longest, b - a)
+    if not n:
+        return b"", array("q", [0]).tobytes(), 0
+    first = offs[0]
+    return bytes(db[first : offs[n]]), array("q", [x - first for x in offs]).tobytes(), longest
+
+
+def prepare_column(data: Any) -> tuple[fmt.PutColumn, int] | Chunks:
+    """Arrow ``data`` as a :class:`~filechannel.format.PutColumn` and its longest body, when no row has headers.
+
+    The bodies are copied into the column (one C call per chunk, no Python
+    object per row), so later changes to the caller's buffers cannot reach the
+    transaction. When some row has headers, the checked chunks are returned
+    instead, for :func:`prepare_puts`. Raises as :func:`prepare_puts`.
+    """
+    chunks = _chunks(data)
+    if any(c[5] is not None for c in chunks):
+        return chunks
+    col = fmt.PutColumn()
+    longest = 0
+    for offs, bdata, n, offset, wide, _, _ in chunks:
+        cdata, coffs, big = _column(offs, bdata, n, offset, wide)
+        col.add(cdata, coffs, n)
+        longest = max(longest, big)
+    return col, longest
+
+
+def prepare_puts(data: Any, no_headers: Any) -> PutRows:
+    """The PUT payloads of Arrow ``data`` (see ``Transaction.put_arrow``), with each row's body and headers.
+
+    Without any headers the payloads are the bodies themselves (the transaction
+    frames them behind the shared empty header block); otherwise each is the
+    whole encoded event. One C call per chunk with the accelerator. ``data``
+    may also be the chunks :func:`prepare_column` returned.
+
+    Raises:
+        TypeError: ``data`` is not Arrow data, or ``body``/``headers`` has the wrong type.
+        InvalidEventError: A null body or header value, a header that is not UTF-8, a missing
+            ``body`` column or an unknown column (a ``ValueError``).
+    """
+    chunks: list[tuple[bool, list[bytes], list[bytes], list[Any]]] = []
+    for offs, bdata, n, offset, wide, hbufs, row in data if isinstance(data, Chunks) else _chunks(data):
+        got = _puts(offs, bdata, n, offset, wide, no_headers, hbufs)
         if hbufs is None:  # the payloads are the bodies (two lists: a transaction extends both)
             chunks.append((True, got, list(got), [no_headers] * n))
         elif len(got) == 2:
@@ -561,7 +642,6 @@ def prepare_puts(data: Any, no_headers: Any) -> PutRows:
             )
         else:
             chunks.append((False, *got))
-        row += n
     any_headers = not all(plain for plain, _, _, _ in chunks)
     if len(chunks) == 1:  # the usual call: the lists as made, no copy
         plain, p, bl, dl = chunks[0]

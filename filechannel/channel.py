@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
+from functools import partial
 from operator import attrgetter, itemgetter
 from types import TracebackType
 from typing import Any, Final, NamedTuple, NoReturn, cast
@@ -131,6 +132,12 @@ def _take_slots(
 
 _PLAIN_PREFIX_LEN = len(fmt.EMPTY_HEADERS)
 
+
+def _column_events(col: fmt.PutColumn) -> tuple[list[bytes], list[Mapping[str, str]]]:
+    """The bodies and headers of a committed put_arrow column (plain events), for the take cache."""
+    return col.payloads(), [_NO_HEADERS] * len(col)
+
+
 _position = itemgetter(0)  # of an Entry (position, file_id, offset, size)
 _file_id = itemgetter(1)
 
@@ -227,7 +234,9 @@ class Transaction:
         self.state = OPEN
         # Each put's PUT payload; while ``_plain`` (no put so far had headers) without the empty
         # header block every one of them begins with, which the commit passes once as a prefix.
-        self._payloads: list[bytes] = []
+        # A transaction whose puts all came from put_arrow (without headers) holds them as a
+        # format.PutColumn instead (_bodies and _headers stay empty): see put_arrow.
+        self._payloads: list[bytes] | fmt.PutColumn = []
         self._plain = True
         self._bodies: list[bytes] = []
         self._headers: list[Mapping[str, str]] = []
@@ -293,16 +302,29 @@ class Transaction:
             # anything is written (puts write nothing; the check costs ~0.5 us).
             self._log.check_space(self._dir)
         ch._reserve_put()
+        payloads = self._payloads
+        if type(payloads) is not list:
+            payloads = self._delist()
         if hdrs and self._plain:
-            self._unplain()
-        self._payloads.append(payload if self._plain or hdrs else fmt.EMPTY_HEADERS + payload)
+            payloads = self._unplain()
+        payloads.append(payload if self._plain or hdrs else fmt.EMPTY_HEADERS + payload)
         self._bodies.append(body)
         self._headers.append(hdrs)
 
-    def _unplain(self) -> None:
-        """A put with headers joins: from now on ``_payloads`` hold whole PUT payloads."""
-        self._payloads = [fmt.EMPTY_HEADERS + p for p in self._payloads]
+    def _unplain(self) -> list[bytes]:
+        """A put with headers joins: from now on ``_payloads`` hold whole PUT payloads (returned)."""
+        self._payloads = out = [fmt.EMPTY_HEADERS + p for p in self._payloads]
         self._plain = False
+        return out
+
+    def _delist(self) -> list[bytes]:
+        """Another kind of put joins put_arrow's column: from now on the puts are lists (returned)."""
+        col = self._payloads
+        assert type(col) is fmt.PutColumn
+        self._payloads = out = col.payloads()  # plain events: each payload is the body
+        self._bodies = list(out)
+        self._headers = [_NO_HEADERS] * len(col)
+        return out
 
     def put_many(
         self, bodies: Iterable[bytes | bytearray | memoryview], headers: Mapping[str, str] | None = None
@@ -359,12 +381,15 @@ class Transaction:
         if not self._payloads:
             self._log.check_space(self._dir)
         ch._reserve_put(n)
+        mine = self._payloads
+        if type(mine) is not list:
+            mine = self._delist()
         if hdrs:
             if self._plain:
-                self._unplain()
+                mine = self._unplain()
         elif not self._plain:
             payloads = list(map(fmt.EMPTY_HEADERS.__add__, bl))
-        self._payloads += payloads
+        mine += payloads
         self._bodies += bl
         self._headers += [hdrs] * n
 
@@ -575,9 +600,15 @@ class Transaction:
         ``map<string, string>`` column (a null map is no headers; a repeated key
         keeps its last value, as in a dict); or a binary ``Array`` /
         ``ChunkedArray`` of bodies. A ``position`` column (as
-        ``ChannelReader.read_arrow`` returns) is ignored. The payloads are made
-        from the Arrow buffers in one C call per chunk (``filechannel.arrow``);
-        otherwise the same as :meth:`put_many`. Needs pyarrow.
+        ``ChannelReader.read_arrow`` returns) is ignored. Otherwise the same as
+        :meth:`put_many`. Needs pyarrow.
+
+        Rows without headers, in a transaction that has no other kind of put,
+        are held as one column (the bodies copied into one buffer, one C call
+        per chunk) and framed at commit from that buffer, with no Python object
+        per event (``format.PutColumn``); the take cache makes the events'
+        objects only if a take reaches them. Otherwise the payloads are made
+        from the Arrow buffers in one C call per chunk (``filechannel.arrow``).
 
         Raises:
             TypeError: ``data`` is not Arrow data, or a column has the wrong type.
@@ -586,13 +617,46 @@ class Transaction:
             EventTooLargeError, TransactionCapacityError, ChannelFullError, DiskSpaceError,
             TransactionStateError, ChannelClosedError: As for :meth:`put_many`.
         """
-        from .arrow import prepare_puts
+        from .arrow import prepare_column, prepare_puts
 
-        payloads, bodies, headers, any_headers = prepare_puts(data, _NO_HEADERS)
+        cur = self._payloads
+        got = prepare_column(data) if not cur or type(cur) is fmt.PutColumn else data
+        if isinstance(got, tuple):
+            col, longest = got
+            n = self._check_puts(len(col), longest + _PLAIN_PREFIX_LEN)
+            if n:
+                if type(self._payloads) is fmt.PutColumn:
+                    for chunk in col.chunks:
+                        self._payloads.add(*chunk)
+                else:
+                    self._payloads, self._plain = col, True
+            return n
+        payloads, bodies, headers, any_headers = prepare_puts(got, _NO_HEADERS)
+        n = self._check_puts(
+            len(payloads), max(map(len, payloads), default=0) + (0 if any_headers else _PLAIN_PREFIX_LEN)
+        )
+        if not n:
+            return 0
+        mine = self._payloads
+        if type(mine) is not list:
+            mine = self._delist()
+        if any_headers:
+            if self._plain:
+                mine = self._unplain()
+        elif not self._plain:
+            payloads = list(map(fmt.EMPTY_HEADERS.__add__, bodies))
+        if mine:
+            mine += payloads
+            self._bodies += bodies
+            self._headers += headers
+        else:  # the first puts: the lists prepare_puts made (each a new list) become the transaction's
+            self._payloads, self._bodies, self._headers = payloads, bodies, headers
+        return n
+
+    def _check_puts(self, n: int, big: int) -> int:
+        """put_arrow's checks of ``n`` puts, the largest ``big`` bytes, then their reservation; returns ``n``."""
         ch = self._ch
         cfg = ch.config
-        n = len(payloads)
-        big = max(map(len, payloads), default=0) + (0 if any_headers else _PLAIN_PREFIX_LEN)
         if n and big > cfg.max_event_size:
             raise EventTooLargeError(big, cfg.max_event_size)
         if self.state is not OPEN:
@@ -609,17 +673,6 @@ class Transaction:
         if not self._payloads:
             self._log.check_space(self._dir)
         ch._reserve_put(n)
-        if any_headers:
-            if self._plain:
-                self._unplain()
-        elif not self._plain:
-            payloads = list(map(fmt.EMPTY_HEADERS.__add__, bodies))
-        if self._payloads:
-            self._payloads += payloads
-            self._bodies += bodies
-            self._headers += headers
-        else:  # the first puts: the lists prepare_puts made (each a new list) become the transaction's
-            self._payloads, self._bodies, self._headers = payloads, bodies, headers
         return n
 
 
@@ -1471,7 +1524,11 @@ class FileChannel:
                 self._refs[fid] = self._refs.get(fid, 0) + n
                 self._inflight_puts -= n
                 self._counters["puts_committed"] += n
-                self._cache.add(first, tx._bodies, tx._headers)
+                puts = tx._payloads
+                if type(puts) is fmt.PutColumn:  # put_arrow's column: its Python objects only if taken
+                    self._cache.add_lazy(first, n, puts.nbytes, partial(_column_events, puts))
+                else:
+                    self._cache.add(first, tx._bodies, tx._headers)
                 if self._take_waiters:
                     self._not_empty.notify(n)
             n_taken = tx._taken.count

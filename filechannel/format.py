@@ -20,7 +20,7 @@ import struct
 import zlib
 from collections.abc import Callable, Iterable, Mapping, MutableSequence, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, overload
 
 from . import _accel
 from .errors import EventFormatError, FormatError
@@ -197,16 +197,223 @@ def record_size(payload_len: int) -> int:
     return RECORD_HEADER_LEN + payload_len + (-payload_len & 7)
 
 
-def frames_size(payloads: Sequence[bytes], extra: int = 0) -> int:
+def frames_size(payloads: Sequence[bytes] | PutColumn, extra: int = 0) -> int:
     """Return the bytes the PUT frames of ``payloads`` occupy, each stored ``extra`` bytes longer.
 
     ``extra``: what the frame adds to each given payload (a shared prefix, a
-    sealing tag). One C call with the accelerator (``_speedups.frames_size``).
+    sealing tag). One C call with the accelerator (``_speedups.frames_size``;
+    ``column_frames_size`` per chunk of a :class:`PutColumn`).
     """
+    if type(payloads) is PutColumn:
+        return sum(column_frames_size(offs, extra) for _, offs, _ in payloads.chunks)
     if speedups is not None:
         return int(speedups.frames_size(payloads, extra))
     # record_size(k) == (k + 39) & ~7
     return sum([(k + extra + 39) & ~7 for k in map(len, payloads)])
+
+
+class PutColumn(Sequence[bytes]):
+    """PUT payloads held as columns, not as one ``bytes`` object each (``Transaction.put_arrow``).
+
+    Each chunk is ``(data, offsets, n)``: ``offsets`` holds ``n + 1`` native
+    int64s from 0, and payload ``i`` of the chunk is ``data[offsets[i]:offsets[i + 1]]``;
+    the payloads of the column are those of its chunks, in order. ``data`` and
+    ``offsets`` are ``bytes`` the column owns (immutable), checked when made
+    (``_speedups.put_column``). The writer frames a chunk with one call of
+    :func:`encode_column`: the same bytes as :meth:`_RecordEncoder.add_puts` of
+    :meth:`payloads`, without a Python object per payload.
+    """
+
+    __slots__ = ("chunks", "n")
+
+    def __init__(self) -> None:
+        self.chunks: list[tuple[bytes, bytes, int]] = []
+        self.n = 0
+
+    def add(self, data: bytes, offsets: bytes, n: int) -> None:
+        """Append a chunk of ``n`` payloads (``offsets``: ``n + 1`` native int64s from 0 into ``data``)."""
+        if n:
+            self.chunks.append((data, offsets, n))
+            self.n += n
+
+    def __len__(self) -> int:
+        return self.n
+
+    @overload
+    def __getitem__(self, i: int) -> bytes: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[bytes]: ...
+    def __getitem__(self, i: int | slice) -> bytes | list[bytes]:
+        """One payload (or a list of them): a copy, for code that wants them one by one (the writer does not)."""
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(self.n))]
+        k = i + self.n if i < 0 else i
+        if not 0 <= k < self.n:
+            raise IndexError("PutColumn index out of range")
+        for data, offs, n in self.chunks:
+            if k < n:
+                o = memoryview(offs).cast("q")
+                return data[o[k] : o[k + 1]]
+            k -= n
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all payloads together."""
+        return sum(len(data) for data, _, _ in self.chunks)
+
+    def payloads(self) -> list[bytes]:
+        """The payloads as ``bytes`` objects, in order (one C call per chunk with the accelerator)."""
+        out: list[bytes] = []
+        for data, offs, n in self.chunks:
+            if speedups is not None:
+                out += speedups.arrow_puts(offs, data, n, 0, True, None, None)
+            else:
+                o = memoryview(offs).cast("q")
+                out += [data[o[i] : o[i + 1]] for i in range(n)]
+        return out
+
+    def __repr__(self) -> str:
+        return f"PutColumn(n={self.n}, chunks={len(self.chunks)})"
+
+
+def _column_offsets(offsets: Any, data_len: int, who: str) -> memoryview:
+    """The checked ``n + 1`` native int64 offsets of a column (the C twin's ``column_offsets``)."""
+    b = memoryview(offsets).cast("B")
+    if len(b) < 8 or len(b) % 8:
+        raise ValueError(f"{who}: a column's offsets are n + 1 int64s")
+    o = b.cast("q")
+    if o[0] < 0 or any(o[i + 1] < o[i] for i in range(len(o) - 1)) or o[-1] > data_len:
+        raise ValueError(f"{who}: an offset lies outside the data buffer")
+    return o
+
+
+def column_frames_size(offsets: Any, extra: int) -> int:
+    """:func:`frames_size` of a column's payloads (``offsets``: ``n + 1`` native int64s).
+
+    Raises:
+        ValueError: ``offsets`` is not ``n + 1`` ascending int64s from 0 or more.
+    """
+    if speedups is not None:
+        return int(speedups.column_frames_size(offsets, extra))
+    o = _column_offsets(offsets, 1 << 62, "column_frames_size")
+    return sum([(o[i + 1] - o[i] + extra + 39) & ~7 for i in range(len(o) - 1)])
+
+
+def encode_column(
+    seed: int,
+    kind: int,
+    woid: int,
+    txn_id: int,
+    data: Any,
+    offsets: Any,
+    out_offsets: MutableSequence[int],
+    out_sizes: MutableSequence[int],
+    offset: int,
+    seal: Sealer | None = None,
+    tag_len: int = 0,
+    prefix: bytes = b"",
+    out: bytearray | None = None,
+    at: int = 0,
+) -> tuple[bytes | int, int]:
+    """The PUT frames of one column chunk, as one ``bytes`` object, and the offset after them.
+
+    Payload ``i`` is ``prefix + data[offsets[i]:offsets[i + 1]]`` (``offsets``:
+    native int64s); the frames are exactly those :meth:`_RecordEncoder.add_puts`
+    makes of those payloads (write-order ids ``woid, woid + 1, ...``; each
+    sealed by ``seal`` with a ``tag_len``-byte tag when it is given), and each
+    frame's offset (from ``offset``) and size are appended to ``out_offsets``
+    and ``out_sizes``. One C call with the accelerator (``_speedups.encode_column``:
+    no Python object per payload unless it is sealed); :func:`_encode_column_py`
+    is its twin. With ``out``, the frames are written into it from ``at`` and
+    their length is returned in place of the bytes (the writer's reused buffer;
+    after an error it may hold part of them). On an error the columns are unchanged.
+
+    Raises:
+        TypeError: ``out_offsets`` or ``out_sizes`` is neither a list nor an ``array("q")``.
+        ValueError: An unknown ``kind``, a negative ``tag_len``, offsets that are not a
+            column of ``data``, a sealer that returns the wrong length, or ``out`` too short.
+        OverflowError: A payload longer than a u32.
+    """
+    if speedups is not None:
+        frames, end = speedups.encode_column(
+            seed, kind, woid, txn_id, data, offsets, out_offsets, out_sizes, offset, seal, tag_len, prefix, out, at
+        )
+        return frames, int(end)
+    return _encode_column_py(
+        seed, kind, woid, txn_id, data, offsets, out_offsets, out_sizes, offset, seal, tag_len, prefix, out, at
+    )
+
+
+def _encode_column_py(
+    seed: int,
+    kind: int,
+    woid: int,
+    txn_id: int,
+    data: Any,
+    offsets: Any,
+    out_offsets: MutableSequence[int],
+    out_sizes: MutableSequence[int],
+    offset: int,
+    seal: Sealer | None = None,
+    tag_len: int = 0,
+    prefix: bytes = b"",
+    out: bytearray | None = None,
+    at: int = 0,
+) -> tuple[bytes | int, int]:
+    """The pure-Python :func:`encode_column` (the reference): its bytes, columns and errors."""
+    for name, col in (("offsets", out_offsets), ("sizes", out_sizes)):
+        if not isinstance(col, list) and not hasattr(col, "frombytes"):
+            raise TypeError(f"{name} must be a list or an array('q')")
+    if seal is None:
+        tag_len = 0
+    elif tag_len < 0:
+        raise ValueError("tag_len must not be negative")
+    if kind == CRC32C and _gcrc is not None:
+        ext = _gcrc.extend
+    elif kind == CRC32_ZLIB:
+        ext = _zlib_extend
+    else:
+        raise ValueError(f"unknown checksum algorithm {kind}")
+    db = memoryview(data).cast("B")
+    o = _column_offsets(offsets, len(db), "encode_column")
+    count = len(o) - 1
+    if any(len(prefix) + o[i + 1] - o[i] + tag_len > 0xFFFFFFFF for i in range(count)):
+        raise OverflowError("record payload does not fit a u32 length")
+    if out is not None:
+        total = sum(record_size(len(prefix) + o[i + 1] - o[i] + tag_len) for i in range(count))
+        view = memoryview(out).cast("B")
+        if view.readonly:
+            raise TypeError("encode_column: the output buffer is read-only")
+        if at < 0 or len(view) - at < total:
+            raise ValueError("encode_column: the output buffer is too short")
+    flags = FLAG_SEALED if seal is not None else 0
+    parts: list[bytes] = []
+    offs: list[int] = []
+    sizes: list[int] = []
+    for i in range(count):
+        payload = prefix + bytes(db[o[i] : o[i + 1]])
+        n = len(payload) + tag_len
+        head = _REC_HEAD.pack(PUT, flags, 0, n, woid + i, txn_id)
+        if seal is not None:
+            ct = seal(head, offset, payload)
+            if not isinstance(ct, bytes) or len(ct) != n:
+                got = len(ct) if isinstance(ct, bytes) else -1
+                raise ValueError(f"the sealer returned {got} bytes for a {n}-byte sealed payload")
+            payload = ct
+        pad = _PAD[n & 7]
+        parts += (head, _REC_CRC.pack(ext(ext(seed, head), payload), 0), payload, pad)
+        size = 32 + n + len(pad)
+        offs.append(offset)
+        sizes.append(size)
+        offset += size
+    frames = b"".join(parts)
+    out_offsets.extend(offs)
+    out_sizes.extend(sizes)
+    if out is not None:
+        view[at : at + len(frames)] = frames
+        return len(frames), offset
+    return frames, offset
 
 
 # --------------------------------------------------------------------------
@@ -444,10 +651,11 @@ def record_encoder(seed: int, kind: int, sealer: Sealer | None = None) -> _Recor
 class _RecordEncoder:
     """Appends encoded frames to a list of parts; avoids per-call lookups."""
 
-    __slots__ = ("_extend", "_sealer", "_seed")
+    __slots__ = ("_extend", "_kind", "_sealer", "_seed")
 
     def __init__(self, seed: int, kind: int, sealer: Sealer | None = None) -> None:
         self._seed = seed
+        self._kind = kind
         self._sealer = sealer
         if kind == CRC32C and _gcrc is not None:
             self._extend = _gcrc.extend
@@ -471,7 +679,7 @@ class _RecordEncoder:
         parts: list[bytes],
         woid: int,
         txn_id: int,
-        payloads: Iterable[bytes],
+        payloads: Iterable[bytes] | PutColumn,
         offsets: MutableSequence[int],
         sizes: MutableSequence[int],
         offset: int,
@@ -494,6 +702,8 @@ class _RecordEncoder:
         # A sealed (encrypted) PUT says so in its flags; its stored payload is the ciphertext,
         # ENC_TAG_LEN bytes longer, and the checksum covers that.
         flags, grow = (FLAG_SEALED, ENC_TAG_LEN) if seal is not None else (0, 0)
+        if type(payloads) is PutColumn:
+            return self._add_column(parts, woid, txn_id, payloads, offsets, sizes, offset, prefix)
         for payload in payloads:
             if prefix:  # the frame's payload is prefix + payload (see the C twin: no join there)
                 payload = prefix + payload
@@ -508,6 +718,41 @@ class _RecordEncoder:
             offset += size
             woid += 1
         return offset
+
+    def _add_column(
+        self,
+        parts: list[bytes],
+        woid: int,
+        txn_id: int,
+        column: PutColumn,
+        offsets: MutableSequence[int],
+        sizes: MutableSequence[int],
+        offset: int,
+        prefix: bytes,
+    ) -> int:
+        """:meth:`add_puts` of a :class:`PutColumn`: one :func:`encode_column` call (one bytes part) per chunk."""
+        for data, offs, n in column.chunks:
+            frames, offset = encode_column(
+                self._seed,
+                self._kind,
+                woid,
+                txn_id,
+                data,
+                offs,
+                offsets,
+                sizes,
+                offset,
+                self._sealer,
+                ENC_TAG_LEN,
+                prefix,
+            )
+            assert isinstance(frames, bytes)
+            parts.append(frames)
+            woid += n
+        return offset
+
+    def adopt_buffer(self, old: _RecordEncoder) -> None:
+        """Take over the frame buffer of ``old`` (the previous file's encoder; its batches are written)."""
 
     def close_batch(self, parts: list[bytes], start: int, first_woid: int, woid: int) -> int:
         """Append the BATCH_END frame that closes the batch in ``parts``; return its size.
@@ -526,6 +771,8 @@ class _RecordEncoder:
         body_crc = self._seed
         body_len = 0
         for part in parts:
+            if type(part) is not bytes:  # a view of the writer's frame buffer (see _CRecordEncoder)
+                part = bytes(part)
             body_crc = ext(body_crc, part)
             body_len += len(part)
         return _BATCH_END.pack(start, body_len, body_crc, first_woid, woid - 1)
@@ -553,14 +800,83 @@ class _RecordEncoder:
         return self.add(parts, BATCH_END, woid, 0, fixed + tag), tag
 
 
-class _CRecordEncoder(_RecordEncoder):
-    """:class:`_RecordEncoder` with :meth:`add_puts` in C: the same bytes, one call per batch."""
+SCRATCH_MAX: Final = 32 << 20
+"""Bytes of PUT column frames a C encoder writes into one reused buffer (more: a new ``bytes`` each time)."""
 
-    __slots__ = ("_kind",)
+
+class _CRecordEncoder(_RecordEncoder):
+    """:class:`_RecordEncoder` with :meth:`add_puts` in C: the same bytes, one call per batch.
+
+    A :class:`PutColumn`'s frames are written into a buffer the encoder keeps
+    and reuses batch after batch (at most :data:`SCRATCH_MAX` bytes; the writer
+    hands it to the next file's encoder at a roll): a fresh ``bytes`` of that
+    size is often new pages from the kernel, and their page faults cost more
+    than the framing (10 ms against 3 ms for 13 MiB on the 2-core VM).
+    ``parts`` then holds views of it, valid until the next batch is framed (the
+    writer writes a batch before it frames the next, under its I/O lock).
+    """
+
+    __slots__ = ("_scratch", "_used")
 
     def __init__(self, seed: int, kind: int, sealer: Sealer | None = None) -> None:
         super().__init__(seed, kind, sealer)
-        self._kind = kind
+        self._scratch = bytearray()
+        self._used = 0  # bytes of the scratch the batch being framed holds
+
+    def _batch_fields(self, parts: list[bytes], start: int, first_woid: int, woid: int) -> bytes:
+        """:meth:`_RecordEncoder._batch_fields` with the C checksum, which reads views of the frame buffer in place."""
+        if woid == 0:
+            raise ValueError("close_batch: a batch ends after its first record")
+        assert speedups is not None
+        crc_of = speedups.crc
+        kind = self._kind
+        body_crc = self._seed
+        body_len = 0
+        for part in parts:
+            body_crc = crc_of(kind, part, body_crc)
+            body_len += len(part)
+        return _BATCH_END.pack(start, body_len, body_crc, first_woid, woid - 1)
+
+    def adopt_buffer(self, old: _RecordEncoder) -> None:
+        """Take over the frame buffer of ``old``: a file roll does not cost its pages again."""
+        if isinstance(old, _CRecordEncoder):
+            self._scratch, old._scratch = old._scratch, bytearray()
+
+    def _add_column(
+        self,
+        parts: list[bytes],
+        woid: int,
+        txn_id: int,
+        column: PutColumn,
+        offsets: MutableSequence[int],
+        sizes: MutableSequence[int],
+        offset: int,
+        prefix: bytes,
+    ) -> int:
+        """:meth:`_RecordEncoder._add_column`, each chunk framed into the reused buffer when it fits."""
+        extra = len(prefix) + (ENC_TAG_LEN if self._sealer is not None else 0)
+        for data, offs, n in column.chunks:
+            size = column_frames_size(offs, extra)
+            at = self._used
+            if at + size > SCRATCH_MAX:
+                frames, offset = encode_column(
+                    self._seed, self._kind, woid, txn_id, data, offs, offsets, sizes, offset, self._sealer,
+                    ENC_TAG_LEN, prefix,
+                )  # fmt: skip
+                parts.append(frames)  # type: ignore[arg-type]
+            else:
+                if at + size > len(self._scratch):  # a new buffer: views of the old one stay valid
+                    # not zero-filled (bytearray(n) is): its pages are touched once, by the frames
+                    self._scratch = speedups.frame_buffer(min(SCRATCH_MAX, max(at + size, 2 * len(self._scratch))))
+                buf = self._scratch
+                _, offset = encode_column(
+                    self._seed, self._kind, woid, txn_id, data, offs, offsets, sizes, offset, self._sealer,
+                    ENC_TAG_LEN, prefix, buf, at,
+                )  # fmt: skip
+                parts.append(memoryview(buf)[at : at + size])  # type: ignore[arg-type]
+                self._used = at + size
+            woid += n
+        return offset
 
     def add(self, parts: list[bytes], op: int, woid: int, txn_id: int, payload: bytes) -> int:
         """Append the frame of :meth:`_RecordEncoder.add` to ``parts`` as one bytes object."""
@@ -576,20 +892,37 @@ class _CRecordEncoder(_RecordEncoder):
         assert speedups is not None
         frame: bytes = speedups.close_batch(self._seed, self._kind, parts, start, first_woid, woid)
         parts.append(frame)
+        self._used = 0  # the next batch reuses the frame buffer (this one is written first)
         return len(frame)
+
+    def close_batch_auth(
+        self,
+        parts: list[bytes],
+        start: int,
+        first_woid: int,
+        woid: int,
+        tagger: Callable[[int, bytes], bytes],
+        prev_tag: bytes,
+    ) -> tuple[int, bytes]:
+        """:meth:`_RecordEncoder.close_batch_auth`; the next batch reuses the frame buffer."""
+        got = super().close_batch_auth(parts, start, first_woid, woid, tagger, prev_tag)
+        self._used = 0
+        return got
 
     def add_puts(
         self,
         parts: list[bytes],
         woid: int,
         txn_id: int,
-        payloads: Iterable[bytes],
+        payloads: Iterable[bytes] | PutColumn,
         offsets: MutableSequence[int],
         sizes: MutableSequence[int],
         offset: int,
         prefix: bytes = b"",
     ) -> int:
         """Append the frames of :meth:`_RecordEncoder.add_puts` to ``parts`` as one bytes object."""
+        if type(payloads) is PutColumn:
+            return self._add_column(parts, woid, txn_id, payloads, offsets, sizes, offset, prefix)
         frames, end = speedups.encode_puts(
             self._seed, self._kind, woid, txn_id, payloads, offsets, sizes, offset, self._sealer, ENC_TAG_LEN, prefix
         )

@@ -553,7 +553,10 @@ class Writer:
         self.file_id = file_id
         self.offset = self.synced = self.header_len = self.phys_end = len(data)
         self.seed = fmt.file_seed(log.crc_kind, log.channel_id, file_id)
+        old_encoder = self.encoder
         self.encoder = fmt.record_encoder(self.seed, log.crc_kind, cipher.seal if cipher is not None else None)
+        if old_encoder is not None:  # its frame buffer is free (the last batch is written): keep its pages
+            self.encoder.adopt_buffer(old_encoder)
         if cipher is not None:
             # The first batch's tag chains to the header's key check (which binds the salt, key id and live list).
             at = header.check_offset

@@ -201,4 +201,6 @@ def test_quick_arrow_bench_prints_json_lines(capsys: pytest.CaptureFixture[str])
         "put_arrow / to_pylist + put_many",
     }
     assert all(r["repeats"] == 2 and r["min"] <= r["median"] <= r["max"] for r in rows if "metric" in r)
-    assert [r["type"] for r in rows if "type" in r] == ["target", "target", "run"]
+    workloads = {r["workload"] for r in rows if "workload" in r}
+    assert workloads == {"read", "put, one transaction", "take after put", "put, steady state"}
+    assert [r["type"] for r in rows if "type" in r] == ["target", "target", "target", "run"]
