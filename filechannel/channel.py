@@ -497,11 +497,13 @@ class Transaction:
             return
         if self._payloads:
             self._log.check_space(self._dir)
-        run = self._taken.one_run()
-        if run is not None:  # the usual take: one run of consecutive positions in one file
-            takes, self._runs = [(run[1], run[2])], [run]
-        else:
-            takes, self._runs = _take_runs(self._taken.entries())
+        takes: list[tuple[int, int]] = []
+        if self._taken.count:
+            run = self._taken.one_run()
+            if run is not None:  # the usual take: one run of consecutive positions in one file
+                takes, self._runs = [(run[1], run[2])], [run]
+            else:
+                takes, self._runs = _take_runs(self._taken.entries())
         try:
             prefix = fmt.EMPTY_HEADERS if self._plain else b""
             marks = [fmt.encode_marks([fmt.Mark(k, v) for k, v in self._marks.items()])] if self._marks else ()
@@ -1467,7 +1469,10 @@ class FileChannel:
         with self._lock:
             if n:
                 sizes = res.put_sizes
-                self._queue.append_run(first, fid, res.put_offsets, sizes)
+                if n == 1:  # a one-event transaction: no columns to extend from
+                    self._queue.append(first, fid, res.put_offsets[0], sizes[0])
+                else:
+                    self._queue.append_run(first, fid, res.put_offsets, sizes)
                 self._refs[fid] = self._refs.get(fid, 0) + n
                 self._inflight_puts -= n
                 self._counters["puts_committed"] += n

@@ -245,6 +245,25 @@ class Writer:
                     return  # rides along with the next write
                 wake = self._lead_or_wait(item)
                 first = None
+        if first is not None and len(first) == 1:
+            # A lone committer: write its item here, and stop leading unless others queued
+            # meanwhile (then lead on, as below). Saves _lead's loop for the common case.
+            try:
+                with self.io_lock:
+                    self._write_batch_locked(first)
+            except BaseException as exc:  # noqa: BLE001 - raised below, as _lead hands it over
+                if item.error is None and not item.published:
+                    item.error = exc
+            with lock:
+                item.done = True
+                alone = not self.pending and not self.waiting
+                if alone:
+                    self.leading = False
+            if alone:
+                if item.error is not None:
+                    raise item.error
+                return
+            first = None  # lead on: others queued while this item was written
         while True:
             if wake is None:  # this committer leads
                 try:
