@@ -71,6 +71,7 @@ class CommitResult:
 
 
 _COMMIT_SIZE = fmt.record_size(16)
+_COMMIT1_TAIL = _COMMIT_SIZE + BATCH_END_SIZE  # what follows the PUT in frame_commit1's bytes
 
 
 def _frame_commit1(
@@ -99,6 +100,8 @@ def frame_commit1(
         data: bytes = sp.frame_commit1(seed, kind, woid, txn_id, payload, prefix, start, first_position)
         return data
     return _frame_commit1(seed, kind, woid, txn_id, payload, prefix, start, first_position)
+
+
 _NOTE_SIZE = fmt.record_size(8)  # a ROLLBACK or a RETIRE record
 
 
@@ -497,15 +500,15 @@ class Writer:
             log.next_position = first + 1
             res.woid = woid + 1
             log.next_woid = woid + 3
+        nbytes = len(data)
         res.put_offsets.append(start)
-        res.put_sizes.append(fmt.record_size(len(it.prefix) + len(it.payloads[0])))
+        res.put_sizes.append(nbytes - _COMMIT1_TAIL)
         assert self.fd is not None
         try:
             log.fs.pwrite_all(self.fd, data, start)
         except OSError as exc:
             self._undo_write(start, exc)
             raise
-        nbytes = len(data)
         end = self.offset = start + nbytes
         if end > self.phys_end:
             self.phys_end = end
