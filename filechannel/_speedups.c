@@ -1554,6 +1554,102 @@ sp_close_batch(PyObject *self, PyObject *args)
     return out;
 }
 
+/* frame_commit1(seed, kind, woid, txn_id, payload, prefix, start, first_position) -> bytes: a whole
+   one-event transaction's write in one buffer (the writer's lone-committer path, issue 26): the PUT
+   frame of prefix + payload (write-order id woid), the COMMIT frame (woid + 1: first_position, 1
+   put, 0 takes) and the BATCH_END frame (woid + 2) closing the two, the batch starting at file
+   offset ``start``. The same bytes as add_puts + add(COMMIT) + close_batch (writer._frame_commit1,
+   the pure-Python twin). Unsealed payloads only. */
+static PyObject *
+sp_frame_commit1(PyObject *self, PyObject *args)
+{
+    unsigned long seed_l;
+    int kind;
+    PyObject *woid_o, *txn_o, *start_o, *first_o;
+    Py_buffer pb, xb;
+    if (!PyArg_ParseTuple(args, "kiOOy*y*OO", &seed_l, &kind, &woid_o, &txn_o, &pb, &xb, &start_o, &first_o))
+        return NULL;
+    PyObject *out = NULL;
+    /* checked conversions: a negative or too large value is an OverflowError, never wrapped */
+    unsigned long long woid = PyLong_AsUnsignedLongLong(woid_o);
+    unsigned long long txn_id = PyErr_Occurred() ? 0 : PyLong_AsUnsignedLongLong(txn_o);
+    unsigned long long start = PyErr_Occurred() ? 0 : PyLong_AsUnsignedLongLong(start_o);
+    unsigned long long first = PyErr_Occurred() ? 0 : PyLong_AsUnsignedLongLong(first_o);
+    extend_fn ext = PyErr_Occurred() ? NULL : extend_for(kind);
+    if (ext == NULL)
+        goto done;
+    if (woid > 0xFFFFFFFFFFFFFFFFull - 2) {
+        PyErr_SetString(PyExc_OverflowError, "frame_commit1: woid + 2 does not fit a u64");
+        goto done;
+    }
+    Py_ssize_t n = pb.len + xb.len;
+    if ((unsigned long long)n > 0xFFFFFFFFull) {
+        PyErr_SetString(PyExc_OverflowError, "frame_commit1: the payload does not fit a u32 length");
+        goto done;
+    }
+    Py_ssize_t pad = -n & 7;
+    Py_ssize_t put_size = HEADER_LEN + n + pad;
+    Py_ssize_t body_len = put_size + HEADER_LEN + 16;
+    out = PyBytes_FromStringAndSize(NULL, body_len + HEADER_LEN + BATCH_END_PAYLOAD);
+    if (out == NULL)
+        goto done;
+    unsigned char *b = (unsigned char *)PyBytes_AS_STRING(out);
+    uint32_t seed = (uint32_t)seed_l;
+    /* the PUT */
+    unsigned char *p = b;
+    p[0] = OP_PUT;
+    p[1] = 0;
+    put_u16(p + 2, 0);
+    put_u32(p + 4, (uint32_t)n);
+    put_u64(p + 8, woid);
+    put_u64(p + 16, txn_id);
+    memcpy(p + HEADER_LEN, xb.buf, (size_t)xb.len);
+    memcpy(p + HEADER_LEN + xb.len, pb.buf, (size_t)pb.len);
+    memset(p + HEADER_LEN + n, 0, (size_t)pad);
+    uint32_t c = ext(seed, p, 24);
+    c = ext(c, p + HEADER_LEN, (size_t)n);
+    put_u32(p + 24, c);
+    put_u32(p + 28, 0);
+    /* the COMMIT: "<QII" first_position, 1 put, 0 takes */
+    p = b + put_size;
+    p[0] = 3; /* format.COMMIT */
+    p[1] = 0;
+    put_u16(p + 2, 0);
+    put_u32(p + 4, 16);
+    put_u64(p + 8, woid + 1);
+    put_u64(p + 16, txn_id);
+    put_u64(p + HEADER_LEN, first);
+    put_u32(p + HEADER_LEN + 8, 1);
+    put_u32(p + HEADER_LEN + 12, 0);
+    c = ext(seed, p, 24);
+    c = ext(c, p + HEADER_LEN, 16);
+    put_u32(p + 24, c);
+    put_u32(p + 28, 0);
+    /* the BATCH_END over both: "<QIIQQ" batch_start, batch_len, batch_crc, first_woid, last_woid */
+    uint32_t body_crc = ext(seed, b, (size_t)body_len);
+    p = b + body_len;
+    p[0] = OP_BATCH_END;
+    p[1] = 0;
+    put_u16(p + 2, 0);
+    put_u32(p + 4, BATCH_END_PAYLOAD);
+    put_u64(p + 8, woid + 2);
+    put_u64(p + 16, 0);
+    unsigned char *q = p + HEADER_LEN;
+    put_u64(q, start);
+    put_u32(q + 8, (uint32_t)body_len);
+    put_u32(q + 12, body_crc);
+    put_u64(q + 16, woid);
+    put_u64(q + 24, woid + 1);
+    c = ext(seed, p, 24);
+    c = ext(c, q, BATCH_END_PAYLOAD);
+    put_u32(p + 24, c);
+    put_u32(p + 28, 0);
+done:
+    PyBuffer_Release(&pb);
+    PyBuffer_Release(&xb);
+    return out;
+}
+
 /* ------------------------------------------------------------------------ */
 /* The Arrow read and put paths (filechannel/arrow.py is their caller and holds their twins).
 
@@ -2601,6 +2697,9 @@ static PyMethodDef sp_methods[] = {
      "take_runs(entries) -> (ranges, file_runs) or None: a transaction's takes grouped (channel._take_runs)."},
     {"close_batch", sp_close_batch, METH_VARARGS,
      "close_batch(seed, kind, parts, start, first_woid, woid) -> bytes: the BATCH_END frame closing parts."},
+    {"frame_commit1", sp_frame_commit1, METH_VARARGS,
+     "frame_commit1(seed, kind, woid, txn_id, payload, prefix, start, first_position) -> bytes: one PUT, its"
+     " COMMIT and the BATCH_END, framed (a one-event transaction's write)."},
     {"frames_size", sp_frames_size, METH_VARARGS,
      "frames_size(payloads, extra) -> int: bytes of the PUT frames of payloads, each stored extra bytes longer."},
     {"int64_range", sp_int64_range, METH_VARARGS,

@@ -349,6 +349,9 @@ class Transaction:
             TransactionStateError: The transaction is no longer open.
             ChannelClosedError: The channel is closed or has failed.
         """
+        if type(bodies) is list and len(bodies) == 1 and headers is None and type(bodies[0]) is bytes:
+            self.put(bodies[0])  # one event (a producer committing each one): put's shorter path
+            return
         given = list(bodies)
         # All bytes (checked in C), or each body made bytes or refused, in order.
         bl = [_as_body(b) for b in given] if set(map(type, given)) - _BYTES_ONLY else cast("list[bytes]", given)
@@ -522,11 +525,13 @@ class Transaction:
             return
         if self._payloads:
             self._log.check_space(self._dir)
-        run = self._taken.one_run()
-        if run is not None:  # the usual take: one run of consecutive positions in one file
-            takes, self._runs = [(run[1], run[2])], [run]
-        else:
-            takes, self._runs = _take_runs(self._taken.entries())
+        takes: list[tuple[int, int]] = []
+        if self._taken.count:
+            run = self._taken.one_run()
+            if run is not None:  # the usual take: one run of consecutive positions in one file
+                takes, self._runs = [(run[1], run[2])], [run]
+            else:
+                takes, self._runs = _take_runs(self._taken.entries())
         try:
             prefix = fmt.EMPTY_HEADERS if self._plain else b""
             marks = [fmt.encode_marks([fmt.Mark(k, v) for k, v in self._marks.items()])] if self._marks else ()
@@ -1520,7 +1525,10 @@ class FileChannel:
         with self._lock:
             if n:
                 sizes = res.put_sizes
-                self._queue.append_run(first, fid, res.put_offsets, sizes)
+                if n == 1:  # a one-event transaction: no columns to extend from
+                    self._queue.append(first, fid, res.put_offsets[0], sizes[0])
+                else:
+                    self._queue.append_run(first, fid, res.put_offsets, sizes)
                 self._refs[fid] = self._refs.get(fid, 0) + n
                 self._inflight_puts -= n
                 self._counters["puts_committed"] += n

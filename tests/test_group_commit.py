@@ -30,6 +30,7 @@ from simfs import ConcurrentSimFS, SimFS
 
 import filechannel
 from filechannel import format as fmt
+from filechannel.writer import Writer
 
 DIR = "/sim/ch"
 OPTS: dict[str, Any] = {"background": False, "minimum_required_space": 0, "max_file_size": 16 * 1024}
@@ -61,7 +62,17 @@ def run_threads(n: int, target: Any) -> list[BaseException]:
     return errors
 
 
-def test_no_grouped_commit_returns_before_its_bytes_are_durable() -> None:
+@pytest.mark.parametrize("puts", [2, 1], ids=["two-events", "one-event"])
+def test_no_grouped_commit_returns_before_its_bytes_are_durable(puts: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Also for one-event transactions, which a lone committer writes on its own path (``_write_commit1``)."""
+    lone: list[int] = []
+    plain_write = Writer._write_commit1
+
+    def spy(self: Writer, it: Any) -> None:
+        lone.append(it.txn_id)
+        plain_write(self, it)
+
+    monkeypatch.setattr(Writer, "_write_commit1", spy)
     fs = ConcurrentSimFS(sync_delay=0.002)
     ch = filechannel.open(DIR, fs=fs, **OPTS)
     log = ch._log
@@ -94,14 +105,17 @@ def test_no_grouped_commit_returns_before_its_bytes_are_durable() -> None:
     def committer(t: int) -> None:
         for k in range(txns):
             with ch.transaction() as tx:
-                tx.put(body(t, k, 0))
-                tx.put(body(t, k, 1))
+                for i in range(puts):
+                    tx.put(body(t, k, i))
 
+    committer(threads)  # first alone: every commit leads a group of one
     errors = run_threads(threads, committer)
     del log.commit
     fs.on_op = None
     assert errors == []
-    assert len(returned) == threads * txns
+    assert len(returned) == (threads + 1) * txns
+    if puts == 1:
+        assert len(lone) >= txns  # the lone one-event path ran (for every commit of the first phase at least)
     early = [r for r in returned if not r[3]]
     assert early == [], f"{len(early)} of {len(returned)} commits returned before their bytes were durable"
     # Which fdatasync made each commit durable: its group. Groups of more than one must have formed,
@@ -119,7 +133,7 @@ def test_no_grouped_commit_returns_before_its_bytes_are_durable() -> None:
     assert len(grouped) >= 5, sizes
     got = contents(ch)
     assert sorted(b for _, b in got) == sorted(
-        body(t, k, i) for t in range(threads) for k in range(txns) for i in (0, 1)
+        body(t, k, i) for t in range(threads + 1) for k in range(txns) for i in range(puts)
     )
     ch.close()
     # Everything acknowledged is durable: a power cut now loses nothing.
