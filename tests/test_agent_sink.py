@@ -284,7 +284,9 @@ def test_agent_sigkilled_during_commit_then_the_retried_commit_delivers_once(tmp
                 [sys.executable, "-c", _COMMIT, agent.uri, cid, QUERY, str(b), ",".join(f for f in files if f)],
                 env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             )  # fmt: skip
-            time.sleep(0.3 + delay)  # the child's start-up, then the commit's progress
+            assert sender.stdout is not None
+            sender.stdout.readline()  # "go": the child is connected and sends the commit now
+            time.sleep(delay)  # then the commit's progress
             agent.proc.send_signal(signal.SIGKILL)
             agent.proc.wait(timeout=30)
             sender.communicate(timeout=60)
@@ -308,5 +310,7 @@ import sys
 from filechannel.agent import connect
 uri, cid, query, batch, files = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5].split(",")
 with connect(uri, timeout=30) as c:
+    c.channels()  # connected (the start-up is over): say so, then send the commit at once
+    print("go", flush=True)
     print(c.sink_commit(cid, files, query=query, batch_id=batch)["reason"])
 """

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -486,7 +487,9 @@ def assert_no_plaintext(fs: SimFS, opts: dict[str, Any]) -> None:
     if opts.get("encryption") is None:
         return
     for path, data in fs.files("/").items():
-        assert b"ev0" not in data, f"an event body in plaintext in {path}"
+        # A body's whole tag, not 3 bytes: checkpoints and ANCHOR now hold random bytes (salts' key
+        # checks, batch tags, MACs) where a short needle turns up by chance now and then.
+        assert re.search(rb"ev\d{4}:[A-Z]", data) is None, f"an event body in plaintext in {path}"
         assert b"after-crash" not in data, f"an event body in plaintext in {path}"
 
 
