@@ -41,9 +41,9 @@ import re
 import ssl
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
@@ -64,7 +64,34 @@ from .auth import allowed, is_loopback, read_public_file, read_secret_file, read
 from .metrics import CONTENT_TYPE, AgentMetrics, ChannelSample, sample_from_stats
 
 if TYPE_CHECKING:
-    from .server import Agent, _Served
+    import threading
+
+    from filechannel.channel import FileChannel
+    from filechannel.reader import ChannelReader
+
+
+class _Served(Protocol):
+    """What the HTTP side uses of one channel the agent serves (``server._Served``; this module sits below it)."""
+
+    cid: str
+    name: str
+    directory: str
+    channel: FileChannel | None
+    view: ChannelReader
+    lock: threading.Lock | threading.RLock
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+class Agent(Protocol):
+    """What the HTTP side uses of the agent (``server.Agent``): its channels and its configuration."""
+
+    @property
+    def channels(self) -> Mapping[str, Any]: ...
+
+    @property
+    def config(self) -> Any: ...
+
 
 __all__ = ["HttpServer", "HttpSettings", "channel_samples", "parse_http_address", "readiness"]
 
