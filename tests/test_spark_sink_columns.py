@@ -187,3 +187,59 @@ def test_a_sealed_columnar_file_needs_its_key_and_refuses_a_swapped_chunk(tmp_pa
     assert staged.read_staged(DEFAULT_FS, path, enc) == [secret, b"b", b"c"]
     with pytest.raises(DecryptionError):
         staged.read_staged_chunks(DEFAULT_FS, path)
+
+
+@pytest.mark.parametrize("order", ["column first", "column last", "two heads"])
+def test_a_column_with_a_head_mixed_with_other_puts_writes_put_many_bytes(tmp_path, order):
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    filechannel.open(a).close()
+    shutil.copytree(a, b)
+    hdr = {"spark.query": "q", "spark.batch_id": "9"}
+    other = {"k": "v"}
+    bodies = _bodies(40)
+
+    def column(head_headers: dict[str, str]) -> fmt.PutColumn:
+        col = fmt.PutColumn(fmt.encode_event(b"", head_headers))
+        _, data, offsets, n, _ = staged.payload_chunk(bodies)
+        col.add(data, offsets, n)
+        return col
+
+    with filechannel.open(a) as ch, ch.transaction() as tx:
+        if order == "column first":
+            tx._put_column(column(hdr), 69)
+            tx.put_many([b"x", b"y"])
+        elif order == "column last":
+            tx.put_many([b"x", b"y"])
+            tx._put_column(column(hdr), 69)
+        else:
+            tx._put_column(column(hdr), 69)
+            tx._put_column(column(other), 69)
+    with filechannel.open(b) as ch, ch.transaction() as tx:
+        if order == "column first":
+            tx.put_many(bodies, headers=hdr)
+            tx.put_many([b"x", b"y"])
+        elif order == "column last":
+            tx.put_many([b"x", b"y"])
+            tx.put_many(bodies, headers=hdr)
+        else:
+            tx.put_many(bodies, headers=hdr)
+            tx.put_many(bodies, headers=other)
+    assert _segments(a) == _segments(b)
+    with filechannel.open(a) as ch, ch.transaction() as tx:
+        evs = tx.take_batch(100)
+        tx.rollback()
+    assert len(evs) == (80 if order == "two heads" else 42)
+    assert dict(evs[0].headers) == (hdr if order != "column last" else {})
+
+
+def test_a_committed_column_with_a_head_is_taken_from_the_cache_with_its_headers(tmp_path):
+    hdr = {"spark.query": "q", "spark.batch_id": "9"}
+    col = fmt.PutColumn(fmt.encode_event(b"", hdr))
+    _, data, offsets, n, _ = staged.payload_chunk([b"a", b"bc"])
+    col.add(data, offsets, n)
+    with filechannel.open(str(tmp_path / "c")) as ch:
+        with ch.transaction() as tx:
+            tx._put_column(col, 2)
+        with ch.transaction() as tx:
+            evs = tx.take_batch(5)
+    assert [(e.body, dict(e.headers)) for e in evs] == [(b"a", hdr), (b"bc", hdr)]
