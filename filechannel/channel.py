@@ -134,8 +134,9 @@ _PLAIN_PREFIX_LEN = len(fmt.EMPTY_HEADERS)
 
 
 def _column_events(col: fmt.PutColumn) -> tuple[list[bytes], list[Mapping[str, str]]]:
-    """The bodies and headers of a committed put_arrow column (plain events), for the take cache."""
-    return col.payloads(), [_NO_HEADERS] * len(col)
+    """The bodies and headers of a committed column (its events share ``col.head``), for the take cache."""
+    hdrs: Mapping[str, str] = _NO_HEADERS if col.head == fmt.EMPTY_HEADERS else fmt.decode_event(col.head)[1]
+    return col.payloads(), [hdrs] * len(col)
 
 
 _position = itemgetter(0)  # of an Entry (position, file_id, offset, size)
@@ -321,9 +322,15 @@ class Transaction:
         """Another kind of put joins put_arrow's column: from now on the puts are lists (returned)."""
         col = self._payloads
         assert type(col) is fmt.PutColumn
-        self._payloads = out = col.payloads()  # plain events: each payload is the body
-        self._bodies = list(out)
-        self._headers = [_NO_HEADERS] * len(col)
+        bodies, headers = _column_events(col)
+        if col.head == fmt.EMPTY_HEADERS:
+            self._payloads = out = bodies  # plain events: each payload is the body
+            self._bodies = list(out)
+        else:
+            self._payloads = out = [col.head + b for b in bodies]
+            self._plain = False
+            self._bodies = bodies
+        self._headers = headers
         return out
 
     def put_many(
@@ -533,7 +540,8 @@ class Transaction:
             else:
                 takes, self._runs = _take_runs(self._taken.entries())
         try:
-            prefix = fmt.EMPTY_HEADERS if self._plain else b""
+            puts = self._payloads
+            prefix = puts.head if type(puts) is fmt.PutColumn else fmt.EMPTY_HEADERS if self._plain else b""
             marks = [fmt.encode_marks([fmt.Mark(k, v) for k, v in self._marks.items()])] if self._marks else ()
             self._log.commit(self.txn_id, self._payloads, takes, self._on_written, prefix, marks)
         except BaseException:
@@ -625,17 +633,10 @@ class Transaction:
         from .arrow import prepare_column, prepare_puts
 
         cur = self._payloads
-        got = prepare_column(data) if not cur or type(cur) is fmt.PutColumn else data
+        plain_column = type(cur) is fmt.PutColumn and cur.head == fmt.EMPTY_HEADERS
+        got = prepare_column(data) if not cur or plain_column else data
         if isinstance(got, tuple):
-            col, longest = got
-            n = self._check_puts(len(col), longest + _PLAIN_PREFIX_LEN)
-            if n:
-                if type(self._payloads) is fmt.PutColumn:
-                    for chunk in col.chunks:
-                        self._payloads.add(*chunk)
-                else:
-                    self._payloads, self._plain = col, True
-            return n
+            return self._put_column(*got)
         payloads, bodies, headers, any_headers = prepare_puts(got, _NO_HEADERS)
         n = self._check_puts(
             len(payloads), max(map(len, payloads), default=0) + (0 if any_headers else _PLAIN_PREFIX_LEN)
@@ -656,6 +657,32 @@ class Transaction:
             self._headers += headers
         else:  # the first puts: the lists prepare_puts made (each a new list) become the transaction's
             self._payloads, self._bodies, self._headers = payloads, bodies, headers
+        return n
+
+    def _put_column(self, col: fmt.PutColumn, longest: int) -> int:
+        """Add a column's events (see put_arrow; ``longest``: its longest body); returns how many.
+
+        Joins a column with the same ``head`` already held; otherwise the puts become lists.
+        """
+        n = self._check_puts(len(col), longest + len(col.head))
+        if n:
+            cur = self._payloads
+            if not cur:
+                self._payloads, self._plain = col, True
+            elif type(cur) is fmt.PutColumn and cur.head == col.head:
+                for chunk in col.chunks:
+                    cur.add(*chunk)
+            else:
+                mine = cur if type(cur) is list else self._delist()
+                bodies, headers = _column_events(col)
+                if col.head == fmt.EMPTY_HEADERS and self._plain:
+                    mine += bodies
+                else:
+                    if self._plain:
+                        mine = self._unplain()
+                    mine += [col.head + b for b in bodies]
+                self._bodies += bodies
+                self._headers += headers
         return n
 
     def _check_puts(self, n: int, big: int) -> int:

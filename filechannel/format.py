@@ -222,13 +222,20 @@ class PutColumn(Sequence[bytes]):
     (``_speedups.put_column``). The writer frames a chunk with one call of
     :func:`encode_column`: the same bytes as :meth:`_RecordEncoder.add_puts` of
     :meth:`payloads`, without a Python object per payload.
+
+    ``head``: the header block (``encode_event(b"", headers)``) every event of
+    the column shares; the chunks hold the bodies and the PUT payload of a row
+    is ``head + body`` (the transaction frames it with ``head`` as the prefix).
+    ``put_arrow``'s columns have none (``EMPTY_HEADERS``); the Spark sink's commit
+    gives its ``spark.query`` and ``spark.batch_id`` headers.
     """
 
-    __slots__ = ("chunks", "n")
+    __slots__ = ("chunks", "head", "n")
 
-    def __init__(self) -> None:
+    def __init__(self, head: bytes = EMPTY_HEADERS) -> None:
         self.chunks: list[tuple[bytes, bytes, int]] = []
         self.n = 0
+        self.head = head
 
     def add(self, data: bytes, offsets: bytes, n: int) -> None:
         """Append a chunk of ``n`` payloads (``offsets``: ``n + 1`` native int64s from 0 into ``data``)."""
@@ -263,7 +270,7 @@ class PutColumn(Sequence[bytes]):
         return sum(len(data) for data, _, _ in self.chunks)
 
     def payloads(self) -> list[bytes]:
-        """The payloads as ``bytes`` objects, in order (one C call per chunk with the accelerator)."""
+        """The rows (bodies, without ``head``) as ``bytes`` objects, in order (one C call per chunk in C)."""
         out: list[bytes] = []
         for data, offs, n in self.chunks:
             if speedups is not None:
@@ -274,7 +281,7 @@ class PutColumn(Sequence[bytes]):
         return out
 
     def __repr__(self) -> str:
-        return f"PutColumn(n={self.n}, chunks={len(self.chunks)})"
+        return f"PutColumn(n={self.n}, chunks={len(self.chunks)}, head={len(self.head)} bytes)"
 
 
 def _column_offsets(offsets: Any, data_len: int, who: str) -> memoryview:

@@ -13,7 +13,9 @@ import hashlib
 import os
 import re
 import struct
+from array import array
 from collections.abc import Iterable, Mapping
+from itertools import accumulate
 from typing import Any
 
 from filechannel import format as fmt
@@ -54,6 +56,23 @@ _STAGE_MAGIC_ENC = b"FCSTAGE2"  # rows sealed: then u8 cipher, u8 key id length,
 _STAGE_ENC_HEAD = struct.Struct("<BB")
 
 
+_STAGE_MAGIC_COL = b"FCSTAGE3"  # columns: chunks of rows, each an offsets array and one data region
+
+
+_STAGE_MAGIC_COL_ENC = b"FCSTAGE4"  # columns, each chunk sealed: then the same encryption header as FCSTAGE2
+
+
+_CHUNK_HEAD = struct.Struct("<BxxxIQQ")  # kind, rows, data length, longest row (plaintext lengths)
+
+
+CHUNK_BODIES = 0
+"""A staged chunk of rows without headers: each row's payload is ``EMPTY_HEADERS`` + its bytes."""
+
+
+CHUNK_PAYLOADS = 1
+"""A staged chunk of whole event payloads (header block, then body)."""
+
+
 _STAGE_SUFFIX = ".stage"
 
 
@@ -64,6 +83,9 @@ _TRAILER = struct.Struct("<QI")  # row count, CRC-32 (zlib) of everything before
 
 
 _U32 = struct.Struct("<I")
+
+
+_I64 = struct.Struct("=q")
 
 
 _FLUSH_BYTES = 1 << 20
@@ -182,6 +204,43 @@ class _StageFile:
             pass
 
 
+class _ColumnFile(_StageFile):
+    """One columnar staged file being written: ``FCSTAGE3``, then chunks, then the same trailer.
+
+    A chunk: kind (:data:`CHUNK_BODIES` or :data:`CHUNK_PAYLOADS`), rows ``n``,
+    data length and longest row (``<BxxxIQQ``), then ``n + 1`` native int64
+    offsets from 0 and the data region. With encryption: ``FCSTAGE4``, the
+    encryption header of ``FCSTAGE2``, and each chunk's offsets and data sealed
+    as one message (nonce: the chunk's index; associated data: its index and
+    length), so the commit frames a chunk from two buffers, not row by row.
+    """
+
+    def __init__(self, fs: FS, directory: str, name: str, encryption: Encryption | None = None) -> None:
+        super().__init__(fs, directory, name, encryption)
+        self.parts[0] = _STAGE_MAGIC_COL_ENC if encryption is not None else _STAGE_MAGIC_COL
+        self.chunks = 0
+
+    def add_chunk(self, kind: int, data: bytes, offsets: bytes, n: int, longest: int) -> None:
+        head = _CHUNK_HEAD.pack(kind, n, len(data), longest)
+        if self.cipher is not None:
+            blob = offsets + data
+            sealed = self.cipher.seal(_chunk_head(self.chunks, len(blob)), self.chunks, blob)
+            self.parts += (head, sealed)
+            self.pending += len(head) + len(sealed)
+        else:
+            self.parts += (head, offsets, data)
+            self.pending += len(head) + len(offsets) + len(data)
+        self.chunks += 1
+        self.count += n
+        if self.pending >= _FLUSH_BYTES:
+            self._flush()
+
+
+def _chunk_head(index: int, n: int) -> bytes:
+    """The 24 bytes a staged chunk's seal binds (first word 1: never a row's, whose is 0)."""
+    return struct.pack("<QQQ", 1, index + 1, n)
+
+
 def _row_head(index: int, n: int) -> bytes:
     """The 24 bytes a staged row's seal binds (and whose bytes 8..16, the index + 1, make its nonce)."""
     return struct.pack("<QQQ", 0, index + 1, n)
@@ -242,6 +301,121 @@ def stage_events(
         raise
 
 
+StagedChunk = tuple[int, bytes, bytes, int, int]
+"""Rows of a staged file: ``(kind, data, offsets, n, longest)`` (``offsets``: ``n + 1`` native int64s from 0)."""
+
+
+def stage_chunks(
+    fs: FS,
+    directory: str,
+    name: str,
+    chunks: Iterable[StagedChunk],
+    max_event_size: int,
+    header_overhead: int = 0,
+    encryption: Encryption | None = None,
+) -> tuple[str | None, int, int]:
+    """Write column chunks to a columnar staged file ``directory/name``, durably, before returning.
+
+    The columnar twin of :func:`stage_events` (the Spark sink's executors: each
+    chunk comes from an Arrow batch with no Python object per row). ``longest``
+    of a chunk is its longest row's bytes; a :data:`CHUNK_BODIES` row's event is
+    ``len(EMPTY_HEADERS)`` longer. No file is written when there are no rows; a
+    failure removes the partial file.
+
+    Raises:
+        EventTooLargeError: A row exceeds ``max_event_size``.
+        OSError: Writing failed.
+    """
+    staged: _ColumnFile | None = None
+    try:
+        for kind, data, offsets, n, longest in chunks:
+            if not n:
+                continue
+            size = longest + header_overhead + (len(fmt.EMPTY_HEADERS) if kind == CHUNK_BODIES else 0)
+            if size > max_event_size:
+                raise EventTooLargeError(size, max_event_size)
+            if staged is None:
+                _ensure_dir(fs, directory)
+                staged = _ColumnFile(fs, directory, name, encryption)
+            staged.add_chunk(kind, data, offsets, n, longest)
+        if staged is None:
+            return None, 0, 0
+        rows = staged.count
+        size = staged.finish()
+        return name, rows, size
+    except BaseException:
+        if staged is not None:
+            staged.discard()
+        raise
+
+
+def payload_chunk(payloads: list[bytes]) -> StagedChunk:
+    """Whole event payloads as one :data:`CHUNK_PAYLOADS` chunk (one Python step per row)."""
+    offsets = array("q", [0])
+    offsets.extend(accumulate(map(len, payloads)))
+    return CHUNK_PAYLOADS, b"".join(payloads), offsets.tobytes(), len(payloads), max(map(len, payloads), default=0)
+
+
+def chunk_payloads(chunk: StagedChunk) -> list[bytes]:
+    """A chunk's rows as whole event payloads (one ``bytes`` each)."""
+    kind, data, offsets, n, _ = chunk
+    col = fmt.PutColumn()
+    col.add(data, offsets, n)
+    rows = col.payloads()
+    return [fmt.EMPTY_HEADERS + r for r in rows] if kind == CHUNK_BODIES else rows
+
+
+def read_staged_chunks(fs: FS, path: str, encryption: Encryption | None = None) -> list[StagedChunk]:
+    """Return the rows of a staged file as column chunks, checking its framing, count and checksum.
+
+    Reads both formats: a columnar file (:func:`stage_chunks`) chunk by chunk,
+    and a file of rows (:func:`stage_events`, also what executors of earlier
+    versions staged) as one :data:`CHUNK_PAYLOADS` chunk.
+
+    Raises:
+        As :func:`read_staged`.
+    """
+    buf = read_file(fs, path)
+    if not (buf.startswith(_STAGE_MAGIC_COL) or buf.startswith(_STAGE_MAGIC_COL_ENC)):
+        rows = _read_rows(path, buf, encryption)
+        return [payload_chunk(rows)] if rows else []
+    body_end, pos, cipher = _open_staged(path, buf, encryption, buf.startswith(_STAGE_MAGIC_COL_ENC))
+    out: list[StagedChunk] = []
+    total = 0
+    mv = memoryview(buf)
+    while pos < body_end:
+        if pos + _CHUNK_HEAD.size > body_end:
+            raise CorruptLogError(path, pos, "truncated chunk header", _HINT)
+        kind, n, dlen, longest = _CHUNK_HEAD.unpack_from(buf, pos)
+        pos += _CHUNK_HEAD.size
+        olen = (n + 1) * 8
+        stored = olen + dlen + (TAG_LEN if cipher is not None else 0)
+        if kind not in (CHUNK_BODIES, CHUNK_PAYLOADS) or not n or pos + stored > body_end:
+            raise CorruptLogError(path, pos, "bad chunk header", _HINT)
+        if cipher is not None:
+            i = len(out)
+            plain = cipher.open(_chunk_head(i, olen + dlen), i, bytes(mv[pos : pos + stored]))
+            if plain is None:
+                raise DecryptionError(path, pos, f"staged chunk {i}: authentication tag fails", cipher.key_id, _HINT)
+            offsets, data = plain[:olen], plain[olen:]
+        else:
+            offsets, data = bytes(mv[pos : pos + olen]), bytes(mv[pos + olen : pos + stored])
+        pos += stored
+        first, last = _I64.unpack_from(offsets, 0)[0], _I64.unpack_from(offsets, olen - 8)[0]
+        try:
+            fmt.column_frames_size(offsets, 0)  # ascending, checked in one C call
+        except ValueError:
+            first = -1
+        if first != 0 or last != dlen:
+            raise CorruptLogError(path, pos, "a chunk's offsets do not fit its data", _HINT)
+        out.append((kind, data, offsets, n, longest))
+        total += n
+    count = _TRAILER.unpack_from(buf, body_end)[0]
+    if total != count:
+        raise CorruptLogError(path, body_end, f"{total} rows, the trailer says {count}", _HINT)
+    return out
+
+
 def read_staged(fs: FS, path: str, encryption: Encryption | None = None) -> list[bytes]:
     """Return the event payloads of a staged file, checking its framing, count and checksum.
 
@@ -254,15 +428,25 @@ def read_staged(fs: FS, path: str, encryption: Encryption | None = None) -> list
         DecryptionError: An encrypted staged file and no key for it, or a row whose tag fails.
     """
     buf = read_file(fs, path)
-    hint = "a staged file of a Spark task is damaged; restart the query: it runs the batch's tasks again"
-    encrypted = buf.startswith(_STAGE_MAGIC_ENC)
-    if len(buf) < len(_STAGE_MAGIC) + _TRAILER.size or not (buf.startswith(_STAGE_MAGIC) or encrypted):
+    if buf.startswith(_STAGE_MAGIC_COL) or buf.startswith(_STAGE_MAGIC_COL_ENC):
+        return [p for c in read_staged_chunks(fs, path, encryption) for p in chunk_payloads(c)]
+    return _read_rows(path, buf, encryption)
+
+
+_HINT = "a staged file of a Spark task is damaged; restart the query: it runs the batch's tasks again"
+
+
+def _open_staged(
+    path: str, buf: bytes, encryption: Encryption | None, encrypted: bool
+) -> tuple[int, int, FileCipher | None]:
+    """Check a staged file's size and checksum, read its encryption header: ``(body end, position, cipher)``."""
+    hint = _HINT
+    if len(buf) < len(_STAGE_MAGIC) + _TRAILER.size:
         raise CorruptLogError(path, 0, "not a staged file of the filechannel sink", hint)
     body_end = len(buf) - _TRAILER.size
-    count, crc = _TRAILER.unpack_from(buf, body_end)
+    _, crc = _TRAILER.unpack_from(buf, body_end)
     if fmt.crc(fmt.CRC32_ZLIB, memoryview(buf)[: body_end + 8]) != crc:
         raise CorruptLogError(path, body_end, "checksum mismatch", hint)
-    out: list[bytes] = []
     pos = len(_STAGE_MAGIC)
     cipher: FileCipher | None = None
     if encrypted:
@@ -283,6 +467,18 @@ def read_staged(fs: FS, path: str, encryption: Encryption | None = None) -> list
                 key_id,
             )
         cipher = encryption.staged_file_cipher(path, os.path.basename(path), suite, key_id, salt)
+    return body_end, pos, cipher
+
+
+def _read_rows(path: str, buf: bytes, encryption: Encryption | None) -> list[bytes]:
+    """The payloads of a staged file of rows (``FCSTAGE1``/``FCSTAGE2``)."""
+    hint = _HINT
+    encrypted = buf.startswith(_STAGE_MAGIC_ENC)
+    if not (buf.startswith(_STAGE_MAGIC) or encrypted):
+        raise CorruptLogError(path, 0, "not a staged file of the filechannel sink", hint)
+    body_end, pos, cipher = _open_staged(path, buf, encryption, encrypted)
+    count = _TRAILER.unpack_from(buf, body_end)[0]
+    out: list[bytes] = []
     while pos < body_end:
         if pos + 4 > body_end:
             raise CorruptLogError(path, pos, "truncated row length", hint)
@@ -329,3 +525,26 @@ def _put_all(tx: Any, payloads: list[bytes], extra: Mapping[str, str]) -> None:
         run.append(body)
     if run:
         tx.put_many(run, headers=run_headers or None)
+
+
+def put_chunks(tx: Any, chunks: list[StagedChunk], extra: Mapping[str, str]) -> None:
+    """Put the staged rows of ``chunks``, with ``extra`` headers added, in order: the same bytes as :func:`_put_all`.
+
+    When no row has headers of its own (every chunk :data:`CHUNK_BODIES`), the
+    chunks become one column whose events share the header block of ``extra``,
+    framed at commit with no Python object per row; otherwise the rows go
+    through :func:`_put_all`.
+    """
+    if not chunks:
+        return
+    if all(c[0] == CHUNK_BODIES for c in chunks):
+        try:
+            head = fmt.encode_event(b"", extra) if extra else fmt.EMPTY_HEADERS
+        except UnicodeEncodeError as exc:
+            raise InvalidEventError(f"a header the sink adds is not valid UTF-8 text: {exc}") from exc
+        col = fmt.PutColumn(head)
+        for _, data, offsets, n, _ in chunks:
+            col.add(data, offsets, n)
+        tx._put_column(col, max(c[4] for c in chunks))
+        return
+    _put_all(tx, [p for c in chunks for p in chunk_payloads(c)], extra)

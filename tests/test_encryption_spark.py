@@ -46,21 +46,21 @@ def test_sink_stages_sealed_rows_and_commits_encrypted(tmp_path: Path, fake_task
     raw = Path(staged).read_bytes()
     assert b"SINK-SECRET" not in raw
     assert b"SINK-HDR" not in raw
-    assert raw.startswith(b"FCSTAGE2")
+    assert raw.startswith(b"FCSTAGE4")  # columns, each chunk sealed
     with pytest.raises(filechannel.DecryptionError, match="keystore"):
         read_staged(DEFAULT_FS, staged)
     assert len(read_staged(DEFAULT_FS, staged, Encryption(keys=ks))) == 2
     # A flipped ciphertext bit, the file's checksum fixed up: refused, never returned.
     bad = bytearray(raw)
-    bad[-20] ^= 1  # inside the last row's ciphertext (before the 12-byte trailer)
+    bad[-20] ^= 1  # inside the last chunk's ciphertext (before the 12-byte trailer)
     struct.pack_into("<I", bad, len(bad) - 4, zlib.crc32(bytes(bad[:-4])))
     Path(staged).write_bytes(bytes(bad))
-    with pytest.raises(filechannel.DecryptionError, match="staged row 1"):
+    with pytest.raises(filechannel.DecryptionError, match="staged chunk 0"):
         read_staged(DEFAULT_FS, staged, Encryption(keys=ks))
     # The intact file under another name does not decrypt either (its name is in its key).
     copy = os.path.join(w.options.staging_dir, "copy-" + msgs[0].files[0])
     Path(copy).write_bytes(raw)
-    with pytest.raises(filechannel.DecryptionError, match="staged row 0"):
+    with pytest.raises(filechannel.DecryptionError, match="staged chunk 0"):
         read_staged(DEFAULT_FS, copy, Encryption(keys=ks))
     os.unlink(copy)
     Path(staged).write_bytes(raw)

@@ -31,7 +31,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -77,15 +77,19 @@ from filechannel.staged import (  # the staged-file format, shared with the agen
     HEADER_QUERY,
     SINK_DIR,
     STAGING_DIR,
+    StagedChunk,
     _created_ns,
     _ensure_dir,
     _headers_overhead,
     _job_prefix,
-    _put_all,
     _sink_headers,
     _slug,
     _stream_prefix,
+    payload_chunk,
+    put_chunks,
     read_staged,
+    read_staged_chunks,
+    stage_chunks,
     stage_events,
 )
 
@@ -662,8 +666,8 @@ class SinkCommitter:
         rows: int | None,
     ) -> BatchOutcome:
         query = state.query
-        payloads = self._read_files(files, rows, f"batch {batch_id} of query {query}")
-        count = len(payloads)
+        chunks = self._read_files(files, rows, f"batch {batch_id} of query {query}")
+        count = sum(c[3] for c in chunks)
         if count == 0:
             return BatchOutcome(False, 0, None, "empty")
         self._check_size(count, f"batch {batch_id}")
@@ -682,7 +686,7 @@ class SinkCommitter:
         store.save(QueryState(query, state.last_batch, Pending(batch_id, first, count)))
         try:
             with ch.transaction() as tx:
-                _put_all(tx, payloads, _sink_headers(query, batch_id))
+                put_chunks(tx, chunks, _sink_headers(query, batch_id))
         except ChannelError:
             # Refused before anything was written (full, an event too large, no disk space):
             # settle now, so that the guard does not pin the channel until the next commit.
@@ -770,14 +774,14 @@ class SinkCommitter:
         what = f"batch job {job}"
         count = 0
         if files:
-            payloads = self._read_files(files, rows, what)
-            count = len(payloads)
+            chunks = self._read_files(files, rows, what)
+            count = sum(c[3] for c in chunks)
             if count:
                 self._check_size(count, what)
                 ch = self.open_channel(what)
                 try:
                     with ch.transaction() as tx:
-                        _put_all(tx, payloads, {})
+                        put_chunks(tx, chunks, {})
                     ch.sync()
                 finally:
                     ch.close()
@@ -788,22 +792,23 @@ class SinkCommitter:
 
     # -- staged files ---------------------------------------------------------------------
 
-    def _read_files(self, files: Sequence[str], rows: int | None, what: str) -> list[bytes]:
-        payloads: list[bytes] = []
+    def _read_files(self, files: Sequence[str], rows: int | None, what: str) -> list[StagedChunk]:
+        chunks: list[StagedChunk] = []
         for name in files:
             if os.path.basename(name) != name or not name.endswith(_STAGE_SUFFIX):
                 raise ChannelError(f"{what}: {name!r} is not a staged file name")
             path = os.path.join(self.options.staging_dir, name)
             try:
-                payloads += read_staged(self.fs, path, self.options.encryption())
+                chunks += read_staged_chunks(self.fs, path, self.options.encryption())
             except FileNotFoundError:
                 raise ChannelError(
                     f"{what}: staged file {path} is missing (deleted by hand, or swept as older than "
                     "staleStagingSeconds); restart the query: it runs the batch's tasks again"
                 ) from None
-        if rows is not None and rows != len(payloads):
-            raise ChannelError(f"{what}: the tasks reported {rows} rows, their staged files hold {len(payloads)}")
-        return payloads
+        held = sum(c[3] for c in chunks)
+        if rows is not None and rows != held:
+            raise ChannelError(f"{what}: the tasks reported {rows} rows, their staged files hold {held}")
+        return chunks
 
     def _check_size(self, count: int, what: str) -> None:
         cap = self.options.config().capacity
@@ -882,10 +887,9 @@ class SinkCommitter:
 
 
 def _arrow_events(
-    batches: Iterable[pa.RecordBatch], columns: _Columns
+    batches: Iterable[pa.RecordBatch], columns: _Columns, row: int = 0
 ) -> Iterator[tuple[bytes, Mapping[str, str] | None]]:
-    """Yield ``(body, headers)`` for each row of Arrow record batches."""
-    row = 0
+    """Yield ``(body, headers)`` for each row of Arrow record batches (``row``: the first one's index in the task)."""
     for batch in batches:
         bodies = batch.column(batch.schema.get_field_index(columns.body)).to_pylist()
         maps = (
@@ -911,6 +915,45 @@ def _arrow_events(
         row += len(bodies)
 
 
+def _arrow_chunks(batches: Iterable[pa.RecordBatch], columns: _Columns) -> Iterator[StagedChunk]:
+    """The staged column chunks of Arrow record batches (``stage_chunks``).
+
+    A batch whose rows have no headers becomes :data:`~filechannel.staged.CHUNK_BODIES`
+    chunks copied from its body buffers (one C call per Arrow chunk, no Python
+    object per row: ``arrow.prepare_column``); a batch with headers becomes one
+    :data:`~filechannel.staged.CHUNK_PAYLOADS` chunk of its rows' payloads (made
+    in C per Arrow chunk: ``arrow.prepare_puts``).
+    """
+    import pyarrow as pa
+
+    from filechannel.arrow import prepare_column, prepare_puts
+    from filechannel.staged import CHUNK_BODIES
+
+    row = 0
+    for batch in batches:
+        if not batch.num_rows:
+            continue
+        names = ["body"] if columns.headers is None else ["body", "headers"]
+        picked = [batch.column(batch.schema.get_field_index(c)) for c in (columns.body, columns.headers) if c]
+        data = pa.record_batch(picked, names=names)
+        try:
+            got = prepare_column(data)
+            puts = None if isinstance(got, tuple) else prepare_puts(got, None)
+        except InvalidEventError:
+            for _ in _arrow_events([batch], columns, row):  # the sink's own message, naming the task's row
+                pass
+            raise
+        if puts is None:
+            col, longest = cast("tuple[Any, int]", got)
+            for cdata, coffs, k in col.chunks:
+                yield CHUNK_BODIES, cdata, coffs, k, longest
+        else:
+            payloads, _, _, any_headers = puts
+            kind, cdata, coffs, k, longest = payload_chunk(payloads)
+            yield (kind if any_headers else CHUNK_BODIES), cdata, coffs, k, longest
+        row += batch.num_rows
+
+
 class _WriterBase:
     """What both writers share: options, the input columns, staging a task's rows."""
 
@@ -932,11 +975,11 @@ class _WriterBase:
         self, batches: Iterable[pa.RecordBatch], prefix: str, info: TaskInfo, overhead: int
     ) -> tuple[tuple[str, ...], int, int]:
         name = _staged_name(prefix, info.partition, info.attempt)
-        staged, rows, size = stage_events(
+        staged, rows, size = stage_chunks(
             fs_for(DEFAULT_FS, self.options.config().permissions),
             self.options.staging_dir,
             name,
-            _arrow_events(batches, self.columns),
+            _arrow_chunks(batches, self.columns),
             self.max_event_size,
             overhead,
             self.options.encryption(),
