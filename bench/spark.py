@@ -122,13 +122,16 @@ def _steady(progress: list[Any]) -> dict[str, Any]:
     }
 
 
-def run_source(spark: Any, root: str, n: int, size: int, tag: str) -> dict[str, Any]:
+def run_source(
+    spark: Any, root: str, n: int, size: int, tag: str, options: dict[str, str] | None = None
+) -> dict[str, Any]:
     chan = os.path.join(root, f"ch-{tag}")
     _fill(chan, n, size)
     q = (
         spark.readStream.format("filechannel")
         .option("consumer", "bench")
         .option("maxEventsPerTrigger", str(max(n // BATCHES, 1)))
+        .options(**(options or {}))
         .load(chan)
         .select("position", "body")
         .writeStream.format("parquet")
