@@ -7,6 +7,7 @@ Python, driven here as Spark's runner would drive them.
 
 from __future__ import annotations
 
+import itertools
 import pickle
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,8 +16,6 @@ import pytest
 
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
-
-import itertools
 
 from pyspark import cloudpickle
 from pyspark.sql.datasource import InputPartition
@@ -27,6 +26,7 @@ import filechannel
 from filechannel import ChannelReader
 from filechannel.errors import ConfigError
 from filechannel.reader import Segment, read_segment
+from filechannel.spark import source
 from filechannel.spark.datasource import FileChannelDataSource, with_parallelism
 from filechannel.spark.source import (
     DEFAULT_MIN_PARTITIONS,
@@ -155,8 +155,15 @@ def stream(d: str, consumer: str = "q", default: int | None = None, **opts: str)
     return reader
 
 
+@pytest.fixture
+def small_floor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Split ranges from 64 KiB a part (the real floor, 4 MiB, would need channels of tens of MB here)."""
+    monkeypatch.setattr(source, "MIN_SPLIT_BYTES", 64 << 10)
+
+
+@pytest.mark.usefixtures("small_floor")
 def test_a_micro_batch_gets_about_min_partitions_tasks(tmp_path: Path) -> None:
-    d = channel(tmp_path, 3000)  # ~3 MB: under the old fixed 4 MiB, one task on however many cores
+    d = channel(tmp_path, 3000)  # ~3 MB: under the old fixed 4 MiB, one task however many cores
     r = stream(d)
     start = r.initialOffset()
     end = r.latestOffset(start, ReadAllAvailable())
@@ -179,13 +186,16 @@ def test_a_micro_batch_gets_about_min_partitions_tasks(tmp_path: Path) -> None:
 
 def test_a_small_micro_batch_stays_one_task(tmp_path: Path) -> None:
     d = channel(tmp_path, 3000)
-    r = stream(d, default=8, maxEventsPerTrigger="100")
+    r = stream(d, default=8)
     start = r.initialOffset()
-    end = r.latestOffset(start, ReadMaxRows(100))  # ~100 KB < MIN_SPLIT_BYTES
-    assert 100 * BODY < MIN_SPLIT_BYTES
+    end = r.latestOffset(start, ReadAllAvailable())  # ~3 MB < 2 x MIN_SPLIT_BYTES: not worth two tasks
+    assert 3000 * BODY < 2 * MIN_SPLIT_BYTES
     assert len(r.partitions(start, end)) == 1
+    r = stream(d, "q2", default=8, maxEventsPerTrigger="100")
+    assert len(r.partitions(start, r.latestOffset(start, ReadMaxRows(100)))) == 1
 
 
+@pytest.mark.usefixtures("small_floor")
 def test_channels_share_min_partitions(tmp_path: Path) -> None:
     a = channel(tmp_path, 3000, "a")
     b = channel(tmp_path, 1000, "b")
@@ -204,6 +214,7 @@ def test_channels_share_min_partitions(tmp_path: Path) -> None:
     assert _parts({"x": 1, "y": 1000}, 2) == {"x": 1, "y": 2}
 
 
+@pytest.mark.usefixtures("small_floor")
 def test_a_snapshot_gets_about_min_partitions_tasks(tmp_path: Path) -> None:
     d = channel(tmp_path, 3000)
     read = with_parallelism(3)({"path": d}).reader(SCHEMA)

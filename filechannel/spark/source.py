@@ -27,8 +27,8 @@ Options (case-insensitive):
     cut into, of about equal bytes, so each core gets about one task per
     micro-batch. Default: the session's ``defaultParallelism`` when the source
     was registered with :func:`filechannel.spark.register`, else 2. A range
-    under ``minPartitions`` times 256 KiB is cut into fewer (one task's fixed cost
-    outweighs splitting it).
+    under ``minPartitions`` times 4 MiB is cut into fewer (a task's fixed cost
+    outweighs splitting it; as Spark's ``openCostInBytes``).
 ``maxPartitionBytes``
     A partition covers consecutive events of one data file spanning at most
     this many bytes (default 16 MiB): a large micro-batch gets more partitions
@@ -115,7 +115,9 @@ SCHEMA = "position long, body binary, headers map<string,string>"
 MULTI_SCHEMA = SCHEMA + ", channel string"
 DEFAULT_PARTITION_BYTES = 16 << 20
 DEFAULT_MIN_PARTITIONS = 2  # when the session's defaultParallelism is not known (see FileChannelDataSource)
-MIN_SPLIT_BYTES = 256 << 10  # no partition of fewer event bytes just to reach minPartitions
+# No partition of fewer event bytes just to reach minPartitions: each task has a fixed cost (a Python
+# worker, the Arrow stream to the JVM) that a small one does not repay (as Spark's openCostInBytes).
+MIN_SPLIT_BYTES = 4 << 20
 ROWS_PER_BATCH = 10_000
 IDENTITY_PREFIX = "spark-query:"
 
