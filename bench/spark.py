@@ -1,6 +1,6 @@
 """Spark: channel to Parquet through the filechannel source, against Spark's rate source; the sink (issue 9).
 
-    .venv/bin/python -m bench.spark [--n N] [--repeats R] [--quick]
+    .venv/bin/python -m bench.spark [--n N] [--repeats R] [--quick] [--source-only]
     .venv/bin/python -m bench.spark --agents [--n N] [--repeats R] [--quick]
 
 One local SparkSession (``local[2]``, shuffle partitions 1, UI off, as in
@@ -122,13 +122,16 @@ def _steady(progress: list[Any]) -> dict[str, Any]:
     }
 
 
-def run_source(spark: Any, root: str, n: int, size: int, tag: str) -> dict[str, Any]:
+def run_source(
+    spark: Any, root: str, n: int, size: int, tag: str, options: dict[str, str] | None = None
+) -> dict[str, Any]:
     chan = os.path.join(root, f"ch-{tag}")
     _fill(chan, n, size)
     q = (
         spark.readStream.format("filechannel")
         .option("consumer", "bench")
         .option("maxEventsPerTrigger", str(max(n // BATCHES, 1)))
+        .options(**(options or {}))
         .load(chan)
         .select("position", "body")
         .writeStream.format("parquet")
@@ -427,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--agents", action="store_true", help="the agent source on a standalone cluster against local[2] (issue 24)"
     )
+    ap.add_argument("--source-only", action="store_true", help="the source cases only (no sink runs)")
     args = ap.parse_args(argv)
     n = args.n or (5000 if args.quick else 200_000)
     repeats = args.repeats or (1 if args.quick else 3)
@@ -451,6 +455,8 @@ def main(argv: list[str] | None = None) -> int:
                 res.add("to parquet", size, "filechannel source", src)
                 res.add("to parquet", size, "rate-micro-batch", rate)
                 res.add("to parquet", size, "source / rate", {"ratio": src["events_per_s"] / rate["events_per_s"]})
+                if args.source_only:
+                    continue
                 sink, pq = run_sink(spark, root, n, size, tag)
                 res.add("from DataFrame", size, "filechannel sink", sink)
                 res.add("from DataFrame", size, "parquet write", pq)
@@ -459,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         spark.stop()
         shutil.rmtree(root, ignore_errors=True)
-    cmd = "python -m bench.spark" + (" --quick" if args.quick else "")
+    cmd = "python -m bench.spark" + (" --quick" if args.quick else "") + (" --source-only" if args.source_only else "")
     run = {
         "type": "run",
         "bench": "spark",

@@ -786,41 +786,64 @@ class ChannelReader:
                 self._fs.close(fd)
         return out
 
-    def segments(self, start: int, end: int, max_bytes: int = DEFAULT_SEGMENT_BYTES) -> list[Segment]:
+    def segments(
+        self, start: int, end: int, max_bytes: int = DEFAULT_SEGMENT_BYTES, *, parts: int = 1, min_bytes: int = 0
+    ) -> list[Segment]:
         """Describe where the events of ``[start, end)`` lie, for :func:`read_segment` in other processes.
 
         Each segment covers consecutive events of one data file whose bytes
         span at most ``max_bytes`` (a single larger event gets a segment alone).
+        With ``parts`` > 1 the range is also cut into about ``parts`` runs of
+        equal event bytes (fewer if a run would hold under ``min_bytes``), so
+        ``parts`` workers get about one segment each; a run still splits at
+        data files and at ``max_bytes``. The result depends only on the range,
+        the arguments and where the events lie: the same call plans the same
+        segments.
 
         Raises:
-            TypeError: ``start``, ``end`` or ``max_bytes`` is not an int.
-            ValueError: As for :meth:`read`, or ``max_bytes`` not positive.
+            TypeError: ``start``, ``end``, ``max_bytes``, ``parts`` or ``min_bytes`` is not an int.
+            ValueError: As for :meth:`read`, or ``max_bytes`` or ``parts`` not positive, or ``min_bytes`` negative.
             DataLossError: As for :meth:`read`.
         """
         _check_range(start, end)
-        if not isinstance(max_bytes, int) or isinstance(max_bytes, bool):
-            raise TypeError(f"max_bytes must be an int, got {type(max_bytes).__name__} {max_bytes!r}")
-        if max_bytes <= 0:
-            raise ValueError(f"max_bytes must be a positive int, got {max_bytes!r}")
+        for name, value, least in (("max_bytes", max_bytes, 1), ("parts", parts, 1), ("min_bytes", min_bytes, 0)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+            if value < least:
+                raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
         f = self._state()
         if end > f.visible_end:
             f.refresh()
         with f.lock:
             self._check_held(f, start, end)
-            return self._segments(f, start, end, max_bytes)
+            return self._segments(f, start, end, max_bytes, parts, min_bytes)
 
-    def _segments(self, f: _Follower, start: int, end: int, max_bytes: int) -> list[Segment]:
+    def _segments(
+        self, f: _Follower, start: int, end: int, max_bytes: int, parts: int = 1, min_bytes: int = 0
+    ) -> list[Segment]:
         idx = f.index
         i, j = idx.span(start, end)
         out: list[Segment] = []
+        total = sum(idx.size[i:j]) if parts > 1 else 0
+        if min_bytes > 0:
+            parts = min(parts, total // min_bytes)
+        parts = max(1, min(parts, j - i))
+        before = (
+            0  # event bytes of [i, k): run r holds the events whose bytes before them are in [r, r+1) * total/parts
+        )
         k = i
         while k < j:
             fid = idx.fid[k]
             first_off = idx.off[k]
+            run = before * parts // total if parts > 1 else 0
+            before += idx.size[k]
             m = k + 1
             while m < j and idx.fid[m] == fid and idx.off[m] > idx.off[m - 1]:
                 if idx.off[m] + idx.size[m] - first_off > max_bytes:
                     break
+                if parts > 1 and before * parts // total != run:
+                    break
+                before += idx.size[m]
                 m += 1
             last = m - 1
             st = f.files.get(fid)

@@ -22,9 +22,17 @@ Options (case-insensitive):
     checkpoint location or query id, so the name cannot be derived from them.
 ``maxEventsPerTrigger`` (streaming)
     No micro-batch holds more events (``ReadMaxRows``). Default: no limit.
+``minPartitions``
+    About how many partitions (Spark tasks) a micro-batch, or a snapshot, is
+    cut into, of about equal bytes, so each core gets about one task per
+    micro-batch. Default: the session's ``defaultParallelism`` when the source
+    was registered with :func:`filechannel.spark.register`, else 2. A range
+    under ``minPartitions`` times 4 MiB is cut into fewer (a task's fixed cost
+    outweighs splitting it; as Spark's ``openCostInBytes``).
 ``maxPartitionBytes``
-    A partition (one Spark task) covers consecutive events of one data file
-    spanning at most this many bytes (default 4 MiB).
+    A partition covers consecutive events of one data file spanning at most
+    this many bytes (default 16 MiB): a large micro-batch gets more partitions
+    than ``minPartitions``.
 ``resetConsumer`` (streaming; ``true``/``false``)
     Take over a consumer name registered by another query, e.g. after the
     Spark checkpoint was lost: reading resumes at the consumer's acknowledged
@@ -105,7 +113,11 @@ logger = logging.getLogger(__name__)
 
 SCHEMA = "position long, body binary, headers map<string,string>"
 MULTI_SCHEMA = SCHEMA + ", channel string"
-DEFAULT_PARTITION_BYTES = 4 << 20
+DEFAULT_PARTITION_BYTES = 16 << 20
+DEFAULT_MIN_PARTITIONS = 2  # when the session's defaultParallelism is not known (see FileChannelDataSource)
+# No partition of fewer event bytes just to reach minPartitions: each task has a fixed cost (a Python
+# worker, the Arrow stream to the JVM) that a small one does not repay (as Spark's openCostInBytes).
+MIN_SPLIT_BYTES = 4 << 20
 ROWS_PER_BATCH = 10_000
 IDENTITY_PREFIX = "spark-query:"
 
@@ -124,6 +136,7 @@ _KNOWN = {
     "path",
     "paths",
     "maxpartitionbytes",
+    "minpartitions",
     "keystore",
     "startingposition",
     "endingposition",
@@ -155,6 +168,7 @@ class SourceOptions:
     consumer: str | None = None
     max_events: int | None = None
     partition_bytes: int = DEFAULT_PARTITION_BYTES
+    min_partitions: int = DEFAULT_MIN_PARTITIONS
     reset: bool = False
     keystore: str | None = None  # an encrypted channel's keystore path (never key bytes)
     # Agents (filechannel.spark.remote): URIs and file paths only, never a secret's contents.
@@ -175,8 +189,13 @@ class SourceOptions:
     max_trigger_delay: float = DEFAULT_MAX_TRIGGER_DELAY
 
     @classmethod
-    def parse(cls, options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
+    def parse(
+        cls, options: Mapping[str, str], *, streaming: bool, default_partitions: int | None = None
+    ) -> SourceOptions:
         """Check ``options`` (as Spark passes them) and return them parsed.
+
+        ``default_partitions`` is ``minPartitions`` when the option is not set
+        (the session's ``defaultParallelism``, if the data source knows it).
 
         Raises:
             ConfigError: An option is unknown, missing or invalid; the message names it.
@@ -187,8 +206,8 @@ class SourceOptions:
             raise ConfigError(
                 unknown[0],
                 "the filechannel source has no such option (it knows path, agents, consumer, maxEventsPerTrigger, "
-                "maxPartitionBytes, maxEventsPerPartition, resetConsumer, keystore, tlsCa, tlsCert, tlsKey, "
-                "tokenFile, agentTimeoutMs, onAgentUnavailable, agentHoldMs, retireChannels)",
+                "maxPartitionBytes, minPartitions, maxEventsPerPartition, resetConsumer, keystore, tlsCa, tlsCert, "
+                "tlsKey, tokenFile, agentTimeoutMs, onAgentUnavailable, agentHoldMs, retireChannels)",
             )
         raw: list[str] = []
         if "paths" in opts:  # DataFrameReader.load([a, b]) passes a JSON list
@@ -217,10 +236,12 @@ class SourceOptions:
         remote = _agent_options(opts, agents)
         starting = _position_option(opts, "startingPosition", agents)
         ending = _position_option(opts, "endingPosition", agents)
+        min_partitions = _positive(opts, "minPartitions", default_partitions or DEFAULT_MIN_PARTITIONS)
         if not streaming:
             return cls(
                 tuple(paths),
                 partition_bytes=_positive(opts, "maxPartitionBytes", DEFAULT_PARTITION_BYTES),
+                min_partitions=min_partitions,
                 keystore=keystore,
                 starting=starting,
                 ending=ending,
@@ -244,6 +265,7 @@ class SourceOptions:
             consumer=validate_name(opts["consumer"]),
             max_events=_positive(opts, "maxEventsPerTrigger", None),
             partition_bytes=_positive(opts, "maxPartitionBytes", DEFAULT_PARTITION_BYTES),
+            min_partitions=min_partitions,
             reset=reset == "true",
             keystore=keystore,
             starting=starting,
@@ -536,6 +558,21 @@ def _local_batches(partition: InputPartition, schema: StructType) -> Iterator[An
         raise
 
 
+def _plan(reader: ChannelReader, start: int, end: int, options: SourceOptions, parts: int) -> list[Segment]:
+    """The segments of ``[start, end)``: about ``parts`` of equal bytes, each within ``maxPartitionBytes``.
+
+    A pure function of the range, the options and where the events lie, so a replayed
+    micro-batch gets the same tasks (and a different split would read the same events).
+    """
+    return reader.segments(start, end, options.partition_bytes, parts=parts, min_bytes=MIN_SPLIT_BYTES)
+
+
+def _parts(counts: Mapping[str, int], n: int) -> dict[str, int]:
+    """Share ``minPartitions`` = ``n`` among channels by their events in the range (at least one each)."""
+    total = sum(counts.values())
+    return {cid: max(1, -(-n * c // total)) for cid, c in counts.items()} if total else dict.fromkeys(counts, 1)
+
+
 def _partitions(segments: Sequence[Segment], channel: str | None, keystore: str | None) -> list[InputPartition]:
     return [SegmentPartition(s, channel, keystore) for s in segments]
 
@@ -573,7 +610,7 @@ class FileChannelBatchReader(DataSourceReader):
         self.agent_partitions = agent_partitions
 
     def partitions(self) -> Sequence[InputPartition]:
-        """Plan the snapshot: one partition per segment (runs in the planner process)."""
+        """Plan the snapshot: about ``minPartitions`` segments per channel (runs in the planner process)."""
         out: list[InputPartition] = []
         for path in self.options.paths:
             _channel_id(path)  # a clear error for a missing directory
@@ -584,7 +621,7 @@ class FileChannelBatchReader(DataSourceReader):
                 e = resolve_position(self.options.ending, "endingPosition", cid, path, start, end, "latest")
                 if e < s:
                     raise ConfigError("endingPosition", f"{e} is before startingPosition {s} (channel {path})")
-                segments = view.segments(s, e, self.options.partition_bytes) if e > s else []
+                segments = _plan(view, s, e, self.options, self.options.min_partitions) if e > s else []
             out.extend(_partitions(segments, path if self.options.multi else None, self.options.keystore))
         if self.options.agents:
             if self.agent_partitions is None:
@@ -763,7 +800,7 @@ class FileChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         return _offset({cid: s + take[cid] for cid, s in positions.items()}, query)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        """Split ``[start, end)`` into one partition per segment: the same for the same range, after any restart.
+        """Split ``[start, end)`` into about ``minPartitions`` segments (:func:`_plan`): the same for the same range.
 
         Raises:
             DataLossError: The range is no longer (or not) in the channel.
@@ -772,24 +809,28 @@ class FileChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         last, query = _parse_offset(end)  # the end's token is the recorded one (see initialOffset)
         ids = self._check(last)
         self._check(first)
-        out: list[InputPartition] = []
         for cid in sorted(last):
-            s, e = first[cid], last[cid]
-            if e < s:
+            if last[cid] < first[cid]:
                 raise CheckpointMismatchError(
                     f"filechannel source: the micro-batch end {end} is below its start {start}"
                 )
+        parts = _parts({cid: last[cid] - first[cid] for cid in last}, self.options.min_partitions)
+        out: list[InputPartition] = []
+        for cid in sorted(last):
+            s, e = first[cid], last[cid]
             if e == s:
                 continue
-            out.extend(self._path_partitions(ids[cid], cid, s, e, query))
+            out.extend(self._path_partitions(ids[cid], cid, s, e, query, parts[cid]))
         return out
 
-    def _path_partitions(self, path: str, cid: str, s: int, e: int, query: str) -> list[InputPartition]:
-        """The partitions of ``[s, e)`` of the local channel ``path`` (id ``cid``)."""
+    def _path_partitions(
+        self, path: str, cid: str, s: int, e: int, query: str, parts: int | None = None
+    ) -> list[InputPartition]:
+        """The partitions of ``[s, e)`` of the local channel ``path`` (id ``cid``): about ``parts`` of them."""
         r = self._reader(cid, query)
         try:
             with self._identity(path):
-                segments = r.segments(s, e, self.options.partition_bytes)
+                segments = _plan(r, s, e, self.options, self.options.min_partitions if parts is None else parts)
         except DataLossError as exc:
             acked, visible = r.available()
             hint = _AHEAD_HINT if e > visible else _BEHIND_HINT if s < acked else "a data file holding them is gone"
