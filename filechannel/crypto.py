@@ -164,7 +164,9 @@ def parse_keystore(text: str | bytes, where: str) -> dict[str, bytes]:
     # and an exception raised inside the block would keep it as ``__context__`` (even ``from None``).
     why = ""
     try:
-        obj = json.loads(text)
+        # UTF-8, as RFC 8259 says: json.loads would take bytes starting FF FE as UTF-16 (and a raw
+        # key file could start so), then report a JSON error instead of "not UTF-8 text".
+        obj = json.loads(text.decode("utf-8") if isinstance(text, bytes) else text)
     except UnicodeDecodeError as exc:
         why = f"not UTF-8 text (at byte {exc.start})"
     except json.JSONDecodeError as exc:

@@ -109,7 +109,7 @@ def test_keystore_errors_never_echo_the_key(
 
 
 def test_a_binary_key_file_as_keystore_shows_no_byte_of_it(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    key = b"\xff" + os.urandom(31)  # never UTF-8
+    key = b"\xff\xfe" + os.urandom(30)  # never UTF-8 (and FF FE: what json.loads alone would take for UTF-16)
     path = tmp_path / "raw.key"
     path.write_bytes(key)
     os.chmod(path, 0o600)
