@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import format as fmt
 from ._fs import DEFAULT_FS, FS
-from .crypto import KEY_HINT, SEALED_WITHOUT_KEY, TAMPERED, Encryption, FileCipher, as_encryption
+from .crypto import SEALED_WITHOUT_KEY, TAMPERED, Encryption, FileCipher, segment_cipher
 from .errors import ChannelError, CorruptLogError, DataLossError, DecryptionError, FormatError, InvalidEventError
 
 if TYPE_CHECKING:
@@ -356,20 +356,7 @@ def read_segment_arrow(
         DecryptionError: No key for an encrypted segment, or a record whose tag fails.
         ArrowTextError: A header holds an encoded lone surrogate (old records only).
     """
-    cipher = None
-    if segment.cipher:
-        enc = as_encryption(encryption)
-        if enc is None:
-            raise DecryptionError(
-                segment.path,
-                segment.offset,
-                f"the segment is encrypted (key id {segment.key_id!r}); pass encryption= (a keystore path)",
-                segment.key_id,
-                KEY_HINT,
-            )
-        cipher = enc.file_cipher(
-            segment.path, segment.cipher, segment.key_id, segment.salt, segment.channel_id, segment.file_id
-        )
+    cipher = segment_cipher(segment, encryption)
     run = Run(
         segment.path,
         segment.file_id,

@@ -372,25 +372,9 @@ class Transaction:
         else:
             payloads = bl  # framed behind the empty header block (see _plain)
             big = max(map(len, bl), default=0) + _PLAIN_PREFIX_LEN
-        ch = self._ch
-        cfg = ch.config
         n = len(payloads)
-        if n and big > cfg.max_event_size:
-            raise EventTooLargeError(big, cfg.max_event_size)
-        if self.state is not OPEN:
-            self._advance("put")
-        if not n:
+        if not self._check_puts(n, big):
             return
-        if len(self._payloads) + n > cfg.transaction_capacity:
-            raise TransactionCapacityError(
-                f"{len(self._payloads) + n} puts exceed transaction_capacity={cfg.transaction_capacity} in one "
-                "transaction; commit smaller batches or raise transaction_capacity"
-            )
-        if ch._closed or self._log.failed is not None:
-            ch._check_open()
-        if not self._payloads:
-            self._log.check_space(self._dir)
-        ch._reserve_put(n)
         mine = self._payloads
         if type(mine) is not list:
             mine = self._delist()
@@ -686,7 +670,10 @@ class Transaction:
         return n
 
     def _check_puts(self, n: int, big: int) -> int:
-        """put_arrow's checks of ``n`` puts, the largest ``big`` bytes, then their reservation; returns ``n``."""
+        """The checks of ``n`` puts, the largest ``big`` bytes, then their reservation; returns ``n``.
+
+        ``put_many`` and ``put_arrow`` both pass through here.
+        """
         ch = self._ch
         cfg = ch.config
         if n and big > cfg.max_event_size:

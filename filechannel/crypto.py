@@ -490,6 +490,28 @@ def as_encryption(encryption: Encryption | str | os.PathLike[str] | None) -> Enc
     raise ConfigError("encryption", f"must be a filechannel.Encryption or a keystore path, got {encryption!r}")
 
 
+def segment_cipher(segment: Any, encryption: Encryption | str | os.PathLike[str] | None) -> FileCipher | None:
+    """The cipher of a segment's data file (a ``reader.Segment``), or None when it is plaintext.
+
+    Raises:
+        DecryptionError: The segment is encrypted and no keys, or no key for its key id, are given.
+    """
+    if not segment.cipher:
+        return None
+    enc = as_encryption(encryption)
+    if enc is None:
+        raise DecryptionError(
+            segment.path,
+            segment.offset,
+            f"the segment is encrypted (key id {segment.key_id!r}); pass encryption= (a keystore path)",
+            segment.key_id,
+            KEY_HINT,
+        )
+    return enc.file_cipher(
+        segment.path, segment.cipher, segment.key_id, segment.salt, segment.channel_id, segment.file_id
+    )
+
+
 def header_cipher(
     encryption: Encryption | None, path: str, header: Any, header_bytes: bytes | memoryview, channel_id: bytes
 ) -> FileCipher | None:

@@ -37,7 +37,15 @@ from .channel import CHECKPOINT_DIR, Event, replay_queue
 from .checkpoint import CheckpointStore
 from .config import CORRUPTION_POLICIES, ChannelConfig
 from .consumers import ConsumerStore, validate_name
-from .crypto import KEY_HINT, SEALED_WITHOUT_KEY, TAMPERED, Encryption, FileCipher, as_encryption, header_cipher
+from .crypto import (
+    SEALED_WITHOUT_KEY,
+    TAMPERED,
+    Encryption,
+    FileCipher,
+    as_encryption,
+    header_cipher,
+    segment_cipher,
+)
 from .errors import (
     AckRangeError,
     ChannelError,
@@ -107,20 +115,7 @@ def read_segment(segment: Segment, *, fs: FS | None = None, encryption: Encrypti
     if not isinstance(segment, Segment):
         raise TypeError(f"read_segment() takes a Segment (from ChannelReader.segments()), got {type(segment).__name__}")
     fs = fs or DEFAULT_FS
-    cipher = None
-    if segment.cipher:
-        enc = as_encryption(encryption)
-        if enc is None:
-            raise DecryptionError(
-                segment.path,
-                segment.offset,
-                f"the segment is encrypted (key id {segment.key_id!r}); pass encryption= (a keystore path)",
-                segment.key_id,
-                KEY_HINT,
-            )
-        cipher = enc.file_cipher(
-            segment.path, segment.cipher, segment.key_id, segment.salt, segment.channel_id, segment.file_id
-        )
+    cipher = segment_cipher(segment, encryption)
     try:
         fd = fs.open_read(segment.path)
     except FileNotFoundError as exc:
