@@ -27,7 +27,11 @@ way. It is the ceiling of the Spark side; ``ratio`` = source / rate.
 ``df.write.format("filechannel")`` into a new channel (one transaction), wall
 time; against ``df.write.parquet`` of the same DataFrame (``ratio`` = sink / parquet).
 One untimed sink write of 1000 rows first (the session's first Python data-source
-write starts the Python workers).
+write starts the Python workers). The DataFrame's body is one constant, as the
+issue measured it: Parquet dictionary-encodes it and writes almost none of its
+bytes, while the sink writes (and fsyncs) every row. ``distinct bodies`` runs the
+same pair on bodies that differ in every row and do not compress (concatenated
+SHA-256 digests of the row id), so Parquet writes every byte too.
 
 ``--agents`` (issue 24): the same ``source`` measurement, three ways, per repeat:
 today's source on ``local[2]`` reading a local channel; the agent source
@@ -174,10 +178,25 @@ def run_rate(spark: Any, root: str, n: int, size: int, tag: str) -> dict[str, An
     return _steady(progress)
 
 
-def run_sink(spark: Any, root: str, n: int, size: int, tag: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def _distinct_bodies(F: Any, size: int) -> Any:
+    """A column of ``size``-byte bodies, different in every row and incompressible.
+
+    Concatenated SHA-256 digests of ``(id, k)``: Parquet can neither dictionary-encode
+    nor compress them, so it writes every byte, as the sink does.
+    """
+    parts = [
+        F.unhex(F.sha2(F.concat_ws(":", F.col("id").cast("string"), F.lit(str(k))), 256)) for k in range(-(-size // 32))
+    ]
+    return F.substring(F.concat(*parts), 1, size)
+
+
+def run_sink(
+    spark: Any, root: str, n: int, size: int, tag: str, distinct: bool = False
+) -> tuple[dict[str, Any], dict[str, Any]]:
     from pyspark.sql import functions as F
 
-    df = spark.range(n, numPartitions=2).select(F.lit(os.urandom(size)).alias("body")).cache()
+    body = _distinct_bodies(F, size) if distinct else F.lit(os.urandom(size))
+    df = spark.range(n, numPartitions=2).select(body.alias("body")).cache()
     df.count()
     t0 = time.perf_counter()
     (
@@ -461,6 +480,10 @@ def main(argv: list[str] | None = None) -> int:
                 res.add("from DataFrame", size, "filechannel sink", sink)
                 res.add("from DataFrame", size, "parquet write", pq)
                 res.add("from DataFrame", size, "sink / parquet", {"ratio": sink["events_per_s"] / pq["events_per_s"]})
+                sink, pq = run_sink(spark, root, n, size, tag + "-d", distinct=True)
+                res.add("distinct bodies", size, "filechannel sink", sink)
+                res.add("distinct bodies", size, "parquet write", pq)
+                res.add("distinct bodies", size, "sink / parquet", {"ratio": sink["events_per_s"] / pq["events_per_s"]})
         res.emit_all(args.quick)
     finally:
         spark.stop()

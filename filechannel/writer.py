@@ -44,8 +44,11 @@ logger = logging.getLogger(__name__)
 PREALLOC_STEP = 1 << 20
 _ZEROS = bytes(PREALLOC_STEP)
 # A batch of at most this many frame buffers is written with one gathered write (pwritev)
-# and checksummed buffer by buffer; more (the pure-Python framing gives four per PUT) are joined first.
+# and checksummed buffer by buffer; more small ones (the pure-Python framing gives four per PUT)
+# are joined first. Large buffers (a column's chunks, each framed whole) are never joined: a
+# copy of a big batch costs more than the pwritev's extra iovecs.
 _GATHER_MAX = 16
+_GATHER_SMALL = 1 << 16  # average bytes per buffer under which many buffers are joined
 _count_of = itemgetter(1)  # of a (first_position, count) take range
 
 
@@ -459,8 +462,8 @@ class Writer:
                     for fid in it.retire:
                         off += enc.add(parts, fmt.RETIRE, woid, 0, fmt.encode_retire(fid))
                         woid += 1
-            if len(parts) > _GATHER_MAX:  # many small frames (the pure-Python path): one join is cheaper
-                parts = [b"".join(parts)]
+            if len(parts) > _GATHER_MAX and off - start < len(parts) * _GATHER_SMALL:
+                parts = [b"".join(parts)]  # many small frames (the pure-Python path): one join is cheaper
             tag = b""
             if self.tagger is None:
                 off += enc.close_batch(parts, start, first_woid, woid)  # checksums every byte of parts
