@@ -10,6 +10,7 @@ transaction. Both sides import it from here, so neither depends on the other.
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import re
 import struct
@@ -19,7 +20,7 @@ from itertools import accumulate
 from typing import Any
 
 from filechannel import format as fmt
-from filechannel._fs import FS, read_file
+from filechannel._fs import FS, map_file, read_file
 from filechannel.crypto import SALT_LEN, TAG_LEN, Encryption, FileCipher
 from filechannel.errors import (
     ChannelError,
@@ -375,14 +376,24 @@ def read_staged_chunks(fs: FS, path: str, encryption: Encryption | None = None) 
     Raises:
         As :func:`read_staged`.
     """
-    buf = read_file(fs, path)
-    if not (buf.startswith(_STAGE_MAGIC_COL) or buf.startswith(_STAGE_MAGIC_COL_ENC)):
-        rows = _read_rows(path, buf, encryption)
-        return [payload_chunk(rows)] if rows else []
-    body_end, pos, cipher = _open_staged(path, buf, encryption, buf.startswith(_STAGE_MAGIC_COL_ENC))
+    # Mapped, not read: the checksum runs over the mapping and each chunk's columns are copied
+    # out of it once (a read, then slices, copied every byte twice: ~80 ms of a 205 MB commit).
+    with map_file(fs, path) as buf:
+        magic = buf[: len(_STAGE_MAGIC)]
+        if magic not in (_STAGE_MAGIC_COL, _STAGE_MAGIC_COL_ENC):
+            rows = _read_rows(path, bytes(buf), encryption)
+            return [payload_chunk(rows)] if rows else []
+        with memoryview(buf) as mv:
+            return _read_columns(path, buf, mv, encryption, magic == _STAGE_MAGIC_COL_ENC)
+
+
+def _read_columns(
+    path: str, buf: bytes | mmap.mmap, mv: memoryview, encryption: Encryption | None, encrypted: bool
+) -> list[StagedChunk]:
+    """The chunks of a columnar staged file (``FCSTAGE3``/``FCSTAGE4``) held in ``buf`` (``mv`` views it)."""
+    body_end, pos, cipher = _open_staged(path, buf, encryption, encrypted)
     out: list[StagedChunk] = []
     total = 0
-    mv = memoryview(buf)
     while pos < body_end:
         if pos + _CHUNK_HEAD.size > body_end:
             raise CorruptLogError(path, pos, "truncated chunk header", _HINT)
@@ -437,7 +448,7 @@ _HINT = "a staged file of a Spark task is damaged; restart the query: it runs th
 
 
 def _open_staged(
-    path: str, buf: bytes, encryption: Encryption | None, encrypted: bool
+    path: str, buf: bytes | mmap.mmap, encryption: Encryption | None, encrypted: bool
 ) -> tuple[int, int, FileCipher | None]:
     """Check a staged file's size and checksum, read its encryption header: ``(body end, position, cipher)``."""
     hint = _HINT
