@@ -441,3 +441,93 @@ def test_the_runner_protocol_without_spark_holds_defers_acks_and_bounds_the_hold
         reader.latestOffset(end, ReadAllAvailable())
     reader.stop()
     ch.close()
+
+
+def test_min_events_per_trigger_waits_through_agents_then_gives_up_after_the_delay(tmp_path: Path) -> None:
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+    from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
+
+    from filechannel.spark.remote import AgentStreamReader
+    from filechannel.spark.source import SourceOptions
+
+    d, d2 = str(tmp_path / "a"), str(tmp_path / "b")
+    ch, ch2 = filechannel.open(d, background=False, **OPTS), filechannel.open(d2, background=False, **OPTS)
+    put(ch, "a", 0, 2)
+    put(ch2, "b", 0, 1)
+    agent = serve([d, d2], "grpc://127.0.0.1:0")
+    schema = StructType(
+        [StructField("position", LongType()), StructField("body", BinaryType()), StructField("channel", StringType())]
+    )
+    opts = {"agents": agent.location, "consumer": "q", "minEventsPerTrigger": "5", "maxTriggerDelay": "400ms"}
+    reader = AgentStreamReader(SourceOptions.parse(opts, streaming=True), schema)
+    try:
+        start = reader.initialOffset()
+        assert start["positions"] == {cid(d): 0, cid(d2): 0}
+        # 3 events in all, fewer than 5: no micro-batch yet, on either channel.
+        assert reader.latestOffset(start, ReadAllAvailable())["positions"] == {cid(d): 0, cid(d2): 0}
+        put(ch2, "b", 1, 1)
+        assert reader.latestOffset(start, ReadAllAvailable())["positions"] == {cid(d): 0, cid(d2): 0}
+        time.sleep(0.45)  # waited maxTriggerDelay since events first waited: go with what there is
+        end = reader.latestOffset(start, ReadAllAvailable())
+        assert end["positions"] == {cid(d): 2, cid(d2): 2}
+        put(ch, "a", 2, 6)
+        assert reader.latestOffset(end, ReadAllAvailable())["positions"] == {cid(d): 8, cid(d2): 2}  # 6 >= 5: at once
+    finally:
+        reader.stop()
+        agent.stop()
+        ch.close()
+        ch2.close()
+
+
+def test_starting_and_ending_positions_through_agents(tmp_path: Path) -> None:
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+    from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
+
+    from filechannel.errors import ConfigError
+    from filechannel.spark.remote import AgentStreamReader, agent_batches, snapshot_partitions
+    from filechannel.spark.source import SourceOptions
+
+    d = str(tmp_path / "c")
+    ch = filechannel.open(d, background=False, **OPTS)
+    put(ch, "p", 0, 10)
+    agent = serve([d], "grpc://127.0.0.1:0")
+    schema = StructType(
+        [StructField("position", LongType()), StructField("body", BinaryType()), StructField("channel", StringType())]
+    )
+
+    def snapshot(**opts: str) -> list[int]:
+        parsed = SourceOptions.parse({"agents": agent.location, **opts}, streaming=False)
+        parts = snapshot_partitions(parsed, {})
+        return [r["position"] for p in parts for b in agent_batches(p, schema) for r in b.to_pylist()]
+
+    try:
+        assert snapshot() == list(range(10))
+        assert snapshot(startingPosition="3", endingPosition="6") == [3, 4, 5]
+        assert snapshot(startingPosition=json.dumps({cid(d): 8})) == [8, 9]
+        assert snapshot(startingPosition="latest") == []
+        with pytest.raises(ConfigError, match="beyond what channel"):
+            snapshot(endingPosition="11")
+        with pytest.raises(ConfigError, match="before startingPosition"):
+            snapshot(startingPosition="5", endingPosition="4")
+        # A stream's new consumer starts at startingPosition: what it skips is acknowledged for it.
+        opts = {"agents": agent.location, "consumer": "q", "startingPosition": "7"}
+        reader = AgentStreamReader(SourceOptions.parse(opts, streaming=True), schema)
+        start = reader.initialOffset()
+        assert start["positions"] == {cid(d): 7}
+        assert acked_at(d) == 7
+        end = reader.latestOffset(start, ReadAllAvailable())
+        rows = [
+            r["position"]
+            for p in reader.partitions(start, end)
+            for b in agent_batches(p, schema)
+            for r in b.to_pylist()
+        ]
+        assert rows == [7, 8, 9]
+        reader.stop()
+        # A known consumer keeps its own position: the option is for new ones only.
+        again = AgentStreamReader(SourceOptions.parse({**opts, "startingPosition": "earliest"}, streaming=True), schema)
+        assert again.initialOffset()["positions"] == {cid(d): 7}
+        again.stop()
+    finally:
+        agent.stop()
+        ch.close()

@@ -67,6 +67,7 @@ from .source import (
     _offset,
     _parse_offset,
     _share,
+    resolve_position,
 )
 
 if TYPE_CHECKING:
@@ -245,7 +246,12 @@ def snapshot_partitions(options: SourceOptions, taken: Mapping[str, str]) -> lis
         for cid, info in sorted(client.channels().items()):
             _refuse_twice(cid, s.uri, served, taken)
             served[cid] = s.uri
-            out.extend(split(cid, info.start, info.end, options.partition_events, agents, options.keystore))
+            where = f"{cid} (agent {s.uri})"
+            a = resolve_position(options.starting, "startingPosition", cid, where, info.start, info.end, "earliest")
+            b = resolve_position(options.ending, "endingPosition", cid, where, info.start, info.end, "latest")
+            if b < a:
+                raise ConfigError("endingPosition", f"{b} is before startingPosition {a} (channel {where})")
+            out.extend(split(cid, a, b, options.partition_events, agents, options.keystore))
     return out
 
 
@@ -361,6 +367,20 @@ class AgentStreamReader(FileChannelStreamReader):
         self._registered.add(cid)
         return acked
 
+    def _start_at(self, cid: str, query: str) -> int:
+        """Register a new consumer of ``cid`` and move it to ``startingPosition`` (what it skips is done for it)."""
+        head = self._register(cid, query)
+        if self.options.starting is None:
+            return head
+        uri = self._where[cid]
+        acked, end = self._available(cid, query)
+        where = f"{cid} (agent {uri})"
+        at = resolve_position(self.options.starting, "startingPosition", cid, where, acked, end, "earliest")
+        if at > acked:
+            with self._identity(self._label(cid)):
+                at = self._client(uri).ack(cid, self.consumer, at, IDENTITY_PREFIX + query)
+        return at
+
     def _available(self, cid: str, query: str) -> tuple[int, int]:
         if cid not in self._registered:
             self._register(cid, query)
@@ -410,7 +430,7 @@ class AgentStreamReader(FileChannelStreamReader):
                     positions[cid] = int(cur["acked"])
                 else:
                     self._use_query(query)
-                    positions[cid] = self._register(cid, query)
+                    positions[cid] = self._start_at(cid, query)
         if not positions:
             raise AgentUnavailableError(
                 ",".join(self.options.agents),
@@ -484,6 +504,8 @@ class AgentStreamReader(FileChannelStreamReader):
                 )
         self._hold(down, held)
         take = _share(avail, limit.max_rows) if isinstance(limit, ReadMaxRows) else avail
+        if self._too_few(sum(take.values())):
+            take = dict.fromkeys(take, 0)  # minEventsPerTrigger: every channel waits (joins still register)
         for cid, s in positions.items():
             if cid in take:
                 ends[cid] = s + take[cid]

@@ -234,8 +234,8 @@ class SourceOptions:
             keystore = os.path.abspath(keystore)
             Encryption(keys=keystore)  # fail at once on a missing, exposed or malformed keystore
         remote = _agent_options(opts, agents)
-        starting = _position_option(opts, "startingPosition", agents)
-        ending = _position_option(opts, "endingPosition", agents)
+        starting = _position_option(opts, "startingPosition")
+        ending = _position_option(opts, "endingPosition")
         min_partitions = _positive(opts, "minPartitions", default_partitions or DEFAULT_MIN_PARTITIONS)
         if not streaming:
             return cls(
@@ -249,8 +249,6 @@ class SourceOptions:
             )
         if ending is not None:
             raise ConfigError("endingPosition", "applies to batch reads only (a stream has no end)")
-        if agents and ("mineventspertrigger" in opts or "maxtriggerdelay" in opts):
-            raise ConfigError("minEventsPerTrigger", "applies to channels read by path only, not yet through agents")
         if "consumer" not in opts:
             raise ConfigError(
                 "consumer",
@@ -281,13 +279,11 @@ class SourceOptions:
         return len(self.paths) > 1 or bool(self.agents)
 
 
-def _position_option(opts: Mapping[str, str], name: str, agents: list[str]) -> str | None:
+def _position_option(opts: Mapping[str, str], name: str) -> str | None:
     """``startingPosition`` / ``endingPosition``: checked now, resolved per channel when it is read."""
     raw = opts.get(name.lower())
     if raw is None:
         return None
-    if agents:
-        raise ConfigError(name, "applies to channels read by path only, not yet to channels read through agents")
     value = raw.strip()
     try:
         per = json.loads(value) if value.startswith("{") else {"*": value}
@@ -788,16 +784,25 @@ class FileChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
                 end = min(end, self._target[cid])
             avail[cid] = max(0, end - s)
         take = _share(avail, limit.max_rows) if isinstance(limit, ReadMaxRows) else avail
+        if self._too_few(sum(take.values())):
+            return _offset(dict(positions), query)
+        return _offset({cid: s + take[cid] for cid, s in positions.items()}, query)
+
+    def _too_few(self, n: int) -> bool:
+        """``minEventsPerTrigger``: whether a micro-batch of ``n`` events waits for more.
+
+        It waits no longer than ``maxTriggerDelay`` since events first waited; an
+        ``availableNow`` query never waits.
+        """
         least = self.options.min_events
-        if least is not None and self._target is None and 0 < sum(take.values()) < least:
-            # minEventsPerTrigger: wait for more, but no longer than maxTriggerDelay since events first waited.
+        if least is not None and self._target is None and 0 < n < least:
             now = time.monotonic()
             if self._waiting_since is None:
                 self._waiting_since = now
             if now - self._waiting_since < self.options.max_trigger_delay:
-                return _offset(dict(positions), query)
+                return True
         self._waiting_since = None
-        return _offset({cid: s + take[cid] for cid, s in positions.items()}, query)
+        return False
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         """Split ``[start, end)`` into about ``minPartitions`` segments (:func:`_plan`): the same for the same range.
