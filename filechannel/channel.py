@@ -907,7 +907,7 @@ class FileChannel:
         except BaseException:
             self._log.close()
             raise
-        if background and self.config.checkpoint_interval > 0:
+        if background and (self.config.checkpoint_interval > 0 or self._anchor_interval() > 0):
             self._ckpt_thread = threading.Thread(target=self._ckpt_loop, name="filechannel-checkpoint", daemon=True)
             self._ckpt_thread.start()
         if background and self.config.ack_interval > 0:
@@ -1302,7 +1302,7 @@ class FileChannel:
         )
         try:
             nbytes, _copies = self._store.write(snap, log.crc_kind, self._pacer(t0) if paced else None, log.meta_mac)
-            log.write_anchor(snap.auth)
+            log.write_anchor(snap.auth, woid)
         except OSError:
             self._ckpt_stats["checkpoint_failures"] += 1
             raise
@@ -1319,19 +1319,39 @@ class FileChannel:
         logger.debug("checkpoint at woid %d: %d events, %d bytes, %.3f s", woid, len(snap), nbytes, took)
         return {"woid": woid, "events": len(snap), "bytes": nbytes, "seconds": took}
 
+    def _anchor_interval(self) -> float:
+        """Seconds between ANCHOR refreshes: ``anchor_interval`` for an encrypted channel, else 0 (never)."""
+        return self.config.anchor_interval if self._log.meta_mac is not None and not self._log.readonly else 0.0
+
     def _ckpt_loop(self) -> None:
-        interval = self.config.checkpoint_interval
-        while not self._ckpt_stop.wait(interval):
-            if self._closed or self._log.failed is not None:
+        every = self.config.checkpoint_interval
+        anchor = self._anchor_interval()
+        tick = min(x for x in (every, anchor) if x > 0)
+        due = time.monotonic() + every if every > 0 else float("inf")
+        anchored = self._log.last_woid
+        while not self._ckpt_stop.wait(tick):
+            log = self._log
+            if self._closed or log.failed is not None:
                 return
-            if self._ckpt_stats["last_checkpoint_woid"] == self._log.last_woid:
-                continue
-            try:
-                with self._ckpt_lock:
-                    if not self._closed:
-                        self._write_checkpoint(paced=True)
-            except Exception:  # the next interval tries again; recovery never needs this one
-                logger.exception("background checkpoint failed")
+            if time.monotonic() >= due:
+                due = time.monotonic() + every
+                if self._ckpt_stats["last_checkpoint_woid"] == log.last_woid:
+                    continue
+                try:
+                    with self._ckpt_lock:
+                        if not self._closed:
+                            self._write_checkpoint(paced=True)
+                except Exception:  # the next interval tries again; recovery never needs this one
+                    logger.exception("background checkpoint failed")
+            elif anchor and log.last_woid != anchored:
+                # Not under the checkpoint lock: a paced checkpoint holds it for seconds, and the
+                # log keeps ANCHOR's writes in order (an older state is never written over a newer one).
+                try:
+                    woid = log.last_woid
+                    log.refresh_anchor()
+                    anchored = woid
+                except Exception:  # the next tick tries again; the next checkpoint writes ANCHOR too
+                    logger.exception("refreshing ANCHOR failed")
 
     def close(self) -> None:
         """Make everything durable and release the directory. Idempotent.

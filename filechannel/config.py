@@ -73,6 +73,10 @@ class ChannelConfig:
             the newest in ``<dir>/checkpoints``).
         replay: ``"checkpoint"`` (default) restarts from the newest valid checkpoint;
             ``"full"`` ignores checkpoints and replays every data file.
+        anchor_interval: Seconds between refreshes of an encrypted channel's ``ANCHOR``
+            between checkpoints (when something was committed): how long a batch can
+            stay cut from the end of the newest data file without recovery noticing
+            (docs/encryption.md). 0: only with checkpoints. Ignored without encryption.
         ack_interval: Seconds between polls of the external consumers' acknowledgements
             by a background thread, which turns them into committed takes; 0 disables
             the thread (acknowledgements are still applied at open, on close and by
@@ -103,6 +107,7 @@ class ChannelConfig:
     checkpoint_spread: float = 0.5
     backup_checkpoint_dir: str | None = None
     replay: str = "checkpoint"
+    anchor_interval: float = 1.0
     ack_interval: float = 0.5
     encryption: Any = None
     permissions: str = "owner"
@@ -158,6 +163,8 @@ class ChannelConfig:
         if not _is_number(self.checkpoint_spread) or not 0 <= self.checkpoint_spread < 1:
             v = self.checkpoint_spread
             raise ConfigError("checkpoint_spread", f"must be a fraction >= 0 and < 1 of checkpoint_interval, got {v!r}")
+        if not _is_number(self.anchor_interval) or self.anchor_interval < 0:
+            raise ConfigError("anchor_interval", f"must be a number of seconds >= 0, got {self.anchor_interval!r}")
         if not _is_number(self.ack_interval) or self.ack_interval < 0:
             raise ConfigError("ack_interval", f"must be a number of seconds >= 0, got {self.ack_interval!r}")
         if self.backup_checkpoint_dir is not None and (
@@ -229,6 +236,7 @@ class ChannelOptions(TypedDict, total=False):
     checkpoint_spread: float
     backup_checkpoint_dir: str | os.PathLike[str] | None
     replay: Literal["checkpoint", "full"]
+    anchor_interval: float
     ack_interval: float
     encryption: Encryption | None
     permissions: Literal["owner", "group"]

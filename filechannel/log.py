@@ -141,6 +141,8 @@ class Log(LogState):
         self._stop = threading.Event()
         self._writers: list[Writer] = []
         self._dir = ChannelDirectory(self)
+        self._anchor_lock = threading.Lock()  # ANCHOR is written by checkpoints and by refreshes
+        self._anchor_woid = -1  # the last write-order id of the state ANCHOR holds (see write_anchor)
         self.sealing_started = False
         try:
             self._dir.open()
@@ -450,9 +452,34 @@ class Log(LogState):
         tags = {w.file_id: w.prev_tag for w in self._writers if w.fd is not None and w.tagger is not None}
         return self.auth_state(files, tags)
 
-    def write_anchor(self, state: fmt.AuthState | None) -> None:
-        """Record the authenticated files a checkpoint just vouched for in ``ANCHOR`` (encrypted channels)."""
-        self._dir.write_anchor(state)
+    def refresh_anchor(self) -> bool:
+        """Vouch in ``ANCHOR`` for every authenticated file as durable now (encrypted channels; False: none).
+
+        Between checkpoints, so that whole batches cut from the end of the newest
+        file are caught at the next open (the writers are held for an fdatasync of
+        what is not yet durable, as a checkpoint holds them).
+        """
+        if self.meta_mac is None:
+            return False
+        with self.freeze() as files:
+            woid = self.last_woid
+            state = self.frozen_auth_state(files)
+        self.write_anchor(state, woid)
+        return True
+
+    def write_anchor(self, state: fmt.AuthState | None, woid: int | None = None) -> None:
+        """Record the authenticated files a checkpoint just vouched for in ``ANCHOR`` (encrypted channels).
+
+        ``woid``: the last write-order id of the frozen state. A state older than
+        the one ``ANCHOR`` already holds (a paced checkpoint that froze before a
+        refresh) is not written: it would vouch for less.
+        """
+        with self._anchor_lock:
+            if woid is not None:
+                if woid < self._anchor_woid:
+                    return
+                self._anchor_woid = woid
+            self._dir.write_anchor(state)
 
     def file_dirs(self, file_ids: Iterable[int]) -> dict[int, int]:
         """The data directory index of each of these live files (a checkpoint records it)."""

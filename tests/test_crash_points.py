@@ -348,6 +348,11 @@ class Driver:
         if hasattr(self.ch, "checkpoint"):
             self.ch.checkpoint()
 
+    def anchor(self) -> None:
+        """An encrypted channel's ANCHOR refresh (``anchor_interval``'s step): it makes everything durable first."""
+        assert self.ch._log.refresh_anchor()
+        self.durable_upto = len(self.acked)
+
     def reopen(self) -> None:
         self.inflight = self._ack_effect()  # close applies acknowledgements
         self.ch.close()
@@ -626,6 +631,17 @@ def w_interval(d: Driver) -> None:
     d.txn(takes=1, puts=[50])
 
 
+def w_anchor(d: Driver) -> None:
+    # ANCHOR refreshed between checkpoints (encrypted channels, anchor_interval): its writes are
+    # persistence points too, and a crash at any of them loses nor refuses nothing.
+    d.txn(puts=[300, 300])
+    d.anchor()
+    d.txn(takes=1, puts=[900, 900, 900])  # rolls
+    d.anchor()
+    d.txn(takes=2)
+    d.anchor()
+
+
 def w_upgrade_data_dirs(d: Driver) -> None:
     # A channel written by 0.1: DATA_DIRS of version 1 (absolute paths), no DATADIR identity.
     # The next open upgrades both (the crash points of that upgrade are recorded too).
@@ -774,6 +790,17 @@ CASES = [
     ),
     pytest.param(
         w_interval, dict(INTERVAL, encryption=ENCRYPTION), "posix", 40, id="encrypted-interval-posix", marks=ENC_MARKS
+    ),
+    pytest.param(
+        w_anchor, dict(COMMIT, encryption=ENCRYPTION), "posix", 60, id="encrypted-anchor-posix", marks=ENC_MARKS
+    ),
+    pytest.param(
+        w_anchor,
+        dict(INTERVAL, encryption=ENCRYPTION),
+        "posix",
+        40,
+        id="encrypted-anchor-interval-posix",
+        marks=ENC_MARKS,
     ),
 ]
 
