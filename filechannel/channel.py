@@ -1685,6 +1685,10 @@ def replay_queue(
     taken_from: dict[int, list[tuple[int, int]]] = {f: list(r) for f, r in base.taken.items()} if base else {}
     removed: set[int] = set()
     acct = _LossAccounting(log, base)
+    if base is not None and base.marks_unread and marks is not None:
+        # Only a keyless inspection (which asks for no marks) reads a checkpoint without its sealed marks.
+        where = log.recovered_from.path if log.recovered_from is not None else ""
+        raise DecryptionError(where, 0, "the checkpoint's marks table is sealed, and no key was given to open it")
     if marks is None:
         marks = {}
     if base is not None:
