@@ -773,7 +773,7 @@ make_record(PyObject *type, const Py_ssize_t *offs, const unsigned char *b, cons
     argv[7] = Py_False; /* salvaged: a walk keeps verified batches only */
     /* sealed: a MARK's (a PUT's flag is read with its payload; scan.LogRecord) */
     argv[8] = r->op != OP_PUT && r->flags == FLAG_SEALED ? Py_True : Py_False;
-    /* A record holds only ints, bytes and a bool, and is frozen: it can never be part of a
+    /* A record holds only ints, bytes and bools, and is frozen: it can never be part of a
        reference cycle. Untracked, the cyclic GC does not walk the million records a recovery
        holds over and over as their list grows (that walk was ~0.85 s of a 2.4 s replay of 1M
        events). */
