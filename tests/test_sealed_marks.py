@@ -148,6 +148,32 @@ def test_sealed_marks_survive_a_reopen_and_retirements(chan_dir: str, replay: st
         assert ch.marks() == model
 
 
+def test_a_plaintext_mark_of_an_earlier_writer_is_read_and_its_re_logged_copy_is_sealed(
+    chan_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An encrypted file with an unsealed MARK (a pre-release writer: the batch tag covers it) still reads."""
+    with monkeypatch.context() as m:  # the earlier writer: MARK payloads framed as they are
+        m.setattr(fmt._RecordEncoder, "add_sealed", lambda self, parts, op, w, t, p, o: self.add(parts, op, w, t, p))
+        with filechannel.open(chan_dir, **OPTS, max_file_size=4096, encryption=enc()) as ch, ch.transaction() as tx:
+            tx.put(b"x" * 1000)
+            tx.mark(SECRET_KEYS[0], SECRET_VALUES[0])
+    (old,) = [r for r in records(segs(chan_dir)[0]) if r.op == fmt.MARK]
+    assert not old.sealed
+    drop_checkpoints(chan_dir)
+    with filechannel.open(chan_dir, **OPTS, max_file_size=4096, encryption=enc()) as ch:
+        assert ch.marks() == {SECRET_KEYS[0]: SECRET_VALUES[0]}
+        with ch.transaction() as tx:
+            tx.take()  # the first file empties and retires: its mark is re-logged first
+        assert ch.stats()["files_retired"] == 1
+    assert not Path(segs(chan_dir)[0]).name.endswith(fmt_seg(1))
+    marks = [r for p in segs(chan_dir) for r in records(p) if r.op == fmt.MARK]
+    assert marks
+    assert all(r.sealed for r in marks)
+    drop_checkpoints(chan_dir)
+    with filechannel.open(chan_dir, **OPTS, encryption=enc()) as ch:
+        assert ch.marks() == {SECRET_KEYS[0]: SECRET_VALUES[0]}
+
+
 # -- the checkpoint's marks table ---------------------------------------------------------------------
 
 
