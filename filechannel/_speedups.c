@@ -63,14 +63,18 @@
 #define OP_BATCH_END 5
 #define OP_MARK 7
 #define OP_MAX 7
-#define FLAG_SEALED 1 /* format.FLAG_SEALED: a PUT whose payload is encrypted */
+#define FLAG_SEALED 1 /* format.FLAG_SEALED: a PUT or MARK whose payload is encrypted */
+#define ENC_TAG_LEN 16 /* format.ENC_TAG_LEN: what sealing adds to a payload */
 #define HEADER_LEN 32
 #define BATCH_END_PAYLOAD 32
 #define OP_TAKE 2
 #define TAKE_RANGE_LEN 16
-/* format.MARK_MIN_PAYLOAD, format.MARK_MAX_PAYLOAD: the lengths a MARK (variable payload) may have. */
+/* format.MARK_MIN_PAYLOAD, format.MARK_MAX_PAYLOAD: the lengths a MARK (variable payload) may have;
+   a sealed one's are ENC_TAG_LEN more (format.mark_len_bounds). */
 #define MARK_MIN 21
 #define MARK_MAX (8 + 64 * (12 + 128 + 1024))
+/* format.decode_record's flag rule: no flag, or FLAG_SEALED on a PUT or a MARK (format.SEALABLE_OPS). */
+#define FLAGS_OK(op, flags) ((flags) == 0 || ((flags) == FLAG_SEALED && ((op) == OP_PUT || (op) == OP_MARK)))
 
 /* format.FIXED_PAYLOAD_SIZES: the payload lengths an op other than PUT and TAKE may have (a 0
    ends each list). batch_end_sizes is format.BATCH_END_SIZES: extend both together. */
@@ -568,21 +572,24 @@ sp_frame_record(PyObject *self, PyObject *args)
 /* scan_batches */
 
 typedef struct {
-    unsigned char op;
+    unsigned char op, flags;
     uint64_t woid, txn_id;
     Py_ssize_t offset, size, payload_len;
 } pending_rec;
 
 /* What format.decode_record checks of a payload length before it reads the payload (``op`` is
    valid): 0 fine, 1 a fixed-size op's length is not one it may have, 2 a TAKE's does not hold
-   whole ranges, 3 a MARK's is out of its bounds. Constant work, so refusing a frame never costs a checksum of its claimed length. */
+   whole ranges, 3 a MARK's is out of its bounds (a sealed one's, ``flags``, ENC_TAG_LEN higher). Constant
+   work, so refusing a frame never costs a checksum of its claimed length. */
 static int
-payload_len_check(unsigned char op, uint32_t plen)
+payload_len_check(unsigned char op, unsigned char flags, uint32_t plen)
 {
     if (op == OP_TAKE)
         return plen < 4 || (plen - 4) % TAKE_RANGE_LEN ? 2 : 0;
-    if (op == OP_MARK)
-        return plen < MARK_MIN || plen > MARK_MAX ? 3 : 0;
+    if (op == OP_MARK) {
+        uint32_t grow = flags == FLAG_SEALED ? ENC_TAG_LEN : 0;
+        return plen < MARK_MIN + grow || plen > MARK_MAX + grow ? 3 : 0;
+    }
     const uint32_t *ok = fixed_sizes[op];
     if (ok == NULL)
         return 0;
@@ -625,10 +632,10 @@ decode_frame(const unsigned char *b, Py_ssize_t n, Py_ssize_t pos, uint32_t seed
         return 0;
     const unsigned char *h = b + pos;
     unsigned char op = h[0];
-    if (op < 1 || op > OP_MAX || (h[1] != 0 && (h[1] != FLAG_SEALED || op != OP_PUT)) || h[2] != 0 || h[3] != 0)
+    if (op < 1 || op > OP_MAX || !FLAGS_OK(op, h[1]) || h[2] != 0 || h[3] != 0)
         return 0;
     uint32_t plen = get_u32(h + 4);
-    if ((unsigned long long)plen > max_payload || payload_len_check(op, plen))
+    if ((unsigned long long)plen > max_payload || payload_len_check(op, h[1], plen))
         return 0;
     Py_ssize_t size = HEADER_LEN + (Py_ssize_t)plen + (-(Py_ssize_t)plen & 7);
     if (n - pos < size)
@@ -640,6 +647,7 @@ decode_frame(const unsigned char *b, Py_ssize_t n, Py_ssize_t pos, uint32_t seed
     if (c != get_u32(h + 24))
         return 0;
     r->op = op;
+    r->flags = h[1];
     r->woid = get_u64(h + 8);
     r->txn_id = get_u64(h + 16);
     r->offset = pos;
@@ -649,10 +657,11 @@ decode_frame(const unsigned char *b, Py_ssize_t n, Py_ssize_t pos, uint32_t seed
 }
 
 /* LogRecord is a slots dataclass: its fields are member slots at fixed offsets. Filling them
-   directly builds the same object its __init__ would (which sets each field, salvaged=False),
+   directly builds the same object its __init__ would (which sets each field),
    without running a Python-level __init__ per record. ``slot_offsets`` finds the offsets; any
    surprise (not a slots class, a field that is not an object slot) means: call the type. */
-static const char *record_fields[8] = {"op", "woid", "txn_id", "file_id", "offset", "size", "payload", "salvaged"};
+static const char *record_fields[9] = {"op",   "woid",    "txn_id",   "file_id", "offset",
+                                       "size", "payload", "salvaged", "sealed"};
 
 static int
 slot_offsets_of(PyObject *type, const char *const *fields, int nfields, Py_ssize_t *offs)
@@ -677,7 +686,7 @@ slot_offsets_of(PyObject *type, const char *const *fields, int nfields, Py_ssize
 static int
 slot_offsets(PyObject *type, Py_ssize_t *offs)
 {
-    return slot_offsets_of(type, record_fields, 8, offs);
+    return slot_offsets_of(type, record_fields, 9, offs);
 }
 
 /* The ints a run of records repeats (a transaction's id, an event size), kept from the last record. */
@@ -716,7 +725,7 @@ cached_ssize(PyObject **slot, Py_ssize_t *have, Py_ssize_t v)
 }
 
 /* An instance of the frozen, slotted dataclass ``type`` (a record, a run) whose fields are
-   argv[0..n-1] followed by ``salvaged`` = False. With ``offs`` (the slots' offsets, checked by
+   argv[0..n-1] (all of them, in order). With ``offs`` (the slots' offsets, checked by
    the caller) the slots are filled directly, without calling its __init__; without, the type is
    called. The instance holds no container of objects, so it is untracked by the cyclic GC. */
 static PyObject *
@@ -732,8 +741,6 @@ new_frozen(PyObject *type, const Py_ssize_t *offs, PyObject *const *argv, int n)
             Py_INCREF(argv[i]);
             *(PyObject **)((char *)res + offs[i]) = argv[i];
         }
-        Py_INCREF(Py_False);
-        *(PyObject **)((char *)res + offs[n]) = Py_False;
     }
     else {
         res = PyObject_Vectorcall(type, argv, (size_t)n, NULL);
@@ -749,7 +756,7 @@ static PyObject *
 make_record(PyObject *type, const Py_ssize_t *offs, const unsigned char *b, const pending_rec *r, PyObject *fid,
             Py_ssize_t base, PyObject *empty, int_cache *cache)
 {
-    PyObject *argv[7] = {NULL};
+    PyObject *argv[9] = {NULL};
     PyObject *res = NULL;
     argv[0] = PyLong_FromLong(r->op);
     argv[1] = PyLong_FromUnsignedLongLong(r->woid);
@@ -763,12 +770,15 @@ make_record(PyObject *type, const Py_ssize_t *offs, const unsigned char *b, cons
     } else {
         argv[6] = PyBytes_FromStringAndSize((const char *)b + r->offset + HEADER_LEN, r->payload_len);
     }
-    /* A record holds only ints, bytes and a bool, and is frozen: it can never be part of a
+    argv[7] = Py_False; /* salvaged: a walk keeps verified batches only */
+    /* sealed: a MARK's (a PUT's flag is read with its payload; scan.LogRecord) */
+    argv[8] = r->op != OP_PUT && r->flags == FLAG_SEALED ? Py_True : Py_False;
+    /* A record holds only ints, bytes and bools, and is frozen: it can never be part of a
        reference cycle. Untracked, the cyclic GC does not walk the million records a recovery
        holds over and over as their list grows (that walk was ~0.85 s of a 2.4 s replay of 1M
        events). */
     if (argv[0] && argv[1] && argv[2] && argv[4] && argv[5] && argv[6])
-        res = new_frozen(type, offs, argv, 7);
+        res = new_frozen(type, offs, argv, 9);
     Py_XDECREF(argv[0]);
     Py_XDECREF(argv[1]);
     Py_XDECREF(argv[2]);
@@ -833,7 +843,7 @@ cols_push(run_cols *c, int64_t off, int64_t size)
 static int
 emit_run(run_cols *c, PyObject *records, uint64_t woid, uint64_t txn_id, Py_ssize_t start, Py_ssize_t count)
 {
-    PyObject *argv[8] = {NULL};
+    PyObject *argv[9] = {NULL};
     PyObject *res = NULL;
     argv[0] = PyLong_FromLong(OP_PUT_RUN);
     argv[1] = PyLong_FromUnsignedLongLong(woid);
@@ -843,9 +853,10 @@ emit_run(run_cols *c, PyObject *records, uint64_t woid, uint64_t txn_id, Py_ssiz
     argv[5] = PyLong_FromSsize_t(count);
     argv[6] = c->offsets;
     argv[7] = c->sizes;
+    argv[8] = Py_False; /* salvaged */
     /* ints and two arrays (which hold no objects), frozen: never part of a cycle */
     if (argv[0] && argv[1] && argv[2] && argv[4] && argv[5])
-        res = new_frozen(c->type, c->direct ? c->offs : NULL, argv, 8);
+        res = new_frozen(c->type, c->direct ? c->offs : NULL, argv, 9);
     Py_XDECREF(argv[0]);
     Py_XDECREF(argv[1]);
     Py_XDECREF(argv[2]);
@@ -927,7 +938,7 @@ sp_scan_batches(PyObject *self, PyObject *args)
         return NULL;
     }
     uint32_t seed = (uint32_t)seed_l;
-    Py_ssize_t offs[8];
+    Py_ssize_t offs[9];
     int direct = slot_offsets(type, offs);
     int_cache cache = {0, 0, NULL, NULL};
     const unsigned char *b = (const unsigned char *)view.buf;
@@ -1161,23 +1172,25 @@ decode_put_c(const unsigned char *b, Py_ssize_t len, Py_ssize_t off, Py_ssize_t 
     unsigned char op = h[0], flags = h[1];
     if (op < 1 || op > OP_MAX)
         return make_marker(frame_error, 0, PyUnicode_FromFormat("invalid record op %d", (int)op));
-    if (h[2] != 0 || h[3] != 0 || (flags != 0 && (flags != FLAG_SEALED || op != OP_PUT)))
+    if (h[2] != 0 || h[3] != 0 || !FLAGS_OK(op, flags))
         return make_marker(frame_error, 1, PyUnicode_FromString("reserved record bits are set"));
     uint32_t plen = get_u32(h + 4);
     if ((unsigned long long)plen > max_payload)
         return make_marker(frame_error, 4,
                            PyUnicode_FromFormat("record payload length %lu exceeds the limit %S", (unsigned long)plen,
                                                 max_obj));
-    int bad_len = payload_len_check(op, plen);
+    int bad_len = payload_len_check(op, flags, plen);
     if (bad_len == 1)
         return make_marker(frame_error, 4, payload_len_reason(op, plen));
     if (bad_len == 2)
         return make_marker(frame_error, 4,
                            PyUnicode_FromFormat("take payload length %lu does not hold whole ranges", (unsigned long)plen));
-    if (bad_len == 3)
+    if (bad_len == 3) {
+        int grow = flags == FLAG_SEALED ? ENC_TAG_LEN : 0;
         return make_marker(frame_error, 4,
                            PyUnicode_FromFormat("mark payload length %lu is not between %d and %d", (unsigned long)plen,
-                                                MARK_MIN, MARK_MAX));
+                                                MARK_MIN + grow, MARK_MAX + grow));
+    }
     Py_ssize_t rsize = HEADER_LEN + (Py_ssize_t)plen + (-(Py_ssize_t)plen & 7);
     if (avail < rsize)
         return make_marker(frame_error, 0, PyUnicode_FromString("record is shorter than expected"));
@@ -1762,10 +1775,10 @@ sp_arrow_verify(PyObject *self, PyObject *args)
             unsigned char op = h[0], flags = h[1];
             uint32_t plen = get_u32(h + 4);
             Py_ssize_t rsize = HEADER_LEN + (Py_ssize_t)plen + (-(Py_ssize_t)plen & 7);
-            int bad_len = op >= 1 && op <= OP_MAX ? payload_len_check(op, plen) : 0;
+            int bad_len = op >= 1 && op <= OP_MAX ? payload_len_check(op, flags, plen) : 0;
             if (op < 1 || op > OP_MAX)
                 reason = PyUnicode_FromFormat("invalid record op %d", (int)op);
-            else if (h[2] != 0 || h[3] != 0 || (flags != 0 && (flags != FLAG_SEALED || op != OP_PUT)))
+            else if (h[2] != 0 || h[3] != 0 || !FLAGS_OK(op, flags))
                 reason = PyUnicode_FromString("reserved record bits are set");
             else if (bad_len == 1)
                 reason = payload_len_reason(op, plen);

@@ -33,6 +33,7 @@ from ._queue import Columns, Entry, EventQueue, Taken
 from .checkpoint import CheckpointStore, Snapshot
 from .config import MAX_CHECKPOINT_SPREAD, ChannelConfig
 from .consumers import ConsumerStore
+from .crypto import SEALED_WITHOUT_KEY, TAMPERED
 from .errors import (
     ChannelClosedError,
     ChannelError,
@@ -40,6 +41,7 @@ from .errors import (
     ConfigError,
     ConsumerConflictError,
     CorruptLogError,
+    DecryptionError,
     EventTooLargeError,
     FormatError,
     InvalidEventError,
@@ -1703,6 +1705,10 @@ def replay_queue(
     taken_from: dict[int, list[tuple[int, int]]] = {f: list(r) for f, r in base.taken.items()} if base else {}
     removed: set[int] = set()
     acct = _LossAccounting(log, base)
+    if base is not None and base.marks_unread and marks is not None:
+        # Only a keyless inspection (which asks for no marks) reads a checkpoint without its sealed marks.
+        where = log.recovered_from.path if log.recovered_from is not None else ""
+        raise DecryptionError(where, 0, "the checkpoint's marks table is sealed, and no key was given to open it")
     if marks is None:
         marks = {}
     if base is not None:
@@ -1773,7 +1779,9 @@ def replay_queue(
                 _apply_marks(marks, pm, r.woid)
         elif op == fmt.MARK:
             assert isinstance(r, LogRecord)
-            pending_marks.setdefault(r.txn_id, []).append((r, fmt.decode_marks(r.payload)))
+            ms = _record_marks(log, r)
+            if ms is not None:
+                pending_marks.setdefault(r.txn_id, []).append((r, ms))
         elif op == fmt.ROLLBACK:
             puts.pop(r.txn_id, None)
             takes.pop(r.txn_id, None)
@@ -1803,6 +1811,36 @@ def replay_queue(
     # What recovery freed lies below the queue's columns (they grew last): hand it back.
     _accel.trim_heap(fmt.speedups)
     return q, targets, taken_from
+
+
+def _record_marks(log: Log, r: LogRecord) -> list[fmt.Mark] | None:
+    """The marks of a MARK record, a sealed one opened with its file's cipher; None when they do not count.
+
+    A sealed MARK whose tag fails, or that no cipher of its file can open, is
+    damage as a sealed PUT is when taken: ``on_corruption="fail"`` raises
+    :class:`DecryptionError`, ``"skip"`` reports it and its marks do not count.
+    An inspection without the key (a file the log keeps as undecryptable) does
+    not read them.
+    """
+    if not r.sealed:
+        return fmt.decode_marks(r.payload)
+    fid = r.file_id
+    cipher = log.cipher_of(fid)
+    if cipher is not None:
+        head = fmt.record_head(fmt.MARK, fmt.FLAG_SEALED, len(r.payload), r.woid, r.txn_id)
+        plain = cipher.open(head, r.offset, r.payload)
+        if plain is not None:
+            return fmt.decode_marks(plain)
+        err = DecryptionError(log.file_path(fid), r.offset, f"mark record: {TAMPERED}", cipher.key_id)
+    elif fid in log.undecryptable:
+        return None
+    else:
+        why = log.headerless.get(fid, SEALED_WITHOUT_KEY)
+        err = DecryptionError(log.file_path(fid), r.offset, f"mark record: {why}")
+    if log.config.on_corruption != "skip":
+        raise err
+    log.report_corruption(CorruptionReport(err.path, r.offset, f"{err.reason}; its marks are dropped", 0, file_id=fid))
+    return None
 
 
 def _apply_marks(

@@ -19,7 +19,8 @@ In an encrypted channel a checkpoint is followed by an extension, the
 authenticated files (``format.AuthState``) and its length, and a MAC trailer
 (``format.encode_sealed``) over everything before it: an edited, forged or
 swapped checkpoint is refused (recovery then tries an older one, else replays
-the log, whose batches are authenticated).
+the log, whose batches are authenticated). Its marks table, if any, is
+sealed (version 4): a checkpoint holds no mark key or value in plaintext.
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ VERSION = 2
 """Written: a file table entry carries its file's data directory (version 1, still read, did not)."""
 MARKS_VERSION = 3
 """Written when the channel holds marks: version 2 plus a marks table after the taken table."""
+SEALED_MARKS_VERSION = 4
+"""Written when an encrypted channel holds marks: version 3 with the marks table sealed."""
+_SEALED_HEAD = struct.Struct("<BBHI32s")  # cipher suite, key id length, reserved (0), ciphertext length, salt
 _MARKS_HEAD = struct.Struct("<I")
 _MARK = struct.Struct("<QQHH")
 MAX_MARKS = 1 << 16
@@ -121,6 +125,7 @@ class Snapshot:
     auth: fmt.AuthState | None = None  # an encrypted channel's authenticated files (in the MACed extension)
     # the committed marks: (key, value, woid of the COMMIT that set it, data file of its newest copy)
     marks: list[tuple[str, bytes, int, int]] = field(default_factory=list)
+    marks_unread: bool = False  # decoded without the key: its sealed marks table was not opened (marks is empty)
 
     def __len__(self) -> int:
         if self.parts is not None:
@@ -144,8 +149,10 @@ def _crc_step(kind: int, data: bytes, seed: int) -> int:
     return fmt.crc(kind, data, seed)
 
 
-def encode_blocks(s: Snapshot, crc_kind: int, block: int | None = None) -> Iterator[bytes]:
+def encode_blocks(s: Snapshot, crc_kind: int, block: int | None = None, mac: MetaMac | None = None) -> Iterator[bytes]:
     """Yield a checkpoint's bytes in blocks of about ``block`` bytes, the checksum in the last.
+
+    With ``mac`` (an encrypted channel) a marks table is sealed (version 4).
 
     Every call that holds the GIL (a column slice, a join) handles at most
     ``block`` bytes, and the checksum is extended block by block (releasing
@@ -157,9 +164,10 @@ def encode_blocks(s: Snapshot, crc_kind: int, block: int | None = None) -> Itera
         block = CHUNK
     windows = s.windows()
     n = sum(end - first for first, end, _ in windows)
+    version = VERSION if not s.marks else MARKS_VERSION if mac is None else SEALED_MARKS_VERSION
     head = _HEAD.pack(
         MAGIC,
-        MARKS_VERSION if s.marks else VERSION,
+        version,
         0,
         crc_kind,
         s.channel_id,
@@ -179,7 +187,8 @@ def encode_blocks(s: Snapshot, crc_kind: int, block: int | None = None) -> Itera
         pend.append(_TF.pack(fid, len(ranges)))
         pend += [_RANGE.pack(a, c) for a, c in ranges]
     if s.marks:
-        pend.append(encode_marks(s.marks))
+        table = encode_marks(s.marks)
+        pend.append(table if mac is None else seal_marks(table, mac, head))
     size = sum(len(p) for p in pend)
     crc = 0
     step = max(1, block // 8)
@@ -221,6 +230,51 @@ def encode_marks(marks: list[tuple[str, bytes, int, int]]) -> bytes:
     return b"".join(out)
 
 
+def seal_marks(table: bytes, mac: MetaMac, head: bytes) -> bytes:
+    """Seal an encoded marks table (version 4): the table's AEAD message, the checkpoint's header as associated data.
+
+    It is ``u8 cipher suite, u8 key id length, u16 reserved (0), u32 ciphertext
+    length, 32-byte salt``, the key id (ASCII), then the ciphertext (the table
+    and a 16-byte tag); the key is derived from the master key and the salt,
+    fresh for each checkpoint (``MetaMac.seal_table``).
+    """
+    salt = os.urandom(32)
+    key_id, suite, ct = mac.seal_table(salt, head, table)
+    kid = key_id.encode("ascii")
+    return _SEALED_HEAD.pack(suite, len(kid), 0, len(ct), salt) + kid + ct
+
+
+def _open_marks(
+    buf: bytes, pos: int, end: int, mac: MetaMac | None, path: str
+) -> tuple[list[tuple[str, bytes, int, int]] | None, int]:
+    """Open and decode the sealed marks table at ``pos``: the marks (None without ``mac``) and the offset after it.
+
+    Raises:
+        FormatError: It runs past ``end``, does not open (its tag fails), or its table is damaged.
+        DecryptionError: No key is given for its key id.
+    """
+    if pos + _SEALED_HEAD.size > end:
+        raise FormatError(pos, "checkpoint sealed marks table runs past the end")
+    suite, klen, reserved, n, salt = _SEALED_HEAD.unpack_from(buf, pos)
+    at = pos + _SEALED_HEAD.size
+    if reserved or klen == 0 or n < fmt.ENC_TAG_LEN or at + klen + n > end:
+        raise FormatError(pos, "checkpoint sealed marks table is out of bounds")
+    after = at + klen + n
+    if mac is None:
+        return None, after
+    try:
+        key_id = buf[at : at + klen].decode("ascii")
+    except UnicodeDecodeError:
+        raise FormatError(at, "checkpoint sealed marks table names a key id that is not ASCII") from None
+    plain = mac.open_table(path, key_id, suite, salt, buf[: _HEAD.size], buf[at + klen : after])
+    if plain is None:
+        raise FormatError(pos, "checkpoint sealed marks table does not open: its authentication tag fails")
+    marks, got = _decode_marks(plain, 0, len(plain))
+    if got != len(plain):
+        raise FormatError(pos, "checkpoint sealed marks table has bytes after its last mark")
+    return marks, after
+
+
 def _decode_marks(buf: bytes, pos: int, end: int) -> tuple[list[tuple[str, bytes, int, int]], int]:
     """Decode the marks table at ``pos`` (before ``end``); return it and the offset after it.
 
@@ -250,9 +304,9 @@ def _decode_marks(buf: bytes, pos: int, end: int) -> tuple[list[tuple[str, bytes
     return out, pos
 
 
-def encode(s: Snapshot, crc_kind: int) -> bytes:
-    """Encode a snapshot; the last 4 bytes are a checksum of everything before."""
-    return b"".join(encode_blocks(s, crc_kind))
+def encode(s: Snapshot, crc_kind: int, mac: MetaMac | None = None) -> bytes:
+    """Encode a snapshot; the last 4 bytes are a checksum of everything before (``mac``: see :func:`encode_blocks`)."""
+    return b"".join(encode_blocks(s, crc_kind, mac=mac))
 
 
 MIN_RECORD_OFFSET = fmt.FILE_HEADER_FIXED + 4 + fmt.pad_len(fmt.FILE_HEADER_FIXED + 4)
@@ -301,11 +355,15 @@ def check_entries(
         raise FormatError(at + 16 * n, "checkpoint queue entry points past the length it records for its file")
 
 
-def decode(buf: bytes, crc_kind: int, channel_id: bytes) -> Snapshot:
+def decode(buf: bytes, crc_kind: int, channel_id: bytes, mac: MetaMac | None = None, path: str = "") -> Snapshot:
     """Decode and check a checkpoint file.
+
+    A sealed marks table (version 4) is opened with ``mac``; without it the
+    snapshot's marks are left unread (``marks_unread``).
 
     Raises:
         FormatError: The bytes are truncated, damaged, of another version or of another channel.
+        DecryptionError: ``mac`` has no key for its sealed marks table.
     """
     if len(buf) < _HEAD.size + 4:
         raise FormatError(len(buf), "checkpoint is truncated")
@@ -314,7 +372,7 @@ def decode(buf: bytes, crc_kind: int, channel_id: bytes) -> Snapshot:
     )
     if magic != MAGIC:
         raise FormatError(0, "bad checkpoint magic")
-    if version not in (1, VERSION, MARKS_VERSION):
+    if version not in (1, VERSION, MARKS_VERSION, SEALED_MARKS_VERSION):
         raise FormatError(8, f"unsupported checkpoint version {version}")
     if kind != crc_kind:
         raise FormatError(12, "checkpoint checksum algorithm differs from the channel's")
@@ -350,9 +408,11 @@ def decode(buf: bytes, crc_kind: int, channel_id: bytes) -> Snapshot:
             raise FormatError(pos, "checkpoint taken ranges run past the end")
         taken[fid] = [_RANGE.unpack_from(buf, pos + i * _RANGE.size) for i in range(nr)]  # type: ignore[misc]
         pos += nr * _RANGE.size
-    marks: list[tuple[str, bytes, int, int]] = []
+    marks: list[tuple[str, bytes, int, int]] | None = []
     if version == MARKS_VERSION:
         marks, pos = _decode_marks(buf, pos, body_len)
+    elif version == SEALED_MARKS_VERSION:
+        marks, pos = _open_marks(buf, pos, body_len, mac, path)
     if pos + 32 * n != body_len:
         raise FormatError(pos, "checkpoint queue size does not match its count")
     queue_at = pos
@@ -379,7 +439,8 @@ def decode(buf: bytes, crc_kind: int, channel_id: bytes) -> Snapshot:
         sizes=cols[3],
         taken=taken,
         file_dirs=file_dirs,
-        marks=marks,
+        marks=marks or [],
+        marks_unread=marks is None,
     )
 
 
@@ -429,7 +490,7 @@ def decode_sealed(
             raise FormatError(len(body) - 4, "checkpoint extension length runs past its start")
         auth = fmt.decode_auth_state(body[len(body) - 4 - n : len(body) - 4])
         body = body[: len(body) - 4 - n]
-    snap = decode(bytes(body), crc_kind, channel_id)
+    snap = decode(bytes(body), crc_kind, channel_id, mac, path)
     snap.auth = auth
     return snap
 
@@ -542,7 +603,7 @@ class CheckpointStore:
                 # Block by block (one write for a small queue), so committers run in between.
                 size = synced = 0
                 hasher = mac.hasher(ROLE) if mac is not None else None
-                for block in _with_seal(encode_blocks(snap, crc_kind), snap, hasher):
+                for block in _with_seal(encode_blocks(snap, crc_kind, mac=mac), snap, hasher):
                     if hasher is not None:
                         hasher.update(block)
                     fs.pwrite_all(fd, block, size)

@@ -3,8 +3,8 @@
 This module owns everything secret: loading keys (a mapping, a keystore file
 with a permission check, an environment variable, or a callable), deriving a
 per-file key (HKDF-SHA256 from the master key and the random salt in the file
-header), and sealing and opening PUT payloads with an AEAD (AES-256-GCM by
-default, ChaCha20-Poly1305 as an option). The byte layouts it relies on (the
+header), and sealing and opening PUT and MARK payloads with an AEAD (AES-256-GCM by
+default, ChaCha20-Poly1305 as an option), and checkpoints' marks tables. The byte layouts it relies on (the
 header extension, the nonce and the associated data) are in ``docs/format.md``;
 ``format.py`` stays pure and only calls the ``seal``/``key_check`` functions it
 is handed.
@@ -50,6 +50,7 @@ KEY_ID_RULE: Final = "1 to 64 characters of A-Z a-z 0-9 . _ : -"
 _INFO: Final = b"filechannel/v1 data file key"
 _BATCH_INFO: Final = b"filechannel/v2 batch tag key"
 _META_INFO: Final = b"filechannel/v2 metadata mac key"
+_MARKS_INFO: Final = b"filechannel/v2 checkpoint marks key"
 META_TAG_LEN: Final = 32
 """Bytes of a small file's MAC (HMAC-SHA256)."""
 STAGING_INFO: Final = b"filechannel/v1 spark staging key"
@@ -682,6 +683,7 @@ class MetaMac:
     the file (``"ack:reader-1"``, ``"checkpoint"``, ...), so a valid file moved
     to another role fails. New tags use the active key; a tag names its key id,
     so files written before a key rotation verify while that key is given.
+    It also seals a checkpoint's marks table (:meth:`seal_table`).
     """
 
     __slots__ = ("_channel_id", "_enc", "_keys")
@@ -720,6 +722,48 @@ class MetaMac:
         key = self._key(self.key_id)
         assert key is not None
         return self.key_id, hmac.new(key, role.encode() + b"\0" + bytes(body), "sha256").digest()
+
+    def seal_table(self, salt: bytes, aad: bytes, plaintext: bytes) -> tuple[str, int, bytes]:
+        """Seal a checkpoint's marks table under the active key: ``(key id, cipher suite, ciphertext)``.
+
+        Its key is HKDF-SHA256 of the master key, ``salt`` (fresh for each
+        checkpoint) and info ``"filechannel/v2 checkpoint marks key" || suite ||
+        channel id``; one message per key, so the nonce is 12 zero bytes.
+        """
+        suite = self._enc.suite
+        out: bytes = self._table_aead(self.key_id, suite, salt, "").encrypt(_CHECK_NONCE, plaintext, aad)
+        return self.key_id, suite, out
+
+    def open_table(self, path: str, key_id: str, suite: int, salt: bytes, aad: bytes, data: bytes) -> bytes | None:
+        """Open what :meth:`seal_table` sealed; None when it does not open (its tag fails, a bad key id or suite).
+
+        Raises:
+            DecryptionError: No key is given for ``key_id``.
+        """
+        if not KEY_ID_RE.match(key_id) or suite not in CIPHER_NAMES:
+            return None
+        aead = self._table_aead(key_id, suite, salt, path)
+        try:
+            out: bytes = aead.decrypt(_CHECK_NONCE, data, aad)
+        except Exception:  # noqa: BLE001 - cryptography's InvalidTag
+            return None
+        return out
+
+    def _table_aead(self, key_id: str, suite: int, salt: bytes, path: str) -> Any:
+        """The AEAD of a checkpoint's marks table (see :meth:`seal_table`)."""
+        master = self._enc.key(key_id)
+        if master is None:
+            raise DecryptionError(
+                path,
+                0,
+                f"checkpoint marks are sealed with key id {key_id!r}, which is not among the keys given",
+                key_id,
+                KEY_HINT,
+            )
+        hashes, aead, hkdf = _crypto()
+        info = _MARKS_INFO + bytes([suite]) + self._channel_id
+        key = hkdf(algorithm=hashes.SHA256(), length=KEY_LEN, salt=salt, info=info).derive(master)
+        return (aead.AESGCM if suite == AES_256_GCM else aead.ChaCha20Poly1305)(key)
 
     def hasher(self, role: str) -> _MacHasher:
         """Return an incremental form of :meth:`tag` (``update`` the body, then ``finish``)."""

@@ -74,11 +74,11 @@ _ENC_EXT: Final = struct.Struct("<BB6s32s")
 ENC_SALT_LEN: Final = 32
 ENC_CHECK_LEN: Final = 16
 ENC_TAG_LEN: Final = 16
-# Record flags (the frame's second byte). A PUT whose payload is sealed (encrypted) says so
-# itself, so a reader that cannot see its file's header (damaged) still never decodes the
-# ciphertext as an event. No other bit, and no flag on another op, is defined.
+"""Bytes an encrypted PUT (or MARK) payload adds to its plaintext (the AEAD tag)."""
+# Record flags (the frame's second byte). A PUT or MARK whose payload is sealed (encrypted)
+# says so itself, so a reader that cannot see its file's header (damaged) still never decodes
+# the ciphertext as an event or a mark. No other bit, and no flag on another op, is defined.
 FLAG_SEALED: Final = 0x01
-"""Bytes an encrypted PUT payload adds to its plaintext (the AEAD tag)."""
 
 # Record kinds. 0 is never valid: zero-filled or never-written space must not
 # parse as a record (Flume's OP_NOOP == 0 did exactly that).
@@ -89,6 +89,8 @@ ROLLBACK: Final = 4
 BATCH_END: Final = 5
 RETIRE: Final = 6
 MARK: Final = 7
+SEALABLE_OPS: Final = frozenset((PUT, MARK))
+"""The ops whose frames may carry :data:`FLAG_SEALED`: PUT and MARK."""
 OP_NAMES: Final = {
     PUT: "put",
     TAKE: "take",
@@ -144,7 +146,9 @@ _MARK_HEAD: Final = struct.Struct("<II")
 _MARK_ENTRY: Final = struct.Struct("<QHH")
 MARK_MIN_PAYLOAD: Final = _MARK_HEAD.size + _MARK_ENTRY.size + 1
 MARK_MAX_PAYLOAD: Final = _MARK_HEAD.size + MAX_MARKS_PER_RECORD * (_MARK_ENTRY.size + MAX_MARK_KEY + MAX_MARK_VALUE)
-"""The payload lengths a MARK may have (``mark_min``/``mark_max`` in ``_speedups.c``: change both)."""
+"""The payload lengths a MARK may have (``mark_min``/``mark_max`` in ``_speedups.c``: change both).
+
+A sealed MARK (flag :data:`FLAG_SEALED`) is :data:`ENC_TAG_LEN` bytes longer: both bounds move up by it."""
 EMPTY_HEADERS: Final = b"\0\0\0\0"
 """The PUT payload prefix of an event without headers (its body follows)."""
 
@@ -618,12 +622,17 @@ class Record:
     offset: int
     size: int
     payload: bytes
-    sealed: bool = False  # a PUT whose payload is encrypted (flag FLAG_SEALED)
+    sealed: bool = False  # a PUT or MARK whose payload is encrypted (flag FLAG_SEALED)
 
     @property
     def end(self) -> int:
         """Offset just past this record (and its padding)."""
         return self.offset + self.size
+
+
+def record_head(op: int, flags: int, payload_len: int, woid: int, txn_id: int) -> bytes:
+    """A frame's bytes [0, 24) (op, flags, length, woid, txn id): what a sealed payload's associated data holds."""
+    return _REC_HEAD.pack(op, flags, 0, payload_len, woid, txn_id)
 
 
 def encode_record(op: int, woid: int, txn_id: int, payload: bytes, seed: int, kind: int) -> bytes:
@@ -680,6 +689,30 @@ class _RecordEncoder:
         pad = _PAD[n & 7]
         parts += (head, _REC_CRC.pack(c, 0), payload, pad)
         return 32 + n + len(pad)
+
+    def add_sealed(self, parts: list[bytes], op: int, woid: int, txn_id: int, payload: bytes, offset: int) -> int:
+        """:meth:`add` of a frame at ``offset`` whose payload an encrypted file seals (a MARK's).
+
+        With the file's sealer the payload is sealed as a PUT's is (the same
+        nonce and associated data) and the frame says :data:`FLAG_SEALED`;
+        without one this is :meth:`add`.
+        """
+        seal = self._sealer
+        if seal is None:
+            return self.add(parts, op, woid, txn_id, payload)
+        n = len(payload) + ENC_TAG_LEN
+        head = _REC_HEAD.pack(op, FLAG_SEALED, 0, n, woid, txn_id)
+        data = seal(head, offset, payload)
+        if len(data) != n:
+            raise ValueError(f"the sealer returned {len(data)} bytes for a {len(payload)}-byte sealed payload")
+        return self._add_frame(parts, head, data)
+
+    def _add_frame(self, parts: list[bytes], head: bytes, payload: bytes) -> int:
+        """Append the frame of a packed 24-byte ``head`` and its ``payload``; return its size."""
+        ext = self._extend
+        pad = _PAD[len(payload) & 7]
+        parts += (head, _REC_CRC.pack(ext(ext(self._seed, head), payload), 0), payload, pad)
+        return 32 + len(payload) + len(pad)
 
     def add_puts(
         self,
@@ -887,10 +920,12 @@ class _CRecordEncoder(_RecordEncoder):
 
     def add(self, parts: list[bytes], op: int, woid: int, txn_id: int, payload: bytes) -> int:
         """Append the frame of :meth:`_RecordEncoder.add` to ``parts`` as one bytes object."""
+        return self._add_frame(parts, _REC_HEAD.pack(op, 0, 0, len(payload), woid, txn_id), payload)
+
+    def _add_frame(self, parts: list[bytes], head: bytes, payload: bytes) -> int:
+        """:meth:`_RecordEncoder._add_frame` in one C call (one bytes object)."""
         assert speedups is not None
-        frame: bytes = speedups.frame_record(
-            self._seed, self._kind, _REC_HEAD.pack(op, 0, 0, len(payload), woid, txn_id), payload
-        )
+        frame: bytes = speedups.frame_record(self._seed, self._kind, head, payload)
         parts.append(frame)
         return len(frame)
 
@@ -947,9 +982,16 @@ def payload_len_error(op: int, n: int) -> str:
     return f"{OP_NAMES[op]} payload length {n} is not {sizes}"
 
 
-def mark_len_error(n: int) -> str:
+def mark_len_bounds(sealed: bool) -> tuple[int, int]:
+    """The payload lengths a MARK frame may have: a sealed one's are :data:`ENC_TAG_LEN` bytes longer."""
+    grow = ENC_TAG_LEN if sealed else 0
+    return MARK_MIN_PAYLOAD + grow, MARK_MAX_PAYLOAD + grow
+
+
+def mark_len_error(n: int, sealed: bool = False) -> str:
     """The reason a MARK frame with payload length ``n`` is refused (the C twin's too)."""
-    return f"mark payload length {n} is not between {MARK_MIN_PAYLOAD} and {MARK_MAX_PAYLOAD}"
+    lo, hi = mark_len_bounds(sealed)
+    return f"mark payload length {n} is not between {lo} and {hi}"
 
 
 def decode_record(
@@ -975,7 +1017,7 @@ def decode_record(
     op, flags, reserved, n, woid, txn_id = _REC_HEAD.unpack_from(buf, offset)
     if op not in OP_NAMES:
         raise FormatError(offset, f"invalid record op {op}")
-    if reserved or (flags and (flags != FLAG_SEALED or op != PUT)):
+    if reserved or (flags and (flags != FLAG_SEALED or op not in SEALABLE_OPS)):
         raise FormatError(offset + 1, "reserved record bits are set")
     if n > max_payload:
         raise FormatError(offset + 4, f"record payload length {n} exceeds the limit {max_payload}")
@@ -984,8 +1026,10 @@ def decode_record(
         raise FormatError(offset + 4, payload_len_error(op, n))
     if op == TAKE and (n < 4 or (n - 4) % TAKE_RANGE_LEN):
         raise FormatError(offset + 4, f"take payload length {n} does not hold whole ranges")
-    if op == MARK and not MARK_MIN_PAYLOAD <= n <= MARK_MAX_PAYLOAD:
-        raise FormatError(offset + 4, mark_len_error(n))
+    if op == MARK:
+        lo, hi = mark_len_bounds(flags == FLAG_SEALED)
+        if not lo <= n <= hi:
+            raise FormatError(offset + 4, mark_len_error(n, flags == FLAG_SEALED))
     size = RECORD_HEADER_LEN + n + (-n & 7)
     if avail < size:
         return INCOMPLETE

@@ -71,6 +71,9 @@ class LogRecord:
     ``size`` is the whole frame, so ``(file_id, offset, size)`` is a pointer.
     ``salvaged``: the record verifies on its own, but its batch does not (it
     was recovered one record at a time from damaged, acknowledged data).
+    ``sealed``: a MARK whose payload is encrypted (flag ``FLAG_SEALED``; open it
+    with its file's cipher). Always false for a PUT: its flag is read with its
+    payload, when it is taken.
     """
 
     op: int
@@ -81,6 +84,7 @@ class LogRecord:
     size: int
     payload: bytes
     salvaged: bool = False
+    sealed: bool = False
 
 
 PUT_RUN = 0x100
@@ -512,8 +516,10 @@ class Scanner:
                             pos = g = rec.end
                             continue
                 else:
-                    payload = b"" if rec.op == fmt.PUT else rec.payload
-                    pending.append(LogRecord(rec.op, rec.woid, rec.txn_id, fid, pos + base, rec.size, payload))
+                    payload, sealed = (b"", False) if rec.op == fmt.PUT else (rec.payload, rec.sealed)
+                    pending.append(
+                        LogRecord(rec.op, rec.woid, rec.txn_id, fid, pos + base, rec.size, payload, False, sealed)
+                    )
                     batch_last_woid = rec.woid
                     pos = rec.end
                     continue
@@ -670,9 +676,9 @@ class Scanner:
                     self._dropped(bad_at, pos, prev, rec.woid, problem)
                     bad_at = -1
                 if rec.op != fmt.BATCH_END:
-                    payload = b"" if rec.op == fmt.PUT else rec.payload
+                    payload, sealed = (b"", False) if rec.op == fmt.PUT else (rec.payload, rec.sealed)
                     records.append(
-                        LogRecord(rec.op, rec.woid, rec.txn_id, fid, pos + self.base, rec.size, payload, True)
+                        LogRecord(rec.op, rec.woid, rec.txn_id, fid, pos + self.base, rec.size, payload, True, sealed)
                     )
                 prev = rec.woid
                 pos = rec.end

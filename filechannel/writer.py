@@ -171,7 +171,7 @@ class Item:
         self.payloads = payloads  # each PUT's payload is prefix + payloads[i]
         self.prefix = prefix
         self.takes = takes
-        self.marks = marks  # MARK payloads, framed first (before the PUTs: see _write_chunk)
+        self.marks = marks  # MARK payloads, framed first (before the PUTs: see _write_chunk); sealed like PUTs
         self.durable = durable
         self.on_written = on_written
         self.retire = retire
@@ -182,12 +182,12 @@ class Item:
         self.wake: Any = None  # a held lock its committer blocks on until a leader releases it
         if kind == fmt.COMMIT:
             n = _COMMIT_SIZE
-            if payloads:  # ``overhead``: what sealing adds to a PUT payload (encryption)
+            if payloads:  # ``overhead``: what sealing adds to a PUT (or MARK) payload (encryption)
                 n += fmt.frames_size(payloads, overhead + len(prefix))
             if takes:
                 n += fmt.record_size(4 + 16 * len(takes))
             for m in marks:
-                n += fmt.record_size(len(m))
+                n += fmt.record_size(len(m) + overhead)
         elif kind == fmt.ROLLBACK:
             n = _NOTE_SIZE
         else:
@@ -436,9 +436,10 @@ class Writer:
                     offs = res.put_offsets
                     sizes = res.put_sizes
                     # MARK records come first: a transaction's PUTs keep consecutive woids ending
-                    # just before its TAKE and COMMIT (what salvage places lost puts by).
+                    # just before its TAKE and COMMIT (what salvage places lost puts by). An encrypted
+                    # file seals them as it seals PUTs: a mark is the user's data too.
                     for m in it.marks:
-                        off += enc.add(parts, fmt.MARK, woid, txn, m)
+                        off += enc.add_sealed(parts, fmt.MARK, woid, txn, m, off)
                         woid += 1
                     if it.payloads:  # a take-only commit frames no PUTs
                         off = enc.add_puts(parts, woid, txn, it.payloads, offs, sizes, off, it.prefix)

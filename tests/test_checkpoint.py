@@ -877,8 +877,8 @@ def test_version_1_checkpoints_are_still_read_and_version_2_records_directories(
     assert old.files == s.files
     assert list(old.positions) == list(s.positions)
     assert old.taken == s.taken
-    bad = bytearray(_reference_encode(s, kind, version=4))
-    with pytest.raises(filechannel.FormatError, match="version 4"):
+    bad = bytearray(_reference_encode(s, kind, version=5))
+    with pytest.raises(filechannel.FormatError, match="version 5"):
         ckpt.decode(bytes(bad), kind, s.channel_id)
 
 

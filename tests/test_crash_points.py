@@ -245,7 +245,7 @@ class Driver:
         The ``k``-th transaction of thread ``t`` rolls back if ``(t, k)`` is in ``rollback``.
         With ``marks``, each also marks ``producer:<t>`` (its own key) and ``shared`` (every
         thread's): the committed ``shared`` is that of the last commit, whatever the threads' order.
-        (Marks are not encrypted: the values leave out the bodies' ``ev`` prefix.)
+        (The values leave out the bodies' ``ev`` prefix: ``assert_no_plaintext`` looks for mark keys.)
         Needs a :class:`ConcurrentSimFS` with a ``sync_delay``, so that commits group.
         """
         assert isinstance(self.fs, ConcurrentSimFS)
@@ -488,7 +488,7 @@ def allowed_states(snap: Snap, mode: str, placed: list[Effect] = ()) -> list[Sta
 
 
 def assert_no_plaintext(fs: SimFS, opts: dict[str, Any]) -> None:
-    """With encryption on, no event body appears in any file (torn tails and checkpoints included)."""
+    """With encryption on, no event body or mark key appears in any file (torn tails and checkpoints included)."""
     if opts.get("encryption") is None:
         return
     for path, data in fs.files("/").items():
@@ -496,6 +496,8 @@ def assert_no_plaintext(fs: SimFS, opts: dict[str, Any]) -> None:
         # checks, batch tags, MACs) where a short needle turns up by chance now and then.
         assert re.search(rb"ev\d{4}:[A-Z]", data) is None, f"an event body in plaintext in {path}"
         assert b"after-crash" not in data, f"an event body in plaintext in {path}"
+        assert b"producer:" not in data, f"a mark key in plaintext in {path}"  # w_marks, concurrent marks
+        assert b"tail:/var/log/" not in data, f"a mark key in plaintext in {path}"
 
 
 def check_crash_state(crashed: SimFS, snap: Snap, opts: dict[str, Any], nested: bool) -> None:

@@ -384,7 +384,7 @@ def test_live_file_list_limit_is_a_format_error() -> None:
 
 
 @pytest.mark.parametrize("op", sorted(fmt.OP_NAMES))
-def test_only_a_put_may_carry_the_sealed_flag(op: int) -> None:
+def test_only_a_put_or_a_mark_may_carry_the_sealed_flag(op: int) -> None:
     seed, kind = 7, fmt.CRC32C
     sealed: list[bytes] = []
     fmt.record_encoder(seed, kind, lambda head, off, p: p + bytes(fmt.ENC_TAG_LEN)).add_puts(
@@ -404,7 +404,7 @@ def test_only_a_put_may_carry_the_sealed_flag(op: int) -> None:
     head[1] = fmt.FLAG_SEALED
     c = fmt.crc(kind, payload, fmt.crc(kind, bytes(head), seed))
     flagged = bytes(head) + struct.pack("<II", c, 0) + plain[32:]
-    if op == fmt.PUT:
+    if op in (fmt.PUT, fmt.MARK):
         r = fmt.decode_record(flagged, 0, seed, kind, 1 << 20)
         assert isinstance(r, fmt.Record)
         assert r.sealed

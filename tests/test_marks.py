@@ -338,7 +338,7 @@ def test_a_mark_whose_commit_is_damaged_does_not_count_in_skip_mode(chan_dir: st
 
 
 def _forge_mark_value(path: str, new_value: bytes) -> None:
-    """Change a MARK record's value and fix every checksum (record, batch): only a batch tag can tell."""
+    """Change a MARK's value (a sealed one's: one bit) and fix every checksum (record, batch): only a tag can tell."""
     buf = bytearray(Path(path).read_bytes())
     h = fmt.decode_file_header(bytes(buf))
     assert isinstance(h, fmt.FileHeader)
@@ -346,10 +346,15 @@ def _forge_mark_value(path: str, new_value: bytes) -> None:
     recs = records(path)
     i = next(i for i, r in enumerate(recs) if r.op == fmt.MARK)
     m = recs[i]
-    (mark,) = fmt.decode_marks(m.payload)
-    payload = fmt.encode_marks([fmt.Mark(mark.key, new_value, mark.woid)])
+    if m.sealed:  # an encrypted file's: without the key its value cannot even be read; a flipped bit
+        payload = m.payload[:-1] + bytes([m.payload[-1] ^ 1])
+    else:
+        (mark,) = fmt.decode_marks(m.payload)
+        payload = fmt.encode_marks([fmt.Mark(mark.key, new_value, mark.woid)])
     assert len(payload) == len(m.payload)
-    buf[m.offset : m.end] = fmt.encode_record(fmt.MARK, m.woid, m.txn_id, payload, seed, kind)
+    head = fmt.record_head(fmt.MARK, fmt.FLAG_SEALED if m.sealed else 0, len(payload), m.woid, m.txn_id)
+    crc = fmt.crc(kind, payload, fmt.crc(kind, head, seed))
+    buf[m.offset : m.end] = head + struct.pack("<II", crc, 0) + payload + bytes(-len(payload) & 7)
     be = next(r for r in recs[i:] if r.op == fmt.BATCH_END)
     b = fmt.decode_batch_end(be.payload)
     fixed = struct.pack(
