@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+CHECKPOINT_DIR = "checkpoints"
+"""Where a channel's checkpoints are, under its directory."""
 MAGIC = b"\x89FCK\r\n\x1a\n"
 VERSION = 2
 """Written: a file table entry carries its file's data directory (version 1, still read, did not)."""

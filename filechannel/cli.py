@@ -28,8 +28,8 @@ from typing import Any, NoReturn
 from . import format as fmt
 from ._fs import DEFAULT_FS, is_locked, read_file, write_private_file
 from ._version import __version__
-from .channel import CHECKPOINT_DIR, FileChannel, VerifyResult, read_event, replay_queue, verify_channel
-from .checkpoint import CheckpointStore
+from .channel import FileChannel
+from .checkpoint import CHECKPOINT_DIR, CheckpointStore
 from .config import ChannelConfig
 from .consumers import ConsumerState, ConsumerStore, validate_name
 from .crypto import Encryption, check_key_id, keystore_json, load_keystore
@@ -38,6 +38,8 @@ from .errors import ChannelError, ConfigError, CorruptLogError, DecryptionError,
 from .log import Log, LogRecord, format_ranges
 from .reader import ChannelReader
 from .repair import channel_file_damaged, rebuild_channel_file
+from .replay import read_event, replay_queue
+from .verify import VerifyResult, verify_channel
 from .wal import dump_wal, verify_wal
 
 _EPILOG = (

@@ -33,8 +33,8 @@ from typing import Any
 
 from . import format as fmt
 from ._fs import DEFAULT_FS, FS
-from .channel import CHECKPOINT_DIR, Event, replay_queue
-from .checkpoint import CheckpointStore
+from .channel import Event
+from .checkpoint import CHECKPOINT_DIR, CheckpointStore
 from .config import CORRUPTION_POLICIES, ChannelConfig
 from .consumers import ConsumerStore, validate_name
 from .crypto import (
@@ -56,6 +56,7 @@ from .errors import (
     FormatError,
 )
 from .log import Log
+from .replay import replay_queue
 from .scan import SEG_RE, CorruptionReport, LogRecord, Scanner, segment_name
 
 logger = logging.getLogger(__name__)

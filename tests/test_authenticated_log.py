@@ -21,8 +21,8 @@ pytest.importorskip("cryptography", reason="the crypto extra (pip install 'filec
 
 import filechannel
 from filechannel import format as fmt
-from filechannel.channel import verify_channel
 from filechannel.crypto import Encryption
+from filechannel.verify import verify_channel
 
 KEY = bytes(range(32))
 OPTS: dict[str, Any] = {"minimum_required_space": 0, "background": False, "checkpoint_interval": 0}

@@ -265,7 +265,7 @@ def test_a_mapped_data_file_scans_as_its_bytes_do(path: str, tmp_path: Any, tail
 _SPARSE_VERIFY = """
 import resource, sys
 resource.setrlimit(resource.RLIMIT_DATA, (1 << 30, 1 << 30))  # heap: far less than the file
-from filechannel.channel import verify_channel
+from filechannel.verify import verify_channel
 from filechannel.errors import CorruptLogError
 try:
     r = verify_channel(sys.argv[1])

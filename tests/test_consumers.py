@@ -38,7 +38,7 @@ def _queued(ch: filechannel.FileChannel) -> list[int]:
 
 
 def _bodies(ch: filechannel.FileChannel) -> list[bytes]:
-    from filechannel.channel import read_event
+    from filechannel.replay import read_event
 
     with ch._lock:
         entries = list(ch._queue)

@@ -27,7 +27,7 @@ from simfs import SimFS
 
 import filechannel
 from filechannel import format as fmt
-from filechannel.channel import verify_channel
+from filechannel.verify import verify_channel
 
 DIR = "/sim/ch"
 DATA = "/sim/ch/data"

@@ -55,8 +55,8 @@ from simfs import CRASH_VARIANTS, MUTATING_OPS, ConcurrentSimFS, SimFS
 
 import filechannel
 from filechannel import format as fmt
-from filechannel.channel import read_event
 from filechannel.consumers import ConsumerStore
+from filechannel.replay import read_event
 from filechannel.writer import CommitResult, Writer
 
 DIR = "/sim/ch"

@@ -18,6 +18,7 @@ import filechannel
 from filechannel import crypto
 from filechannel import format as fmt
 from filechannel.crypto import Encryption
+from filechannel.verify import verify_channel
 
 K1 = bytes(range(32))
 K2 = bytes(range(100, 132))
@@ -250,11 +251,11 @@ def test_tampered_ciphertext_with_fixed_checksums_is_reported_never_returned(cha
             tx.commit()
             assert [e.body for e in got] == [b"one", b"three"]
             assert ch.stats()["lost_positions"] == [[1, 2]]
-    res = filechannel.channel.verify_channel(chan_dir, encryption=enc())
+    res = verify_channel(chan_dir, encryption=enc())
     assert res.lost_positions == [(1, 2)] if policy == "fail" else True
     if policy == "fail":
         # verify without a key checks checksums only: the tampering passes them.
-        blind = filechannel.channel.verify_channel(chan_dir)
+        blind = verify_channel(chan_dir)
         assert blind.ok
         assert blind.undecrypted == 3
 

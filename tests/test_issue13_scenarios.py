@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import filechannel
-from filechannel.channel import verify_channel
+from filechannel.verify import verify_channel
 
 OPTS = {"minimum_required_space": 0, "background": False}
 

@@ -23,10 +23,10 @@ from simfs import SimFS
 import filechannel
 from filechannel import permissions
 from filechannel._fs import OsFS
-from filechannel.channel import verify_channel
 from filechannel.errors import ConfigError, UnsafePermissionsError
 from filechannel.log import CHANNEL_FILE
 from filechannel.permissions import check_channel_dir, fs_for
+from filechannel.verify import verify_channel
 
 OPTS = {"minimum_required_space": 0, "checkpoint_interval": 0, "ack_interval": 0, "max_file_size": 4096}
 NOBODY = 65534

@@ -25,8 +25,8 @@ import filechannel
 from filechannel import format as fmt
 from filechannel import scan
 from filechannel._queue import EventQueue
-from filechannel.channel import _place_runs, replay_queue
 from filechannel.log import Log
+from filechannel.replay import _place_runs, replay_queue
 
 FAST: dict[str, Any] = {"minimum_required_space": 0, "background": False}
 

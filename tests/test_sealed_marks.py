@@ -27,9 +27,9 @@ import filechannel
 from filechannel import checkpoint as ckpt
 from filechannel import format as fmt
 from filechannel import scan
-from filechannel.channel import verify_channel
 from filechannel.config import ChannelConfig
 from filechannel.errors import CorruptLogError, FormatError
+from filechannel.verify import verify_channel
 
 pytest.importorskip("cryptography")
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from filechannel import format as fmt
 from filechannel._fs import FS, OsFS, read_file, truncate_durably
-from filechannel.channel import CHECKPOINT_DIR
+from filechannel.checkpoint import CHECKPOINT_DIR
 from filechannel.config import ChannelConfig
 from filechannel.directory import CHANNEL_FILE, DATA_DIRS_FILE, LOCK_FILE, decode_channel_file, decode_meta
 from filechannel.errors import ChannelError, ChannelLockedError

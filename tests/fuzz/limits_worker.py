@@ -39,11 +39,11 @@ def _targets() -> dict[str, tuple[Callable[[dict[str, Any]], None], tuple[type[B
     from filechannel import checkpoint
     from filechannel import format as fmt
     from filechannel._fs import DEFAULT_FS
-    from filechannel.channel import verify_channel
     from filechannel.config import ChannelConfig
     from filechannel.consumers import ConsumerStore
     from filechannel.errors import CorruptLogError, FormatError
     from filechannel.scan import CorruptionReport, Scanner
+    from filechannel.verify import verify_channel
     from filechannel.wal import dump_wal, verify_wal
 
     def encryption(case: dict[str, Any]) -> Any:
