@@ -237,10 +237,13 @@ class Driver:
         rollback: frozenset[tuple[int, int]] = frozenset(),
         marks: bool = False,
         arrow: bool = False,
+        anchors: bool = False,
     ) -> None:
         """``threads`` threads commit ``txns`` put-only transactions each, at once.
 
         With ``arrow``, each transaction's puts go in through one ``put_arrow`` call.
+        With ``anchors``, another thread refreshes ``ANCHOR`` (an encrypted channel's
+        ``anchor_interval`` step) over and over while they commit.
 
         The ``k``-th transaction of thread ``t`` rolls back if ``(t, k)`` is in ``rollback``.
         With ``marks``, each also marks ``producer:<t>`` (its own key) and ``shared`` (every
@@ -304,21 +307,36 @@ class Driver:
 
         def guarded(t: int) -> None:
             try:
-                run(t)
+                refresh() if t < 0 else run(t)
             except BaseException as exc:  # raised below
                 errors.append(exc)
+
+        stop = threading.Event()
+        refreshes: list[int] = []
+
+        def refresh() -> None:
+            while not stop.is_set():
+                assert log.refresh_anchor()
+                refreshes.append(log.last_woid)
 
         start = threading.Barrier(threads)
         log.commit = commit  # type: ignore[method-assign]
         try:
             workers = [threading.Thread(target=guarded, args=(t,)) for t in range(threads)]
+            if anchors:
+                workers.append(threading.Thread(target=guarded, args=(-1,)))
             for w in workers:
                 w.start()
-            for w in workers:
+            for w in workers[:threads]:
+                w.join(120)
+            stop.set()
+            for w in workers[threads:]:
                 w.join(120)
             assert not any(w.is_alive() for w in workers), "a committer hangs"
         finally:
             del log.commit
+        if anchors:
+            assert len(set(refreshes)) > 1, "no ANCHOR was refreshed while the committers ran"
         if errors:
             raise errors[0]
         self.next_position = next_pos(self.acked)
@@ -685,6 +703,15 @@ def w_concurrent(d: Driver) -> None:
     d.txn(takes=3, puts=[100])
 
 
+def w_concurrent_anchors(d: Driver) -> None:
+    # Committers at once while ANCHOR is refreshed over and over (encrypted channels'
+    # anchor_interval), across file rolls: no crash state may be refused at the next open.
+    d.txn(puts=[200])
+    d.concurrent(threads=4, txns=3, puts=[150, 150], anchors=True)
+    d.txn(takes=4)
+    d.concurrent(threads=3, txns=2, puts=[900], anchors=True)  # rolls inside groups
+
+
 def w_one_event(d: Driver) -> None:
     # One-event transactions, the writer's lone-committer path (one framing call, one write),
     # with and without headers, across a file roll and a reopen; then concurrent one-event
@@ -832,6 +859,15 @@ def test_crash_points_with_concurrent_committers(opts: dict[str, Any], dir_model
     checked = run_crash_points(w_concurrent, opts, dir_model, sync_delay=SYNC_DELAY)
     print(f"w_concurrent/{dir_model}: {checked} distinct crash states recovered and checked")
     assert checked >= minimum
+
+
+@pytest.mark.skipif(ENCRYPTION is None, reason="the crypto extra is not installed")
+def test_crash_points_with_concurrent_committers_and_anchor_refreshes() -> None:
+    """ANCHOR refreshed while commits group: a crash anywhere keeps every commit that returned, never refuses."""
+    opts = dict(COMMIT, encryption=ENCRYPTION)
+    checked = run_crash_points(w_concurrent_anchors, opts, "posix", sync_delay=SYNC_DELAY)
+    print(f"w_concurrent_anchors/posix: {checked} distinct crash states recovered and checked")
+    assert checked >= 100
 
 
 @pytest.mark.parametrize(
