@@ -23,7 +23,7 @@ import itertools
 import json
 import logging
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -449,12 +449,26 @@ class AgentClient:
             schema = schema.remove(1)
         table = pa.Table.from_arrays(cols, schema=schema)
         command = proto.encode_put_command(channel.lower(), producer, sequence)
-        client = self._flight()
         what = f"put of sequence {sequence} of producer {producer!r} to channel {channel}"
+        ans = self._do_put(command, schema, what, lambda writer: writer.write_table(table))
+        dup = ans.get("duplicate")
+        if not isinstance(dup, bool):
+            raise AgentProtocolError(self.uri, f"the answer to the {what} has no duplicate flag")
+        return PutResult(
+            dup, _int(self.uri, ans, "sequence"), _int(self.uri, ans, "committed"), _int(self.uri, ans, "events")
+        )
+
+    def _do_put(self, command: bytes, schema: Any, what: str, send: Callable[[Any], None]) -> dict[str, Any]:
+        """One ``DoPut``: ``send(writer)`` streams the rows; return the agent's JSON answer.
+
+        Raises:
+            AgentError: What the agent refused (see :meth:`_error`), or no answer / not JSON.
+        """
+        client = self._flight()
         try:
             writer, results = client.do_put(fl.FlightDescriptor.for_command(command), schema, self._options())
             try:
-                writer.write_table(table)
+                send(writer)
                 writer.done_writing()
                 buf = results.read()
             finally:
@@ -464,15 +478,9 @@ class AgentClient:
         if buf is None:
             raise AgentProtocolError(self.uri, f"{what}: no answer")
         try:
-            ans = proto.decode_json(buf.to_pybytes(), f"the answer to the {what}")
-            dup = ans.get("duplicate")
-            if not isinstance(dup, bool):
-                raise AgentProtocolError("", f"the answer to the {what} has no duplicate flag")
+            return proto.decode_json(buf.to_pybytes(), f"the answer to the {what}")
         except AgentProtocolError as exc:
             raise AgentProtocolError(self.uri, exc.reason) from None
-        return PutResult(
-            dup, _int(self.uri, ans, "sequence"), _int(self.uri, ans, "committed"), _int(self.uri, ans, "events")
-        )
 
     # -- the Spark sink (a writable agent; filechannel.agent.staging) ------------------------
 
@@ -504,33 +512,21 @@ class AgentClient:
             channel.lower(), partition, attempt, query=query, batch_id=batch_id, job=job
         )
         schema = proto.put_schema()
-        client = self._flight()
         what = f"stage of partition {partition} to channel {channel}"
-        try:
-            writer, results = client.do_put(fl.FlightDescriptor.for_command(command), schema, self._options())
-            try:
-                bodies: list[bytes] = []
-                maps: list[Any] = []
-                for body, headers in events:
-                    bodies.append(bytes(body))
-                    maps.append(list(headers.items()) if headers else None)
-                    if len(bodies) >= chunk:
-                        writer.write_batch(_put_batch(schema, bodies, maps))
-                        bodies, maps = [], []
-                if bodies:
+
+        def send(writer: Any) -> None:
+            bodies: list[bytes] = []
+            maps: list[Any] = []
+            for body, headers in events:
+                bodies.append(bytes(body))
+                maps.append(list(headers.items()) if headers else None)
+                if len(bodies) >= chunk:
                     writer.write_batch(_put_batch(schema, bodies, maps))
-                writer.done_writing()
-                buf = results.read()
-            finally:
-                writer.close()
-        except fl.FlightError as exc:
-            raise self._error(exc, what) from None
-        if buf is None:
-            raise AgentProtocolError(self.uri, f"{what}: no answer")
-        try:
-            ans = proto.decode_json(buf.to_pybytes(), f"the answer to the {what}")
-        except AgentProtocolError as exc:
-            raise AgentProtocolError(self.uri, exc.reason) from None
+                    bodies, maps = [], []
+            if bodies:
+                writer.write_batch(_put_batch(schema, bodies, maps))
+
+        ans = self._do_put(command, schema, what, send)
         staged = ans.get("staged")
         if staged is not None and not isinstance(staged, str):
             raise AgentProtocolError(self.uri, f"{what}: the answer names no staged file")

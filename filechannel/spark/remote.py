@@ -57,7 +57,6 @@ from filechannel.reader import ChannelReader
 
 from .source import (
     _AHEAD_HINT,
-    _BEHIND_HINT,
     IDENTITY_PREFIX,
     ROWS_PER_BATCH,
     CheckpointMismatchError,
@@ -485,10 +484,7 @@ class AgentStreamReader(FileChannelStreamReader):
                     self._down.setdefault(served[cid], time.monotonic())
                     held[cid] = s
                     continue
-                self._check_range(cid, s, acked, end)
-                if self._target is not None:
-                    end = min(end, self._target.get(cid, s))
-                avail[cid] = max(0, end - s)
+                avail[cid] = self._available_from(f"{cid} at agent {self._where[cid]}", cid, s, acked, end)
             elif down:
                 held[cid] = s
             elif cid in self.options.retire:
@@ -521,29 +517,6 @@ class AgentStreamReader(FileChannelStreamReader):
                     continue
                 logger.info("filechannel source: channel %s (agent %s) joins at %d", cid, served[cid], ends[cid])
         return _offset(ends, query)
-
-    def _path_available(self, cid: str, path: str, s: int, query: str) -> int:
-        r = self._reader(cid, query)
-        with self._identity(path):
-            acked, end = r.available()
-        if s > end:
-            raise _lost(path, DataLossError(end, s, f"the channel holds positions below {end} only"), _AHEAD_HINT)
-        if s < acked:
-            raise _lost(
-                path, DataLossError(s, acked, f"consumer {self.consumer!r} acknowledged them already"), _BEHIND_HINT
-            )
-        if self._target is not None:
-            end = min(end, self._target.get(cid, s))
-        return max(0, end - s)
-
-    def _check_range(self, cid: str, s: int, acked: int, end: int) -> None:
-        where = f"{cid} at agent {self._where[cid]}"
-        if s > end:
-            raise _lost(where, DataLossError(end, s, f"the channel holds positions below {end} only"), _AHEAD_HINT)
-        if s < acked:
-            raise _lost(
-                where, DataLossError(s, acked, f"consumer {self.consumer!r} acknowledged them already"), _BEHIND_HINT
-            )
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         """Split ``[start, end)``: a pure function of the two offsets (no agent is asked).

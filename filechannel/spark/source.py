@@ -770,23 +770,36 @@ class FileChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         ids = self._check(positions)
         avail: dict[str, int] = {}
         for cid, s in positions.items():
-            path = ids[cid]
-            r = self._reader(cid, query)
-            with self._identity(path):
-                acked, end = r.available()
-            if s > end:
-                raise _lost(path, DataLossError(end, s, f"the channel holds positions below {end} only"), _AHEAD_HINT)
-            if s < acked:
-                raise _lost(
-                    path, DataLossError(s, acked, f"consumer {self.consumer!r} acknowledged them already"), _BEHIND_HINT
-                )
-            if self._target is not None:
-                end = min(end, self._target[cid])
-            avail[cid] = max(0, end - s)
+            avail[cid] = self._path_available(cid, ids[cid], s, query)
         take = _share(avail, limit.max_rows) if isinstance(limit, ReadMaxRows) else avail
         if self._too_few(sum(take.values())):
             return _offset(dict(positions), query)
         return _offset({cid: s + take[cid] for cid, s in positions.items()}, query)
+
+    def _path_available(self, cid: str, path: str, s: int, query: str) -> int:
+        """Events of the local channel ``cid`` (at ``path``) from position ``s`` (see :meth:`_available_from`)."""
+        r = self._reader(cid, query)
+        with self._identity(path):
+            acked, end = r.available()
+        return self._available_from(path, cid, s, acked, end)
+
+    def _available_from(self, where: str, cid: str, s: int, acked: int, end: int) -> int:
+        """Events of channel ``cid`` (named ``where`` in errors) from ``s``, which holds ``[acked, end)``.
+
+        Within the ``availableNow`` end, if one was recorded.
+
+        Raises:
+            DataLossError: ``s`` is beyond the channel's end, or below what this consumer acknowledged.
+        """
+        if s > end:
+            raise _lost(where, DataLossError(end, s, f"the channel holds positions below {end} only"), _AHEAD_HINT)
+        if s < acked:
+            raise _lost(
+                where, DataLossError(s, acked, f"consumer {self.consumer!r} acknowledged them already"), _BEHIND_HINT
+            )
+        if self._target is not None:
+            end = min(end, self._target.get(cid, s))
+        return max(0, end - s)
 
     def _too_few(self, n: int) -> bool:
         """``minEventsPerTrigger``: whether a micro-batch of ``n`` events waits for more.
