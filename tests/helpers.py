@@ -134,3 +134,30 @@ def cli_command(*argv: str) -> list[str]:
 def run_module(*argv: str, stdin: bytes = b"") -> subprocess.CompletedProcess[str]:
     """Run ``filechannel ARGV`` in a subprocess (text output, 60 s timeout)."""
     return subprocess.run(cli_command(*argv), input=stdin.decode(), capture_output=True, text=True, timeout=60)
+
+
+def data_files(d: str | Path) -> list[str]:
+    """The data files (``*.wal``) of the channel in ``d``'s default data directory, oldest first."""
+    data = os.path.join(d, "data")
+    return sorted(os.path.join(data, n) for n in os.listdir(data) if n.endswith(".wal"))
+
+
+def records(path: str) -> list[fmt.Record]:
+    """Every record frame of a data file after its header, up to the first zero byte (no batch logic)."""
+    buf = Path(path).read_bytes()
+    h = fmt.decode_file_header(buf)
+    assert isinstance(h, fmt.FileHeader)
+    seed = fmt.file_seed(h.crc_kind, h.channel_id, h.file_id)
+    out = []
+    pos = h.header_len
+    while pos < len(buf) and buf[pos]:
+        r = fmt.decode_record(buf, pos, seed, h.crc_kind, 1 << 30)
+        assert isinstance(r, fmt.Record)
+        out.append(r)
+        pos = r.end
+    return out
+
+
+def batch_ends(path: str) -> list[int]:
+    """The end offset of every batch of a data file (each BATCH_END record's end), in order."""
+    return [r.end for r in records(path) if r.op == fmt.BATCH_END]

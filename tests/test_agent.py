@@ -149,6 +149,15 @@ def agent(chan: str) -> Iterator[Any]:
     a.stop()
 
 
+def drain(d: str) -> list[tuple[bytes, dict[str, str]]]:
+    """Every queued event of the channel in ``d`` (bodies and headers), taken and rolled back."""
+    with filechannel.open(d, minimum_required_space=0) as ch:
+        tx = ch.transaction()
+        out = [(e.body, dict(e.headers)) for e in tx.take_batch(10_000)]
+        tx.rollback()
+        return out
+
+
 def cid_of(path: str) -> str:
     return filechannel.reader.channel_id_of(path).hex()
 

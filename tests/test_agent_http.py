@@ -27,7 +27,7 @@ pytest.importorskip("pyarrow.flight")
 pytest.importorskip("aiohttp")
 pytest.importorskip("prometheus_client")
 
-from test_agent import _write, cid_of, make_channel, pki  # noqa: F401  (pki is a fixture)
+from test_agent import _write, cid_of, drain, make_channel, pki  # noqa: F401  (pki is a fixture)
 from test_agent_process import AgentProcess
 
 import filechannel
@@ -35,14 +35,6 @@ from filechannel.agent import serve
 from filechannel.agent.web import HttpSettings
 
 OPTS: dict[str, Any] = {"minimum_required_space": 0}
-
-
-def drain(d: str) -> list[tuple[bytes, dict[str, str]]]:
-    with filechannel.open(d, **OPTS) as ch:
-        tx = ch.transaction()
-        out = [(e.body, dict(e.headers)) for e in tx.take_batch(10_000)]
-        tx.rollback()
-        return out
 
 
 def request(

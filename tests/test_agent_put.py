@@ -21,7 +21,7 @@ pytest.importorskip("pyarrow.flight")
 
 import pyarrow as pa
 import pyarrow.flight as fl
-from test_agent import cid_of, make_channel
+from test_agent import cid_of, drain, make_channel
 from test_agent_process import AgentProcess
 
 import filechannel
@@ -30,14 +30,6 @@ from filechannel.agent import protocol as proto
 from filechannel.errors import ChannelFullError, EventTooLargeError, TransactionCapacityError
 
 OPTS: dict[str, Any] = {"minimum_required_space": 0}
-
-
-def drain(d: str) -> list[tuple[bytes, dict[str, str]]]:
-    with filechannel.open(d, **OPTS) as ch:
-        tx = ch.transaction()
-        out = [(e.body, dict(e.headers)) for e in tx.take_batch(10_000)]
-        tx.rollback()
-        return out
 
 
 def test_a_put_commits_its_events_and_the_producer_sequence_once(tmp_path: Path) -> None:

@@ -21,8 +21,9 @@ import pytest
 
 pytest.importorskip("cryptography", reason="the crypto extra (pip install 'filechannel[crypto]') is not installed")
 
+from helpers import batch_ends, data_files
+
 import filechannel
-from filechannel import format as fmt
 from filechannel.crypto import Encryption
 
 KEY = bytes(range(32))
@@ -66,22 +67,9 @@ def owner_killed_after_commits(d: str, anchor_interval: float) -> None:
 
 def cut_last_batches(d: str, n: int) -> None:
     """Truncate the newest data file at a batch boundary, ``n`` batches before its end (a clean cut)."""
-    data = os.path.join(d, "data")
-    path = sorted(os.path.join(data, x) for x in os.listdir(data) if x.endswith(".wal"))[-1]
-    buf = Path(path).read_bytes()
-    h = fmt.decode_file_header(buf)
-    assert isinstance(h, fmt.FileHeader)
-    seed = fmt.file_seed(h.crc_kind, h.channel_id, h.file_id)
-    ends = []
-    pos = h.header_len
-    while pos < len(buf) and buf[pos]:
-        r = fmt.decode_record(buf, pos, seed, h.crc_kind, 1 << 30)
-        assert isinstance(r, fmt.Record)
-        if r.op == fmt.BATCH_END:
-            ends.append(r.end)
-        pos = r.end
+    path = data_files(d)[-1]
     with open(path, "r+b") as f:
-        f.truncate(ends[-1 - n])
+        f.truncate(batch_ends(path)[-1 - n])
 
 
 def test_batches_cut_after_a_refresh_are_caught_though_no_checkpoint_covers_them(tmp_path: Path) -> None:

@@ -19,6 +19,8 @@ import pytest
 
 pytest.importorskip("cryptography", reason="the crypto extra (pip install 'filechannel[crypto]') is not installed")
 
+from helpers import batch_ends, data_files
+
 import filechannel
 from filechannel import checkpoint as ckpt
 from filechannel import format as fmt
@@ -32,11 +34,6 @@ OPTS: dict[str, Any] = {"minimum_required_space": 0, "background": False, "check
 
 def enc() -> Encryption:
     return Encryption(keys={"k1": KEY}, active_key="k1")
-
-
-def segs(d: str) -> list[str]:
-    data = os.path.join(d, "data")
-    return sorted(os.path.join(data, n) for n in os.listdir(data) if n.endswith(".wal"))
 
 
 def checkpoints(d: str) -> list[str]:
@@ -152,11 +149,11 @@ def test_an_edited_checkpoint_is_not_used_and_every_event_comes_once(chan_dir: s
 
 
 def snap_kind(d: str) -> int:
-    return fmt.decode_file_header(Path(segs(d)[0]).read_bytes()).crc_kind  # type: ignore[union-attr]
+    return fmt.decode_file_header(Path(data_files(d)[0]).read_bytes()).crc_kind  # type: ignore[union-attr]
 
 
 def snap_cid(d: str) -> bytes:
-    return fmt.decode_file_header(Path(segs(d)[0]).read_bytes()).channel_id  # type: ignore[union-attr]
+    return fmt.decode_file_header(Path(data_files(d)[0]).read_bytes()).channel_id  # type: ignore[union-attr]
 
 
 def test_a_checkpoint_without_a_mac_is_not_used(chan_dir: str) -> None:
@@ -200,19 +197,8 @@ def test_a_wrong_key_is_named_as_such_not_as_an_edit(chan_dir: str) -> None:
 def test_whole_batches_cut_after_the_checkpoints_were_deleted_are_caught(chan_dir: str) -> None:
     put_all(chan_dir, BODIES)
     drop_checkpoints(chan_dir)
-    path = segs(chan_dir)[-1]
-    buf = Path(path).read_bytes()
-    h = fmt.decode_file_header(buf)
-    assert isinstance(h, fmt.FileHeader)
-    seed = fmt.file_seed(h.crc_kind, h.channel_id, h.file_id)
-    ends = []
-    pos = h.header_len
-    while pos < len(buf) and buf[pos]:
-        r = fmt.decode_record(buf, pos, seed, h.crc_kind, 1 << 30)
-        assert isinstance(r, fmt.Record)
-        if r.op == fmt.BATCH_END:
-            ends.append(r.end)
-        pos = r.end
+    path = data_files(chan_dir)[-1]
+    ends = batch_ends(path)
     with open(path, "r+b") as f:
         f.truncate(ends[-3])  # the last two batches (two committed events) cut cleanly
     with pytest.raises(filechannel.CorruptLogError, match="shorter than"):
@@ -248,7 +234,7 @@ def test_an_edited_anchor_is_refused(chan_dir: str) -> None:
 def test_the_newest_file_deleted_whole_is_caught(chan_dir: str) -> None:
     put_all(chan_dir, BODIES[:4], max_file_size=4096)
     put_all(chan_dir, BODIES[4:], max_file_size=4096)  # a second open: a second data file
-    files = segs(chan_dir)
+    files = data_files(chan_dir)
     assert len(files) >= 2
     drop_checkpoints(chan_dir)
     os.unlink(files[-1])
@@ -264,7 +250,7 @@ def test_a_file_from_a_copy_is_not_accepted_in_place_of_the_original(tmp_path: P
     put_all(a, [b"a-only"])
     put_all(b, [b"b-only"])
     # Same channel id, same file name: B's newest file put in place of A's.
-    fa, fb = segs(a)[-1], segs(b)[-1]
+    fa, fb = data_files(a)[-1], data_files(b)[-1]
     assert os.path.basename(fa) == os.path.basename(fb)
     shutil.copyfile(fb, fa)
     with pytest.raises(filechannel.CorruptLogError, match="not the one this channel wrote"):

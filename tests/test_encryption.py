@@ -14,6 +14,8 @@ import pytest
 
 pytest.importorskip("cryptography", reason="the crypto extra (pip install 'filechannel[crypto]') is not installed")
 
+from helpers import records
+
 import filechannel
 from filechannel import crypto
 from filechannel import format as fmt
@@ -50,22 +52,6 @@ def assert_no_plaintext(d: str, secrets: list[bytes]) -> None:
         for s in secrets:
             assert s not in data, f"{s!r} in plaintext in {p}"
     assert n > 0
-
-
-def records(path: str) -> list[fmt.Record]:
-    """Every record frame of a data file after its header (no batch logic: tests know the layout)."""
-    buf = Path(path).read_bytes()
-    h = fmt.decode_file_header(buf)
-    assert isinstance(h, fmt.FileHeader)
-    out = []
-    pos = h.header_len
-    seed = fmt.file_seed(h.crc_kind, h.channel_id, h.file_id)
-    while pos < len(buf) and buf[pos]:
-        r = fmt.decode_record(buf, pos, seed, h.crc_kind, 1 << 30)
-        assert isinstance(r, fmt.Record)
-        out.append(r)
-        pos = r.end
-    return out
 
 
 def seg_files(d: str) -> list[str]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import data_files, records
 
 import filechannel
 from filechannel import checkpoint as ckpt
@@ -28,26 +29,6 @@ OPTS: dict[str, Any] = {"minimum_required_space": 0, "background": False, "check
 
 def drop_checkpoints(d: str) -> None:
     shutil.rmtree(os.path.join(d, "checkpoints"), ignore_errors=True)
-
-
-def segs(d: str) -> list[str]:
-    data = os.path.join(d, "data")
-    return sorted(os.path.join(data, n) for n in os.listdir(data) if n.endswith(".wal"))
-
-
-def records(path: str) -> list[fmt.Record]:
-    buf = Path(path).read_bytes()
-    h = fmt.decode_file_header(buf)
-    assert isinstance(h, fmt.FileHeader)
-    seed = fmt.file_seed(h.crc_kind, h.channel_id, h.file_id)
-    out = []
-    pos = h.header_len
-    while pos < len(buf) and buf[pos]:
-        r = fmt.decode_record(buf, pos, seed, h.crc_kind, 1 << 30)
-        assert isinstance(r, fmt.Record)
-        out.append(r)
-        pos = r.end
-    return out
 
 
 # -- the API -----------------------------------------------------------------------------
@@ -191,7 +172,7 @@ def test_mark_records_come_first_in_their_transaction(chan_dir: str) -> None:
             tx.put(b"b")
             tx.take()
             tx.mark("m", b"1")
-    ops = [r.op for r in records(segs(chan_dir)[-1])]
+    ops = [r.op for r in records(data_files(chan_dir)[-1])]
     assert ops[:8] == [
         fmt.PUT,
         fmt.COMMIT,
@@ -287,7 +268,7 @@ def test_marks_survive_retirement_across_many_files_checkpoints_and_restarts(cha
     finally:
         ch.close()
     assert retired >= 10  # the marks really moved across many retirements
-    assert len(segs(chan_dir)) <= 4
+    assert len(data_files(chan_dir)) <= 4
     for replay in ("checkpoint", "full"):
         if replay == "full":
             drop_checkpoints(chan_dir)
@@ -325,7 +306,7 @@ def test_a_mark_whose_commit_is_damaged_does_not_count_in_skip_mode(chan_dir: st
         with ch.transaction() as tx:
             tx.put(b"third")
     drop_checkpoints(chan_dir)
-    path = segs(chan_dir)[-1]
+    path = data_files(chan_dir)[-1]
     commits = [r for r in records(path) if r.op == fmt.COMMIT]
     buf = bytearray(Path(path).read_bytes())
     buf[commits[1].offset + 33] ^= 0xFF  # the second transaction's COMMIT payload: its crc fails
@@ -380,7 +361,7 @@ def test_a_batch_tag_covers_mark_records(chan_dir: str, encrypted: bool) -> None
         tx.put(b"event")
         tx.mark("producer:a", b"0007")
     drop_checkpoints(chan_dir)
-    _forge_mark_value(segs(chan_dir)[-1], b"9999")
+    _forge_mark_value(data_files(chan_dir)[-1], b"9999")
     if not encrypted:
         with filechannel.open(chan_dir, **opts) as ch:  # the forgery is well formed: only a tag catches it
             assert ch.marks() == {"producer:a": b"9999"}

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import data_files, records
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -45,28 +46,8 @@ def enc(key: bytes = KEY, key_id: str = "k1") -> filechannel.Encryption:
     return filechannel.Encryption(keys={key_id: key}, active_key=key_id)
 
 
-def segs(d: str) -> list[str]:
-    data = os.path.join(d, "data")
-    return sorted(os.path.join(data, n) for n in os.listdir(data) if n.endswith(".wal"))
-
-
 def drop_checkpoints(d: str) -> None:
     shutil.rmtree(os.path.join(d, "checkpoints"), ignore_errors=True)
-
-
-def records(path: str) -> list[fmt.Record]:
-    buf = Path(path).read_bytes()
-    h = fmt.decode_file_header(buf)
-    assert isinstance(h, fmt.FileHeader)
-    seed = fmt.file_seed(h.crc_kind, h.channel_id, h.file_id)
-    out = []
-    pos = h.header_len
-    while pos < len(buf) and buf[pos]:
-        r = fmt.decode_record(buf, pos, seed, h.crc_kind, 1 << 30)
-        assert isinstance(r, fmt.Record)
-        out.append(r)
-        pos = r.end
-    return out
 
 
 def busy_channel(d: str) -> dict[str, bytes]:
@@ -102,7 +83,7 @@ def busy_channel(d: str) -> dict[str, bytes]:
     finally:
         ch.close()
     assert retired >= 3
-    assert os.path.basename(segs(d)[0]) != fmt_seg(1)  # the file that first held SECRET_KEYS[0] is gone
+    assert os.path.basename(data_files(d)[0]) != fmt_seg(1)  # the file that first held SECRET_KEYS[0] is gone
     return model
 
 
@@ -130,7 +111,7 @@ def test_no_mark_key_or_value_is_on_disk_after_commits_checkpoints_relogs_and_a_
 def test_sealed_marks_survive_a_reopen_and_retirements(chan_dir: str, replay: str) -> None:
     """Every MARK on disk is sealed, the checkpoint's table too; both recoveries still find every mark."""
     model = busy_channel(chan_dir)
-    marks = [r for p in segs(chan_dir) for r in records(p) if r.op == fmt.MARK]
+    marks = [r for p in data_files(chan_dir) for r in records(p) if r.op == fmt.MARK]
     assert marks
     assert all(r.sealed for r in marks)
     newest = sorted(Path(chan_dir, "checkpoints").glob("ckpt-*.ckpt"))[-1]
@@ -157,7 +138,7 @@ def test_a_plaintext_mark_of_an_earlier_writer_is_read_and_its_re_logged_copy_is
         with filechannel.open(chan_dir, **OPTS, max_file_size=4096, encryption=enc()) as ch, ch.transaction() as tx:
             tx.put(b"x" * 1000)
             tx.mark(SECRET_KEYS[0], SECRET_VALUES[0])
-    (old,) = [r for r in records(segs(chan_dir)[0]) if r.op == fmt.MARK]
+    (old,) = [r for r in records(data_files(chan_dir)[0]) if r.op == fmt.MARK]
     assert not old.sealed
     drop_checkpoints(chan_dir)
     with filechannel.open(chan_dir, **OPTS, max_file_size=4096, encryption=enc()) as ch:
@@ -165,8 +146,8 @@ def test_a_plaintext_mark_of_an_earlier_writer_is_read_and_its_re_logged_copy_is
         with ch.transaction() as tx:
             tx.take()  # the first file empties and retires: its mark is re-logged first
         assert ch.stats()["files_retired"] == 1
-    assert not Path(segs(chan_dir)[0]).name.endswith(fmt_seg(1))
-    marks = [r for p in segs(chan_dir) for r in records(p) if r.op == fmt.MARK]
+    assert not Path(data_files(chan_dir)[0]).name.endswith(fmt_seg(1))
+    marks = [r for p in data_files(chan_dir) for r in records(p) if r.op == fmt.MARK]
     assert marks
     assert all(r.sealed for r in marks)
     drop_checkpoints(chan_dir)
@@ -257,7 +238,7 @@ def test_a_sealed_mark_whose_tag_fails_is_damage(chan_dir: str, policy: str) -> 
             tx.put(b"two")
             tx.mark(SECRET_KEYS[0], b"new")
     drop_checkpoints(chan_dir)
-    path = segs(chan_dir)[-1]
+    path = data_files(chan_dir)[-1]
     m = [r for r in records(path) if r.op == fmt.MARK and r.sealed][-1]  # the second transaction's
     payload = bytearray(m.payload)
     payload[3] ^= 0x40  # inside the ciphertext
