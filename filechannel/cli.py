@@ -1118,6 +1118,7 @@ _SERVE_FLAGS = {
     "client_ca": "--client-ca",
     "token_file": "--token-file",
     "allow": "--allow",
+    "consumers": "--allow-consumer",
     "port_file": "--port-file",
     "encryption": "--keystore",
     "directories": "DIR",
@@ -1159,6 +1160,19 @@ def _serve_allow(specs: Sequence[str] | None) -> dict[str, frozenset[str]]:
             raise ChannelError(f"--allow {spec!r}: give NAME (a client certificate's name) or NAME=CHANNEL_ID")
         allow.setdefault(channel.lower() if sep else "*", set()).add(name)
     return {k: frozenset(v) for k, v in allow.items()}
+
+
+def _serve_consumers(specs: Sequence[str] | None) -> dict[str, frozenset[str]]:
+    """``--allow-consumer NAME=CONSUMER``: the consumers each certificate name may act as."""
+    out: dict[str, set[str]] = {}
+    for spec in specs or ():
+        name, sep, consumer = spec.partition("=")
+        if not name or not sep or not consumer:
+            raise ChannelError(
+                f"--allow-consumer {spec!r}: give NAME=CONSUMER (a client certificate's name, a consumer name)"
+            )
+        out.setdefault(name, set()).add(consumer)
+    return {k: frozenset(v) for k, v in out.items()}
 
 
 _SERVE_CHANNEL_FLAGS = ("capacity", "transaction_capacity", "max_event_size", "fsync")
@@ -1209,6 +1223,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         client_ca=args.client_ca,
         token_file=args.token_file,
         allow=_serve_allow(args.allow),
+        consumers=_serve_consumers(args.allow_consumer),
         keystore=args.keystore,
         port_file=args.port_file,
         on_corruption=args.on_corruption or "fail",
@@ -1253,6 +1268,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 client_ca=config.client_ca,
                 token_file=config.token_file,
                 allow=config.allow,
+                consumers=config.consumers,
                 keystore=config.keystore,
                 port_file=config.port_file,
                 on_corruption=config.on_corruption,
@@ -1475,6 +1491,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="NAME[=CHANNEL_ID]",
         help="with --client-ca: only these client certificate names, on every channel or on one (repeatable)",
+    )
+    sp.add_argument(
+        "--allow-consumer",
+        action="append",
+        metavar="NAME=CONSUMER",
+        help="with --client-ca: certificate NAME may act only as these consumers (repeatable; a name not listed may "
+        "use any)",
     )
     sp.add_argument("--keystore", metavar="PATH", help="keystore of encrypted channels (records still travel sealed)")
     sp.add_argument("--port-file", metavar="FILE", help="write the bound port here once listening (atomically)")

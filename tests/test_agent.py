@@ -423,6 +423,53 @@ def test_the_allow_list_narrows_channels_by_certificate_name(pki: dict[str, Any]
 def test_an_allow_list_needs_client_certificates(chan: str) -> None:
     with pytest.raises(filechannel.ConfigError, match="client-ca"):
         serve([chan], "grpc://127.0.0.1:0", allow={"*": ["x"]})
+    with pytest.raises(filechannel.ConfigError, match="client-ca"):
+        serve([chan], "grpc://127.0.0.1:0", consumers={"x": ["q"]})
+
+
+def test_a_certificate_name_acts_only_as_the_consumers_it_is_allowed(pki: dict[str, Any], chan: str) -> None:
+    cert, key = pki["server"]
+    cid = cid_of(chan)
+    with serve(
+        [chan],
+        "grpc+tls://127.0.0.1:0",
+        tls_cert=cert,
+        tls_key=key,
+        client_ca=pki["ca"],
+        consumers={"intruder": ["q-intruder"]},
+    ) as agent:
+        uri = f"grpc+tls://localhost:{agent.port}"
+        good = connect(uri, tls_ca=pki["ca"], tls_cert=pki["client"][0], tls_key=pki["client"][1], timeout=5)
+        other = connect(uri, tls_ca=pki["ca"], tls_cert=pki["client2"][0], tls_key=pki["client2"][1], timeout=5)
+        # "spark-exec" is not listed: any consumer, as before.
+        good.register(cid, "q", "id-good")
+        assert good.ack(cid, "q", 3, "id-good") == 3
+        # "intruder" may read the channel and act as its own consumer, but not as another query's,
+        # even with resetConsumer (which would take the name over and acknowledge for it).
+        assert len(other.read(cid, 0, 5)) == 5
+        other.register(cid, "q-intruder", "id-other")
+        assert other.ack(cid, "q-intruder", 2, "id-other") == 2
+        for call in (
+            lambda: other.register(cid, "q", "id-other", reset=True),
+            lambda: other.ack(cid, "q", 10, "id-good"),
+            lambda: other.available(cid, "q", "id-good"),
+        ):
+            with pytest.raises(AgentAuthError, match="'intruder' may not act as consumer 'q'"):
+                call()
+        assert good.available(cid, "q", "id-good")[0] == 3  # untouched
+
+
+def test_allow_consumer_names_are_checked(pki: dict[str, Any], chan: str) -> None:
+    cert, key = pki["server"]
+    with pytest.raises(filechannel.ConfigError, match=r"consumers.*may only hold"):
+        serve(
+            [chan],
+            "grpc+tls://127.0.0.1:0",
+            tls_cert=cert,
+            tls_key=key,
+            client_ca=pki["ca"],
+            consumers={"x": ["no spaces"]},
+        )
 
 
 # -- deadlines and a stopped agent ---------------------------------------------------------------------

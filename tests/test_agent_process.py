@@ -179,6 +179,8 @@ def test_check_prints_what_would_be_served_and_binds_nothing(tmp_path: Path) -> 
         (["--listen", "grpc+tls://0.0.0.0:8815"], "--tls-cert: grpc+tls://0.0.0.0:8815: grpc+tls needs --tls-cert"),
         (["--listen", "grpc://127.0.0.1:0", "--client-ca", "x.pem"], "--client-ca: applies to grpc+tls:// only"),
         (["--listen", "grpc://127.0.0.1:0", "--allow", "=x"], "--allow '=x': give NAME"),
+        (["--listen", "grpc://127.0.0.1:0", "--allow-consumer", "x"], "--allow-consumer 'x': give NAME=CONSUMER"),
+        (["--listen", "grpc://127.0.0.1:0", "--allow-consumer", "x=q"], "--allow-consumer: certificate names come"),
     ],
 )
 def test_serve_refuses_bad_options_in_one_line(tmp_path: Path, args: list[str], message: str) -> None:

@@ -25,6 +25,7 @@ __all__ = [
     "ANY_CHANNEL",
     "Listen",
     "allowed",
+    "consumer_allowed",
     "is_loopback",
     "make_token_middleware",
     "parse_uri",
@@ -183,6 +184,17 @@ def allowed(allow: Mapping[str, Collection[str]] | None, channel: str, name: str
         return True
     everywhere = allow.get(ANY_CHANNEL)
     return everywhere is not None and name in everywhere
+
+
+def consumer_allowed(consumers: Mapping[str, Collection[str]] | None, name: str | None, consumer: str) -> bool:
+    """Whether certificate name ``name`` may act as ``consumer`` (register it, read under it, acknowledge for it).
+
+    ``consumers`` maps certificate names to the consumer names each may use; a
+    name it does not list may use any consumer (as before such a list existed).
+    """
+    if not consumers or name is None or name not in consumers:
+        return True
+    return consumer in consumers[name]
 
 
 def make_token_middleware(token: bytes) -> Any:

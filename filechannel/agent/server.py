@@ -61,7 +61,16 @@ from filechannel.reader import ChannelReader, Segment, channel_id_of
 from filechannel.staged import DEFAULT_STALE_STAGING
 
 from . import protocol as proto
-from .auth import Listen, allowed, make_token_middleware, parse_uri, read_public_file, read_secret_file, read_token
+from .auth import (
+    Listen,
+    allowed,
+    consumer_allowed,
+    make_token_middleware,
+    parse_uri,
+    read_public_file,
+    read_secret_file,
+    read_token,
+)
 from .errors import AgentError, AgentProtocolError, UnknownChannelError
 from .staging import AgentSink, StageRequest
 
@@ -82,6 +91,8 @@ class AgentConfig:
         token_file: Require ``authorization: Bearer <token>`` with the token in this file (mode 0600).
         allow: Certificate names allowed per channel id (``"*"``: every channel); needs ``client_ca``.
             Empty: every certificate the CA signed is let in.
+        consumers: The consumer names a certificate name may act as (register, read under,
+            acknowledge for), by certificate name; a name not listed may use any. Needs ``client_ca``.
         keystore: The keystore of encrypted channels (the agent's readers check batches with it;
             records still travel sealed and clients decrypt them).
         port_file: Write the bound port here (atomically) once listening.
@@ -101,6 +112,7 @@ class AgentConfig:
     client_ca: str | None = None
     token_file: str | None = None
     allow: Mapping[str, Collection[str]] = field(default_factory=dict)
+    consumers: Mapping[str, Collection[str]] = field(default_factory=dict)
     keystore: str | None = None
     port_file: str | None = None
     on_corruption: str = "fail"
@@ -129,6 +141,14 @@ class AgentConfig:
                     raise ConfigError(option, f"applies to grpc+tls:// only, and the agent listens on {self.listen}")
         if self.allow and not self.client_ca:
             raise ConfigError("allow", "certificate names come from client certificates: give --client-ca FILE too")
+        if self.consumers and not self.client_ca:
+            raise ConfigError("consumers", "certificate names come from client certificates: give --client-ca FILE too")
+        for names in self.consumers.values():
+            for consumer in names:
+                try:
+                    validate_name(consumer)
+                except ConfigError as exc:
+                    raise ConfigError("consumers", f"{consumer!r}: {exc.reason}") from None
         if self.port_file and listen.scheme == "grpc+unix":
             raise ConfigError("port_file", "a grpc+unix agent has no port")
         if not self.directories:
@@ -275,6 +295,7 @@ def describe(config: AgentConfig) -> dict[str, Any]:
         "mutual_tls": bool(config.client_ca),
         "token": bool(config.token_file),
         "allow": {k: sorted(v) for k, v in config.allow.items()},
+        "consumers": {k: sorted(v) for k, v in config.consumers.items()},
         "channels": [ch.describe() | {"directory": ch.directory} for ch in served.values()],
     }
 
@@ -447,6 +468,13 @@ class _FlightServer(fl.FlightServerBase):  # type: ignore[misc]
                     return {"start": start, "end": end}
                 assert consumer is not None
                 validate_name(consumer)
+                peer = self._peer(context)
+                if not consumer_allowed(self._agent.config.consumers, peer, consumer):
+                    logger.warning("refused certificate name %r as consumer %r (%s)", peer, consumer, context.peer())
+                    raise fl.FlightUnauthorizedError(
+                        f"certificate name {peer!r} may not act as consumer {consumer!r} "
+                        "(the agent's --allow-consumer list)"
+                    )
                 if kind == "register":
                     reset = req.get("reset", False)
                     if not isinstance(reset, bool):
@@ -736,6 +764,7 @@ def serve(
     client_ca: str | None = None,
     token_file: str | None = None,
     allow: Mapping[str, Collection[str]] | None = None,
+    consumers: Mapping[str, Collection[str]] | None = None,
     keystore: str | os.PathLike[str] | None = None,
     port_file: str | None = None,
     on_corruption: str = "fail",
@@ -769,6 +798,7 @@ def serve(
         client_ca=client_ca,
         token_file=token_file,
         allow={k: frozenset(v) for k, v in (allow or {}).items()},
+        consumers={k: frozenset(v) for k, v in (consumers or {}).items()},
         keystore=os.fspath(keystore) if keystore is not None else None,
         port_file=port_file,
         on_corruption=on_corruption,
