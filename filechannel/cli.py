@@ -1119,6 +1119,7 @@ _SERVE_FLAGS = {
     "token_file": "--token-file",
     "allow": "--allow",
     "consumers": "--allow-consumer",
+    "writers": "--allow-writer",
     "port_file": "--port-file",
     "encryption": "--keystore",
     "directories": "DIR",
@@ -1224,6 +1225,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         token_file=args.token_file,
         allow=_serve_allow(args.allow),
         consumers=_serve_consumers(args.allow_consumer),
+        writers=frozenset(args.allow_writer or ()),
         keystore=args.keystore,
         port_file=args.port_file,
         on_corruption=args.on_corruption or "fail",
@@ -1269,6 +1271,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 token_file=config.token_file,
                 allow=config.allow,
                 consumers=config.consumers,
+                writers=config.writers,
                 keystore=config.keystore,
                 port_file=config.port_file,
                 on_corruption=config.on_corruption,
@@ -1491,6 +1494,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="NAME[=CHANNEL_ID]",
         help="with --client-ca: only these client certificate names, on every channel or on one (repeatable)",
+    )
+    sp.add_argument(
+        "--allow-writer",
+        action="append",
+        metavar="NAME",
+        help="with --client-ca: only these certificate names may put, stage and commit a Spark sink's rows, or post "
+        "over HTTP (repeatable; default: every name let in)",
     )
     sp.add_argument(
         "--allow-consumer",

@@ -459,6 +459,33 @@ def test_a_certificate_name_acts_only_as_the_consumers_it_is_allowed(pki: dict[s
         assert good.available(cid, "q", "id-good")[0] == 3  # untouched
 
 
+def test_only_the_allowed_writers_put_or_stage(pki: dict[str, Any], chan: str) -> None:
+    cert, key = pki["server"]
+    cid = cid_of(chan)
+    with serve(
+        [chan],
+        "grpc+tls://127.0.0.1:0",
+        tls_cert=cert,
+        tls_key=key,
+        client_ca=pki["ca"],
+        writers={"spark-exec"},
+        writable=True,
+    ) as agent:
+        uri = f"grpc+tls://localhost:{agent.port}"
+        good = connect(uri, tls_ca=pki["ca"], tls_cert=pki["client"][0], tls_key=pki["client"][1], timeout=5)
+        other = connect(uri, tls_ca=pki["ca"], tls_cert=pki["client2"][0], tls_key=pki["client2"][1], timeout=5)
+        before = agent.channels[cid].channel.size
+        assert not good.put_batch(cid, [b"w-1"], producer="p", sequence=1).duplicate
+        with pytest.raises(AgentAuthError, match="'intruder' may not write to channel"):
+            other.put_batch(cid, [b"w-2"], producer="x", sequence=1)
+        with pytest.raises(AgentAuthError, match="'intruder' may not write to channel"):
+            other.sink_stage(cid, [(b"row", None)], partition=0, attempt=0, query="q1", batch_id=0)
+        with pytest.raises(AgentAuthError, match="'intruder' may not write to channel"):
+            other.sink_commit(cid, [], query="q1", batch_id=0)
+        assert agent.channels[cid].channel.size == before + 1
+        assert len(other.read(cid, 0, 2)) == 2  # reading is still allowed
+
+
 def test_allow_consumer_names_are_checked(pki: dict[str, Any], chan: str) -> None:
     cert, key = pki["server"]
     with pytest.raises(filechannel.ConfigError, match=r"consumers.*may only hold"):

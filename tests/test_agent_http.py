@@ -418,6 +418,27 @@ def test_tls(chan: str, pki: dict[str, Any]) -> None:  # noqa: F811
         assert status == 403
         assert "intruder" in ans["error"]
         assert a.channels[cid_of(chan)].channel.size == 2
+    # --allow-writer: only these names may post; the others still get in (and may read).
+    with serve(
+        [chan],
+        "grpc+tls://127.0.0.1:0",
+        tls_cert=cert,
+        tls_key=key,
+        client_ca=pki["ca"],
+        writers={"spark-exec"},
+        writable=True,
+        http="127.0.0.1:0",
+    ) as a:
+        ctx = ssl.create_default_context(cafile=pki["ca"])
+        ctx.load_cert_chain(client_cert, client_key)
+        assert post_json(a.http.port, [{"body": "d"}], context=ctx)[0] == 200
+        other = ssl.create_default_context(cafile=pki["ca"])
+        other.load_cert_chain(*pki["client2"])
+        status, _, ans = post_json(a.http.port, [{"body": "e"}], context=other)
+        assert status == 403
+        assert "'intruder' may not write" in ans["error"]
+        assert request(a.http.port, "GET", "/v1/channels", context=other)[0] == 200
+        assert a.channels[cid_of(chan)].channel.size == 3
 
 
 def test_an_agent_sigkilled_while_clients_retry_keeps_every_request_once(tmp_path: Path) -> None:

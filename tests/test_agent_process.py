@@ -181,6 +181,7 @@ def test_check_prints_what_would_be_served_and_binds_nothing(tmp_path: Path) -> 
         (["--listen", "grpc://127.0.0.1:0", "--allow", "=x"], "--allow '=x': give NAME"),
         (["--listen", "grpc://127.0.0.1:0", "--allow-consumer", "x"], "--allow-consumer 'x': give NAME=CONSUMER"),
         (["--listen", "grpc://127.0.0.1:0", "--allow-consumer", "x=q"], "--allow-consumer: certificate names come"),
+        (["--listen", "grpc://127.0.0.1:0", "--allow-writer", "x"], "--allow-writer: certificate names come"),
     ],
 )
 def test_serve_refuses_bad_options_in_one_line(tmp_path: Path, args: list[str], message: str) -> None:

@@ -26,6 +26,7 @@ __all__ = [
     "Listen",
     "allowed",
     "consumer_allowed",
+    "may_write",
     "is_loopback",
     "make_token_middleware",
     "parse_uri",
@@ -195,6 +196,14 @@ def consumer_allowed(consumers: Mapping[str, Collection[str]] | None, name: str 
     if not consumers or name is None or name not in consumers:
         return True
     return consumer in consumers[name]
+
+
+def may_write(writers: Collection[str] | None, name: str | None) -> bool:
+    """Whether certificate name ``name`` may write (put, stage and commit a sink's rows, post over HTTP).
+
+    ``writers`` empty or None: every name let in may (as before such a list existed).
+    """
+    return not writers or (name is not None and name in writers)
 
 
 def make_token_middleware(token: bytes) -> Any:

@@ -66,6 +66,7 @@ from .auth import (
     allowed,
     consumer_allowed,
     make_token_middleware,
+    may_write,
     parse_uri,
     read_public_file,
     read_secret_file,
@@ -93,6 +94,8 @@ class AgentConfig:
             Empty: every certificate the CA signed is let in.
         consumers: The consumer names a certificate name may act as (register, read under,
             acknowledge for), by certificate name; a name not listed may use any. Needs ``client_ca``.
+        writers: The certificate names that may write (``DoPut`` puts, the Spark sink's stage
+            and commit, HTTP posts); empty: every name let in may. Needs ``client_ca``.
         keystore: The keystore of encrypted channels (the agent's readers check batches with it;
             records still travel sealed and clients decrypt them).
         port_file: Write the bound port here (atomically) once listening.
@@ -113,6 +116,7 @@ class AgentConfig:
     token_file: str | None = None
     allow: Mapping[str, Collection[str]] = field(default_factory=dict)
     consumers: Mapping[str, Collection[str]] = field(default_factory=dict)
+    writers: Collection[str] = frozenset()
     keystore: str | None = None
     port_file: str | None = None
     on_corruption: str = "fail"
@@ -141,6 +145,8 @@ class AgentConfig:
                     raise ConfigError(option, f"applies to grpc+tls:// only, and the agent listens on {self.listen}")
         if self.allow and not self.client_ca:
             raise ConfigError("allow", "certificate names come from client certificates: give --client-ca FILE too")
+        if self.writers and not self.client_ca:
+            raise ConfigError("writers", "certificate names come from client certificates: give --client-ca FILE too")
         if self.consumers and not self.client_ca:
             raise ConfigError("consumers", "certificate names come from client certificates: give --client-ca FILE too")
         for names in self.consumers.values():
@@ -296,6 +302,7 @@ def describe(config: AgentConfig) -> dict[str, Any]:
         "token": bool(config.token_file),
         "allow": {k: sorted(v) for k, v in config.allow.items()},
         "consumers": {k: sorted(v) for k, v in config.consumers.items()},
+        "writers": sorted(config.writers),
         "channels": [ch.describe() | {"directory": ch.directory} for ch in served.values()],
     }
 
@@ -344,6 +351,17 @@ class _FlightServer(fl.FlightServerBase):  # type: ignore[misc]
             logger.warning("refused certificate name %r for channel %s (%s)", peer, ch.cid, context.peer())
             raise fl.FlightUnauthorizedError(
                 f"certificate name {peer!r} is not allowed to use channel {ch.cid} (the agent's --allow list)"
+            )
+        return ch
+
+    def _writable(self, context: Any, cid: object) -> _Served:
+        """:meth:`_channel`, for a call that writes: refused to a certificate name not in ``writers``."""
+        ch = self._channel(context, cid)
+        peer = self._peer(context)
+        if not may_write(self._agent.config.writers, peer):
+            logger.warning("refused certificate name %r a write to channel %s (%s)", peer, ch.cid, context.peer())
+            raise fl.FlightUnauthorizedError(
+                f"certificate name {peer!r} may not write to channel {ch.cid} (the agent's --allow-writer list)"
             )
         return ch
 
@@ -423,7 +441,7 @@ class _FlightServer(fl.FlightServerBase):  # type: ignore[misc]
             if proto.command_op(descriptor.command or b"") == "stage":
                 return self._sink_stage(context, descriptor.command, reader)
             cid, producer, sequence = proto.decode_put_command(descriptor.command or b"")
-            ch = self._channel(context, cid)
+            ch = self._writable(context, cid)
             if ch.channel is None:
                 raise AgentError("", f"channel {ch.cid} is served read-only: start the agent with --writable to put")
             bodies, headers = _read_put_stream(reader, ch.channel.config.transaction_capacity)
@@ -515,14 +533,14 @@ class _FlightServer(fl.FlightServerBase):  # type: ignore[misc]
 
     def _sink_stage(self, context: Any, command: bytes, reader: Any) -> dict[str, Any]:
         cmd = proto.decode_stage_command(command)
-        store = self._channel(context, cmd.pop("channel")).sink_store()
+        store = self._writable(context, cmd.pop("channel")).sink_store()
         req = StageRequest(**cmd)
         name, rows, size = store.stage(req, _stream_events(reader))
         logger.debug("sink stage %s: %d rows from %s", name, rows, context.peer())
         return {"v": proto.WIRE_VERSION, "staged": name, "rows": rows, "bytes": size}
 
     def _sink_action(self, context: Any, kind: str, req: dict[str, Any]) -> dict[str, Any]:
-        store = self._channel(context, req.get("channel")).sink_store()
+        store = self._writable(context, req.get("channel")).sink_store()
         files = req.get("files", [])
         if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
             raise AgentProtocolError("", "files must be a list of staged file names")
@@ -765,6 +783,7 @@ def serve(
     token_file: str | None = None,
     allow: Mapping[str, Collection[str]] | None = None,
     consumers: Mapping[str, Collection[str]] | None = None,
+    writers: Collection[str] | None = None,
     keystore: str | os.PathLike[str] | None = None,
     port_file: str | None = None,
     on_corruption: str = "fail",
@@ -799,6 +818,7 @@ def serve(
         token_file=token_file,
         allow={k: frozenset(v) for k, v in (allow or {}).items()},
         consumers={k: frozenset(v) for k, v in (consumers or {}).items()},
+        writers=frozenset(writers or ()),
         keystore=os.fspath(keystore) if keystore is not None else None,
         port_file=port_file,
         on_corruption=on_corruption,

@@ -60,7 +60,7 @@ from filechannel.errors import (
     TransactionCapacityError,
 )
 
-from .auth import allowed, is_loopback, read_public_file, read_secret_file, read_token
+from .auth import allowed, is_loopback, may_write, read_public_file, read_secret_file, read_token
 from .metrics import CONTENT_TYPE, AgentMetrics, ChannelSample, sample_from_stats
 
 if TYPE_CHECKING:
@@ -632,6 +632,9 @@ class HttpServer:
         if not allowed(self._agent.config.allow, ch.cid, peer):
             logger.warning("refused certificate name %r for channel %s over HTTP", peer, ch.cid)
             raise _BadRequest(403, f"certificate name {peer!r} is not allowed to use channel {name} (--allow)")
+        if not may_write(self._agent.config.writers, peer):
+            logger.warning("refused certificate name %r a post to channel %s over HTTP", peer, ch.cid)
+            raise _BadRequest(403, f"certificate name {peer!r} may not write to channel {name} (--allow-writer)")
         channel = ch.channel
         if channel is None:
             raise _BadRequest(403, f"channel {name} is served read-only: start the agent with --writable to post")
