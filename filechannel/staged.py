@@ -15,9 +15,9 @@ import os
 import re
 import struct
 from array import array
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from itertools import accumulate
-from typing import Any
+from typing import Any, TypeVar
 
 from filechannel import format as fmt
 from filechannel._fs import FS, map_file, read_file
@@ -283,8 +283,8 @@ def stage_events(
         InvalidEventError: A header is not valid text.
         OSError: Writing failed.
     """
-    staged: _StageFile | None = None
-    try:
+
+    def payloads() -> Iterator[bytes]:
         for body, headers in events:
             try:
                 payload = fmt.encode_event(body, headers)
@@ -293,15 +293,35 @@ def stage_events(
             size = len(payload) + header_overhead
             if size > max_event_size:
                 raise EventTooLargeError(size, max_event_size)
+            yield payload
+
+    return _write_staged(
+        fs, directory, name, lambda: _StageFile(fs, directory, name, encryption), _StageFile.add, payloads()
+    )
+
+
+_F = TypeVar("_F", bound="_StageFile")
+_T = TypeVar("_T")
+
+
+def _write_staged(
+    fs: FS, directory: str, name: str, make: Callable[[], _F], add: Callable[[_F, _T], None], items: Iterable[_T]
+) -> tuple[str | None, int, int]:
+    """``add`` each of ``items`` to a staged file made (by ``make``) at the first one, then make it durable.
+
+    No file when there are no items; a failure (of the items' checks or of the writes) removes the partial file.
+    """
+    staged: _F | None = None
+    try:
+        for item in items:
             if staged is None:
                 _ensure_dir(fs, directory)
-                staged = _StageFile(fs, directory, name, encryption)
-            staged.add(payload)
+                staged = make()
+            add(staged, item)
         if staged is None:
             return None, 0, 0
         rows = staged.count
-        size = staged.finish()
-        return name, rows, size
+        return name, rows, staged.finish()
     except BaseException:
         if staged is not None:
             staged.discard()
@@ -333,27 +353,25 @@ def stage_chunks(
         EventTooLargeError: A row exceeds ``max_event_size``.
         OSError: Writing failed.
     """
-    staged: _ColumnFile | None = None
-    try:
-        for kind, data, offsets, n, longest in chunks:
+
+    def checked() -> Iterator[StagedChunk]:
+        for chunk in chunks:
+            kind, _, _, n, longest = chunk
             if not n:
                 continue
             size = longest + header_overhead + (len(fmt.EMPTY_HEADERS) if kind == CHUNK_BODIES else 0)
             if size > max_event_size:
                 raise EventTooLargeError(size, max_event_size)
-            if staged is None:
-                _ensure_dir(fs, directory)
-                staged = _ColumnFile(fs, directory, name, encryption)
-            staged.add_chunk(kind, data, offsets, n, longest)
-        if staged is None:
-            return None, 0, 0
-        rows = staged.count
-        size = staged.finish()
-        return name, rows, size
-    except BaseException:
-        if staged is not None:
-            staged.discard()
-        raise
+            yield chunk
+
+    return _write_staged(
+        fs,
+        directory,
+        name,
+        lambda: _ColumnFile(fs, directory, name, encryption),
+        lambda f, c: f.add_chunk(*c),
+        checked(),
+    )
 
 
 def payload_chunk(payloads: list[bytes]) -> StagedChunk:
