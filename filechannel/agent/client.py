@@ -19,6 +19,7 @@ channel never pass.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -40,7 +41,7 @@ from . import protocol as proto
 from .auth import TOKEN_HEADER, parse_uri, read_public_file, read_secret_file, read_token
 from .errors import AgentAuthError, AgentError, AgentProtocolError, AgentTimeoutError, AgentUnavailableError
 
-__all__ = ["AgentClient", "AgentSettings", "ChannelInfo", "PutResult", "RawSegment", "connect"]
+__all__ = ["AgentClient", "AgentSettings", "ChannelInfo", "ClientCache", "PutResult", "RawSegment", "connect"]
 
 logger = logging.getLogger("filechannel.agent")
 
@@ -610,3 +611,32 @@ def _int(uri: str, ans: dict[str, Any], key: str) -> int:
     if not isinstance(v, int) or isinstance(v, bool):
         raise AgentProtocolError(uri, f"the answer has no {key}")
     return v
+
+
+class ClientCache:
+    """One connection per agent (by :class:`AgentSettings`), made at first use, in this process.
+
+    A connection that failed is dropped with :meth:`forget`, so the next call
+    reconnects instead of waiting out gRPC's reconnect backoff. The Spark source
+    and sink keep one cache each: a sink dropping its connection never closes
+    one a source in the same task is reading through.
+    """
+
+    __slots__ = ("_clients",)
+
+    def __init__(self) -> None:
+        self._clients: dict[AgentSettings, AgentClient] = {}
+
+    def get(self, settings: AgentSettings) -> AgentClient:
+        """The connection to ``settings``' agent."""
+        c = self._clients.get(settings)
+        if c is None:
+            c = self._clients[settings] = settings.connect()
+        return c
+
+    def forget(self, settings: AgentSettings) -> None:
+        """Close and drop the connection to ``settings``' agent, if any (a broken one is dropped either way)."""
+        c = self._clients.pop(settings, None)
+        if c is not None:
+            with contextlib.suppress(Exception):
+                c.close()

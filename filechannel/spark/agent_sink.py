@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from filechannel.errors import ConfigError
 
 if TYPE_CHECKING:
-    from filechannel.agent.client import AgentClient, AgentSettings
+    from filechannel.agent.client import AgentClient, AgentSettings, ClientCache
 
 __all__ = ["AGENT_OPTIONS", "AgentSinkOptions", "AgentSinkTarget"]
 
@@ -123,23 +123,20 @@ def _millis(opts: Mapping[str, Any], key: str, name: str, default: int, *, posit
     return v / 1000
 
 
-_CLIENTS: dict[Any, AgentClient] = {}  # per process: one connection per agent
+_CLIENTS: list[ClientCache] = []  # per process: one connection per agent (the cache made late, as pyarrow is)
 
 
 def _client(settings: AgentSettings) -> AgentClient:
-    c = _CLIENTS.get(settings)
-    if c is None:
-        c = _CLIENTS[settings] = settings.connect()
-    return c
+    if not _CLIENTS:
+        from filechannel.agent.client import ClientCache
+
+        _CLIENTS.append(ClientCache())
+    return _CLIENTS[0].get(settings)
 
 
 def _forget(settings: AgentSettings) -> None:
-    c = _CLIENTS.pop(settings, None)
-    if c is not None:
-        try:
-            c.close()
-        except Exception:  # noqa: BLE001 - a broken connection is dropped either way
-            pass
+    if _CLIENTS:
+        _CLIENTS[0].forget(settings)
 
 
 class AgentSinkTarget:

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.datasource import InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows
 
-from filechannel.agent.client import AgentClient, AgentSettings
+from filechannel.agent.client import AgentClient, AgentSettings, ClientCache
 from filechannel.channel import Event
 from filechannel.crypto import as_encryption
 from filechannel.errors import (
@@ -129,23 +129,10 @@ def split(
 
 # -- executors ---------------------------------------------------------------------------------
 
-_CLIENTS: dict[AgentSettings, AgentClient] = {}  # per Python worker: one connection per agent
+_CLIENTS = ClientCache()  # per Python worker: one connection per agent
+_client = _CLIENTS.get
+_forget = _CLIENTS.forget  # a connection that failed
 _WHERE: dict[str, AgentSettings] = {}  # channel id -> the agent that served it
-
-
-def _client(settings: AgentSettings) -> AgentClient:
-    c = _CLIENTS.get(settings)
-    if c is None:
-        c = _CLIENTS[settings] = settings.connect()
-    return c
-
-
-def _forget(settings: AgentSettings) -> None:
-    """Drop a connection that failed (a new one does not wait out gRPC's reconnect backoff)."""
-    c = _CLIENTS.pop(settings, None)
-    if c is not None:
-        with contextlib.suppress(Exception):
-            c.close()
 
 
 def _locate(channel: str, agents: Sequence[AgentSettings]) -> AgentSettings:
