@@ -577,16 +577,7 @@ def _stream_events(reader: Any) -> Iterator[tuple[bytes, dict[str, str] | None]]
         AgentProtocolError: Another schema, or a null body.
         InvalidEventError: A null header value.
     """
-    schema = reader.schema
-    names = set(schema.names)
-    if "body" not in names or not names <= {"body", "headers"}:
-        raise AgentProtocolError(
-            "", f"a stage stream has a body column and an optional headers column, not {schema.names}"
-        )
-    if not (pa.types.is_binary(schema.field("body").type) or pa.types.is_large_binary(schema.field("body").type)):
-        raise AgentProtocolError("", f"the body column is binary, not {schema.field('body').type}")
-    if "headers" in names and schema.field("headers").type != pa.map_(pa.string(), pa.string()):
-        raise AgentProtocolError("", f"the headers column is map<string, string>, not {schema.field('headers').type}")
+    names = _event_columns(reader.schema, "stage")
     for chunk in reader:
         batch = chunk.data
         if batch is None:
@@ -604,6 +595,24 @@ def _stream_events(reader: Any) -> Iterator[tuple[bytes, dict[str, str] | None]]
             yield body, headers
 
 
+def _event_columns(schema: Any, kind: str) -> set[str]:
+    """The columns of a ``kind`` stream's ``schema``, checked: ``body`` (binary) and optional ``headers``.
+
+    Raises:
+        AgentProtocolError: Another schema.
+    """
+    names = set(schema.names)
+    if "body" not in names or not names <= {"body", "headers"}:
+        raise AgentProtocolError(
+            "", f"a {kind} stream has a body column and an optional headers column, not {schema.names}"
+        )
+    if not (pa.types.is_binary(schema.field("body").type) or pa.types.is_large_binary(schema.field("body").type)):
+        raise AgentProtocolError("", f"the body column is binary, not {schema.field('body').type}")
+    if "headers" in names and schema.field("headers").type != pa.map_(pa.string(), pa.string()):
+        raise AgentProtocolError("", f"the headers column is map<string, string>, not {schema.field('headers').type}")
+    return names
+
+
 def _read_put_stream(reader: Any, capacity: int) -> tuple[list[bytes], list[dict[str, str] | None]]:
     """The events of a DoPut stream: ``body`` (binary, not null) and optional ``headers`` (map<string, string>).
 
@@ -611,16 +620,7 @@ def _read_put_stream(reader: Any, capacity: int) -> tuple[list[bytes], list[dict
         AgentProtocolError: Another schema, or a null body.
         TransactionCapacityError: More events than the channel's ``transaction_capacity``.
     """
-    schema = reader.schema
-    names = set(schema.names)
-    if "body" not in names or not names <= {"body", "headers"}:
-        raise AgentProtocolError(
-            "", f"a put stream has a body column and an optional headers column, not {schema.names}"
-        )
-    if not (pa.types.is_binary(schema.field("body").type) or pa.types.is_large_binary(schema.field("body").type)):
-        raise AgentProtocolError("", f"the body column is binary, not {schema.field('body').type}")
-    if "headers" in names and schema.field("headers").type != pa.map_(pa.string(), pa.string()):
-        raise AgentProtocolError("", f"the headers column is map<string, string>, not {schema.field('headers').type}")
+    names = _event_columns(reader.schema, "put")
     bodies: list[bytes] = []
     headers: list[dict[str, str] | None] = []
     for chunk in reader:
