@@ -158,6 +158,18 @@ def drain(d: str) -> list[tuple[bytes, dict[str, str]]]:
         return out
 
 
+def mtls_agent(pki: dict[str, Any], dirs: list[str], **options: Any) -> Any:
+    """An agent on ``grpc+tls`` with the test PKI's server certificate, requiring client certificates."""
+    cert, key = pki["server"]
+    return serve(dirs, "grpc+tls://127.0.0.1:0", tls_cert=cert, tls_key=key, client_ca=pki["ca"], **options)
+
+
+def mtls_client(pki: dict[str, Any], agent: Any, who: str = "client") -> Any:
+    """A client of ``agent`` with the test PKI's ``who`` certificate ("client": spark-exec; "client2": intruder)."""
+    uri = f"grpc+tls://localhost:{agent.port}"
+    return connect(uri, tls_ca=pki["ca"], tls_cert=pki[who][0], tls_key=pki[who][1], timeout=5)
+
+
 def cid_of(path: str) -> str:
     return filechannel.reader.channel_id_of(path).hex()
 
@@ -398,18 +410,8 @@ def test_the_allow_list_narrows_channels_by_certificate_name(pki: dict[str, Any]
     a_dir = make_channel(tmp_path / "a", 5)
     b_dir = make_channel(tmp_path / "b", 5)
     a, b = cid_of(a_dir), cid_of(b_dir)
-    cert, key = pki["server"]
-    with serve(
-        [a_dir, b_dir],
-        "grpc+tls://127.0.0.1:0",
-        tls_cert=cert,
-        tls_key=key,
-        client_ca=pki["ca"],
-        allow={a: ["spark-exec", "intruder"], b: ["spark-exec"]},
-    ) as agent:
-        uri = f"grpc+tls://localhost:{agent.port}"
-        good = connect(uri, tls_ca=pki["ca"], tls_cert=pki["client"][0], tls_key=pki["client"][1], timeout=5)
-        other = connect(uri, tls_ca=pki["ca"], tls_cert=pki["client2"][0], tls_key=pki["client2"][1], timeout=5)
+    with mtls_agent(pki, [a_dir, b_dir], allow={a: ["spark-exec", "intruder"], b: ["spark-exec"]}) as agent:
+        good, other = mtls_client(pki, agent), mtls_client(pki, agent, "client2")
         assert set(good.channels()) == {a, b}
         assert set(other.channels()) == {a}
         assert len(other.read(a, 0, 5)) == 5
@@ -428,19 +430,9 @@ def test_an_allow_list_needs_client_certificates(chan: str) -> None:
 
 
 def test_a_certificate_name_acts_only_as_the_consumers_it_is_allowed(pki: dict[str, Any], chan: str) -> None:
-    cert, key = pki["server"]
     cid = cid_of(chan)
-    with serve(
-        [chan],
-        "grpc+tls://127.0.0.1:0",
-        tls_cert=cert,
-        tls_key=key,
-        client_ca=pki["ca"],
-        consumers={"intruder": ["q-intruder"]},
-    ) as agent:
-        uri = f"grpc+tls://localhost:{agent.port}"
-        good = connect(uri, tls_ca=pki["ca"], tls_cert=pki["client"][0], tls_key=pki["client"][1], timeout=5)
-        other = connect(uri, tls_ca=pki["ca"], tls_cert=pki["client2"][0], tls_key=pki["client2"][1], timeout=5)
+    with mtls_agent(pki, [chan], consumers={"intruder": ["q-intruder"]}) as agent:
+        good, other = mtls_client(pki, agent), mtls_client(pki, agent, "client2")
         # "spark-exec" is not listed: any consumer, as before.
         good.register(cid, "q", "id-good")
         assert good.ack(cid, "q", 3, "id-good") == 3
@@ -460,20 +452,9 @@ def test_a_certificate_name_acts_only_as_the_consumers_it_is_allowed(pki: dict[s
 
 
 def test_only_the_allowed_writers_put_or_stage(pki: dict[str, Any], chan: str) -> None:
-    cert, key = pki["server"]
     cid = cid_of(chan)
-    with serve(
-        [chan],
-        "grpc+tls://127.0.0.1:0",
-        tls_cert=cert,
-        tls_key=key,
-        client_ca=pki["ca"],
-        writers={"spark-exec"},
-        writable=True,
-    ) as agent:
-        uri = f"grpc+tls://localhost:{agent.port}"
-        good = connect(uri, tls_ca=pki["ca"], tls_cert=pki["client"][0], tls_key=pki["client"][1], timeout=5)
-        other = connect(uri, tls_ca=pki["ca"], tls_cert=pki["client2"][0], tls_key=pki["client2"][1], timeout=5)
+    with mtls_agent(pki, [chan], writers={"spark-exec"}, writable=True) as agent:
+        good, other = mtls_client(pki, agent), mtls_client(pki, agent, "client2")
         before = agent.channels[cid].channel.size
         assert not good.put_batch(cid, [b"w-1"], producer="p", sequence=1).duplicate
         with pytest.raises(AgentAuthError, match="'intruder' may not write to channel"):
@@ -487,16 +468,8 @@ def test_only_the_allowed_writers_put_or_stage(pki: dict[str, Any], chan: str) -
 
 
 def test_allow_consumer_names_are_checked(pki: dict[str, Any], chan: str) -> None:
-    cert, key = pki["server"]
     with pytest.raises(filechannel.ConfigError, match=r"consumers.*may only hold"):
-        serve(
-            [chan],
-            "grpc+tls://127.0.0.1:0",
-            tls_cert=cert,
-            tls_key=key,
-            client_ca=pki["ca"],
-            consumers={"x": ["no spaces"]},
-        )
+        mtls_agent(pki, [chan], consumers={"x": ["no spaces"]})
 
 
 # -- deadlines and a stopped agent ---------------------------------------------------------------------

@@ -27,7 +27,7 @@ pytest.importorskip("pyarrow.flight")
 pytest.importorskip("aiohttp")
 pytest.importorskip("prometheus_client")
 
-from test_agent import _write, cid_of, drain, make_channel, pki  # noqa: F401  (pki is a fixture)
+from test_agent import _write, cid_of, drain, make_channel, mtls_agent, pki  # noqa: F401  (pki is a fixture)
 from test_agent_process import AgentProcess
 
 import filechannel
@@ -397,16 +397,7 @@ def test_tls(chan: str, pki: dict[str, Any]) -> None:  # noqa: F811
             request(a.http.port, "GET", "/healthz", context=ssl.create_default_context())  # another CA
     # Mutual TLS: a client certificate of the CA is required; --allow narrows the names.
     client_cert, client_key = pki["client"]
-    with serve(
-        [chan],
-        "grpc+tls://127.0.0.1:0",
-        tls_cert=cert,
-        tls_key=key,
-        client_ca=pki["ca"],
-        allow={cid_of(chan): {"spark-exec"}},
-        writable=True,
-        http="127.0.0.1:0",
-    ) as a:
+    with mtls_agent(pki, [chan], allow={cid_of(chan): {"spark-exec"}}, writable=True, http="127.0.0.1:0") as a:
         ctx = ssl.create_default_context(cafile=pki["ca"])
         with pytest.raises((ssl.SSLError, OSError)):
             request(a.http.port, "GET", "/healthz", context=ctx)
@@ -419,16 +410,7 @@ def test_tls(chan: str, pki: dict[str, Any]) -> None:  # noqa: F811
         assert "intruder" in ans["error"]
         assert a.channels[cid_of(chan)].channel.size == 2
     # --allow-writer: only these names may post; the others still get in (and may read).
-    with serve(
-        [chan],
-        "grpc+tls://127.0.0.1:0",
-        tls_cert=cert,
-        tls_key=key,
-        client_ca=pki["ca"],
-        writers={"spark-exec"},
-        writable=True,
-        http="127.0.0.1:0",
-    ) as a:
+    with mtls_agent(pki, [chan], writers={"spark-exec"}, writable=True, http="127.0.0.1:0") as a:
         ctx = ssl.create_default_context(cafile=pki["ca"])
         ctx.load_cert_chain(client_cert, client_key)
         assert post_json(a.http.port, [{"body": "d"}], context=ctx)[0] == 200
