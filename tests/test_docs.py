@@ -127,3 +127,38 @@ def test_readme_encryption_example_runs(tmp_path: Path) -> None:
             data = (Path(root) / f).read_bytes()
             assert b"card 4" not in data
             assert b"alice" not in data
+
+
+def _install_lines() -> list[tuple[str, str]]:
+    """Every ``pip install`` the README and docs/*.md show: (file, the line)."""
+    out = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for line in doc.read_text(encoding="utf-8").splitlines():
+            if "pip install" in line:
+                out.append((doc.name, line))
+    return out
+
+
+def test_the_readme_says_how_to_install_from_the_checkout() -> None:
+    import configparser
+    import sys
+
+    section = README.split("## Installing", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```bash\n(.*?)```", section, re.S)
+    assert block, "README's Installing section has no bash block"
+    commands = [line.split("#")[0].strip() for line in block.group(1).splitlines()]
+    assert ".venv/bin/pip install ." in commands  # without extras
+    assert ".venv/bin/pip install -e '.[crypto]'" in commands  # editable, with one
+    assert ".venv/bin/filechannel --help" in commands  # where the CLI is
+    # Every extra a doc installs exists, and nothing is installed by name: the package is not on PyPI.
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    extras = set(cfg["options.extras_require"])
+    assert "filechannel = filechannel.cli:main" in cfg["options.entry_points"]["console_scripts"]
+    for doc, line in _install_lines():
+        assert not re.search(r"pip install '?filechannel\b", line), f"{doc}: installs from PyPI: {line}"
+        for named in re.findall(r"\[([\w,]+)\]'", line):
+            assert set(named.split(",")) <= extras, f"{doc}: no such extra in {line}"
+    # The CLI lands next to the interpreter of the venv (what the README points at).
+    if sys.prefix != sys.base_prefix:
+        assert (Path(sys.prefix) / "bin" / "filechannel").exists()
