@@ -162,3 +162,14 @@ def test_the_readme_says_how_to_install_from_the_checkout() -> None:
     # The CLI lands next to the interpreter of the venv (what the README points at).
     if sys.prefix != sys.base_prefix:
         assert (Path(sys.prefix) / "bin" / "filechannel").exists()
+
+
+def test_cli_md_lists_every_op_dump_prints_and_says_nothing_twice() -> None:
+    from filechannel.format import BATCH_END, OP_NAMES
+
+    section = CLI_MD.split("## `dump`", 1)[1].split("\n## ", 1)[0]
+    listed = re.search(r"`op` \(([^)]*)\)", section)
+    assert listed, "docs/cli.md's dump section lists no ops"
+    printed = {name for op, name in OP_NAMES.items() if op != BATCH_END}  # BATCH_END is verified, not printed
+    assert set(re.findall(r"`(\w+)`", listed.group(1))) == printed
+    assert " ".join(CLI_MD.split()).count("read-only and a put is refused") == 1
