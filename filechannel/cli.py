@@ -32,9 +32,9 @@ from .channel import FileChannel
 from .checkpoint import CHECKPOINT_DIR, CheckpointStore
 from .config import ChannelConfig
 from .consumers import ConsumerState, ConsumerStore, validate_name
-from .crypto import Encryption, check_key_id, keystore_json, load_keystore
+from .crypto import KEY_HINT, Encryption, check_key_id, keystore_json, load_keystore
 from .directory import CHANNEL_FILE, LOCK_FILE, WAL_FILE
-from .errors import ChannelError, ConfigError, CorruptLogError, DecryptionError, NotAChannelError
+from .errors import WRONG_KEY, ChannelError, ConfigError, CorruptLogError, DecryptionError, NotAChannelError
 from .log import Log, LogRecord, format_ranges
 from .reader import ChannelReader
 from .repair import channel_file_damaged, rebuild_channel_file
@@ -1719,6 +1719,21 @@ def _serve_config(argv: list[str], parser: argparse.ArgumentParser) -> list[str]
     return ["serve", *dirs, *out, *rest]
 
 
+def _key_problem(exc: DecryptionError, args: argparse.Namespace) -> str:
+    """The line for a key problem, with the command line's advice (``--keystore``) instead of the API's."""
+    if exc.wrong_key:
+        return (
+            f"{WRONG_KEY}: {exc.path}: {exc.reason}; give --keystore PATH with the keystore the channel was "
+            "written with (it holds that key id)"
+        )
+    if exc.hint == KEY_HINT and getattr(args, "keystore", None) is None:
+        return (
+            f"{exc.path}: the channel is encrypted (key id {exc.key_id!r}) and no --keystore was given: "
+            "give --keystore PATH with the keystore it was written with"
+        )
+    return str(exc)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     parser = build_parser()
@@ -1769,7 +1784,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ChannelError, OSError) as exc:
         msg = str(exc)
         if isinstance(exc, DecryptionError) and exc.key_id is not None:
-            pass  # a key problem: --on-corruption skip would not help
+            msg = _key_problem(exc, args)  # --on-corruption skip would not help
         elif isinstance(exc, CorruptLogError) and _damaged_channel_file(exc, args):
             # Neither verify nor --on-corruption skip get past it; the data files may be intact.
             msg = (

@@ -441,7 +441,11 @@ class Encryption:
         key = self.key(key_id)
         if key is None:
             raise DecryptionError(
-                path, 0, f"staged file is encrypted with key id {key_id!r}, which is not in the keystore", key_id
+                path,
+                0,
+                f"staged file is encrypted with key id {key_id!r}, which is not in the keystore",
+                key_id,
+                wrong_key=True,
             )
         return FileCipher(suite, key_id, salt, key, _name_id(name), 0, STAGING_INFO)
 
@@ -464,6 +468,7 @@ class Encryption:
                 f"data file is encrypted with key id {key_id!r}, which is not among the keys given",
                 key_id,
                 KEY_HINT,
+                wrong_key=True,
             )
         return FileCipher(suite, key_id, salt, key, channel_id, file_id)
 
@@ -544,6 +549,7 @@ def header_cipher(
             f"the key given for key id {header.key_id!r} is not the one this file was written with",
             header.key_id,
             KEY_HINT,
+            wrong_key=True,
         )
     return cipher
 
@@ -759,6 +765,7 @@ class MetaMac:
                 f"checkpoint marks are sealed with key id {key_id!r}, which is not among the keys given",
                 key_id,
                 KEY_HINT,
+                wrong_key=True,
             )
         hashes, aead, hkdf = _crypto()
         info = _MARKS_INFO + bytes([suite]) + self._channel_id
@@ -792,6 +799,7 @@ class MetaMac:
                 f"file is authenticated with key id {key_id!r}, which is not among the keys given",
                 key_id,
                 KEY_HINT,
+                wrong_key=True,
             )
         want = hmac.new(key, role.encode() + b"\0" + bytes(body), "sha256").digest()
         if not hmac.compare_digest(want, tag):
