@@ -623,7 +623,7 @@ class Run:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=os.environ.get("FILECHANNEL_DEMO_PROG"), description=__doc__.split("\n\n")[0])
     p.add_argument("workdir", nargs="?", default="demo-cluster", help="wiped first (default: ./demo-cluster)")
     p.add_argument("--rate", type=int, default=1000, help="events per second per producer (1000)")
     p.add_argument("--batch", type=int, default=100, help="mean events per transaction (100)")

@@ -119,3 +119,89 @@ def test_demo_does_not_wipe_a_directory_it_did_not_make(tmp_path: Path) -> None:
     assert r.returncode == 2
     assert "not wiping it" in r.stdout
     assert precious.read_text() == "keep me"
+
+
+def _fake_java(tmp_path: Path, version: str = 'java version "1.8.0_392"') -> dict[str, str]:
+    """An environment whose ``java`` is a stand-in reporting ``version``."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    java = bindir / "java"
+    java.write_text(f"#!/bin/sh\necho '{version}' >&2\n")
+    java.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
+    env["PATH"] = f"{bindir}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def _run_bounded(argv: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` in its own session; past ``timeout`` kill the whole session (and fail)."""
+    import signal
+
+    proc = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise AssertionError(f"{argv} still ran after {timeout:.0f} s") from None
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def test_the_test_script_checks_java_before_the_long_run(tmp_path: Path) -> None:
+    r = _run_bounded(["bash", str(ROOT / "scripts" / "test.sh")], _fake_java(tmp_path), timeout=120)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("scripts/test.sh: the Spark tests need Java 17+: ")
+    assert "is Java 8" in lines[0]
+    assert "passed" not in r.stdout  # no test ran
+
+
+@pytest.mark.parametrize(("flag", "prog"), [((), "scripts/demo.sh"), (("--cluster",), "scripts/demo.sh --cluster")])
+def test_demo_help_names_the_script_and_needs_no_java(tmp_path: Path, flag: tuple[str, ...], prog: str) -> None:
+    r = _run_bounded(["bash", str(DEMO), *flag, "--help"], _fake_java(tmp_path), timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"usage: {prog} ")
+    assert "pipeline.py" not in r.stdout
+    assert "cluster.py" not in r.stdout
+
+
+def test_the_demo_work_folders_are_ignored_by_git() -> None:
+    for folder in ("demo-work", "demo-cluster"):
+        r = subprocess.run(["git", "check-ignore", "-q", f"{folder}/x"], cwd=ROOT, capture_output=True, timeout=30)
+        assert r.returncode == 0, f"{folder}/ is not in .gitignore"
+
+
+def test_progress_lines_stop_before_the_final_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import time
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        import pipeline
+    finally:
+        sys.path.pop(0)
+    orch = pipeline.Orchestrator(pipeline.parse_args([str(tmp_path / "work"), "--progress", "0.02"]))
+    orch.mon.poll = lambda: None  # type: ignore[method-assign]
+    orch.mon.line = lambda: "PROGRESS-LINE"  # type: ignore[method-assign]
+    orch.start_progress()
+    time.sleep(0.2)
+    assert "PROGRESS-LINE" in capsys.readouterr().err  # it was running
+    orch.relay_line("[pipeline] final drain (availableNow): 1 micro-batches, 10 events in 1.0 s\n")
+    for line in ("produced 10, delivered 10, duplicated 0, lost 0", "  region  run-1  all"):
+        orch.relay_line(line + "\n")
+        time.sleep(0.1)
+    out = capsys.readouterr()
+    assert "PROGRESS-LINE" not in out.err  # none after the report began
+    assert out.out.splitlines()[-2:] == ["produced 10, delivered 10, duplicated 0, lost 0", "  region  run-1  all"]
+
+
+def test_the_pure_python_rerun_says_why_its_tests_skip() -> None:
+    code = "import helpers; print(helpers.NO_ACCELERATOR)"
+    env = {**os.environ, "FILECHANNEL_PURE_PYTHON": "1"}
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT / "tests", env=env, capture_output=True, text=True, timeout=60
+    )
+    assert r.stdout.strip().startswith("the pure-Python rerun (FILECHANNEL_PURE_PYTHON=1)"), r.stderr
+    assert "not built" not in r.stdout
