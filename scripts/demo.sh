@@ -9,9 +9,10 @@
 # Usage: scripts/demo.sh [WORKDIR] [examples/pipeline.py options]
 #        (WORKDIR default: ./demo-work, wiped first if it holds an earlier run; options: --help)
 #        scripts/demo.sh --cluster [WORKDIR] [examples/cluster.py options]
-#        three "hosts" (a producer, its channel and an agent each), a Spark standalone master and
-#        worker whose executors cannot see the channel files, kills of an agent, the driver and a
-#        producer, the exactly-once check per channel (WORKDIR default: ./demo-cluster)
+#        three "hosts" (a producer, its channel and an agent each, the agents over mutual TLS with a
+#        certificate each, an allow-list and a token; --insecure: plain grpc on loopback), a Spark
+#        standalone master and worker whose executors cannot see the channel files, kills of an agent,
+#        the driver and a producer, the exactly-once check per channel (WORKDIR default: ./demo-cluster)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"

@@ -205,3 +205,41 @@ def test_the_pure_python_rerun_says_why_its_tests_skip() -> None:
     )
     assert r.stdout.strip().startswith("the pure-Python rerun (FILECHANNEL_PURE_PYTHON=1)"), r.stderr
     assert "not built" not in r.stdout
+
+
+def test_the_cluster_demo_agents_use_mutual_tls_unless_insecure(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        import cluster
+    finally:
+        sys.path.pop(0)
+    import filechannel
+    from filechannel.agent import AgentAuthError, AgentUnavailableError, connect
+
+    assert cluster.parse_args([str(tmp_path)]).insecure is False  # mutual TLS by default
+    assert cluster.parse_args([str(tmp_path), "--insecure"]).insecure is True
+    d = tmp_path / "hosts" / "h1" / "channel"
+    filechannel.open(d, minimum_required_space=0).close()
+    (tmp_path / "logs").mkdir()
+    pki = cluster.make_pki(tmp_path / "pki", ("h1",))
+    for secret in ("agent-h1.key", "client.key", "token"):
+        assert os.stat(pki[secret]).st_mode & 0o077 == 0
+    agent = cluster.Agent("h1", d, tmp_path, pki)
+    agent.start()
+    try:
+        assert agent.uri.startswith("grpc+tls://localhost:")
+        query = {"tls_ca": pki["ca"], "tls_cert": pki["client.crt"], "tls_key": pki["client.key"]}
+        c = connect(agent.uri, token_file=pki["token"], timeout=10, **query)
+        cid = filechannel.reader.channel_id_of(d).hex()
+        assert list(c.channels()) == [cid]
+        c.register(cid, cluster.CONSUMER, "spark-query:x")  # the query's consumer: allowed
+        with pytest.raises(AgentAuthError):
+            c.register(cid, "another-consumer", "spark-query:y")  # --allow-consumer spark=cluster-table
+        with pytest.raises(AgentUnavailableError):
+            connect(agent.uri, tls_ca=pki["ca"], token_file=pki["token"], timeout=10).channels()  # no certificate
+        with pytest.raises(AgentAuthError):
+            connect(agent.uri, timeout=10, **query).channels()  # no token
+    finally:
+        agent.kill9()
+    insecure = cluster.Agent("h1", d, tmp_path, None)
+    assert insecure.uri.startswith("grpc://127.0.0.1:")

@@ -22,6 +22,15 @@ Options (case-insensitive):
     checkpoint location or query id, so the name cannot be derived from them.
 ``maxEventsPerTrigger`` (streaming)
     No micro-batch holds more events (``ReadMaxRows``). Default: no limit.
+``minEventsPerTrigger``, ``maxTriggerDelay`` (streaming)
+    A micro-batch waits for at least this many events (the default read limit
+    ``ReadMinRows``), no longer than the delay; not above ``maxEventsPerTrigger``.
+    Ignored under ``trigger(once=True)`` (Spark passes ``ReadAllAvailable``) and ``availableNow``.
+``startingPosition``, ``endingPosition``
+    ``earliest``, ``latest``, a position, or per channel (JSON keyed by channel id
+    or directory; a key naming no channel read is refused).
+``failOnDataLoss``
+    ``true`` only (what the source always does: a loss fails the query); ``false`` is refused.
 ``minPartitions``
     About how many partitions (Spark tasks) a micro-batch, or a snapshot, is
     cut into, of about equal bytes, so each core gets about one task per
