@@ -334,17 +334,25 @@ def _read(path: str) -> bytes:
     return read_file(DEFAULT_FS, path)
 
 
+def _https(config: AgentConfig) -> None:
+    """Check the HTTP port's TLS context (when it has one)."""
+    if config.http is not None and config.tls_cert and config.tls_key:
+        _http_module().ssl_context(config)
+
+
+def _token(config: AgentConfig) -> bytes | None:
+    return read_token(config.token_file, "token_file") if config.token_file else None
+
+
 def _start_checks(config: AgentConfig) -> tuple[Listen, list[Any], bytes | None, bytes | None]:
-    """What a start checks before it opens a channel: the options, the TLS files, the token.
+    """What a start checks before it opens a channel: the options, the TLS files, the token (:func:`check` too).
 
     Returns ``(listen, certificate pairs, client CA, token)``.
     """
     listen = config.parsed_listen()
     certs, client_ca = _tls_material(config)
-    if config.http is not None and certs:
-        _http_module().ssl_context(config)
-    token = read_token(config.token_file, "token_file") if config.token_file else None
-    return listen, certs, client_ca, token
+    _https(config)
+    return listen, certs, client_ca, _token(config)
 
 
 def _http_module() -> Any:
@@ -377,8 +385,10 @@ def check(config: AgentConfig) -> tuple[dict[str, Any], list[Exception]]:
             problems.append(exc)
             return None
 
-    checked = attempt(lambda: _start_checks(config))
-    listen = checked[0] if checked is not None else None
+    listen = attempt(config.parsed_listen)  # the steps of _start_checks, each on its own
+    if attempt(lambda: _tls_material(config)) is not None:
+        attempt(lambda: _https(config))
+    attempt(lambda: _token(config))
     encryption = attempt(lambda: as_encryption(config.keystore)) if config.keystore else None
     key_ok = not config.keystore or encryption is not None
     if config.writable:
