@@ -1516,7 +1516,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="NAME=CONSUMER",
         help="with --client-ca: certificate NAME may act only as these consumers (repeatable; a name not listed may "
-        "use any)",
+        "act only as consumers no listed name owns)",
     )
     sp.add_argument("--keystore", metavar="PATH", help="keystore of encrypted channels (records still travel sealed)")
     sp.add_argument("--port-file", metavar="FILE", help="write the bound port here once listening (atomically)")

@@ -435,7 +435,7 @@ def test_a_certificate_name_acts_only_as_the_consumers_it_is_allowed(pki: dict[s
     cid = cid_of(chan)
     with mtls_agent(pki, [chan], consumers={"intruder": ["q-intruder"]}) as agent:
         good, other = mtls_client(pki, agent), mtls_client(pki, agent, "client2")
-        # "spark-exec" is not listed: any consumer, as before.
+        # "spark-exec" is not listed: any consumer no listed name owns.
         good.register(cid, "q", "id-good")
         assert good.ack(cid, "q", 3, "id-good") == 3
         # "intruder" may read the channel and act as its own consumer, but not as another query's,

@@ -14,18 +14,22 @@ ids and positions, never paths.
 Writes (``writable``, opt-in): the agent opens each channel as its owner
 (``filechannel.open``, taking the lock; readers keep working) and ``DoPut``
 turns one stream into one channel transaction that also records the
-producer's sequence number in a mark (``producer:<id>``), acknowledged only
-after the durable commit. A (producer, sequence) at or below the committed one
-is acknowledged again without a put: a retry after a timeout, a lost answer or
-an agent crash is never put twice, because the mark and the events commit
-together (the crash-point harness checks marks at every persistence point).
+producer's sequence number in a mark (``producer:<id>``, with the certificate
+name that owns the id: another certificate's put under it is refused),
+acknowledged only after the durable commit. A (producer, sequence) at or
+below the committed one is acknowledged again without a put: a retry after a
+timeout, a lost answer or an agent crash is never put twice, because the mark
+and the events commit together (the crash-point harness checks marks at every
+persistence point).
 
 HTTP (``web.py``, opt-in with ``http``): the HTTP source, ``/metrics`` and
 health checks on a port of their own; Flight calls count into its metrics.
 
 Security (``auth.py``): TLS off loopback, mutual TLS with a client CA, an
 optional certificate-name allow-list per channel, an optional bearer token
-checked by middleware before any handler runs.
+checked by middleware before any handler runs; an address other hosts reach
+needs client authentication (or ``insecure_allow_anyone``); a unix socket is
+mode 0600. :func:`check` is ``serve --check``: the start's checks, as a dry run.
 """
 
 from __future__ import annotations
@@ -99,7 +103,8 @@ class AgentConfig:
         allow: Certificate names allowed per channel id (``"*"``: every channel); needs ``client_ca``.
             Empty: every certificate the CA signed is let in.
         consumers: The consumer names a certificate name may act as (register, read under,
-            acknowledge for), by certificate name; a name not listed may use any. Needs ``client_ca``.
+            acknowledge for), by certificate name; a name not listed may use only consumers no listed
+            name owns. Needs ``client_ca``.
         writers: The certificate names that may write (``DoPut`` puts, the Spark sink's stage
             and commit, HTTP posts); empty: every name let in may. Needs ``client_ca``.
         keystore: The keystore of encrypted channels (the agent's readers check batches with it;
@@ -717,8 +722,27 @@ class _FlightServer(fl.FlightServerBase):  # type: ignore[misc]
         return store.commit_batch(query, proto.int_field(req, "batch"), files, rows, float(stale))
 
 
+def _bodies(batch: Any, max_event_size: int) -> Any:
+    """The ``body`` column of one batch of a put stream, checked before anything is taken from it.
+
+    Raises:
+        AgentProtocolError: A null body.
+        EventTooLargeError: A body over ``max_event_size``.
+    """
+    col = batch.column("body")
+    if col.null_count:
+        raise AgentProtocolError("", "a body is null")
+    if len(col):
+        biggest = pc.max(pc.binary_length(col)).as_py()
+        if biggest > max_event_size:
+            raise EventTooLargeError(biggest, max_event_size)
+    return col
+
+
 def _stream_events(reader: Any) -> Iterator[tuple[bytes, dict[str, str] | None]]:
     """The rows of a stage stream, one by one (the put schema: ``body`` binary, optional ``headers``).
+
+    The staging area checks each row's size as it takes it (``staging.py``).
 
     Raises:
         AgentProtocolError: Another schema, or a null body.
@@ -801,13 +825,7 @@ def _read_put_stream(reader: Any, config: ChannelConfig) -> tuple[list[bytes], l
             raise TransactionCapacityError(
                 f"a put of more than transaction_capacity={capacity} events; send smaller batches"
             )
-        col = batch.column("body")
-        if col.null_count:
-            raise AgentProtocolError("", "a body is null")
-        if batch.num_rows:
-            biggest = pc.max(pc.binary_length(col)).as_py()
-            if biggest > config.max_event_size:
-                raise EventTooLargeError(biggest, config.max_event_size)
+        col = _bodies(batch, config.max_event_size)
         size += col.nbytes
         if size > limit:
             raise TransactionCapacityError(
