@@ -1240,6 +1240,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         if args.check:
             info, problems = check(config)
+            if args.tail:  # what start_tails checks before it starts a source
+                from .agent.tail import parse_tail_specs
+
+                try:
+                    parse_tail_specs(args.tail, sorted(c["name"] for c in info["channels"]))
+                except ConfigError as exc:
+                    problems.append(exc)
             for problem in problems:
                 line = (
                     f"{_SERVE_FLAGS.get(problem.option, problem.option)}: {problem.reason}"

@@ -322,6 +322,13 @@ def test_check_reports_what_the_start_refuses_one_line_each(tmp_path: Path) -> N
     # The real start refuses the same, with the first of them.
     with pytest.raises(filechannel.ConfigError, match="plain HTTP is for a loopback address only"):
         serve([d], "grpc://127.0.0.1:0", writable=True, http="0.0.0.0:0", token_file=str(token))
+    # A --tail spec the start would refuse (two channels served, the spec names none).
+    d2 = make_channel(tmp_path / "c2", 1)
+    r = _cli("serve", d, d2, "--listen", "grpc://127.0.0.1:0", "--writable", "--tail", "/x/*.log", "--check")
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == [
+        "filechannel: error: --tail: '/x/*.log': several channels are served (c, c2): give NAME=GLOB"
+    ]
     # A channel another process owns: the check says so, without taking the lock.
     with filechannel.open(d, **OPTS):
         r = _cli("serve", d, "--listen", "grpc://127.0.0.1:0", "--writable", "--check")
