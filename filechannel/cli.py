@@ -1700,8 +1700,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # stat, dump and verify are read-only and report damage themselves.
     level = _log_level(args)
     shown: AbstractContextManager[None] = (
-        nullcontext()  # serve logs on stderr itself (--log-level), each record once
-        if args.func is cmd_serve
+        nullcontext()  # a running agent logs on stderr itself (--log-level), each record once
+        if args.func is cmd_serve and not args.check
         else _library_warnings(level)
         if level is not None
         else _library_warnings()

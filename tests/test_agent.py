@@ -75,8 +75,13 @@ class PKI:
         )
         self.ca = _write(root / f"{cn}.pem", self.cert.public_bytes(serialization.Encoding.PEM))
 
-    def issue(self, cn: str, *, server: bool = False, san: str | None = None) -> tuple[str, str]:
-        """Write ``cn``'s certificate and key (``san``: a DNS subjectAltName too); return their paths."""
+    def issue(
+        self, cn: str, *, server: bool = False, san: str | list[x509.GeneralName] | None = None
+    ) -> tuple[str, str]:
+        """Write ``cn``'s certificate and key; return their paths.
+
+        ``san``: subjectAltNames too (a string: one DNS name).
+        """
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.timezone.utc)
         b = (
@@ -97,7 +102,8 @@ class PKI:
                 critical=False,
             )
         if san is not None:
-            b = b.add_extension(x509.SubjectAlternativeName([x509.DNSName(san)]), critical=False)
+            names = [x509.DNSName(san)] if isinstance(san, str) else san
+            b = b.add_extension(x509.SubjectAlternativeName(names), critical=False)
         cert = b.sign(self.key, hashes.SHA256())
         pem_key = key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()

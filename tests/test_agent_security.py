@@ -8,6 +8,7 @@ status table), the unix socket's mode, the early refusal of an oversized put,
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
 import re
 import signal
@@ -26,6 +27,7 @@ pytest.importorskip("prometheus_client")
 
 import pyarrow as pa
 import pyarrow.flight as fl
+from cryptography import x509
 from test_agent import PKI, cid_of, make_channel, mtls_agent, mtls_client
 from test_agent_http import post_json, request
 from test_agent_process import AgentProcess, _cli
@@ -48,6 +50,8 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "client": ca.issue("spark-exec"),
         "client2": ca.issue("intruder"),
         "mallory": ca.issue("mallory", san="alice"),  # CN=mallory, SAN=DNS:alice
+        "spiffe": ca.issue("carol", san=[x509.UniformResourceIdentifier("spiffe://corp/dave"), x509.DNSName("erin")]),
+        "ipv6": ca.issue("frank", san=[x509.IPAddress(ipaddress.ip_address("2001:db8::1")), x509.DNSName("gina")]),
     }
 
 
@@ -79,6 +83,17 @@ def test_a_certificate_goes_by_its_first_san_on_flight_and_http(
                 c.read(cid, 0, 3)
             assert status == 403
             assert "'alice' is not allowed" in answer["error"]
+
+
+@pytest.mark.parametrize(("who", "name"), [("spiffe", "spiffe://corp/dave"), ("ipv6", "2001:db8::1")])
+def test_the_first_san_of_any_kind_names_a_certificate_on_both_protocols(
+    pki: dict[str, Any], tmp_path: Path, who: str, name: str
+) -> None:
+    d = make_channel(tmp_path / "c", 1)
+    with mtls_agent(pki, [d], allow={"*": [name]}, writable=True, http="127.0.0.1:0") as agent:
+        assert list(mtls_client(pki, agent, who).channels()) == [cid_of(d)]
+        status, _, answer = post_json(agent.http.port, [{"body": "x"}], context=https(pki, who))
+        assert status == 200, answer
 
 
 # -- item 4: producer ids belong to the certificate that first used them ---------------------------------

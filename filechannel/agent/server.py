@@ -449,7 +449,11 @@ def _bind_unix(make: Callable[[str], Any], path: str) -> tuple[Any, tuple[str, i
     user can reach the socket there), sets the socket's mode to 0600 and renames
     it into place. Returns the server and the socket's ``(path, inode)``.
     """
-    private = tempfile.mkdtemp(prefix=".fc", dir=os.path.dirname(path) or ".")  # mode 0700
+    parent = os.path.dirname(path) or "."
+    try:
+        private = tempfile.mkdtemp(prefix=".fc", dir=parent)  # mode 0700
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot make a private directory in {parent}: {exc.strerror}") from None
     inner = os.path.join(private, "s")
     try:
         server = make(f"grpc+unix://{inner}")
