@@ -138,7 +138,7 @@ class HttpSettings:
     idempotency_keys: int = 1024
     workers: int = 8
 
-    def check(self, tls: bool = True) -> tuple[str, int]:
+    def check(self, tls: bool) -> tuple[str, int]:
         """The host and port, the options checked (``tls``: whether the agent has a certificate and key).
 
         Raises:
