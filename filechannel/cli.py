@@ -32,7 +32,7 @@ from .channel import FileChannel
 from .checkpoint import CHECKPOINT_DIR, CheckpointStore
 from .config import ChannelConfig
 from .consumers import ConsumerState, ConsumerStore, validate_name
-from .crypto import Encryption, check_key_id, keystore_json, load_keystore
+from .crypto import Encryption, check_key_id, could_be_key, keystore_json, load_keystore
 from .directory import CHANNEL_FILE, LOCK_FILE, WAL_FILE
 from .errors import ChannelError, ConfigError, CorruptLogError, DecryptionError, NotAChannelError
 from .log import Log, LogRecord, format_ranges
@@ -1089,6 +1089,12 @@ def cmd_keygen(args: argparse.Namespace) -> int:
     from .crypto import keystore_lock, show_id  # here, so the module's imports stay as they are
 
     path = args.keystore
+    if could_be_key(path) or could_be_key(os.path.basename(path)):
+        # A key pasted in place of the path: never make it a file name (nor repeat it in a message).
+        raise ChannelError(
+            "the KEYSTORE argument looks like a key (not shown), not a file name: give the keystore's path, "
+            "e.g. `filechannel keygen /etc/filechannel/keys.json`"
+        )
     key_id = args.id if args.id is not None else time.strftime("%Y-%m-%d-%H%M%S", time.gmtime())
     check_key_id(key_id, "--id")
     real = os.path.realpath(path)  # a symlink's target: rewrite it, keep the link
@@ -1700,7 +1706,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         if exc.option == "encryption":
             ks = getattr(args, "keystore", None)
-            msg = f"--keystore {ks}: {exc.reason}" if ks is not None and args.func is not cmd_keygen else exc.reason
+            if ks is not None and args.func is not cmd_keygen:
+                # The value is repeated only when it cannot be a key pasted in place of the path.
+                msg = f"--keystore {ks}: {exc.reason}" if not could_be_key(ks) else f"--keystore: {exc.reason}"
+            else:
+                msg = exc.reason
         print(f"filechannel: error: {msg}", file=sys.stderr)
         return 2
     except (ChannelError, OSError) as exc:
