@@ -1239,7 +1239,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         channel_options=_serve_channel_options(args),
         names=names,
         http=http,
+        tail=tuple(args.tail or ()),
+        tail_options={"follow_symlinks": True} if args.tail_follow_symlinks else {},
     )
+    if args.tail_follow_symlinks and not args.tail:
+        raise ChannelError("--tail-follow-symlinks goes with --tail GLOB")
     if args.tail and not args.writable:
         raise ChannelError("--tail puts into the channels: give --writable too")
     try:
@@ -1285,19 +1289,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 channel_options=config.channel_options,
                 names=config.names,
                 http=config.http,
+                tail=config.tail,
+                tail_options=config.tail_options,
             )
-            tails = []
             try:
-                if args.tail:
-                    from .agent.tail import start_tails
-
-                    tails = start_tails(agent, args.tail)
                 while not stop.wait(0.5):
-                    if any(t.error is not None for t in tails):
+                    if any(t.error is not None for t in agent.tails):
                         raise ChannelError("a tail source stopped (see the log above); the agent stops too")
             finally:
-                for t in tails:
-                    t.stop()
                 agent.stop()
         finally:
             for s, h in old.items():
@@ -1570,6 +1569,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="[NAME=]GLOB",
         help="with --writable: follow files matching GLOB into the channel NAME (its directory's base name; "
         "optional when one channel is served), exactly once (repeatable; docs/agents.md)",
+    )
+    sp.add_argument(
+        "--tail-follow-symlinks",
+        action="store_true",
+        help="let --tail follow a symlink to a file outside its glob's directory (default: such a link is "
+        "skipped with a warning, so a link to a key or a password file never becomes events)",
     )
     sp.add_argument("--check", action="store_true", help="print what would be served and exit (binds nothing)")
     sp.set_defaults(func=cmd_serve)

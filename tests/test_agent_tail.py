@@ -274,7 +274,8 @@ def test_delete_and_recreate_is_a_new_file_and_the_old_one_is_read_to_its_end(
     os.unlink(log)
     append(log, lines("c", 0, 4))
     with filechannel.open(chan_dir, **OPTS) as ch:
-        src = source(ch, logdir)
+        # (poll_interval: the wait below outlasts max(rotate_grace, 20 polls, 0.5 s) when the inode is not reused)
+        src = source(ch, logdir, poll_interval=0.02)
         with caplog.at_level(logging.WARNING, "filechannel.agent.tail"):
             src.drain()
             time.sleep(0.6)  # a file not found is looked for again for a while before it is called gone
@@ -507,3 +508,144 @@ def test_bench_tail_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 
     assert bench_tail.main(["--lines", "300", "--repeats", "1", "--data-dir", str(tmp_path)]) == 0
     assert "ratio tail/cat" in capsys.readouterr().out
+
+
+# -- symlinks out of the glob's directory (issue 32 item 2) ---------------------------------------------
+
+
+@pytest.fixture
+def secret(tmp_path: Path) -> Path:
+    """A file outside the logs directory that must never become events (a keystore, say)."""
+    d = tmp_path / "secrets"
+    d.mkdir()
+    p = d / "keys.json"
+    p.write_bytes(b'{"k": "S3CRET-KEY-MATERIAL"}\n')
+    os.chmod(p, 0o600)
+    return p
+
+
+def leaked(ch: filechannel.FileChannel) -> list[bytes]:
+    return [b for b in bodies(ch) if b"S3CRET" in b]
+
+
+def test_a_symlink_out_of_the_glob_directory_is_skipped_with_one_warning(
+    chan_dir: str, logdir: Path, secret: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "filechannel.agent.tail")
+    append(logdir / "app.log", b"ok\n")
+    (logdir / "keys.log").symlink_to(secret)
+    with filechannel.open(chan_dir, **OPTS) as ch:
+        src = source(ch, logdir, pattern="*.log")
+        for _ in range(5):
+            src.poll()
+        got = bodies(ch)
+        assert got == [b"ok"]
+        src.stop()
+    warnings = [r.getMessage() for r in caplog.records if "keys.log" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert str(logdir / "keys.log") in warnings[0]
+    assert str(secret) in warnings[0]
+    assert "--tail-follow-symlinks" in warnings[0]
+    assert src.stats()["links_refused"] == 1
+
+
+def test_a_symlinked_directory_out_of_the_glob_directory_is_skipped(
+    chan_dir: str, logdir: Path, secret: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "filechannel.agent.tail")
+    (logdir / "sub").mkdir()
+    append(logdir / "sub" / "app.log", b"ok\n")
+    (logdir / "etc").symlink_to(secret.parent, target_is_directory=True)
+    with filechannel.open(chan_dir, **OPTS) as ch:
+        src = source(ch, logdir, pattern="**/*.json")
+        src.drain()
+        assert leaked(ch) == []
+        src2 = TailSource(ch, [str(logdir / "**" / "*.log"), str(logdir / "*" / "keys.json")], name="t2", rotate_grace=0)
+        src2.drain()
+        assert bodies(ch) == [b"ok"]
+        src.stop()
+        src2.stop()
+    assert any(str(logdir / "etc" / "keys.json") in r.getMessage() for r in caplog.records)
+
+
+def test_a_symlink_inside_the_glob_directory_is_followed(chan_dir: str, logdir: Path) -> None:
+    (logdir / "archive").mkdir()
+    append(logdir / "archive" / "app-1.txt", b"one\ntwo\n")
+    (logdir / "current.log").symlink_to(Path("archive") / "app-1.txt")  # relative, inside
+    with filechannel.open(chan_dir, **OPTS) as ch:
+        src = source(ch, logdir, pattern="*.log")
+        src.drain()
+        assert drain_events(ch) == [
+            (b"one", {"file": str(logdir / "current.log"), "offset": "0"}),
+            (b"two", {"file": str(logdir / "current.log"), "offset": "4"}),
+        ]
+        src.stop()
+
+
+def test_follow_symlinks_opts_in_to_links_out_of_the_directory(chan_dir: str, logdir: Path, secret: Path) -> None:
+    (logdir / "keys.log").symlink_to(secret)
+    with filechannel.open(chan_dir, **OPTS) as ch:
+        src = source(ch, logdir, pattern="*.log", follow_symlinks=True)
+        src.drain()
+        assert len(leaked(ch)) == 1
+        src.stop()
+
+
+def test_a_link_swapped_in_between_the_check_and_the_open_is_refused(
+    chan_dir: str, logdir: Path, secret: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The scan sees a regular file; just before it is opened, it becomes a link to the secret.
+    caplog.set_level(logging.WARNING, "filechannel.agent.tail")
+    log = logdir / "app.log"
+    append(log, b"ok\n")
+    real_open = os.open
+    swapped = []
+
+    def racing_open(path: Any, flags: int, *a: Any, **kw: Any) -> int:
+        if os.fspath(path) == str(log) and not swapped:
+            swapped.append(1)
+            log.unlink()
+            log.symlink_to(secret)
+        return real_open(path, flags, *a, **kw)
+
+    with filechannel.open(chan_dir, **OPTS) as ch:
+        src = source(ch, logdir)
+        monkeypatch.setattr(os, "open", racing_open)
+        src.poll()
+        monkeypatch.setattr(os, "open", real_open)
+        assert swapped
+        assert leaked(ch) == []
+        src.drain()
+        assert leaked(ch) == []
+        src.stop()
+    assert any(str(log) in r.getMessage() and "symlink" in r.getMessage() for r in caplog.records)
+
+
+def test_a_directory_swapped_for_a_link_between_the_check_and_the_open_is_refused(
+    chan_dir: str, logdir: Path, secret: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # O_NOFOLLOW guards only the last component: a directory on the way swapped for a link to the
+    # secret's directory is caught by checking what was opened (the glob's directory itself is the
+    # operator's choice, and resolved at each scan: /var/log/app may well be a link).
+    sub = logdir / "app"
+    sub.mkdir()
+    (sub / "keys.json").write_bytes(b"ok\n")
+    real_open = os.open
+    swapped = []
+
+    def racing_open(path: Any, flags: int, *a: Any, **kw: Any) -> int:
+        if os.fspath(path) == str(sub / "keys.json") and not swapped:
+            swapped.append(1)
+            shutil.rmtree(sub)
+            sub.symlink_to(secret.parent, target_is_directory=True)
+        return real_open(path, flags, *a, **kw)
+
+    with filechannel.open(chan_dir, **OPTS) as ch:
+        src = source(ch, logdir, pattern="*/*.json")  # the glob's directory is logdir: app is below it
+        monkeypatch.setattr(os, "open", racing_open)
+        src.poll()
+        monkeypatch.setattr(os, "open", real_open)
+        assert swapped
+        src.drain()
+        assert leaked(ch) == []
+        src.stop()
