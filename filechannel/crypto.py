@@ -494,9 +494,7 @@ def as_encryption(encryption: Encryption | str | os.PathLike[str] | None) -> Enc
         return encryption
     if isinstance(encryption, (str, os.PathLike)):
         return Encryption(keys=os.fspath(encryption))
-    raise ConfigError(
-        "encryption", f"must be a filechannel.Encryption or a keystore path, got {show_id(encryption)}"
-    )
+    raise ConfigError("encryption", f"must be a filechannel.Encryption or a keystore path, got {show_id(encryption)}")
 
 
 def segment_cipher(segment: Any, encryption: Encryption | str | os.PathLike[str] | None) -> FileCipher | None:

@@ -212,7 +212,7 @@ def test_a_key_pasted_as_keystore_on_the_command_line_is_never_echoed(
         assert code == 2, (argv[0], err)
         assert "looks like a key (not shown)" in err, (argv[0], err)
         assert len(err.strip().splitlines()) == 1, err
-        for s in _secrets(key) + [text, text[:16]]:
+        for s in [*_secrets(key), text, text[:16]]:
             assert s not in err, (argv[0], s, err)
     assert os.listdir(tmp_path) == ["ch"], "keygen made a file named after the key"
 
@@ -223,7 +223,9 @@ def test_a_key_pasted_as_cipher_env_name_or_encryption_is_never_echoed(
 ) -> None:
     caplog.set_level(logging.DEBUG)
     key, text = _pasted_keys()[form]
-    with pytest.raises(ConfigError, match=r"cipher must be one of .* got <a string of \d+ characters, not shown>") as ei:
+    with pytest.raises(
+        ConfigError, match=r"cipher must be one of .* got <a string of \d+ characters, not shown>"
+    ) as ei:
         Encryption(keys={"a": os.urandom(32)}, cipher=text)
     _assert_hidden(ei.value, key, caplog)
     assert text not in repr(ei.value.args)

@@ -236,8 +236,8 @@ class TailSource:
         """Look for files, read up to ``batch_size`` lines and commit them with their positions.
 
         Returns the number of lines committed (0 when nothing was new). Raises what
-        the commit raises, except ``ChannelFullError`` and ``DiskSpaceError``
-        (logged; the same lines are read again at the next poll).
+        the commit raises, except ``ChannelFullError``, ``DiskSpaceError`` and a disk
+        full during the write (logged; the same lines are read again at the next poll).
         """
         if not self._resumed:
             self._resume()
@@ -576,7 +576,7 @@ class TailSource:
         except OSError:
             pass
         best: tuple[int, str, os.stat_result] | None = None
-        bases, dirs = self._bases(), {}
+        bases, dirs = self._bases(), dict[str, str]()
         for p in paths:
             st = self._lookup(p, bases, dirs, warn=False)
             if st is None:
@@ -624,7 +624,7 @@ class TailSource:
     def _scan(self) -> dict[tuple[int, int], str]:
         """The regular files matching the patterns, by (device, inode); not those leading out through a link."""
         out: dict[tuple[int, int], str] = {}
-        bases, dirs = self._bases(), {}
+        bases, dirs = self._bases(), dict[str, str]()
         self._link_refused = set()
         for pat in self.patterns:
             for p in sorted(_glob.glob(pat, recursive=True)):
@@ -870,7 +870,10 @@ class TailSource:
                         tx.put(body, hdrs)
                 for slot, value in marks.items():
                     tx.mark(self._key(slot), value)
-        except (ChannelFullError, DiskSpaceError) as exc:
+        except (ChannelFullError, DiskSpaceError, OSError) as exc:
+            if isinstance(exc, OSError) and exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise  # the channel has failed (it refuses further work): the source stops
+            # (a disk full during the write: the channel cut it back and keeps working)
             self.counters["full_retries"] += 1
             logger.warning("tail source %r: %s; the same lines are read again at the next poll", self.name, exc)
             return 0
