@@ -20,6 +20,13 @@ its open descriptor and is read to its end; after a restart it is found again
 by its inode in its directory. Slots (mark keys) are reused once a file is
 finished, so the channel's mark keys stay bounded by the files followed at
 once (marks cannot be deleted; a channel holds at most 4096 keys).
+
+A name the glob matches is followed only if it resolves, through every symlink,
+to a file inside the glob's directory (the pattern before its first wildcard),
+unless ``follow_symlinks``: a link to a keystore or a TLS key dropped among the
+logs never becomes events. Files are opened by their resolved name with
+``O_NOFOLLOW``, and the opened descriptor is checked (identity and place) before
+a byte is read, so a link swapped in after the check is refused.
 """
 
 from __future__ import annotations
