@@ -491,11 +491,14 @@ class TailSource:
             ", ".join(bases),
         )
 
-    def _lookup(self, path: str, bases: Sequence[str], dirs: dict[str, str], warn: bool) -> os.stat_result | None:
+    def _lookup(
+        self, path: str, bases: Sequence[str], dirs: dict[str, tuple[str, bool]], warn: bool
+    ) -> os.stat_result | None:
         """The stat of the file ``path`` names, or None: not there, or it leads out through a symlink.
 
-        Without ``follow_symlinks``, the name is resolved (``dirs`` caches the resolved directories
-        of one scan) and must be inside ``bases``; ``warn``: say so (once per path) when it is not.
+        Without ``follow_symlinks``, the name is resolved and must be inside ``bases``; ``dirs``
+        caches, for one scan, each directory's resolved path and whether it is inside. ``warn``:
+        say so (once per path) when it is not.
         """
         try:
             if self.follow_symlinks:
@@ -504,14 +507,19 @@ class TailSource:
             if _stat.S_ISLNK(st.st_mode):
                 real = os.path.realpath(path)
                 st = os.stat(real)
+                inside = _inside(real, bases)
             else:
-                d = os.path.dirname(path)
-                if d not in dirs:
-                    dirs[d] = os.path.realpath(d)
-                real = os.path.join(dirs[d], os.path.basename(path))
+                d, _, name = path.rpartition(os.sep)  # (an absolute, normalized path)
+                cached = dirs.get(d)
+                if cached is None:
+                    real_dir = os.path.realpath(d or os.sep)
+                    cached = dirs[d] = (real_dir, _inside(os.path.join(real_dir, "x"), bases))
+                real_dir, inside = cached
+                if not inside:
+                    real = os.path.join(real_dir, name)
         except OSError:
             return None
-        if _inside(real, bases):
+        if inside:
             return st
         if warn:
             self._refuse_link(path, real, bases)
@@ -583,7 +591,7 @@ class TailSource:
         except OSError:
             pass
         best: tuple[int, str, os.stat_result] | None = None
-        bases, dirs = self._bases(), dict[str, str]()
+        bases, dirs = self._bases(), dict[str, tuple[str, bool]]()
         for p in paths:
             st = self._lookup(p, bases, dirs, warn=False)
             if st is None:
@@ -631,7 +639,7 @@ class TailSource:
     def _scan(self) -> dict[tuple[int, int], str]:
         """The regular files matching the patterns, by (device, inode); not those leading out through a link."""
         out: dict[tuple[int, int], str] = {}
-        bases, dirs = self._bases(), dict[str, str]()
+        bases, dirs = self._bases(), dict[str, tuple[str, bool]]()
         self._link_refused = set()
         for pat in self.patterns:
             for p in sorted(_glob.glob(pat, recursive=True)):
