@@ -847,3 +847,27 @@ def test_a_put_failing_after_the_marks_moves_no_position(logdir: Path, err: int)
         src2.drain()
         assert bodies(ch2) == expect("a", 0, 9)
         src2.stop()
+
+
+def test_serve_passes_tail_follow_symlinks_and_needs_tail(
+    chan_dir: str, logdir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("pyarrow.flight")
+    from filechannel import cli
+    from filechannel.agent import server as server_mod
+
+    filechannel.open(chan_dir, **OPTS).close()
+    base = ["serve", chan_dir, "--listen", "grpc://127.0.0.1:0", "--writable"]
+    assert cli.main([*base, "--tail-follow-symlinks"]) == 2
+    assert "--tail-follow-symlinks goes with --tail GLOB" in capsys.readouterr().err
+    got: list[dict[str, Any]] = []
+
+    def fake_serve(*a: Any, **kw: Any) -> Any:
+        got.append(kw)
+        raise ConfigError("listen", "stop here")
+
+    monkeypatch.setattr(server_mod, "serve", fake_serve)
+    glob = str(logdir / "*.log")
+    assert cli.main([*base, "--tail", glob]) == 2
+    assert cli.main([*base, "--tail", glob, "--tail-follow-symlinks"]) == 2
+    assert [(kw["tail"], kw["tail_options"]) for kw in got] == [((glob,), {}), ((glob,), {"follow_symlinks": True})]
