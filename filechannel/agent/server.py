@@ -74,6 +74,7 @@ from .auth import (
 )
 from .errors import AgentError, AgentProtocolError, UnknownChannelError
 from .staging import AgentSink, StageRequest
+from .tail import TailSource, make_tails
 
 __all__ = ["Agent", "AgentConfig", "serve"]
 
@@ -704,14 +705,12 @@ class Agent:
         self.location = listen.location()
         self.http: Any = None  # the HttpServer (web.py) when config.http is set
         self.metrics: Any = None  # its AgentMetrics
-        self.tails: list[Any] = []  # the TailSources (tail.py) of config.tail
+        self.tails: list[TailSource] = []  # the tail sources (tail.py) of config.tail
         self._server: Any = None
         # Every part starts (Flight, HTTP, the tail sources) before anything is announced (the port
         # files, the "serving" line): an agent that cannot start every part stops them all and raises.
         try:
             if config.tail:
-                from .tail import make_tails
-
                 self.tails = make_tails(self.channels.values(), config.tail, **config.tail_options)
             try:
                 self._server = _FlightServer(self, listen.location(), **kwargs)
