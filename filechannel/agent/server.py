@@ -42,6 +42,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import pyarrow as pa
@@ -84,6 +85,7 @@ from .auth import (
 )
 from .errors import AgentError, AgentProtocolError, UnknownChannelError
 from .staging import AgentSink, StageRequest
+from .tail import TailSource, make_tails
 
 __all__ = ["Agent", "AgentConfig", "check", "serve"]
 
@@ -119,6 +121,8 @@ class AgentConfig:
             settings (an ``HttpSettings``); TLS, the token and the allow-list apply there too.
         insecure_allow_anyone: Listen on an address other hosts reach without authenticating clients
             (neither ``client_ca`` nor ``token_file``); refused unless this is set.
+        tail: Follow files into the channels (``--tail GLOB`` / ``NAME=GLOB``; ``tail.py``); needs ``writable``.
+        tail_options: Options of the tail sources (``TailSource``'s keyword arguments, e.g. ``follow_symlinks``).
     """
 
     directories: tuple[str, ...]
@@ -138,6 +142,8 @@ class AgentConfig:
     names: Mapping[str, str] = field(default_factory=dict)
     http: Any = None
     insecure_allow_anyone: bool = False
+    tail: tuple[str, ...] = ()
+    tail_options: Mapping[str, Any] = field(default_factory=dict)
 
     def parsed_listen(self) -> Listen:
         """The listen URI, checked together with the TLS options.
@@ -374,8 +380,9 @@ def check(config: AgentConfig) -> tuple[dict[str, Any], list[Exception]]:
     """What an agent with ``config`` would serve, and every problem its start would meet (``serve --check``).
 
     A dry run: the same checks as a start (:func:`_start_checks`, the channels'
-    ids, channel files, keys and data as their views load them, the HTTP names),
-    except that it opens no channel as owner; for a writable agent it checks the
+    ids, channel files, keys and data as their views load them, the HTTP names,
+    the tail sources as :func:`make_tails` makes them), except that it opens no
+    channel as owner; for a writable agent it checks the
     channel options and that no other process holds a channel's lock instead. It
     writes nothing, binds nothing, takes no lock and applies no consumer's
     acknowledgement. Returns ``(summary, problems)``: each problem is the
@@ -396,8 +403,7 @@ def check(config: AgentConfig) -> tuple[dict[str, Any], list[Exception]]:
     attempt(lambda: _token(config))
     encryption = attempt(lambda: as_encryption(config.keystore)) if config.keystore else None
     key_ok = not config.keystore or encryption is not None
-    if config.writable:
-        attempt(lambda: channel_config(_owner_options(config, encryption)))
+    options = attempt(lambda: channel_config(_owner_options(config, encryption))) if config.writable else None
     served: dict[str, _Served] = {}
     channels: list[dict[str, Any]] = []
 
@@ -419,6 +425,15 @@ def check(config: AgentConfig) -> tuple[dict[str, Any], list[Exception]]:
             attempt(lambda d=d: one(d))
     if config.http is not None:
         attempt(lambda: _http_module().check_names((ch.name, ch.directory) for ch in served.values()))
+    if config.tail and len(served) == len(config.directories):
+        # The tail sources are made (not started) as a start makes them, each over a stand-in of the
+        # channel it would own: its options, nothing opened.
+        stand_ins = [
+            SimpleNamespace(name=ch.name, channel=SimpleNamespace(config=options) if options is not None else None)
+            for ch in served.values()
+        ]
+        if not config.writable or options is not None:
+            attempt(lambda: make_tails(stand_ins, config.tail, **config.tail_options))
     summary = {
         "listen": listen.location() if listen is not None else config.listen,
         "tls": bool(listen is not None and listen.tls),
@@ -901,25 +916,34 @@ class Agent:
         self.location = listen.location()
         self.http: Any = None  # the HttpServer (web.py) when config.http is set
         self.metrics: Any = None  # its AgentMetrics
+        self.tails: list[TailSource] = []  # the tail sources (tail.py) of config.tail
+        self._server: Any = None
         self._socket: tuple[str, int] | None = None  # a grpc+unix socket's path and inode, removed at stop
+        # Every part starts (Flight, HTTP, the tail sources) before anything is announced (the port
+        # files, the "serving" line): an agent that cannot start every part stops them all and raises.
         try:
-            if listen.scheme == "grpc+unix":
-                self._server, self._socket = _bind_unix(lambda uri: _FlightServer(self, uri, **kwargs), listen.path)
-            else:
-                self._server = _FlightServer(self, listen.location(), **kwargs)
-        except (fl.FlightError, pa.ArrowException, OSError) as exc:
-            self._close_channels()
-            raise ChannelError(f"cannot listen on {config.listen}: {str(exc).splitlines()[0]}") from None
-        self.port = int(self._server.port) if listen.scheme != "grpc+unix" else 0
-        self.location = listen.location(self.port if listen.scheme != "grpc+unix" else None)
-        if config.http is not None:
+            if config.tail:
+                self.tails = make_tails(self.channels.values(), config.tail, **config.tail_options)
             try:
+                if listen.scheme == "grpc+unix":
+                    make = lambda uri: _FlightServer(self, uri, **kwargs)  # noqa: E731
+                    self._server, self._socket = _bind_unix(make, listen.path)
+                else:
+                    self._server = _FlightServer(self, listen.location(), **kwargs)
+            except (fl.FlightError, pa.ArrowException, OSError) as exc:
+                raise ChannelError(f"cannot listen on {config.listen}: {str(exc).splitlines()[0]}") from None
+            self.port = int(self._server.port) if listen.scheme != "grpc+unix" else 0
+            self.location = listen.location(self.port if listen.scheme != "grpc+unix" else None)
+            if config.http is not None:
                 self._start_http()
-            except BaseException:
-                self._stopped = True
-                self._server.shutdown()
-                self._close_channels()
-                raise
+            for src in self.tails:
+                src.start()
+                logger.info("tailing %s into %s", ", ".join(src.patterns), src.channel.directory)
+        except BaseException:
+            self._shut_down()
+            raise
+        if self.http is not None:
+            self.http.announce()
         if config.port_file:
             path = os.path.abspath(config.port_file)
             replace_durably(DEFAULT_FS, f"{path}.tmp-{os.getpid()}", path, b"%d\n" % self.port)
@@ -948,27 +972,36 @@ class Agent:
                 ch.channel.close()
 
     def stop(self) -> None:
-        """Stop listening and wait for the calls in flight (idempotent); remove the port file."""
+        """Stop the tail sources and listening, wait for the calls in flight (idempotent); remove the port file."""
         if self._stopped:
             return
-        self._stopped = True
-        if self.http is not None:
-            self.http.stop()
-        self._server.shutdown()
-        self._close_channels()
-        if self._socket is not None:
-            path, ino = self._socket
-            try:
-                if os.lstat(path).st_ino == ino:  # ours still, not a successor's
-                    DEFAULT_FS.unlink(path)
-            except FileNotFoundError:
-                pass
+        self._shut_down()
         if self.config.port_file:
             try:
                 DEFAULT_FS.unlink(os.path.abspath(self.config.port_file))
             except FileNotFoundError:
                 pass
         logger.info("stopped serving on %s", self.location)
+
+    def _shut_down(self) -> None:
+        """Stop every part started (the tail sources first: they put), then close the channels."""
+        self._stopped = True
+        try:
+            for src in self.tails:
+                src.stop()
+            if self.http is not None:
+                self.http.stop()
+            if self._server is not None:
+                self._server.shutdown()
+            if self._socket is not None:
+                path, ino = self._socket
+                try:
+                    if os.lstat(path).st_ino == ino:  # ours still, not a successor's
+                        DEFAULT_FS.unlink(path)
+                except FileNotFoundError:
+                    pass
+        finally:
+            self._close_channels()
 
     def __enter__(self) -> Agent:
         return self
@@ -999,13 +1032,16 @@ def serve(
     names: Mapping[str, str] | None = None,
     http: Any = None,
     insecure_allow_anyone: bool = False,
+    tail: Sequence[str] = (),
+    tail_options: Mapping[str, Any] | None = None,
 ) -> Agent:
     """Start an agent serving ``directories`` on ``listen`` and return it (stop it with ``.stop()``).
 
     See :class:`AgentConfig` for the arguments (``http``: an ``HttpSettings`` of
     ``filechannel.agent.web``, or ``"HOST:PORT"``). The agent listens on return;
     with port 0 its ``.port`` (and ``port_file``) tells which port was bound, and
-    ``.http.port`` the HTTP one.
+    ``.http.port`` the HTTP one. With ``tail``, its tail sources run (``.tails``) on return.
+    Nothing is announced (the port files, the "serving" log line) until every part has started.
 
     Raises:
         ConfigError: A bad option, or a TLS key, CA or token file that is missing or unsafe.
@@ -1035,5 +1071,7 @@ def serve(
         names=dict(names or {}),
         http=http,
         insecure_allow_anyone=insecure_allow_anyone,
+        tail=tuple(tail),
+        tail_options=dict(tail_options or {}),
     )
     return Agent(config)
