@@ -196,6 +196,9 @@ def test_http_listings_show_only_the_channels_a_certificate_may_use(pki: dict[st
             seen = set(re.findall(rb'channel="([^"?]+)"', text))
             assert seen == {n.encode() for n in names}, seen
             assert b"filechannel_agent_info" in text  # the agent's own series stay
+            status, _, answer = post_json(port, [{"body": "x"}], name="nope", context=ctx)
+            assert status == 404
+            assert answer["error"].endswith(f"(served: {', '.join(sorted(names))})")
             if who == "client2":
                 assert b.encode() not in text
 

@@ -662,7 +662,9 @@ class HttpServer:
         name = request.match_info["name"]
         ch = self._by_name.get(name)
         if ch is None:
-            raise _BadRequest(404, f"no channel named {name!r} here (served: {', '.join(sorted(self._by_name))})")
+            visible = self._visible(request)
+            shown = sorted(n for n in self._by_name if visible is None or n in visible)
+            raise _BadRequest(404, f"no channel named {name!r} here (served: {', '.join(shown) or 'none to you'})")
         peer = _peer_name(request)
         if not allowed(self._agent.config.allow, ch.cid, peer):
             logger.warning("refused certificate name %r for channel %s over HTTP", peer, ch.cid)
