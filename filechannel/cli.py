@@ -32,7 +32,7 @@ from .channel import FileChannel
 from .checkpoint import CHECKPOINT_DIR, CheckpointStore
 from .config import ChannelConfig
 from .consumers import ConsumerState, ConsumerStore, validate_name
-from .crypto import KEY_HINT, Encryption, check_key_id, keystore_json, load_keystore
+from .crypto import KEY_HINT, Encryption, check_key_id, could_be_key, keystore_json, load_keystore
 from .directory import CHANNEL_FILE, LOCK_FILE, WAL_FILE
 from .errors import WRONG_KEY, ChannelError, ConfigError, CorruptLogError, DecryptionError, NotAChannelError
 from .log import Log, LogRecord, format_ranges
@@ -1115,6 +1115,12 @@ def cmd_keygen(args: argparse.Namespace) -> int:
     from .crypto import keystore_lock, show_id  # here, so the module's imports stay as they are
 
     path = args.keystore
+    if could_be_key(path) or could_be_key(os.path.basename(path)):
+        # A key pasted in place of the path: never make it a file name (nor repeat it in a message).
+        raise ChannelError(
+            "the KEYSTORE argument looks like a key (not shown), not a file name: give the keystore's path, "
+            "e.g. `filechannel keygen /etc/filechannel/keys.json`"
+        )
     key_id = args.id if args.id is not None else time.strftime("%Y-%m-%d-%H%M%S", time.gmtime())
     check_key_id(key_id, "--id")
     real = os.path.realpath(path)  # a symlink's target: rewrite it, keep the link
@@ -1217,7 +1223,7 @@ def _serve_channel_options(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve channels over Arrow Flight until SIGTERM or SIGINT (``--check``: print what it would serve)."""
     try:
-        from .agent.server import AgentConfig, describe, serve
+        from .agent.server import AgentConfig, check, serve
     except ImportError as exc:
         raise ChannelError(
             f"filechannel serve needs pyarrow with Arrow Flight ({exc}): pip install 'filechannel[agent]'"
@@ -1259,14 +1265,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
         channel_options=_serve_channel_options(args),
         names=names,
         http=http,
+        insecure_allow_anyone=args.insecure_allow_anyone,
+        tail=tuple(args.tail or ()),
+        tail_options={"follow_symlinks": True} if args.tail_follow_symlinks else {},
     )
+    if args.tail_follow_symlinks and not args.tail:
+        raise ChannelError("--tail-follow-symlinks goes with --tail GLOB")
     if args.tail and not args.writable:
         raise ChannelError("--tail puts into the channels: give --writable too")
     try:
         if args.check:
-            if http is not None:
-                http.check()
-            info = describe(config)
+            info, problems = check(config)
+            for problem in problems:
+                line = (
+                    f"{_SERVE_FLAGS.get(problem.option, problem.option)}: {problem.reason}"
+                    if isinstance(problem, ConfigError)
+                    else str(problem)
+                )
+                print(f"filechannel: error: {line}", file=sys.stderr)
+            if problems:
+                return 2
             how = ", ".join(
                 k
                 for k, on in (("TLS", info["tls"]), ("mutual TLS", info["mutual_tls"]), ("bearer token", info["token"]))
@@ -1305,19 +1323,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 channel_options=config.channel_options,
                 names=config.names,
                 http=config.http,
+                insecure_allow_anyone=config.insecure_allow_anyone,
+                tail=config.tail,
+                tail_options=config.tail_options,
             )
-            tails = []
             try:
-                if args.tail:
-                    from .agent.tail import start_tails
-
-                    tails = start_tails(agent, args.tail)
                 while not stop.wait(0.5):
-                    if any(t.error is not None for t in tails):
+                    if any(t.error is not None for t in agent.tails):
                         raise ChannelError("a tail source stopped (see the log above); the agent stops too")
             finally:
-                for t in tails:
-                    t.stop()
                 agent.stop()
         finally:
             for s, h in old.items():
@@ -1540,7 +1554,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="NAME=CONSUMER",
         help="with --client-ca: certificate NAME may act only as these consumers (repeatable; a name not listed may "
-        "use any)",
+        "act only as consumers no listed name owns)",
     )
     sp.add_argument("--keystore", metavar="PATH", help="keystore of encrypted channels (records still travel sealed)")
     sp.add_argument("--port-file", metavar="FILE", help="write the bound port here once listening (atomically)")
@@ -1596,7 +1610,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --writable: follow files matching GLOB into the channel NAME (its directory's base name; "
         "optional when one channel is served), exactly once (repeatable; docs/agents.md)",
     )
-    sp.add_argument("--check", action="store_true", help="print what would be served and exit (binds nothing)")
+    sp.add_argument(
+        "--tail-follow-symlinks",
+        action="store_true",
+        help="let --tail follow a symlink to a file outside its glob's directory (default: such a link is "
+        "skipped with a warning, so a link to a key or a password file never becomes events)",
+    )
+    sp.add_argument(
+        "--insecure-allow-anyone",
+        action="store_true",
+        help="listen on an address other hosts reach without --client-ca or --token-file: anyone who can connect "
+        "may then read, write and take over consumers (refused without this flag)",
+    )
+    sp.add_argument(
+        "--check",
+        action="store_true",
+        help="check everything a start checks, print what would be served and exit (a dry run: binds nothing, "
+        "opens no channel as owner, changes nothing on disk; exit 2 with one line per problem)",
+    )
     sp.set_defaults(func=cmd_serve)
 
     sp = sub.add_parser(
@@ -1749,8 +1780,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # stat, dump and verify are read-only and report damage themselves.
     level = _log_level(args)
     shown: AbstractContextManager[None] = (
-        nullcontext()  # serve logs through its own handler, at this level
-        if args.func is cmd_serve
+        nullcontext()  # a running agent logs on stderr itself (--log-level), each record once
+        if args.func is cmd_serve and not args.check
         else _library_warnings(level)
         if level is not None
         else _library_warnings()
@@ -1778,7 +1809,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         if exc.option == "encryption":
             ks = getattr(args, "keystore", None)
-            msg = f"--keystore {ks}: {exc.reason}" if ks is not None and args.func is not cmd_keygen else exc.reason
+            if ks is not None and args.func is not cmd_keygen:
+                # The value is repeated only when it cannot be a key pasted in place of the path.
+                msg = f"--keystore {ks}: {exc.reason}" if not could_be_key(ks) else f"--keystore: {exc.reason}"
+            else:
+                msg = exc.reason
         print(f"filechannel: error: {msg}", file=sys.stderr)
         return 2
     except (ChannelError, OSError) as exc:
