@@ -1133,6 +1133,7 @@ _SERVE_FLAGS = {
     "http_max_body": "--http-max-body",
     "http_idempotency_keys": "--http-idempotency-keys",
     "tail": "--tail",
+    "forward": "--forward",
 }
 
 
@@ -1188,6 +1189,19 @@ def _serve_channel_options(args: argparse.Namespace) -> dict[str, Any]:
     return given
 
 
+def _serve_forward_hook(args: argparse.Namespace) -> Any:
+    """``start_forward`` of ``filechannel.agent.forward`` when ``--forward`` is given (checked now), else None."""
+    if not args.forward:
+        return None
+    if not args.writable:
+        raise ChannelError("--forward puts into the channels: give --writable too")
+    try:
+        from .agent.forward import start_forward
+    except ImportError as exc:
+        raise ChannelError(f"--forward needs msgpack ({exc}): pip install 'filechannel[sources]'") from None
+    return start_forward
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve channels over Arrow Flight until SIGTERM or SIGINT (``--check``: print what it would serve)."""
     try:
@@ -1236,6 +1250,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     if args.tail and not args.writable:
         raise ChannelError("--tail puts into the channels: give --writable too")
+    start_forward = _serve_forward_hook(args)
     try:
         if args.check:
             if http is not None:
@@ -1280,12 +1295,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 names=config.names,
                 http=config.http,
             )
-            tails = []
+            tails: list[Any] = []
             try:
                 if args.tail:
                     from .agent.tail import start_tails
 
-                    tails = start_tails(agent, args.tail)
+                    tails = list(start_tails(agent, args.tail))
+                if start_forward is not None:
+                    tails.append(start_forward(agent, args.forward))
                 while not stop.wait(0.5):
                     if any(t.error is not None for t in tails):
                         raise ChannelError("a tail source stopped (see the log above); the agent stops too")
@@ -1564,6 +1581,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="[NAME=]GLOB",
         help="with --writable: follow files matching GLOB into the channel NAME (its directory's base name; "
         "optional when one channel is served), exactly once (repeatable; docs/agents.md)",
+    )
+    sp.add_argument(
+        "--forward",
+        action="append",
+        metavar="tcp://HOST:PORT[=CHANNEL]",
+        help="with --writable: take Fluent's forward protocol (Fluent Bit, Fluentd, fluent-logger) on this "
+        "address (tls:// with the agent's certificates) into CHANNEL (repeatable; docs/forward.md)",
     )
     sp.add_argument("--check", action="store_true", help="print what would be served and exit (binds nothing)")
     sp.set_defaults(func=cmd_serve)
