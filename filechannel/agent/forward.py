@@ -155,7 +155,12 @@ def _unpack_entries(data: bytes, limit: int) -> list[tuple[str, Any]]:
     """The entries of a PackedForward stream (concatenated ``[time, record]`` arrays)."""
     u = _unpacker(max(limit, len(data)))
     u.feed(data)
-    return [_entry(e) for e in u]
+    entries = [_entry(e) for e in u]
+    # Nothing may be left half read: a nil fed now must come back alone (a partial object would take it in).
+    u.feed(b"\xc0")
+    if next(u, False) is not None:
+        raise ForwardError("the packed entries end inside an entry")
+    return entries
 
 
 def _options(v: Any) -> dict[bytes, Any]:
