@@ -24,8 +24,9 @@ import pytest
 
 pytest.importorskip("pyarrow.flight")
 pytest.importorskip("aiohttp")
-msgpack = pytest.importorskip("msgpack")
+pytest.importorskip("msgpack")
 
+import msgpack
 from test_agent import mtls_agent, pki  # noqa: F401  (pki is a fixture)
 from test_agent_process import AgentProcess, _env
 
@@ -100,7 +101,7 @@ def closed(s: socket.socket) -> bool:
 def test_fluent_logger_message_mode_events_have_tag_timestamp_and_json_body(fwd: tuple[Any, Any, str]) -> None:
     from fluent import sender
 
-    agent, src, d = fwd
+    _, src, d = fwd
     fl = sender.FluentSender("app", host="127.0.0.1", port=src.ports[0], nanosecond_precision=True)
     try:
         assert fl.emit_with_time("web", 1_700_000_000, {"msg": "hello", "n": 1, "ok": True})
@@ -122,7 +123,7 @@ def _packed(entries: list[tuple[Any, dict[str, Any]]]) -> bytes:
 
 
 def test_every_mode_and_chunk_acks_after_commit(fwd: tuple[Any, Any, str]) -> None:
-    agent, src, d = fwd
+    _, src, d = fwd
     entries = [(EVENT_TIME, {"i": i, "b": b"\xff\x00"}) for i in range(3)]
     s = connect(src.ports[0])
     with s:
@@ -179,7 +180,7 @@ def test_a_retried_chunk_is_acked_again_and_committed_once(fwd: tuple[Any, Any, 
     ],
 )
 def test_malformed_input_closes_that_connection_only(fwd: tuple[Any, Any, str], junk: bytes) -> None:
-    agent, src, d = fwd
+    _, src, d = fwd
     with connect(src.ports[0]) as s:
         s.sendall(msgpack.packb(["ok", 1, {"before": 1}]) + junk)
         assert ack_of(s) is None  # closed, no answer
@@ -242,7 +243,7 @@ def test_more_entries_than_transaction_capacity_are_not_acknowledged(tmp_path: P
         agent.stop()
 
 
-def test_mutual_tls_and_the_writer_allow_list(tmp_path: Path, pki: dict[str, Any]) -> None:
+def test_mutual_tls_and_the_writer_allow_list(tmp_path: Path, pki: dict[str, Any]) -> None:  # noqa: F811
     d = new_channel(tmp_path / "c")
     agent = mtls_agent(pki, [d], writable=True, channel_options=OPTS, writers={"spark-exec"})
     try:
@@ -303,7 +304,8 @@ def test_bad_configuration_is_refused_in_one_line(tmp_path: Path) -> None:
         r = _serve(*args)
         assert r.returncode != 0, args
         errors = [line for line in r.stderr.splitlines() if "error" in line.lower()]
-        assert len(errors) == 1 and message in errors[0], (args, r.stderr)
+        assert len(errors) == 1, (args, r.stderr)
+        assert message in errors[0], (args, r.stderr)
         assert "Traceback" not in r.stderr
 
 
