@@ -238,3 +238,49 @@ def test_a_full_channel_is_503_with_retry_after_and_the_exporter_retries(tmp_pat
         assert 'filechannel_http_requests_total{channel="",endpoint="otlp",status="503"}' in text
     finally:
         a.stop()
+
+
+def test_the_exporter_retries_through_agent_sigkills_at_least_once(tmp_path: Path) -> None:
+    """The SDK's exporter logging while the agent is SIGKILLed twice: every record arrives at least once.
+
+    A request whose commit landed just before the kill, its answer lost, is sent
+    again: a duplicate. OTLP has no idempotency key, so each kill may duplicate
+    at most the requests in flight then (one here: one exporter, one request at a
+    time); docs/otlp.md says so.
+    """
+    from test_agent_forward import _free_port
+    from test_agent_process import AgentProcess
+
+    d = new_channel(tmp_path / "c")
+    port = _free_port()
+    args = ("--writable", "--http", f"127.0.0.1:{port}")
+    agent = AgentProcess([d], tmp_path / "port", *args)
+    n, kills = 400, 2
+    done = threading.Event()
+
+    def produce() -> None:
+        log, provider = sdk_logger(f"http://127.0.0.1:{port}", "otlp.kill")
+        try:
+            for i in range(n):
+                log.info("line %d", i)
+        finally:
+            provider.shutdown()
+            done.set()
+
+    t = threading.Thread(target=produce)
+    t.start()
+    try:
+        for k in range(kills):
+            time.sleep(0.3 + 0.2 * k)
+            assert not done.is_set(), "the exporter finished before the kill: log more lines"
+            agent.proc.kill()
+            agent.proc.communicate(timeout=30)
+            time.sleep(0.3)
+            agent = AgentProcess([d], tmp_path / "port", *args)
+        assert done.wait(120), "the exporter did not finish"
+        t.join()
+    finally:
+        agent.kill()
+    bodies = [b.decode() for b, _ in drain(d)]
+    assert set(bodies) == {f"line {i}" for i in range(n)}  # nothing lost
+    assert len(bodies) - n <= kills  # duplicates bounded: one request in flight per kill
