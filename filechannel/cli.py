@@ -1262,6 +1262,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 if on
             )
             print(f"would listen on {info['listen']} ({how or 'no TLS: loopback or unix socket only'})")
+            if start_forward is not None:
+                from .agent.forward import check_forward
+
+                for a in check_forward(config, [c["name"] for c in info["channels"]], args.forward):
+                    print(f"would take the forward protocol on {a.scheme}://{a.host}:{a.port} into {a.channel}")
             for ch in info["channels"]:
                 consumers = ", ".join(f"{n} (acked {c['acked']})" for n, c in sorted(ch["consumers"].items())) or "none"
                 print(

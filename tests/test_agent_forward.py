@@ -377,3 +377,15 @@ def test_chunks_are_committed_exactly_once_through_agent_sigkills(tmp_path: Path
         agent.kill()
     got = [(json.loads(b)["chunk"], json.loads(b)["i"]) for b, _ in drain(d)]
     assert sorted(got) == [(n, i) for n in range(chunks) for i in range(5)]  # each once, none lost
+
+
+def test_check_names_the_forward_addresses_and_refuses_bad_ones(tmp_path: Path) -> None:
+    d = new_channel(tmp_path / "c")
+    r = _serve(
+        f"{d}=logs", "--writable", "--listen", "grpc://127.0.0.1:0", "--forward", "tcp://127.0.0.1:24224", "--check"
+    )
+    assert r.returncode == 0, r.stderr
+    assert "would take the forward protocol on tcp://127.0.0.1:24224 into logs" in r.stdout
+    r = _serve(d, "--writable", "--listen", "grpc://127.0.0.1:0", "--forward", "tcp://127.0.0.1:1=other", "--check")
+    assert r.returncode != 0
+    assert "no channel named 'other'" in r.stderr

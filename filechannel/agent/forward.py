@@ -47,7 +47,15 @@ from filechannel.format import encode_event
 
 from .auth import allowed, may_write
 from .idempotency import KeyConflictError, KeyRing
-from .sources import Connection, StreamListener, TooLargeError, gunzip_bounded, parse_source_address, server_ssl_context
+from .sources import (
+    Connection,
+    SourceAddress,
+    StreamListener,
+    TooLargeError,
+    gunzip_bounded,
+    parse_source_address,
+    server_ssl_context,
+)
 
 __all__ = [
     "ForwardDecoder",
@@ -55,6 +63,7 @@ __all__ = [
     "ForwardMessage",
     "ForwardSettings",
     "ForwardSource",
+    "check_forward",
     "entry_event",
     "start_forward",
 ]
@@ -326,27 +335,17 @@ class ForwardSource:
     """
 
     def __init__(self, agent: Any, settings: ForwardSettings) -> None:
-        settings.check()
         config = agent.config
-        if not config.writable:
-            raise ConfigError("forward", "the forward source puts into a channel: start the agent with --writable")
-        if config.token_file and not config.client_ca:
-            raise ConfigError(
-                "forward",
-                "the agent requires a bearer token, and the forward protocol carries none: "
-                "give --client-ca too (forward clients then need certificates over tls://)",
-            )
         by_name = {ch.name: ch for ch in agent.channels.values()}
-        has_tls = bool(config.tls_cert and config.tls_key)
-        ctx = server_ssl_context(config.tls_cert, config.tls_key, config.client_ca) if has_tls else None
+        addresses = check_forward(config, sorted(by_name), settings)
+        ctx = (
+            server_ssl_context(config.tls_cert, config.tls_key, config.client_ca)
+            if config.tls_cert and config.tls_key
+            else None
+        )
         rings: dict[str, KeyRing] = {}
         listeners = []
-        for spec in settings.addresses:
-            addr = parse_source_address("forward", spec, sorted(by_name), has_tls=has_tls)
-            if config.client_ca and not addr.tls:
-                raise ConfigError(
-                    "forward", f"{spec}: the agent requires client certificates (--client-ca): use tls://"
-                )
+        for addr in addresses:
             ch = by_name[addr.channel]
             ring = rings.get(ch.cid)
             if ring is None:
@@ -495,8 +494,36 @@ class ForwardSource:
         return True
 
 
+def check_forward(config: Any, names: Sequence[str], settings: ForwardSettings | Sequence[str]) -> list[SourceAddress]:
+    """The forward addresses of an agent with ``config`` serving channels ``names``, checked; binds nothing.
+
+    Raises:
+        ConfigError: A bad address or option, an agent that is not writable, or a security setting
+            the protocol cannot meet (a bearer token without client certificates; plain TCP with a client CA).
+    """
+    if not isinstance(settings, ForwardSettings):
+        settings = ForwardSettings(tuple(settings))
+    settings.check()
+    if not config.writable:
+        raise ConfigError("forward", "the forward source puts into a channel: start the agent with --writable")
+    if config.token_file and not config.client_ca:
+        raise ConfigError(
+            "forward",
+            "the agent requires a bearer token, and the forward protocol carries none: "
+            "give --client-ca too (forward clients then need certificates over tls://)",
+        )
+    has_tls = bool(config.tls_cert and config.tls_key)
+    out = []
+    for spec in settings.addresses:
+        addr = parse_source_address("forward", spec, names, has_tls=has_tls)
+        if config.client_ca and not addr.tls:
+            raise ConfigError("forward", f"{spec}: the agent requires client certificates (--client-ca): use tls://")
+        out.append(addr)
+    return out
+
+
 def start_forward(agent: Any, settings: ForwardSettings | Sequence[str]) -> ForwardSource:
-    """Start the forward source of a writable ``agent`` (``--forward``).
+    """Start the forward source of a writable ``agent`` (``--forward``); stop it before the agent.
 
     Raises:
         ConfigError: A bad address or option, or an agent that is not writable.
