@@ -210,3 +210,23 @@ def test_forward_a_message_over_the_limit_is_refused_while_it_arrives() -> None:
         assert d.messages() == []
     with pytest.raises(ForwardError, match="over 1024 bytes"):
         d.feed(b"x" * 200)
+
+
+def test_forward_packed_entries_sent_as_str_and_values_that_are_not_utf8() -> None:
+    """Old Fluentd sends PackedForward entries as a msgpack str; records may hold bytes that are not UTF-8."""
+    entry = msgpack.packb([7, {"ok": "é", "bad": b"\xff"}])
+    raw_str = b"\xdb" + len(entry).to_bytes(4, "big") + entry  # str 32 holding the packed entries
+    data = b"\x92\xa1t" + raw_str
+    data += b"\x93\xa1t\x08\x81\xa1k\xa1\xfe"  # ["t", 8, {"k": a one-byte str that is not UTF-8}]
+    events = _events(data)
+    assert events[0] == (b'{"ok":"\xc3\xa9","bad":{"$binary":"/w=="}}', {"tag": "t", "timestamp": "7"})
+    assert json.loads(events[1][0]) == {"k": {"$binary": "/g=="}}
+    with pytest.raises(ForwardError, match="tag is not UTF-8"):
+        _events(b"\x93\xa1\xfe\x01\x80")
+
+
+@given(st.binary(max_size=50), st.dictionaries(text, text, max_size=4))
+def test_encoded_event_size_is_the_encoded_length(body: bytes, headers: dict[str, str]) -> None:
+    from filechannel.format import encode_event, encoded_event_size
+
+    assert encoded_event_size(body, headers) == len(encode_event(body, headers))

@@ -43,7 +43,7 @@ from filechannel.errors import (
     InvalidEventError,
     TransactionCapacityError,
 )
-from filechannel.format import encode_event
+from filechannel.format import encoded_event_size
 
 from .auth import allowed, may_write
 from .idempotency import KeyConflictError, KeyRing
@@ -126,6 +126,10 @@ class ForwardMessage:
 
 def _text(v: Any, what: str) -> str:
     if isinstance(v, str):
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ForwardError(f"{what} is not UTF-8 text") from None
         return v
     if isinstance(v, bytes):
         try:
@@ -157,7 +161,10 @@ def _entry(e: Any) -> tuple[str, Any]:
 
 
 def _unpacker(limit: int) -> Any:
-    return msgpack.Unpacker(raw=True, max_buffer_size=limit, strict_map_key=False, use_list=True)
+    # str values as str (invalid UTF-8 kept, as surrogates, for _text and the JSON fallback to see); bin as bytes
+    return msgpack.Unpacker(
+        raw=False, unicode_errors="surrogateescape", max_buffer_size=limit, strict_map_key=False, use_list=True
+    )
 
 
 def _unpack_entries(data: bytes, limit: int) -> list[tuple[str, Any]]:
@@ -172,12 +179,12 @@ def _unpack_entries(data: bytes, limit: int) -> list[tuple[str, Any]]:
     return entries
 
 
-def _options(v: Any) -> dict[bytes, Any]:
+def _options(v: Any) -> dict[str, Any]:
     if v is None:
         return {}
     if not isinstance(v, dict):
         raise ForwardError("a message's option is a map")
-    return {k if isinstance(k, bytes) else str(k).encode(): x for k, x in v.items()}
+    return {k.decode("utf-8", "replace") if isinstance(k, bytes) else str(k): x for k, x in v.items()}
 
 
 def decode_message(obj: Any, limit: int) -> ForwardMessage:
@@ -195,15 +202,15 @@ def decode_message(obj: Any, limit: int) -> ForwardMessage:
             raise ForwardError("a Forward mode message is [tag, entries, option?]")
         entries = [_entry(e) for e in second]
         opts = _options(obj[2] if len(obj) == 3 else None)
-    elif isinstance(second, bytes) and (len(obj) < 4):  # (Compressed)PackedForward: [tag, bin, option?]
+    elif isinstance(second, (bytes, str)) and (len(obj) < 4):  # (Compressed)PackedForward: [tag, bin/str, option?]
         opts = _options(obj[2] if len(obj) == 3 else None)
-        comp = opts.get(b"compressed")
-        data = second
+        comp = opts.get("compressed")
+        data = second if isinstance(second, bytes) else second.encode("utf-8", "surrogateescape")
         if comp is not None:
             if comp not in (b"gzip", "gzip"):
                 raise ForwardError(f"compressed={comp!r}: gzip is the only compression of the protocol")
             try:
-                data = gunzip_bounded(second, limit)
+                data = gunzip_bounded(data, limit)
             except TooLargeError:
                 raise ForwardError(f"a compressed message decompresses to more than {limit} bytes") from None
             except ValueError as exc:
@@ -214,7 +221,7 @@ def decode_message(obj: Any, limit: int) -> ForwardMessage:
         opts = _options(obj[3] if len(obj) == 4 else None)
     else:
         raise ForwardError("a message is [tag, time, record], [tag, entries] or [tag, packed entries]")
-    chunk = opts.get(b"chunk")
+    chunk = opts.get("chunk")
     if chunk is not None:
         chunk = _text(chunk, "the chunk option")
         if not CHUNK_RE.match(chunk):
@@ -262,35 +269,60 @@ class ForwardDecoder:
         return out
 
 
-def _json_value(v: Any) -> Any:
+def _default(v: Any) -> Any:
+    """What ``json.dumps`` cannot write itself: bytes (bin) and ext values."""
     if isinstance(v, bytes):
         try:
             return v.decode("utf-8")
         except UnicodeDecodeError:
             return {"$binary": base64.b64encode(v).decode("ascii")}
-    if isinstance(v, dict):
-        return {_key(k): _json_value(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_json_value(x) for x in v]
     if isinstance(v, msgpack.ExtType):
         if v.code == 0 and len(v.data) == 8:
             return float(_timestamp(v))
         return {"$ext": v.code, "$binary": base64.b64encode(v.data).decode("ascii")}
-    if (isinstance(v, float) and v != v) or v in (float("inf"), float("-inf")):
+    raise TypeError(type(v).__name__)
+
+
+def _json_value(v: Any) -> Any:
+    """``v`` made JSON-safe by hand (the slow path): str with invalid UTF-8, bytes keys, NaN, ..."""
+    if isinstance(v, str):
+        try:
+            v.encode("utf-8")
+            return v
+        except UnicodeEncodeError:
+            return _default(v.encode("utf-8", "surrogateescape"))
+    if isinstance(v, dict):
+        return {_key(k): _json_value(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_json_value(x) for x in v]
+    if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
         return str(v)
+    if isinstance(v, (bytes, msgpack.ExtType)):
+        return _default(v)
     return v
 
 
 def _key(k: Any) -> str:
+    if isinstance(k, str):
+        return k.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
     if isinstance(k, bytes):
         return k.decode("utf-8", "backslashreplace")
-    return k if isinstance(k, str) else json.dumps(_json_value(k))
+    return json.dumps(_json_value(k))
+
+
+def _dumps(record: Any) -> bytes:
+    return json.dumps(record, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=_default).encode(
+        "utf-8"
+    )
 
 
 def entry_event(tag: str, entry: tuple[str, Any]) -> tuple[bytes, dict[str, str]]:
     """One entry as an event: the record as JSON for the body; headers ``tag`` and ``timestamp``."""
     ts, record = entry
-    body = json.dumps(_json_value(record), separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    try:
+        body = _dumps(record)
+    except (TypeError, ValueError, UnicodeEncodeError):
+        body = _dumps(_json_value(record))
     return body, {"tag": tag, "timestamp": ts}
 
 
@@ -300,7 +332,7 @@ def message_events(msg: ForwardMessage, max_event: int) -> tuple[list[bytes], li
     headers: list[dict[str, str] | None] = []
     for entry in msg.entries:
         body, hdrs = entry_event(msg.tag, entry)
-        if len(encode_event(body, hdrs)) > max_event:
+        if encoded_event_size(body, hdrs) > max_event:
             continue
         bodies.append(body)
         headers.append(hdrs)
@@ -311,7 +343,9 @@ def fingerprint(bodies: list[bytes], headers: list[dict[str, str] | None]) -> st
     """A hash of the events of a chunk (the same chunk id with other entries is a conflict)."""
     h = hashlib.sha256()
     for b, hd in zip(bodies, headers, strict=True):
-        h.update(encode_event(b, hd))
+        h.update(b"%d:" % len(b))
+        h.update(b)
+        h.update(repr(sorted(hd.items()) if hd else ()).encode("utf-8", "surrogatepass"))
     return h.hexdigest()[:32]
 
 

@@ -63,6 +63,8 @@ _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 
 
 def _varint(buf: bytes, i: int, end: int) -> tuple[int, int]:
+    if i < end and buf[i] < 0x80:  # one byte: most tags and lengths
+        return buf[i], i + 1
     shift = 0
     out = 0
     while True:

@@ -57,7 +57,7 @@ from filechannel.errors import (
     InvalidEventError,
     TransactionCapacityError,
 )
-from filechannel.format import encode_event
+from filechannel.format import encoded_event_size
 
 from . import otlp
 from .auth import allowed, is_loopback, may_write, read_token
@@ -653,7 +653,7 @@ class HttpServer:
             bodies: list[bytes] = []
             headers: list[dict[str, str] | None] = []
             for body, hdrs in events:
-                if len(encode_event(body, hdrs)) <= max_event:
+                if encoded_event_size(body, hdrs) <= max_event:
                     bodies.append(body)
                     headers.append(hdrs)
             rejected = len(events) - len(bodies)
