@@ -9,9 +9,11 @@ loop in a thread of its own:
   channel transaction, answered ``200`` only after its durable commit. An
   ``Idempotency-Key`` header makes retries exactly-once: the key commits in
   the same transaction as the events, as a mark in a ring of
-  ``idempotency_keys`` slots per channel (``http:<slot>`` = ``"<seq> <body
+  ``idempotency_keys`` slots per channel (``idempotency.py``; ``http:<slot>`` = ``"<seq> <body
   hash> <key>"``; marks cannot be deleted, so the ring bounds them); a retry
   whose key is among the ring's keys is answered ``200`` again, nothing put.
+- ``POST /v1/logs``: OTLP/HTTP logs (decoded by ``otlp.py``; ``docs/otlp.md``),
+  one transaction per request, the channel from ``X-Filechannel-Channel``.
 - ``GET /v1/channels``: the served channels by name.
 - ``GET /metrics``: Prometheus text (``metrics.py``).
 - ``GET /healthz`` (the process answers) and ``GET /readyz`` (every channel
