@@ -48,9 +48,13 @@ def agent(tmp_path: Path) -> Iterator[tuple[Any, str]]:
         a.stop()
 
 
-def sdk_logger(url: str, name: str) -> tuple[logging.Logger, LoggerProvider]:
+def sdk_logger(url: str, name: str, gzip: bool = False) -> tuple[logging.Logger, LoggerProvider]:
+    from opentelemetry.exporter.otlp.proto.http import Compression
+
     provider = LoggerProvider(resource=Resource.create({"service.name": "shop", "deployment": "test"}))
-    provider.add_log_record_processor(SimpleLogRecordProcessor(OTLPLogExporter(endpoint=url + "/v1/logs", timeout=10)))
+    compression = Compression.Gzip if gzip else Compression.NoCompression
+    exporter = OTLPLogExporter(endpoint=url + "/v1/logs", timeout=10, compression=compression)
+    provider.add_log_record_processor(SimpleLogRecordProcessor(exporter))
     log = logging.getLogger(name)
     log.propagate = False
     log.setLevel(logging.INFO)
@@ -58,9 +62,10 @@ def sdk_logger(url: str, name: str) -> tuple[logging.Logger, LoggerProvider]:
     return log, provider
 
 
-def test_the_sdk_exporter_through_the_logging_bridge(agent: tuple[Any, str]) -> None:
+@pytest.mark.parametrize("gzip", [False, True], ids=["plain", "gzip"])
+def test_the_sdk_exporter_through_the_logging_bridge(agent: tuple[Any, str], gzip: bool) -> None:
     a, d = agent
-    log, provider = sdk_logger(a.http.url, "otlp.bridge")
+    log, provider = sdk_logger(a.http.url, f"otlp.bridge.{gzip}", gzip)
     try:
         log.warning("payment %s failed", "p-1", extra={"order": 42, "retry": True})
         log.info("plain")
@@ -75,7 +80,7 @@ def test_the_sdk_exporter_through_the_logging_bridge(agent: tuple[Any, str]) -> 
     assert h["resource.deployment"] == "test"
     assert h["severity_text"] == "WARN"
     assert h["severity_number"] == "13"
-    assert h["scope.name"] == "otlp.bridge"
+    assert h["scope.name"] == f"otlp.bridge.{gzip}"
     assert int(h["time_unix_nano"]) > 1_600_000_000 * 10**9
     assert "trace_id" not in h  # not in a span: the zero ids are left out
     assert events[1][1]["severity_text"] == "INFO"
