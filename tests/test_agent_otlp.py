@@ -29,6 +29,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from opentelemetry.sdk._logs import LoggerProvider, LoggingHandler
 from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
 from opentelemetry.sdk.resources import Resource
+from test_agent import mtls_agent, pki  # noqa: F401  (pki is a fixture)
 from test_agent_forward import drain, new_channel
 from test_agent_http import request
 
@@ -289,3 +290,44 @@ def test_the_exporter_retries_through_agent_sigkills_at_least_once(tmp_path: Pat
     bodies = [b.decode() for b, _ in drain(d)]
     assert set(bodies) == {f"line {i}" for i in range(n)}  # nothing lost
     assert len(bodies) - n <= kills  # duplicates bounded: one request in flight per kill
+
+
+def test_mutual_tls_and_the_allow_lists_apply_to_otlp(
+    tmp_path: Path,
+    pki: dict[str, Any],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The SDK's exporter with a client certificate over HTTPS; a name --allow-writer does not list gets 403."""
+    for var in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):  # requests lets these override the exporter's CA file
+        monkeypatch.delenv(var, raising=False)
+    d = new_channel(tmp_path / "c")
+    with mtls_agent(pki, [d], writers={"spark-exec"}, writable=True, channel_options=OPTS, http="127.0.0.1:0") as a:
+        url = f"https://localhost:{a.http.port}/v1/logs"
+        ok = OTLPLogExporter(
+            endpoint=url,
+            certificate_file=pki["ca"],
+            client_certificate_file=pki["client"][0],
+            client_key_file=pki["client"][1],
+            timeout=10,
+        )
+        provider = LoggerProvider()
+        provider.add_log_record_processor(SimpleLogRecordProcessor(ok))
+        log = logging.getLogger("otlp.mtls")
+        log.propagate = False
+        log.addHandler(LoggingHandler(logger_provider=provider))
+        try:
+            log.warning("from a writer")
+        finally:
+            provider.shutdown()
+        import ssl
+
+        other = ssl.create_default_context(cafile=pki["ca"])
+        other.load_cert_chain(*pki["client2"])
+        body = json.dumps(_json_request("from an intruder")).encode()
+        status, _, answer = request(
+            a.http.port, "POST", "/v1/logs", body, {"Content-Type": "application/json"}, context=other
+        )
+        assert status == 403
+        assert answer["code"] == 7
+        assert "'intruder' may not write" in answer["message"]
+        assert [b for b, _ in drain(d)] == [b"from a writer"]
