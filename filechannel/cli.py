@@ -32,7 +32,7 @@ from .channel import FileChannel
 from .checkpoint import CHECKPOINT_DIR, CheckpointStore
 from .config import ChannelConfig
 from .consumers import ConsumerState, ConsumerStore, validate_name
-from .crypto import Encryption, check_key_id, keystore_json, load_keystore
+from .crypto import Encryption, check_key_id, could_be_key, keystore_json, load_keystore
 from .directory import CHANNEL_FILE, LOCK_FILE, WAL_FILE
 from .errors import ChannelError, ConfigError, CorruptLogError, DecryptionError, NotAChannelError
 from .log import Log, LogRecord, format_ranges
@@ -1089,6 +1089,12 @@ def cmd_keygen(args: argparse.Namespace) -> int:
     from .crypto import keystore_lock, show_id  # here, so the module's imports stay as they are
 
     path = args.keystore
+    if could_be_key(path) or could_be_key(os.path.basename(path)):
+        # A key pasted in place of the path: never make it a file name (nor repeat it in a message).
+        raise ChannelError(
+            "the KEYSTORE argument looks like a key (not shown), not a file name: give the keystore's path, "
+            "e.g. `filechannel keygen /etc/filechannel/keys.json`"
+        )
     key_id = args.id if args.id is not None else time.strftime("%Y-%m-%d-%H%M%S", time.gmtime())
     check_key_id(key_id, "--id")
     real = os.path.realpath(path)  # a symlink's target: rewrite it, keep the link
@@ -1189,17 +1195,17 @@ def _serve_channel_options(args: argparse.Namespace) -> dict[str, Any]:
     return given
 
 
-def _serve_forward_hook(args: argparse.Namespace) -> Any:
-    """``start_forward`` of ``filechannel.agent.forward`` when ``--forward`` is given (checked now), else None."""
+def _serve_forward(args: argparse.Namespace) -> Any:
+    """The ``ForwardSettings`` of ``--forward`` (msgpack and ``--writable`` checked now), else None."""
     if not args.forward:
         return None
     if not args.writable:
         raise ChannelError("--forward puts into the channels: give --writable too")
     try:
-        from .agent.forward import start_forward
+        from .agent.forward import ForwardSettings
     except ImportError as exc:
         raise ChannelError(f"--forward needs msgpack ({exc}): pip install 'filechannel[sources]'") from None
-    return start_forward
+    return ForwardSettings(tuple(args.forward))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -1247,10 +1253,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         channel_options=_serve_channel_options(args),
         names=names,
         http=http,
+        tail=tuple(args.tail or ()),
+        tail_options={"follow_symlinks": True} if args.tail_follow_symlinks else {},
+        forward=_serve_forward(args),
     )
+    if args.tail_follow_symlinks and not args.tail:
+        raise ChannelError("--tail-follow-symlinks goes with --tail GLOB")
     if args.tail and not args.writable:
         raise ChannelError("--tail puts into the channels: give --writable too")
-    start_forward = _serve_forward_hook(args)
     try:
         if args.check:
             if http is not None:
@@ -1262,10 +1272,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 if on
             )
             print(f"would listen on {info['listen']} ({how or 'no TLS: loopback or unix socket only'})")
-            if start_forward is not None:
+            if config.forward is not None:
                 from .agent.forward import check_forward
 
-                for a in check_forward(config, [c["name"] for c in info["channels"]], args.forward):
+                for a in check_forward(config, [c["name"] for c in info["channels"]], config.forward):
                     print(f"would take the forward protocol on {a.scheme}://{a.host}:{a.port} into {a.channel}")
             for ch in info["channels"]:
                 consumers = ", ".join(f"{n} (acked {c['acked']})" for n, c in sorted(ch["consumers"].items())) or "none"
@@ -1299,21 +1309,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 channel_options=config.channel_options,
                 names=config.names,
                 http=config.http,
+                tail=config.tail,
+                tail_options=config.tail_options,
+                forward=config.forward,
             )
-            tails: list[Any] = []
             try:
-                if args.tail:
-                    from .agent.tail import start_tails
-
-                    tails = list(start_tails(agent, args.tail))
-                if start_forward is not None:
-                    tails.append(start_forward(agent, args.forward))
                 while not stop.wait(0.5):
-                    if any(t.error is not None for t in tails):
+                    if any(t.error is not None for t in agent.tails):
                         raise ChannelError("a tail source stopped (see the log above); the agent stops too")
             finally:
-                for t in tails:
-                    t.stop()
                 agent.stop()
         finally:
             for s, h in old.items():
@@ -1588,6 +1592,12 @@ def build_parser() -> argparse.ArgumentParser:
         "optional when one channel is served), exactly once (repeatable; docs/agents.md)",
     )
     sp.add_argument(
+        "--tail-follow-symlinks",
+        action="store_true",
+        help="let --tail follow a symlink to a file outside its glob's directory (default: such a link is "
+        "skipped with a warning, so a link to a key or a password file never becomes events)",
+    )
+    sp.add_argument(
         "--forward",
         action="append",
         metavar="tcp://HOST:PORT[=CHANNEL]",
@@ -1729,7 +1739,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         if exc.option == "encryption":
             ks = getattr(args, "keystore", None)
-            msg = f"--keystore {ks}: {exc.reason}" if ks is not None and args.func is not cmd_keygen else exc.reason
+            if ks is not None and args.func is not cmd_keygen:
+                # The value is repeated only when it cannot be a key pasted in place of the path.
+                msg = f"--keystore {ks}: {exc.reason}" if not could_be_key(ks) else f"--keystore: {exc.reason}"
+            else:
+                msg = exc.reason
         print(f"filechannel: error: {msg}", file=sys.stderr)
         return 2
     except (ChannelError, OSError) as exc:

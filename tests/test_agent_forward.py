@@ -58,13 +58,10 @@ def new_channel(d: Path, **options: Any) -> str:
 def fwd(tmp_path: Path) -> Iterator[tuple[Any, Any, str]]:
     """A writable agent (HTTP for /metrics) with a forward source on a free loopback port."""
     d = new_channel(tmp_path / "c")
-    agent = serve([d], "grpc://127.0.0.1:0", writable=True, channel_options=OPTS, http="127.0.0.1:0")
-    src = start_forward(agent, ForwardSettings(("tcp://127.0.0.1:0",), read_timeout=2.0, max_connections=4))
-    try:
-        yield agent, src, d
-    finally:
-        src.stop()
-        agent.stop()
+    settings = ForwardSettings(("tcp://127.0.0.1:0",), read_timeout=2.0, max_connections=4)
+    agent = serve([d], "grpc://127.0.0.1:0", writable=True, channel_options=OPTS, http="127.0.0.1:0", forward=settings)
+    with agent:
+        yield agent, agent.forward, d
 
 
 def connect(port: int) -> socket.socket:
@@ -389,3 +386,24 @@ def test_check_names_the_forward_addresses_and_refuses_bad_ones(tmp_path: Path) 
     r = _serve(d, "--writable", "--listen", "grpc://127.0.0.1:0", "--forward", "tcp://127.0.0.1:1=other", "--check")
     assert r.returncode != 0
     assert "no channel named 'other'" in r.stderr
+
+
+def test_an_agent_whose_forward_address_cannot_be_bound_does_not_start(tmp_path: Path) -> None:
+    d = new_channel(tmp_path / "c")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        pf = tmp_path / "port"
+        with pytest.raises(filechannel.ChannelError, match="cannot listen for forward"):
+            serve(
+                [d],
+                "grpc://127.0.0.1:0",
+                writable=True,
+                channel_options=OPTS,
+                port_file=str(pf),
+                forward=[f"tcp://127.0.0.1:{port}"],
+            )
+        assert not pf.exists()  # nothing announced
+    with filechannel.open(d, **OPTS):  # the agent let the channel go
+        pass
