@@ -263,12 +263,14 @@ def test_the_exporter_retries_through_agent_sigkills_at_least_once(tmp_path: Pat
     agent = AgentProcess([d], tmp_path / "port", *args)
     n, kills = 400, 2
     done = threading.Event()
+    sent = [0]
 
     def produce() -> None:
         log, provider = sdk_logger(f"http://127.0.0.1:{port}", "otlp.kill")
         try:
             for i in range(n):
                 log.info("line %d", i)
+                sent[0] = i + 1
         finally:
             provider.shutdown()
             done.set()
@@ -277,8 +279,10 @@ def test_the_exporter_retries_through_agent_sigkills_at_least_once(tmp_path: Pat
     t.start()
     try:
         for k in range(kills):
-            time.sleep(0.3 + 0.2 * k)
-            assert not done.is_set(), "the exporter finished before the kill: log more lines"
+            deadline = time.monotonic() + 60
+            while sent[0] < 100 * (k + 1):  # kill while the exporter is busy: after 100, then 200 lines
+                assert time.monotonic() < deadline, "the exporter made no progress"
+                time.sleep(0.005)
             agent.proc.kill()
             agent.proc.communicate(timeout=30)
             time.sleep(0.3)
