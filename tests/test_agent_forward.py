@@ -407,3 +407,13 @@ def test_an_agent_whose_forward_address_cannot_be_bound_does_not_start(tmp_path:
         assert not pf.exists()  # nothing announced
     with filechannel.open(d, **OPTS):  # the agent let the channel go
         pass
+
+
+def test_a_reachable_forward_address_needs_client_certificates(tmp_path: Path, pki: dict[str, Any]) -> None:  # noqa: F811
+    d = new_channel(tmp_path / "c")
+    cert, key = pki["server"]
+    opts: dict[str, Any] = {"writable": True, "channel_options": OPTS, "tls_cert": cert, "tls_key": key}
+    with pytest.raises(ConfigError, match="forward clients are not authenticated"):
+        serve([d], "grpc+tls://127.0.0.1:0", forward=["tls://0.0.0.0:0"], **opts)
+    with serve([d], "grpc+tls://127.0.0.1:0", forward=["tls://0.0.0.0:0"], insecure_allow_anyone=True, **opts) as a:
+        assert a.forward.ports[0] > 0  # open on purpose

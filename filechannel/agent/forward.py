@@ -45,7 +45,7 @@ from filechannel.errors import (
 )
 from filechannel.format import encoded_event_size
 
-from .auth import allowed, may_write
+from .auth import INSECURE_FLAG, allowed, is_loopback, may_write
 from .idempotency import KeyConflictError, KeyRing
 from .sources import (
     Connection,
@@ -540,7 +540,8 @@ def check_forward(config: Any, names: Sequence[str], settings: ForwardSettings |
     settings.check()
     if not config.writable:
         raise ConfigError("forward", "the forward source puts into a channel: start the agent with --writable")
-    if config.token_file and not config.client_ca:
+    insecure = bool(getattr(config, "insecure_allow_anyone", False))
+    if config.token_file and not config.client_ca and not insecure:
         raise ConfigError(
             "forward",
             "the agent requires a bearer token, and the forward protocol carries none: "
@@ -552,6 +553,13 @@ def check_forward(config: Any, names: Sequence[str], settings: ForwardSettings |
         addr = parse_source_address("forward", spec, names, has_tls=has_tls)
         if config.client_ca and not addr.tls:
             raise ConfigError("forward", f"{spec}: the agent requires client certificates (--client-ca): use tls://")
+        if not config.client_ca and not insecure and not is_loopback(addr.host):
+            raise ConfigError(
+                "forward",
+                f"{spec}: {addr.host} is reachable from other hosts and forward clients are not authenticated "
+                "(the protocol carries no token), so anyone who can connect could write: give --client-ca FILE "
+                f"(or, to run open on purpose, {INSECURE_FLAG})",
+            )
         out.append(addr)
     return out
 

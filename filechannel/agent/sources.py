@@ -9,7 +9,7 @@ holds only its own parser and answers:
   name resolved against the served channels (default: the only one).
 - :func:`server_ssl_context`: the agent's certificate, key and client CA as an
   ``ssl.SSLContext`` (mutual TLS when a client CA is given); :func:`peer_name`
-  the client certificate's common name for the allow-lists.
+  the client certificate's name for the allow-lists (the same rule as Flight's).
 - :func:`gunzip_bounded`: gzip members decompressed up to a limit, so a small
   compressed body never becomes an unbounded one.
 - :class:`StreamListener`: asyncio TCP/TLS servers on an event loop thread of
@@ -33,7 +33,7 @@ from typing import Any
 
 from filechannel.errors import ChannelError, ConfigError
 
-from .auth import is_loopback, read_public_file, read_secret_file
+from .auth import certificate_name, is_loopback, read_public_file, read_secret_file
 
 __all__ = [
     "CHANNEL_HEADER",
@@ -139,15 +139,8 @@ def server_ssl_context(tls_cert: str, tls_key: str, client_ca: str | None) -> ss
 
 
 def peer_name(transport: Any) -> str | None:
-    """The common name of a TLS transport's client certificate (None: no certificate)."""
-    cert = transport.get_extra_info("peercert") if transport is not None else None
-    if not cert:
-        return None
-    for rdn in cert.get("subject", ()):
-        for k, v in rdn:
-            if k == "commonName":
-                return str(v)
-    return None
+    """The name of a TLS transport's client certificate, by the agent's one rule (``auth.certificate_name``)."""
+    return certificate_name(transport.get_extra_info("peercert") if transport is not None else None)
 
 
 def gunzip_bounded(data: bytes, limit: int) -> bytes:
