@@ -678,15 +678,15 @@ class HttpServer:
             if request.content_type not in (otlp.PROTOBUF_TYPE, *JSON_TYPES):
                 raise _BadRequest(415, f"give Content-Type: {otlp.PROTOBUF_TYPE} or application/json, not {ctype}")
             name = request.headers.get(CHANNEL_HEADER)
+            visible = self._visible(request)
+            shown = ", ".join(sorted(n for n in self._by_name if visible is None or n in visible)) or "none to you"
             if name is None:
                 if len(self._by_name) != 1:
-                    raise _BadRequest(
-                        400, f"several channels are served ({', '.join(sorted(self._by_name))}): send {CHANNEL_HEADER}"
-                    )
+                    raise _BadRequest(400, f"several channels are served ({shown}): send {CHANNEL_HEADER}")
                 name = next(iter(self._by_name))
             ch = self._by_name.get(name)
             if ch is None:
-                raise _BadRequest(404, f"no channel named {name!r} here (served: {', '.join(sorted(self._by_name))})")
+                raise _BadRequest(404, f"no channel named {name!r} here (served: {shown})")
             channel = self._writable(request, ch)
             max_event = channel.config.max_event_size
             if request.content_length is not None and request.content_length > self._settings.max_body:
