@@ -1133,6 +1133,10 @@ _SERVE_FLAGS = {
     "http_max_body": "--http-max-body",
     "http_idempotency_keys": "--http-idempotency-keys",
     "tail": "--tail",
+    "syslog": "--syslog",
+    "relp": "--relp",
+    "syslog_read_timeout": "--syslog-read-timeout",
+    "syslog_max_connections": "--syslog-max-connections",
 }
 
 
@@ -1174,6 +1178,29 @@ def _serve_consumers(specs: Sequence[str] | None) -> dict[str, frozenset[str]]:
             )
         out.setdefault(name, set()).add(consumer)
     return {k: frozenset(v) for k, v in out.items()}
+
+
+def _serve_syslog_specs(args: argparse.Namespace) -> tuple[Any, Any, Any] | None:
+    """``--syslog`` / ``--relp`` checked (``agent/syslog_source.py``): (syslog specs, RELP specs, settings)."""
+    if not args.syslog and not args.relp:
+        return None
+    if not args.writable:
+        flag = "--syslog" if args.syslog else "--relp"
+        raise ChannelError(f"{flag} puts into the channels: give --writable too")
+    try:
+        from .agent.syslog_source import SyslogSettings, parse_listen_spec
+    except ImportError as exc:
+        raise ChannelError(
+            f"--syslog and --relp need the agent extra ({exc}): pip install 'filechannel[agent]'"
+        ) from None
+    settings = SyslogSettings(args.syslog_read_timeout, args.syslog_max_connections)
+    try:
+        settings.check()
+        syslog = [parse_listen_spec("syslog", s) for s in args.syslog or ()]
+        relp = [parse_listen_spec("relp", s) for s in args.relp or ()]
+    except ConfigError as exc:
+        raise ChannelError(f"{_SERVE_FLAGS.get(exc.option, exc.option)}: {exc.reason}") from None
+    return syslog, relp, settings
 
 
 _SERVE_CHANNEL_FLAGS = ("capacity", "transaction_capacity", "max_event_size", "fsync")
@@ -1236,6 +1263,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     if args.tail and not args.writable:
         raise ChannelError("--tail puts into the channels: give --writable too")
+    syslog = _serve_syslog_specs(args)
     try:
         if args.check:
             if http is not None:
@@ -1281,15 +1309,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 http=config.http,
             )
             tails = []
+            sources = None
             try:
                 if args.tail:
                     from .agent.tail import start_tails
 
                     tails = start_tails(agent, args.tail)
+                if syslog is not None:
+                    from .agent.syslog_source import start_syslog
+
+                    sources = start_syslog(agent, *syslog)
                 while not stop.wait(0.5):
                     if any(t.error is not None for t in tails):
                         raise ChannelError("a tail source stopped (see the log above); the agent stops too")
             finally:
+                if sources is not None:
+                    sources.stop()
                 for t in tails:
                     t.stop()
                 agent.stop()
@@ -1564,6 +1599,34 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="[NAME=]GLOB",
         help="with --writable: follow files matching GLOB into the channel NAME (its directory's base name; "
         "optional when one channel is served), exactly once (repeatable; docs/agents.md)",
+    )
+    sp.add_argument(
+        "--syslog",
+        action="append",
+        metavar="tcp://HOST:PORT[=CHANNEL]",
+        help="with --writable: a syslog source (RFC 5424/3164, RFC 6587 framing); also tls:// (the agent's "
+        "certificates) and udp:// (lossy) (repeatable; docs/syslog.md)",
+    )
+    sp.add_argument(
+        "--relp",
+        action="append",
+        metavar="tcp://HOST:PORT[=CHANNEL]",
+        help="with --writable: a RELP source, each message acknowledged after its durable commit; also tls:// "
+        "(repeatable; docs/syslog.md)",
+    )
+    sp.add_argument(
+        "--syslog-read-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="a syslog or RELP connection silent this long is closed (default 300)",
+    )
+    sp.add_argument(
+        "--syslog-max-connections",
+        type=int,
+        default=256,
+        metavar="N",
+        help="connections open at once per --syslog/--relp listener (default 256; more are closed)",
     )
     sp.add_argument("--check", action="store_true", help="print what would be served and exit (binds nothing)")
     sp.set_defaults(func=cmd_serve)
