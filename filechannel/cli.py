@@ -1264,6 +1264,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.tail and not args.writable:
         raise ChannelError("--tail puts into the channels: give --writable too")
     syslog = _serve_syslog_specs(args)
+    if syslog is not None:
+        from .agent.syslog_source import check_listener
+
+        try:
+            for spec in (*syslog[0], *syslog[1]):
+                check_listener(spec, config)
+        except ConfigError as exc:
+            raise ChannelError(f"{_SERVE_FLAGS.get(exc.option, exc.option)}: {exc.reason}") from None
     try:
         if args.check:
             if http is not None:

@@ -190,7 +190,7 @@ def test_rfc5424_and_rfc3164_examples(frame: bytes, body: bytes, headers: dict[s
         b"<13>1 - - - - -",
         b"<13>1 - - - - - [unterminated",
         b"<13>1 - - - - - -x",
-        b"<13>1 - - - - - [a@1 x=\"\xff\"] m",
+        b'<13>1 - - - - - [a@1 x="\xff"] m',
         b"",
     ],
 )

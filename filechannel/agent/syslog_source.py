@@ -62,7 +62,7 @@ from .syslog_wire import (
     relp_frame,
 )
 
-__all__ = ["ListenSpec", "SyslogSettings", "SyslogSources", "parse_listen_spec", "start_syslog"]
+__all__ = ["ListenSpec", "SyslogSettings", "SyslogSources", "check_listener", "parse_listen_spec", "start_syslog"]
 
 logger = logging.getLogger("filechannel.agent.syslog")
 
@@ -169,8 +169,12 @@ def _peer_name(sock: socket.socket) -> str | None:
     return None
 
 
-def _check_security(spec: ListenSpec, config: Any) -> None:
-    """The agent's rules for a listener: plain only on loopback; a token or lists need client certificates."""
+def check_listener(spec: ListenSpec, config: Any) -> None:
+    """The agent's rules for a listener: plain only on loopback; a token or lists need client certificates.
+
+    Raises:
+        ConfigError: A listener the agent's ``config`` (an ``AgentConfig``) does not allow.
+    """
     flag = spec.text
     if spec.scheme == "tls":
         if not (config.tls_cert and config.tls_key):
@@ -685,7 +689,7 @@ def start_syslog(
                 f"{flag}: RELP acknowledges durable commits only, and the channel's fsync is "
                 f"{ch.channel.config.fsync!r}: use --fsync commit",
             )
-        _check_security(spec, config)
+        check_listener(spec, config)
         resolved.append((spec, ch))
     if not resolved:
         return SyslogSources([])
