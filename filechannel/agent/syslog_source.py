@@ -452,7 +452,7 @@ class _Listener:
 
     def _syslog_stream(self, sock: socket.socket, addr: Any) -> None:
         framer = SyslogFramer(self.max_frame)
-        while not self._stop.is_set():
+        while True:
             data = sock.recv(RECV)
             if not data and self._stop.is_set():
                 return  # the agent stops: a frame cut by it was never whole (the sender knows it was not read)
@@ -534,19 +534,32 @@ class _Listener:
     # -- RELP -----------------------------------------------------------------------------------
 
     def _relp_session(self, sock: socket.socket, addr: Any) -> None:
+        closed = False
+        try:
+            closed = self._relp_frames(sock, addr)
+        finally:
+            if self._stop.is_set() and not closed:  # the agent stops: tell the client (best effort)
+                try:
+                    sock.settimeout(1.0)
+                    sock.sendall(relp_frame(0, "serverclose"))
+                except OSError:
+                    pass
+
+    def _relp_frames(self, sock: socket.socket, addr: Any) -> bool:
+        """Answer the frames of one session until it ends; True when closed by either side's words."""
         parser = RelpParser(self.max_frame)
         opened = False
-        while not self._stop.is_set():
+        while True:
             data = sock.recv(RECV)
             if not data:
-                return
+                return False
             try:
                 frames = parser.feed(data)
             except RelpProtocolError as exc:
                 self.counters.connections.labels(self.spec.transport, "protocol_error").inc()
                 logger.warning("--relp %s: %s sent a bad frame (%s): closed", self.spec.text, addr, exc)
                 sock.sendall(relp_frame(0, "serverclose"))
-                return
+                return True
             out: list[bytes] = []
             batch: list[RelpFrame] = []
             for f in frames:
@@ -570,7 +583,7 @@ class _Listener:
                 elif f.command == "close":
                     out.append(relp_frame(f.txnr, "rsp"))
                     sock.sendall(b"".join(out))
-                    return
+                    return True
                 else:
                     out.append(relp_frame(f.txnr, "rsp", b"500 unknown command " + f.command.encode()))
             out += self._flush(batch)
@@ -602,7 +615,7 @@ class _Listener:
     # -- stopping -------------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Stop accepting; tell RELP sessions (``serverclose``) and close every connection; wait for them."""
+        """Stop accepting; end every connection (RELP sessions get ``serverclose``); wait for them."""
         self._stop.set()
         self.sock.close()
         self._thread.join(10)
@@ -610,11 +623,8 @@ class _Listener:
             conns = list(self._conns)
             threads = list(self._threads)
         for c in conns:
-            try:
-                if self.spec.kind == "relp":
-                    c.settimeout(1.0)
-                    c.sendall(relp_frame(0, "serverclose"))
-                c.shutdown(socket.SHUT_RDWR)
+            try:  # wake the reader: it sees the end of its stream (a RELP session then says serverclose)
+                socket.socket.shutdown(c, socket.SHUT_RD)
             except OSError:
                 pass
         for th in threads:
