@@ -33,6 +33,7 @@ import socket
 import ssl
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -206,7 +207,7 @@ class _Counters:
         from prometheus_client import Counter
 
         reg = metrics.registry
-        self.metrics = metrics
+        self.commit_seconds = metrics.put_commit_seconds  # (not metrics itself: it is the weak key)
         self.events = Counter(
             "filechannel_syslog_events",
             "Events committed from syslog and RELP frames, by channel and transport (tcp, tls, udp, relp, relp+tls)",
@@ -239,15 +240,16 @@ class _Counters:
         )
 
 
-_COUNTERS: dict[int, _Counters] = {}
+_COUNTERS: weakref.WeakKeyDictionary[Any, _Counters] = weakref.WeakKeyDictionary()
 _COUNTERS_LOCK = threading.Lock()
 
 
 def _counters_for(metrics: Any) -> _Counters:
+    """The counters in ``metrics``' registry (made at the first source of that agent)."""
     with _COUNTERS_LOCK:
-        c = _COUNTERS.get(id(metrics))
-        if c is None or c.metrics is not metrics:
-            c = _COUNTERS[id(metrics)] = _Counters(metrics)
+        c = _COUNTERS.get(metrics)
+        if c is None:
+            c = _COUNTERS[metrics] = _Counters(metrics)
         return c
 
 
@@ -346,7 +348,7 @@ class _Listener:
         committed = sum(1 for r in results if r is None)
         if committed:
             self.counters.events.labels(self.name, self.spec.transport).inc(committed)
-            self.counters.metrics.put_committed(self.name, self.spec.kind, took)
+            self.counters.commit_seconds.labels(self.name, self.spec.kind).observe(took)
         return _Outcome(results, took)
 
     def _count_frames(
@@ -707,7 +709,7 @@ def start_syslog(
     if metrics is None:
         from .metrics import AgentMetrics
 
-        metrics = AgentMetrics(lambda: [])
+        metrics = agent.metrics = AgentMetrics(lambda: [])  # not on HTTP (no --http), but counted
     counters = _counters_for(metrics)
     ctx = _ssl_context(config) if any(s.scheme == "tls" for s, _ in resolved) else None
     listeners: list[_Listener] = []
