@@ -245,3 +245,39 @@ def test_relp_frames_without_data_with_and_without_a_space() -> None:
     assert RelpParser(MAX).feed(b"1 close 0\n2 close 0 \n") == [RelpFrame(1, "close", b""), RelpFrame(2, "close", b"")]
     assert relp_frame(3, "rsp", b"200 OK") == b"3 rsp 6 200 OK\n"
     assert relp_frame(0, "serverclose") == b"0 serverclose 0\n"
+
+
+token = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=20).filter(
+    lambda t: t != "-"
+)
+field = st.one_of(st.just("-"), token)
+sd_name = st.text(
+    st.characters(min_codepoint=0x21, max_codepoint=0x7E, exclude_characters=' ="]'), min_size=1, max_size=8
+)
+sd_value = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x2FF), max_size=10).map(
+    lambda v: v.replace("\\", "\\\\").replace('"', '\\"').replace("]", "\\]")
+)
+sd_element = st.tuples(sd_name, st.lists(st.tuples(sd_name, sd_value), max_size=3)).map(
+    lambda e: "[" + e[0] + "".join(f' {k}="{v}"' for k, v in e[1]) + "]"
+)
+
+
+@settings(max_examples=300)
+@given(
+    st.integers(0, 191),
+    st.lists(field, min_size=5, max_size=5),
+    st.one_of(st.just("-"), st.lists(sd_element, min_size=1, max_size=3).map("".join)),
+    st.one_of(st.none(), st.binary(max_size=40).filter(lambda m: not m.endswith(b"\n"))),
+)
+def test_rfc5424_messages_parse_back_to_their_fields(pri: int, fields: list[str], sd: str, msg: bytes | None) -> None:
+    frame = f"<{pri}>1 {' '.join(fields)} {sd}".encode() + (b"" if msg is None else b" " + msg)
+    body, headers = parse_syslog(frame)
+    want = {"facility": str(pri >> 3), "severity": str(pri & 7)}
+    for name, value in zip(("timestamp", "hostname", "appname", "procid", "msgid"), fields, strict=True):
+        if value != "-":
+            want[name] = value
+    if sd != "-":
+        want["structured_data"] = sd
+    assert headers == want
+    expect = msg or b""
+    assert body == (expect[3:] if expect.startswith(b"\xef\xbb\xbf") else expect)
