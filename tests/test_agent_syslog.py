@@ -532,6 +532,7 @@ def _agent_cmd(d: str, tmp_path: Path, relp_port: int) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 @needs_rsyslog
 @needs_omrelp
 def test_rsyslog_omrelp_with_a_disk_assisted_queue_through_agent_sigkills(tmp_path: Path) -> None:
