@@ -1289,6 +1289,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     f"channel {ch['channel']} {ch['directory']}: positions [{ch['start']}, {ch['end']}), "
                     f"consumers: {consumers}"
                 )
+            for spec in (*syslog[0], *syslog[1]) if syslog is not None else ():
+                print(f"would take {spec.kind} on {spec.text}")
             return 0
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("filechannel serve: %(levelname)s: %(message)s"))

@@ -428,6 +428,11 @@ def test_configuration_refusals(chan: str, agent: Any, pki: dict[str, Any], tmp_
 
 def test_cli_flags_and_one_line_refusals(chan: str, capsys: pytest.CaptureFixture[str]) -> None:
     base = ("serve", chan, "--listen", "grpc://127.0.0.1:0")
+    code, out, _ = run_cli(
+        capsys, *base, "--writable", "--check", "--syslog", "udp://127.0.0.1:0=c", "--relp", "tcp://127.0.0.1:0"
+    )
+    assert code == 0
+    assert "would take syslog on udp://127.0.0.1:0=c\nwould take relp on tcp://127.0.0.1:0\n" in out
     for argv, why in (
         ((*base, "--syslog", "tcp://127.0.0.1:0"), "--syslog puts into the channels: give --writable too"),
         ((*base, "--writable", "--relp", "udp://127.0.0.1:0"), "--relp: 'udp://127.0.0.1:0': the scheme is one of"),
