@@ -300,7 +300,7 @@ def test_relp_answers_200_after_commit_500_with_a_reason_and_handles_open_close(
     d = make_channel(tmp_path / "c", 0)
     opts = OPTS | {"capacity": 3, "transaction_capacity": 3, "keep_alive": 0.05, "max_event_size": 1024}
     with serve([d], "grpc://127.0.0.1:0", writable=True, http="127.0.0.1:0", channel_options=opts) as a:
-        src = start_syslog(a, relp=["tcp://127.0.0.1:0"])
+        src = start_syslog(a, relp=["tcp://127.0.0.1:0"], settings=SyslogSettings(relp_full_wait=0))
         try:
             with connect(src.ports[0]) as s:
                 msg = b"<13>1 - h app - - - hello"
@@ -337,6 +337,29 @@ def test_relp_answers_200_after_commit_500_with_a_reason_and_handles_open_close(
     assert metric(text, "filechannel_relp_responses_total", channel="c", code="500") == 2
     assert metric(text, "filechannel_syslog_refused_frames_total", transport="relp", reason="full") == 1
     assert metric(text, "filechannel_syslog_connections_total", transport="relp", outcome="protocol_error") == 1
+
+
+def test_relp_holds_the_answer_while_the_channel_is_full_then_answers_200(tmp_path: Path) -> None:
+    d = make_channel(tmp_path / "c", 0)
+    opts = OPTS | {"capacity": 1, "transaction_capacity": 1, "keep_alive": 0.05}
+    with serve([d], "grpc://127.0.0.1:0", writable=True, channel_options=opts) as a:
+        ch = next(iter(a.channels.values())).channel
+        src = start_syslog(a, relp=["tcp://127.0.0.1:0"], settings=SyslogSettings(relp_full_wait=30))
+        try:
+            with connect(src.ports[0]) as s:
+                relp_call(s, b"1 open 0\n", 1)
+                assert relp_call(s, b"2 syslog 6 <13>m1\n", 1) == [b"2 rsp 200 OK"]
+                s.sendall(b"3 syslog 6 <13>m2\n")  # the channel is full: no answer yet
+                s.settimeout(1.0)
+                with pytest.raises(TimeoutError):
+                    s.recv(100)
+                with ch.transaction() as tx:
+                    assert [e.body for e in tx.take_batch(1)] == [b"m1"]
+                s.settimeout(10)
+                assert relp_call(s, b"", 1) == [b"3 rsp 200 OK"]
+        finally:
+            src.stop()
+        assert [b for b, _ in events(d)] == [b"m2"]
 
 
 def test_relp_sessions_get_serverclose_when_the_agent_stops(agent: Any) -> None:
@@ -518,6 +541,34 @@ def test_rsyslog_omfwd_over_tcp(agent: Any, chan: str, tmp_path: Path) -> None:
         src.stop()
     assert [b for b, _ in got] == [b"fwd %d" % i for i in range(200)]
     assert all(h["appname"] == "app" and h["facility"] == "16" for _, h in got)  # imfile: local0.notice
+
+
+@needs_rsyslog
+@needs_omrelp
+def test_rsyslog_omrelp_through_a_full_channel_loses_nothing(tmp_path: Path) -> None:
+    """A channel of 10 events, drained slowly: omrelp waits for its answers and every line arrives once."""
+    d = make_channel(tmp_path / "c", 0)
+    opts = OPTS | {"capacity": 10, "transaction_capacity": 10, "keep_alive": 0.05}
+    with serve([d], "grpc://127.0.0.1:0", writable=True, channel_options=opts) as a:
+        ch = next(iter(a.channels.values())).channel
+        src = start_syslog(a, relp=["tcp://127.0.0.1:0"])
+        rs = Rsyslog(
+            tmp_path / "rs",
+            f'action(type="omrelp" target="127.0.0.1" port="{src.ports[0]}" {FORMAT} '
+            'action.resumeRetryCount="-1" action.resumeInterval="1")',
+        )
+        taken: list[bytes] = []
+        try:
+            rs.write([f"full {i}" for i in range(60)])
+            deadline = time.monotonic() + 60
+            while len(taken) < 60 and time.monotonic() < deadline:
+                time.sleep(0.2)
+                with ch.transaction() as tx:
+                    taken += [e.body for e in tx.take_batch(7)]
+        finally:
+            rs.stop()
+            src.stop()
+    assert taken == [b"full %d" % i for i in range(60)]
 
 
 def _agent_cmd(d: str, tmp_path: Path, relp_port: int) -> list[str]:

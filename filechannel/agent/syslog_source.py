@@ -101,15 +101,22 @@ class SyslogSettings:
         read_timeout: Seconds a connection may stay silent (and a TLS handshake may take)
             before it is closed.
         max_connections: Connections open at once per listener; more are closed at once.
+        relp_full_wait: Seconds RELP holds the answers of messages a full channel (or low disk)
+            refused, committing them again every 0.5 s, before it answers ``rsp 500``. rsyslog's
+            ``omrelp`` takes a 500 as an error of the action, so waiting (its window then stops
+            it sending) is the back-pressure it expects.
     """
 
     read_timeout: float = 300.0
     max_connections: int = 256
+    relp_full_wait: float = 60.0
 
     def check(self) -> None:
         """Raises ConfigError for a bad option."""
         if not isinstance(self.read_timeout, (int, float)) or not self.read_timeout > 0:
             raise ConfigError("syslog_read_timeout", f"must be a positive number of seconds, not {self.read_timeout!r}")
+        if not isinstance(self.relp_full_wait, (int, float)) or not self.relp_full_wait >= 0:
+            raise ConfigError("relp_full_wait", f"must be a number of seconds >= 0, not {self.relp_full_wait!r}")
         if type(self.max_connections) is not int or self.max_connections < 1:
             raise ConfigError("syslog_max_connections", f"must be a positive int, not {self.max_connections!r}")
 
@@ -311,7 +318,8 @@ class _Listener:
         """Put ``events`` (None: refused already) in transactions of at most ``transaction_capacity``.
 
         Returns each event's outcome. A full channel, too little disk or a failed
-        channel refuses the events of the transactions that did not commit.
+        channel refuses the events of the transaction that did not commit and of
+        every one after it, so what commits is always a prefix (the order is kept).
         """
         results: list[str | None] = ["too_large" if e is None else None for e in events]
         cap = self.channel.config.transaction_capacity
@@ -319,7 +327,6 @@ class _Listener:
         t0 = time.monotonic()
         for k in range(0, len(idx), cap):
             chunk = idx[k : k + cap]
-            put: list[int] = []
             try:
                 with self.channel.transaction() as tx:
                     for i in chunk:
@@ -327,7 +334,6 @@ class _Listener:
                         assert ev is not None
                         try:
                             tx.put(ev[0], headers=ev[1])
-                            put.append(i)
                         except EventTooLargeError:  # the headers made it too large: skipped like a long frame
                             results[i] = "too_large"
             except ChannelFullError:
@@ -341,9 +347,12 @@ class _Listener:
                 reason = "failed"
             else:
                 continue
-            for i in chunk:
+            # This transaction did not commit: neither do the ones after it (the order of the
+            # frames is kept; a retry commits them all in order).
+            for i in idx[k:]:
                 if results[i] is None:
                     results[i] = reason
+            break
         took = time.monotonic() - t0
         committed = sum(1 for r in results if r is None)
         if committed:
@@ -597,7 +606,20 @@ class _Listener:
         if not frames:
             return []
         events = [None if f.data is None else parse_syslog(f.data) for f in frames]
-        out = self.commit(events)
+        results: list[str | None] = [None] * len(events)
+        pending = list(range(len(events)))
+        deadline = time.monotonic() + self.settings.relp_full_wait
+        while True:
+            out = self.commit([events[i] for i in pending])
+            for i, r in zip(pending, out.results, strict=True):
+                results[i] = r
+            pending = [i for i in pending if results[i] in ("full", "disk")]
+            # Full or short of disk: hold the answers (the client's window stops it) and try again,
+            # up to relp_full_wait; then answer 500.
+            if not pending or time.monotonic() >= deadline or self._stop.is_set():
+                break
+            self._stop.wait(FULL_RETRY)
+        out = _Outcome(results)
         self._count_frames(events, out)
         answers = []
         for f, r in zip(frames, out.results, strict=True):
