@@ -426,7 +426,7 @@ def test_tls_and_mutual_tls_with_the_allow_list(chan: str, pki: dict[str, Any]) 
 
 def test_configuration_refusals(chan: str, agent: Any, pki: dict[str, Any], tmp_path: Path) -> None:  # noqa: F811
     for bad, why in (
-        ("tcp://0.0.0.0:0", "plain tcp:// is for a loopback address only"),
+        ("tcp://0.0.0.0:0", "reachable from other hosts and syslog clients are not authenticated"),
         ("tls://127.0.0.1:0", "tls:// needs the agent's --tls-cert"),
         ("http://127.0.0.1:0", "the scheme is one of tcp://, tls://, udp://"),
         ("tcp://127.0.0.1", "give HOST:PORT"),
@@ -447,6 +447,42 @@ def test_configuration_refusals(chan: str, agent: Any, pki: dict[str, Any], tmp_
             start_syslog(a, relp=["tcp://127.0.0.1:0=c2"])
     with serve([chan], "grpc://127.0.0.1:0") as a, pytest.raises(ConfigError, match="add --writable"):
         start_syslog(a, ["tcp://127.0.0.1:0"])
+    # An agent that authenticates its clients: a plain listener (even on loopback) or TLS without a CA
+    # would let anyone put; --insecure-allow-anyone is the way to want that.
+    cert, key = pki["server"]
+    tls = {"tls_cert": cert, "tls_key": key, "writable": True, "channel_options": OPTS}
+    with serve([chan], "grpc+tls://127.0.0.1:0", client_ca=pki["ca"], **tls) as a:
+        with pytest.raises(ConfigError, match="the agent authenticates its clients"):
+            start_syslog(a, ["tcp://127.0.0.1:0"])
+        start_syslog(a, ["tls://127.0.0.1:0"]).stop()
+    with serve([chan], "grpc+tls://0.0.0.0:0", insecure_allow_anyone=True, **tls) as a:
+        start_syslog(a, ["udp://0.0.0.0:0", "tls://0.0.0.0:0"]).stop()
+    with (
+        serve([chan], "grpc+tls://127.0.0.1:0", **tls) as a,
+        pytest.raises(ConfigError, match="reachable from other hosts and syslog clients"),
+    ):
+        start_syslog(a, ["tls://0.0.0.0:0"])  # TLS without --client-ca authenticates no one
+
+
+def test_the_agent_starts_its_listeners_before_it_announces_itself(chan: str, tmp_path: Path) -> None:
+    pf = tmp_path / "port"
+    settings = SyslogSettings(syslog=("tcp://127.0.0.1:0",), relp=("tcp://127.0.0.1:0",))
+    with serve(
+        [chan], "grpc://127.0.0.1:0", writable=True, channel_options=OPTS, port_file=str(pf), syslog=settings
+    ) as a:
+        assert pf.exists()
+        with connect(a.syslog.ports[0]) as s:
+            s.sendall(b"<13>1 - - - - - - started\n")
+            assert [b for b, _ in wait_for(chan, 1)] == [b"started"]
+    assert not pf.exists()
+    # one that cannot start (its port is taken) stops the agent: no port file
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = SyslogSettings(relp=(f"tcp://127.0.0.1:{busy.getsockname()[1]}",))
+        with pytest.raises(filechannel.ChannelError, match="cannot listen"):
+            serve([chan], "grpc://127.0.0.1:0", writable=True, channel_options=OPTS, port_file=str(pf), syslog=taken)
+    assert not pf.exists()
 
 
 def test_cli_flags_and_one_line_refusals(chan: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -459,7 +495,10 @@ def test_cli_flags_and_one_line_refusals(chan: str, capsys: pytest.CaptureFixtur
     for argv, why in (
         ((*base, "--syslog", "tcp://127.0.0.1:0"), "--syslog puts into the channels: give --writable too"),
         ((*base, "--writable", "--relp", "udp://127.0.0.1:0"), "--relp: 'udp://127.0.0.1:0': the scheme is one of"),
-        ((*base, "--writable", "--syslog", "tcp://10.1.2.3:514"), "--syslog: tcp://10.1.2.3:514: plain tcp:// is for"),
+        (
+            (*base, "--writable", "--syslog", "tcp://10.1.2.3:514"),
+            "--syslog: tcp://10.1.2.3:514: 10.1.2.3 is reachable from other hosts",
+        ),
         (
             (*base, "--writable", "--syslog", "tcp://127.0.0.1:0", "--syslog-read-timeout", "-1"),
             "--syslog-read-timeout: must be a positive number",
@@ -470,6 +509,13 @@ def test_cli_flags_and_one_line_refusals(chan: str, capsys: pytest.CaptureFixtur
         lines = [x for x in err.splitlines() if x.startswith("filechannel")]
         assert len(lines) == 1, err  # refused before anything is served
         assert why in lines[0], err
+    # --check runs the checks of a start on the listeners too: one line per problem, exit 2
+    code, _, err = run_cli(capsys, *base, "--writable", "--fsync", "interval", "--check", "--relp", "tcp://127.0.0.1:0")
+    assert code == 2
+    assert "filechannel: error: --relp: tcp://127.0.0.1:0: RELP acknowledges durable commits only" in err
+    code, _, err = run_cli(capsys, *base, "--writable", "--check", "--syslog", "tcp://127.0.0.1:0=other")
+    assert code == 2
+    assert "no channel named 'other'" in err
 
 
 # -- rsyslog -----------------------------------------------------------------------------------------

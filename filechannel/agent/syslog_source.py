@@ -28,13 +28,14 @@ and writers list, as the HTTP source does.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 import ssl
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -49,7 +50,7 @@ from filechannel.errors import (
     EventTooLargeError,
 )
 
-from .auth import allowed, is_loopback, may_write, read_public_file, read_secret_file
+from .auth import INSECURE_FLAG, allowed, is_loopback, may_write, read_public_file, read_secret_file
 from .syslog_wire import (
     INVALID,
     STATUS_HEADER,
@@ -63,7 +64,15 @@ from .syslog_wire import (
     relp_frame,
 )
 
-__all__ = ["ListenSpec", "SyslogSettings", "SyslogSources", "check_listener", "parse_listen_spec", "start_syslog"]
+__all__ = [
+    "ListenSpec",
+    "SyslogSettings",
+    "SyslogSources",
+    "check_listener",
+    "parse_listen_spec",
+    "resolve",
+    "start_syslog",
+]
 
 logger = logging.getLogger("filechannel.agent.syslog")
 
@@ -95,9 +104,11 @@ class ListenSpec:
 
 @dataclass(frozen=True)
 class SyslogSettings:
-    """Options of the syslog and RELP listeners.
+    """The syslog and RELP listeners of an agent and their options (``AgentConfig.syslog``).
 
     Attributes:
+        syslog: ``--syslog`` values: ``tcp://HOST:PORT[=CHANNEL]``, ``tls://...``, ``udp://...``.
+        relp: ``--relp`` values: ``tcp://HOST:PORT[=CHANNEL]``, ``tls://...``.
         read_timeout: Seconds a connection may stay silent (and a TLS handshake may take)
             before it is closed.
         max_connections: Connections open at once per listener; more are closed at once.
@@ -107,9 +118,20 @@ class SyslogSettings:
             it sending) is the back-pressure it expects.
     """
 
+    syslog: tuple[str, ...] = ()
+    relp: tuple[str, ...] = ()
     read_timeout: float = 300.0
     max_connections: int = 256
     relp_full_wait: float = 60.0
+
+    def specs(self) -> list[ListenSpec]:
+        """The listeners, parsed, the options checked.
+
+        Raises:
+            ConfigError: A bad listener or option.
+        """
+        self.check()
+        return [parse_listen_spec("syslog", x) for x in self.syslog] + [parse_listen_spec("relp", x) for x in self.relp]
 
     def check(self) -> None:
         """Raises ConfigError for a bad option."""
@@ -184,23 +206,25 @@ def check_listener(spec: ListenSpec, config: Any) -> None:
         ConfigError: A listener the agent's ``config`` (an ``AgentConfig``) does not allow.
     """
     flag = spec.text
-    if spec.scheme == "tls":
-        if not (config.tls_cert and config.tls_key):
-            raise ConfigError(spec.kind, f"{flag}: tls:// needs the agent's --tls-cert FILE and --tls-key FILE")
-    elif not is_loopback(spec.host):
-        raise ConfigError(
-            spec.kind,
-            f"{flag}: plain {spec.scheme}:// is for a loopback address only (127.0.0.1, ::1, localhost); "
-            "use tls:// with --tls-cert and --tls-key",
-        )
+    insecure = bool(getattr(config, "insecure_allow_anyone", False))
+    if spec.scheme == "tls" and not (config.tls_cert and config.tls_key):
+        raise ConfigError(spec.kind, f"{flag}: tls:// needs the agent's --tls-cert FILE and --tls-key FILE")
     checks_certs = spec.scheme == "tls" and bool(config.client_ca)
-    if config.token_file and not checks_certs:
+    if checks_certs or insecure:
+        return
+    if not is_loopback(spec.host):
         raise ConfigError(
             spec.kind,
-            f"{flag}: the agent requires a bearer token (--token-file), which {spec.kind} cannot carry: "
-            "use tls:// with --client-ca so clients are checked by certificate",
+            f"{flag}: {spec.host} is reachable from other hosts and {spec.kind} clients are not authenticated: "
+            f"use tls:// with --client-ca (or, to take {spec.kind} from anyone on purpose, {INSECURE_FLAG})",
         )
-    if (config.allow or config.writers) and not checks_certs:
+    if config.token_file or config.client_ca:
+        raise ConfigError(
+            spec.kind,
+            f"{flag}: the agent authenticates its clients (--token-file, --client-ca), and {spec.kind} carries "
+            f"no token: use tls:// with --client-ca so clients are checked by certificate (or {INSECURE_FLAG})",
+        )
+    if config.allow or config.writers:
         raise ConfigError(
             spec.kind,
             f"{flag}: the agent's --allow/--allow-writer lists name client certificates: use tls:// (with --client-ca)",
@@ -678,29 +702,20 @@ class SyslogSources:
     close = stop
 
 
-def start_syslog(
-    agent: Any,
-    syslog: Iterable[str | ListenSpec] = (),
-    relp: Iterable[str | ListenSpec] = (),
-    settings: SyslogSettings | None = None,
-    on_listen: Callable[[ListenSpec, int], None] | None = None,
-) -> SyslogSources:
-    """Start the ``--syslog`` and ``--relp`` listeners of a writable agent.
+def resolve(settings: SyslogSettings, config: Any, channels: Iterable[Any]) -> list[tuple[ListenSpec, Any]]:
+    """Each listener of ``settings`` with the served channel it puts into, every rule checked.
+
+    ``channels``: the served channels (each with ``name`` and ``channel``, the owned
+    ``FileChannel`` or None; ``server.check`` passes stand-ins with the options only).
 
     Raises:
-        ConfigError: A bad spec, an unknown channel, an agent that is not writable, a plain
-            listener off loopback, a token or allow-list a listener cannot check, or RELP
-            on a channel that does not fsync at commit.
-        ChannelError: An address that cannot be bound.
+        ConfigError: A bad spec or option, an unknown channel, an agent that is not writable, a
+            listener the agent's authentication rules refuse, or RELP on a channel that does not
+            fsync at commit.
     """
-    settings = settings or SyslogSettings()
-    settings.check()
-    specs = [s if isinstance(s, ListenSpec) else parse_listen_spec("syslog", s) for s in syslog]
-    specs += [s if isinstance(s, ListenSpec) else parse_listen_spec("relp", s) for s in relp]
-    by_name = {ch.name: ch for ch in agent.channels.values()}
-    config = agent.config
-    resolved = []
-    for spec in specs:
+    by_name = {ch.name: ch for ch in channels}
+    out = []
+    for spec in settings.specs():
         flag = spec.text
         if spec.channel is None:
             if len(by_name) != 1:
@@ -724,7 +739,29 @@ def start_syslog(
                 f"{ch.channel.config.fsync!r}: use --fsync commit",
             )
         check_listener(spec, config)
-        resolved.append((spec, ch))
+        out.append((spec, ch))
+    return out
+
+
+def start_syslog(
+    agent: Any,
+    syslog: Iterable[str] = (),
+    relp: Iterable[str] = (),
+    settings: SyslogSettings | None = None,
+) -> SyslogSources:
+    """Start the syslog and RELP listeners of a writable agent: those of ``settings`` and ``syslog``/``relp``.
+
+    The agent starts its own (``AgentConfig.syslog``) before it announces itself;
+    this starts more on a running one.
+
+    Raises:
+        ConfigError: As :func:`resolve`.
+        ChannelError: An address that cannot be bound.
+    """
+    settings = settings or SyslogSettings()
+    settings = dataclasses.replace(settings, syslog=(*settings.syslog, *syslog), relp=(*settings.relp, *relp))
+    config = agent.config
+    resolved = resolve(settings, config, agent.channels.values())
     if not resolved:
         return SyslogSources([])
     metrics = getattr(agent, "metrics", None)
@@ -742,8 +779,6 @@ def start_syslog(
             )
             listeners.append(lst)
             logger.info("%s source on %s://%s:%d into channel %s", spec.kind, spec.scheme, spec.host, lst.port, ch.name)
-            if on_listen is not None:
-                on_listen(spec, lst.port)
     except BaseException:
         for lst in listeners:
             lst.stop()
