@@ -926,8 +926,9 @@ class Agent:
         self.syslog: SyslogSources | None = None  # the syslog and RELP listeners (syslog_source.py)
         self._server: Any = None
         self._socket: tuple[str, int] | None = None  # a grpc+unix socket's path and inode, removed at stop
-        # Every part starts (Flight, HTTP, the tail sources) before anything is announced (the port
-        # files, the "serving" line): an agent that cannot start every part stops them all and raises.
+        # Every part starts (Flight, HTTP, the syslog listeners, the tail sources) before anything is
+        # announced (the port files, the "serving" line): an agent that cannot start every part stops
+        # them all and raises.
         try:
             if config.tail:
                 self.tails = make_tails(self.channels.values(), config.tail, **config.tail_options)
