@@ -617,6 +617,42 @@ def test_rsyslog_omrelp_through_a_full_channel_loses_nothing(tmp_path: Path) -> 
     assert taken == [b"full %d" % i for i in range(60)]
 
 
+@needs_rsyslog
+@needs_omrelp
+def test_rsyslog_omrelp_over_mutual_tls(chan: str, tmp_path: Path, pki: dict[str, Any]) -> None:  # noqa: F811
+    """librelp's TLS (GnuTLS) with a client certificate the agent's CA signed and its allow-list names."""
+    cert, key = pki["server"]
+    ccert, ckey = pki["client"]
+    with serve(
+        [chan],
+        "grpc+tls://127.0.0.1:0",
+        tls_cert=cert,
+        tls_key=key,
+        client_ca=pki["ca"],
+        allow={"*": {"spark-exec"}},
+        writable=True,
+        channel_options=OPTS,
+        syslog=SyslogSettings(relp=("tls://127.0.0.1:0",)),
+    ) as a:
+        assert a.syslog is not None
+        rs = Rsyslog(
+            tmp_path / "rs",
+            f'action(type="omrelp" target="127.0.0.1" port="{a.syslog.ports[0]}" {FORMAT} '
+            f'tls="on" tls.caCert="{pki["ca"]}" tls.myCert="{ccert}" tls.myPrivKey="{ckey}" '
+            'tls.authMode="name" tls.permittedPeer=["agent"] '
+            'action.resumeRetryCount="-1" action.resumeInterval="1")',
+        )
+        try:
+            rs.write([f"tls {i}" for i in range(20)])
+            got = wait_for(chan, 20, timeout=30)
+        finally:
+            rs.stop()
+        text = metrics(a)
+    assert [b for b, _ in got] == [b"tls %d" % i for i in range(20)]
+    assert metric(text, "filechannel_syslog_connections_total", transport="relp+tls", outcome="accepted") >= 1
+    assert metric(text, "filechannel_relp_responses_total", code="200") == 20
+
+
 def _agent_cmd(d: str, tmp_path: Path, relp_port: int) -> list[str]:
     return [
         sys.executable,
