@@ -550,7 +550,7 @@ def check_forward(config: Any, names: Sequence[str], settings: ForwardSettings |
     has_tls = bool(config.tls_cert and config.tls_key)
     out = []
     for spec in settings.addresses:
-        addr = parse_source_address("forward", spec, names, has_tls=has_tls)
+        addr = parse_source_address("forward", spec, names, has_tls=has_tls, insecure=insecure)
         if config.client_ca and not addr.tls:
             raise ConfigError("forward", f"{spec}: the agent requires client certificates (--client-ca): use tls://")
         if not config.client_ca and not insecure and not is_loopback(addr.host):

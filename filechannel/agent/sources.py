@@ -33,7 +33,7 @@ from typing import Any
 
 from filechannel.errors import ChannelError, ConfigError
 
-from .auth import certificate_name, is_loopback, read_public_file, read_secret_file
+from .auth import INSECURE_FLAG, certificate_name, is_loopback, read_public_file, read_secret_file
 
 __all__ = [
     "CHANNEL_HEADER",
@@ -73,7 +73,13 @@ class SourceAddress:
 
 
 def parse_source_address(
-    option: str, spec: str, names: Sequence[str], *, schemes: Sequence[str] = ("tcp", "tls"), has_tls: bool = False
+    option: str,
+    spec: str,
+    names: Sequence[str],
+    *,
+    schemes: Sequence[str] = ("tcp", "tls"),
+    has_tls: bool = False,
+    insecure: bool = False,
 ) -> SourceAddress:
     """``SCHEME://HOST:PORT[=CHANNEL]`` checked against the served channel ``names``.
 
@@ -83,6 +89,7 @@ def parse_source_address(
         names: The names of the channels served (``=CHANNEL`` picks one; without it, the only one).
         schemes: The schemes this source takes.
         has_tls: Whether the agent has a certificate and key (``tls://`` needs them).
+        insecure: The agent runs open on purpose (``--insecure-allow-anyone``): plain TCP off loopback too.
 
     Raises:
         ConfigError: A bad address, an unknown channel, plain TCP off loopback, or TLS without certificates.
@@ -103,11 +110,11 @@ def parse_source_address(
         raise ConfigError(option, f"{spec}: no channel named {name!r} is served (served: {', '.join(names)})")
     if scheme == "tls" and not has_tls:
         raise ConfigError(option, f"{spec}: tls:// needs the agent's --tls-cert FILE and --tls-key FILE")
-    if scheme == "tcp" and not is_loopback(host):
+    if scheme == "tcp" and not is_loopback(host) and not insecure:
         raise ConfigError(
             option,
             f"{spec}: plain tcp:// is for a loopback address only (127.0.0.1, ::1, localhost); "
-            "off loopback use tls:// with --tls-cert and --tls-key",
+            f"off loopback use tls:// with --tls-cert and --tls-key (or, to run open on purpose, {INSECURE_FLAG})",
         )
     return SourceAddress(scheme, host, port, name)
 
