@@ -1070,6 +1070,21 @@ def encode_event(body: bytes, headers: Mapping[str, str] | None) -> bytes:
     return b"".join(parts)
 
 
+def encoded_event_size(body: bytes, headers: Mapping[str, str] | None) -> int:
+    """``len(encode_event(body, headers))`` without building it (a source's ``max_event_size`` check).
+
+    Raises:
+        UnicodeEncodeError: as :func:`encode_event`.
+    """
+    if not headers:
+        return len(EMPTY_HEADERS) + len(body)
+    return (
+        _U32.size
+        + len(body)
+        + sum(_KV_LEN.size + len(k.encode("utf-8")) + len(v.encode("utf-8")) for k, v in headers.items())
+    )
+
+
 def decode_event(payload: bytes) -> tuple[bytes, dict[str, str]]:
     """Decode a PUT payload into ``(body, headers)``.
 
