@@ -80,7 +80,7 @@ def copy_golden(dest: Path) -> str:
     """A writable copy (an open writes: a new data file, checkpoints) with the modes a channel wants."""
     d = str(dest / "golden")
     shutil.copytree(GOLDEN, d)
-    for root, dirs, files in os.walk(d):
+    for root, _dirs, files in os.walk(d):
         os.chmod(root, 0o700)
         for f in files:
             os.chmod(os.path.join(root, f), 0o600)
@@ -100,7 +100,9 @@ def test_the_golden_files_are_an_authenticated_encrypted_channel() -> None:
     for p in segs:
         h = fmt.decode_file_header(p.read_bytes())
         assert isinstance(h, fmt.FileHeader)
-        assert h.cipher and h.authenticated and h.key_id == KEY_ID
+        assert h.cipher
+        assert h.authenticated
+        assert h.key_id == KEY_ID
         assert b"golden-" not in p.read_bytes()  # sealed
     assert (GOLDEN / "ANCHOR").exists()
 
@@ -112,7 +114,7 @@ def test_the_golden_channel_opens_to_exactly_its_events(tmp_path: Path, replay: 
         assert queued(ch) == EXPECTED
         assert ch.marks() == EXPECTED_MARKS
         st = ch.stats()
-        assert not st["corruption_report"] and not st["torn_tails_truncated"] and not st["checkpoint_fallbacks"]
+        assert st["corruption_report"] == st["torn_tails_truncated"] == st["checkpoint_fallbacks"] == []
         with ch.transaction() as tx:  # and it goes on: a new event chains on in a new file
             tx.put(b"new")
     with filechannel.open(d, encryption=enc(), replay="full", **OPTS) as ch:

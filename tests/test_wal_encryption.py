@@ -149,7 +149,7 @@ def test_cli_and_inspection_with_and_without_the_key(tmp_path: Path, capsys: pyt
 
 @pytest.mark.parametrize("short", [None, 10])
 def test_enospc_then_more_writes_then_a_power_cut_reopens_with_every_record(short: int | None) -> None:
-    """An undone batch must not advance the batch-tag chain (issue 32, item 19): the power cut comes before any close."""
+    """An undone batch must not advance the batch-tag chain (issue 32, item 19); the power cut comes before a close."""
     fs = SimFS()
     d = "/sim/wal"
     w = filechannel.WriteAheadLog(d, fs=fs, encryption=enc())
