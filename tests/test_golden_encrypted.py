@@ -114,7 +114,8 @@ def test_the_golden_channel_opens_to_exactly_its_events(tmp_path: Path, replay: 
         assert queued(ch) == EXPECTED
         assert ch.marks() == EXPECTED_MARKS
         st = ch.stats()
-        assert st["corruption_report"] == st["checkpoint_fallbacks"] == []
+        assert st["corruption_report"] == []
+        assert st["checkpoint_fallbacks"] == 0
         assert st["torn_tails_truncated"] == 0
         with ch.transaction() as tx:  # and it goes on: a new event chains on in a new file
             tx.put(b"new")
