@@ -88,11 +88,13 @@ class Recovery:
         anchor: fmt.AuthState | None = None,
     ) -> None:
         self.st = st
-        # What ANCHOR (and, once one is chosen, the checkpoint) vouch for of each
+        # What ANCHOR and (once one is chosen) the checkpoint vouch for of each
         # authenticated file: its key check, and the batch tag at a length it reached.
+        # Both are checked against the file, each on its own: they are MACed apart, and
+        # one swapped in from a copy of the channel is valid alone (never "the longer wins").
         self._anchor = anchor.by_id() if anchor is not None else {}
         self._anchor_first = anchor.first_auth if anchor is not None else fmt.NO_AUTH_FILE
-        self._ref: dict[int, fmt.AuthEntry] = dict(self._anchor)
+        self._ckpt_auth: dict[int, fmt.AuthEntry] = {}
         self.checkpoints = checkpoints
         self._progress = progress
         self._woid_floor = 0
@@ -156,15 +158,14 @@ class Recovery:
         self._recover_with(None)
 
     def _use_auth(self, auth: fmt.AuthState | None) -> None:
-        """Check the data files against ANCHOR and this checkpoint's authenticated files (the longer wins)."""
-        self._ref = dict(self._anchor)
-        if auth is None:
-            return
-        self._first_auth = min(self._first_auth, auth.first_auth)
-        for e in auth.files:
-            cur = self._ref.get(e.file_id)
-            if cur is None or e.length > cur.length:
-                self._ref[e.file_id] = e
+        """Check the data files against ANCHOR and against this checkpoint's authenticated files, each."""
+        self._ckpt_auth = auth.by_id() if auth is not None else {}
+        if auth is not None:
+            self._first_auth = min(self._first_auth, auth.first_auth)
+
+    def _refs(self, fid: int) -> list[fmt.AuthEntry]:
+        """What ANCHOR and the checkpoint each recorded of a file (none, one or two entries)."""
+        return [e for e in (self._anchor.get(fid), self._ckpt_auth.get(fid)) if e is not None]
 
     def _refuse(self, path: str, offset: int, reason: str, fid: int, size: int = 0) -> None:
         """Authenticated data that disagrees with ANCHOR or the checkpoint: refused, or reported in skip mode."""
@@ -173,27 +174,34 @@ class Recovery:
         self.st.report_corruption(CorruptionReport(path, offset, reason, size, None, [], fid))
 
     def _check_tag(self, path: str, fid: int, end: int, h: fmt.FileHeader) -> None:
-        """The batch chain of an authenticated file must pass through the tag recorded at its vouched length."""
-        e = self._ref.get(fid)
-        if e is None or fid not in self.st.ciphers or end < e.length:
+        """The batch chain of an authenticated file must pass through the tag recorded at each vouched length."""
+        if fid not in self.st.ciphers:
             return
-        if e.length <= h.header_len:
-            got = h.key_check  # no batch yet: the chain starts at the header's key check
-        else:
-            fs = self.st.fs
-            fd = fs.open_read(path)
-            try:
-                got = fs.pread(fd, fmt.BATCH_TAG_LEN, e.length - fmt.BATCH_TAG_LEN)
-            finally:
-                fs.close(fd)
-        if got != e.tag:
-            self._refuse(
-                path,
-                e.length,
-                f"the batches up to offset {e.length} are not the ones the channel wrote (their last tag differs "
-                "from the one ANCHOR or the checkpoint recorded): replaced by a copy's, or forged",
-                fid,
-            )
+        for e in self._refs(fid):
+            if end < e.length:
+                continue  # cut short of it: the scan reported the loss
+            if e.length <= h.header_len:
+                got = h.key_check  # no batch yet: the chain starts at the header's key check
+            else:
+                fs = self.st.fs
+                fd = fs.open_read(path)
+                try:
+                    got = fs.pread(fd, fmt.BATCH_TAG_LEN, e.length - fmt.BATCH_TAG_LEN)
+                finally:
+                    fs.close(fd)
+            if got != e.tag:
+                self._refuse(
+                    path,
+                    e.length,
+                    f"the batches up to offset {e.length} are not the ones the channel wrote (their last tag differs "
+                    f"from the one {self._who(fid, e)} recorded): replaced by a copy's, or forged",
+                    fid,
+                )
+                return
+
+    def _who(self, fid: int, e: fmt.AuthEntry) -> str:
+        """Which authenticated record an entry came from, for a message."""
+        return "ANCHOR" if self._anchor.get(fid) is e else "the checkpoint"
 
     def _finish_auth(self, path: str, fid: int, s: FileScan) -> None:
         """Check an authenticated file against its recorded tag; keep the tag at its end (the next ANCHOR's)."""
@@ -214,7 +222,8 @@ class Recovery:
     def _anchored_gone(self, index: int, d: str, ids: list[int]) -> None:
         """Authenticated files that ANCHOR or the checkpoint recorded newer than any file left: cut whole."""
         newest = ids[-1] if ids else 0
-        for e in sorted(self._ref.values(), key=lambda e: e.file_id):
+        recorded = {**self._ckpt_auth, **self._anchor}
+        for e in sorted(recorded.values(), key=lambda e: e.file_id):
             if e.dir_index != index or e.file_id <= newest or e.file_id in self.st.discarded:
                 continue
             path = os.path.join(d, segment_name(e.file_id))
@@ -356,8 +365,9 @@ class Recovery:
         """The length the newest checkpoint (or, encrypted, ANCHOR) recorded for a file (0: nothing)."""
         v = self.st.voucher
         got = v.files.get(fid, 0) if v is not None else 0
-        e = self._ref.get(fid)
-        return max(got, e.length) if e is not None and fid in self.st.ciphers else got
+        if fid not in self.st.ciphers:
+            return got
+        return max([got, *(e.length for e in self._refs(fid))])
 
     def _read_data_file(self, path: str, fid: int, snap: Snapshot | None) -> tuple[Any, int]:
         """Read a data file, only its header when a checkpoint covers all of it; return it and its size."""
@@ -593,11 +603,12 @@ class Recovery:
         if not h.cipher and self.st.config.encryption is not None:
             self._plaintext.append(path)
         self._setup_cipher(path, fid, h, buf)
-        e = self._ref.get(fid)
-        if e is not None and h.authenticated and fid in self.st.ciphers and e.key_check != h.key_check:
+        wrong = [e for e in self._refs(fid) if e.key_check != h.key_check]
+        if wrong and h.authenticated and fid in self.st.ciphers:
             reason = (
-                "data file is not the one this channel wrote (its key check differs from the one ANCHOR or the "
-                "checkpoint recorded): a file from a copy of the channel, or forged; it is not read"
+                "data file is not the one this channel wrote (its key check differs from the one "
+                f"{' and '.join(self._who(fid, e) for e in wrong)} recorded): a file from a copy of the channel, "
+                "or forged; it is not read"
             )
             self._refuse(path, 0, reason, fid, len(buf))
             self.st.discarded.add(fid)

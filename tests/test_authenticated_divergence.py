@@ -1,0 +1,88 @@
+"""An encrypted channel against its own past and its copies: diverged ANCHORs, replayed acks, reissued positions.
+
+An attacker without the key but with write access to the channel directory
+holds valid, MACed small files too: an older ``.ack``, or a ``cp -a`` copy's
+``ANCHOR`` and data files (same channel id, same key). Each of them is valid
+alone; what gives them away is that they disagree with the rest of the
+channel. Every disagreement is damage under the one policy (``"fail"``
+refuses the open; ``"skip"`` opens, reports it and never delivers a copy's
+events), never "the newer (or longer) one wins".
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("cryptography", reason="the crypto extra (pip install 'filechannel[crypto]') is not installed")
+
+from helpers import data_files
+
+import filechannel
+from filechannel.crypto import Encryption
+from filechannel.verify import verify_channel
+
+KEY = bytes(range(32))
+OPTS: dict[str, Any] = {"minimum_required_space": 0, "background": False, "checkpoint_interval": 0}
+
+
+def enc() -> Encryption:
+    return Encryption(keys={"k1": KEY}, active_key="k1")
+
+
+def put_all(d: str, bodies: list[bytes], **kw: Any) -> None:
+    with filechannel.open(d, encryption=enc(), **OPTS, **kw) as ch:
+        for b in bodies:
+            with ch.transaction() as tx:
+                tx.put(b)
+
+
+def take_all(d: str, **kw: Any) -> tuple[list[bytes], dict[str, Any]]:
+    out = []
+    with filechannel.open(d, encryption=enc(), **OPTS, **kw) as ch:
+        stats = ch.stats()
+        while True:
+            with ch.transaction() as tx:
+                got = tx.take_batch(100)
+            if not got:
+                return out, stats
+            out += [e.body for e in got]
+
+
+def diverged(tmp_path: Path, original: list[bytes], copy: list[bytes]) -> tuple[str, str]:
+    """A channel and its ``cp -a`` copy, each then written to by a key holder; returns their directories."""
+    a = str(tmp_path / "a")
+    put_all(a, [b"shared-%d" % i for i in range(3)])
+    b = str(tmp_path / "b")
+    shutil.copytree(a, b, symlinks=True)
+    put_all(a, original)
+    put_all(b, copy)
+    return a, b
+
+
+# -- item 1: a diverged copy's ANCHOR --------------------------------------------------------
+
+
+@pytest.mark.parametrize("longer", [False, True])
+def test_a_diverged_copys_newest_file_and_anchor_are_refused(tmp_path: Path, longer: bool) -> None:
+    """The copy's newest data file *and* its ANCHOR swapped in: the checkpoint's MACed list disagrees."""
+    original = [b"original-%d" % i for i in range(4)]
+    copy = [b"copy-%d" % i for i in range(8 if longer else 4)]
+    a, b = diverged(tmp_path, original, copy)
+    fa, fb = data_files(a)[-1], data_files(b)[-1]
+    assert os.path.basename(fa) == os.path.basename(fb)
+    assert os.path.getsize(fb) >= os.path.getsize(fa)  # "the longer wins" would take the copy's
+    shutil.copyfile(fb, fa)
+    shutil.copyfile(os.path.join(b, "ANCHOR"), os.path.join(a, "ANCHOR"))
+    with pytest.raises(filechannel.CorruptLogError, match="not the one this channel wrote"):
+        filechannel.open(a, encryption=enc(), **OPTS)
+    res = verify_channel(a, encryption=enc())
+    assert not res.ok
+    got, stats = take_all(a, on_corruption="skip")
+    assert not any(x.startswith(b"copy-") for x in got), "a copy's events were delivered"
+    assert stats["corruption_report"], "skip mode must report the swap"
+    assert stats["lost_positions"], "the original's events in the replaced file are lost, and said so"
