@@ -1452,8 +1452,11 @@ def decode_wal_span(data: bytes) -> int:
 # Authenticated small files (encrypted channels): what a checkpoint and ANCHOR
 # record of each live data file, and the MAC trailer of a binary file.
 
-AUTH_MAGIC: Final = b"FCAUTH01"
+AUTH_MAGIC: Final = b"FCAUTH02"
+"""Written: the list carries its ANCHOR generation (``FCAUTH01``, still read, did not: generation 0)."""
+AUTH_MAGIC_V1: Final = b"FCAUTH01"
 _AUTH_HEAD: Final = struct.Struct("<8sQI")
+_AUTH_GEN: Final = struct.Struct("<Q")
 _AUTH_ENTRY: Final = struct.Struct("<QQ16s16sI")
 SEAL_MAGIC: Final = b"FCMAC\x00\x00\x01"
 _SEAL_TAG_LEN: Final = 32
@@ -1480,10 +1483,18 @@ class AuthEntry:
 
 @dataclass(frozen=True)
 class AuthState:
-    """The authenticated files of a channel at one moment: the first one, and each live one."""
+    """The authenticated files of a channel at one moment: the first one, and each live one.
+
+    ``generation`` orders ``ANCHOR``s: each one written gets the next (from 1),
+    and a checkpoint records the generation of the newest ``ANCHOR`` already
+    durable when it was frozen. ``ANCHOR`` on disk is therefore never older than
+    a checkpoint's generation; one that is was put back from the past (or taken
+    from a copy that wrote less). 0: not recorded (written before generations).
+    """
 
     first_auth: int
     files: tuple[AuthEntry, ...]
+    generation: int = 0
 
     def by_id(self) -> dict[int, AuthEntry]:
         """The entries by file id."""
@@ -1492,7 +1503,7 @@ class AuthState:
 
 def encode_auth_state(s: AuthState) -> bytes:
     """Encode an :class:`AuthState` (it is MACed by whoever stores it)."""
-    out = [_AUTH_HEAD.pack(AUTH_MAGIC, s.first_auth, len(s.files))]
+    out = [_AUTH_HEAD.pack(AUTH_MAGIC, s.first_auth, len(s.files)), _AUTH_GEN.pack(s.generation)]
     for e in s.files:
         if len(e.key_check) != ENC_CHECK_LEN or len(e.tag) != BATCH_TAG_LEN:
             raise ValueError("an authenticated file entry holds a 16-byte key check and a 16-byte tag")
@@ -1509,19 +1520,20 @@ def decode_auth_state(buf: bytes | memoryview) -> AuthState:
     if len(buf) < _AUTH_HEAD.size:
         raise FormatError(0, "authenticated file list is truncated")
     magic, first, n = _AUTH_HEAD.unpack_from(buf, 0)
-    if magic != AUTH_MAGIC:
+    if magic not in (AUTH_MAGIC, AUTH_MAGIC_V1):
         raise FormatError(0, "bad authenticated file list magic")
-    if n > MAX_LIVE_FILES or len(buf) != _AUTH_HEAD.size + n * _AUTH_ENTRY.size:
+    pos = _AUTH_HEAD.size + (_AUTH_GEN.size if magic == AUTH_MAGIC else 0)
+    if n > MAX_LIVE_FILES or len(buf) != pos + n * _AUTH_ENTRY.size:
         raise FormatError(8, "authenticated file list size does not match its count")
+    generation = _AUTH_GEN.unpack_from(buf, _AUTH_HEAD.size)[0] if magic == AUTH_MAGIC else 0
     files = []
-    pos = _AUTH_HEAD.size
     for _ in range(n):
         fid, length, check, tag, d = _AUTH_ENTRY.unpack_from(buf, pos)
         if length & 7 or length >= 1 << 62:
             raise FormatError(pos, f"authenticated length {length} of file {fid} is not a record boundary")
         files.append(AuthEntry(fid, length, bytes(check), bytes(tag), d))
         pos += _AUTH_ENTRY.size
-    return AuthState(first, tuple(files))
+    return AuthState(first, tuple(files), generation)
 
 
 def encode_sealed(body: bytes, key_id: str, tag: bytes) -> bytes:

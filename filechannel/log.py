@@ -158,6 +158,7 @@ class Log(LogState):
                 if (
                     anchor is None
                     or anchor.first_auth != self.first_auth
+                    or anchor.generation < self.anchor_generation  # older than a checkpoint (skip mode)
                     or self._dir.anchor_key_id != self.meta_mac.key_id
                 ):
                     self._dir.write_anchor(fmt.AuthState(self.first_auth, anchor.files if anchor is not None else ()))

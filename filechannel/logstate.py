@@ -104,6 +104,9 @@ class LogState:
         self.key_checks: dict[int, bytes] = {}
         self.file_tags: dict[int, bytes] = {}
         self.first_auth = fmt.NO_AUTH_FILE  # the channel's first authenticated data file
+        # The generation of the newest ANCHOR durable on disk (see format.AuthState): a
+        # checkpoint records it, the next ANCHOR written gets one more.
+        self.anchor_generation = 0
         # The MAC of the small files (checkpoints, acks, DATA_DIRS, DATADIR, ANCHOR) of an
         # encrypted channel; required once the channel has an authenticated data file.
         self.meta_mac: MetaMac | None = None
@@ -213,7 +216,7 @@ class LogState:
             entries.append(fmt.AuthEntry(fid, files[fid], check, tag, index))
         if not entries and self.first_auth == fmt.NO_AUTH_FILE:
             return None
-        return fmt.AuthState(self.first_auth, tuple(entries))
+        return fmt.AuthState(self.first_auth, tuple(entries), self.anchor_generation)
 
     def forget_file(self, file_id: int) -> str:
         """Drop a retired data file from the live table; return its path (its read descriptor is closed)."""

@@ -30,6 +30,7 @@ from . import format as fmt
 from ._fs import map_file, truncate_durably
 from .checkpoint import CheckpointStore, Snapshot
 from .crypto import header_cipher
+from .directory import ANCHOR_FILE
 from .errors import CorruptLogError, FormatError
 from .logstate import LogState
 from .scan import (
@@ -95,6 +96,8 @@ class Recovery:
         self._anchor = anchor.by_id() if anchor is not None else {}
         self._anchor_first = anchor.first_auth if anchor is not None else fmt.NO_AUTH_FILE
         self._ckpt_auth: dict[int, fmt.AuthEntry] = {}
+        self._anchor_gen = anchor.generation if anchor is not None else 0
+        self._gen_checked = False
         self.checkpoints = checkpoints
         self._progress = progress
         self._woid_floor = 0
@@ -112,6 +115,7 @@ class Recovery:
             DecryptionError: An encrypted file's key is missing or wrong.
         """
         self._first_auth = min(oldest_authenticated(self.st.fs, self.st.data_dirs), self._anchor_first)
+        self.st.anchor_generation = self._anchor_gen
         self._recover()
         self.first_auth = self._first_auth
         if self._plaintext:
@@ -141,7 +145,7 @@ class Recovery:
             except (FormatError, OSError) as exc:
                 self._checkpoint_fallback(c.path, str(exc))
                 continue
-            self._use_auth(snap.auth)
+            self._use_auth(snap.auth, c.path)
             self.st.voucher = snap
             self.st.voucher_path = c.path
             if self.st.config.replay == "checkpoint":
@@ -157,11 +161,23 @@ class Recovery:
             break
         self._recover_with(None)
 
-    def _use_auth(self, auth: fmt.AuthState | None) -> None:
+    def _use_auth(self, auth: fmt.AuthState | None, path: str) -> None:
         """Check the data files against ANCHOR and against this checkpoint's authenticated files, each."""
         self._ckpt_auth = auth.by_id() if auth is not None else {}
-        if auth is not None:
-            self._first_auth = min(self._first_auth, auth.first_auth)
+        if auth is None:
+            return
+        self._first_auth = min(self._first_auth, auth.first_auth)
+        self.st.anchor_generation = max(self.st.anchor_generation, auth.generation)
+        if not self._gen_checked and self.st.meta_mac is not None:
+            self._gen_checked = True  # the newest checkpoint that decodes judges (an older one is older)
+            if auth.generation > self._anchor_gen:
+                anchor_path = os.path.join(self.st.directory, ANCHOR_FILE)
+                reason = (
+                    f"ANCHOR is older than checkpoint {os.path.basename(path)} (generation {self._anchor_gen}, "
+                    f"the checkpoint saw {auth.generation}): an older ANCHOR (or a copy's) was put in its place, "
+                    "so batches cut since cannot be checked"
+                )
+                self._refuse(anchor_path, 0, reason, 0)
 
     def _refs(self, fid: int) -> list[fmt.AuthEntry]:
         """What ANCHOR and the checkpoint each recorded of a file (none, one or two entries)."""

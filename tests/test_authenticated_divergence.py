@@ -21,6 +21,7 @@ import pytest
 pytest.importorskip("cryptography", reason="the crypto extra (pip install 'filechannel[crypto]') is not installed")
 
 from helpers import data_files
+from simfs import SimFS
 
 import filechannel
 from filechannel.crypto import Encryption
@@ -86,3 +87,37 @@ def test_a_diverged_copys_newest_file_and_anchor_are_refused(tmp_path: Path, lon
     assert not any(x.startswith(b"copy-") for x in got), "a copy's events were delivered"
     assert stats["corruption_report"], "skip mode must report the swap"
     assert stats["lost_positions"], "the original's events in the replaced file are lost, and said so"
+
+
+def test_an_older_anchor_put_back_is_recognised_by_its_generation() -> None:
+    """ANCHOR older than the newest checkpoint hides batches only a newer ANCHOR vouched for: refused."""
+    fs = SimFS()
+    d = "/sim/ch"
+    opts = {**OPTS, "fs": fs, "encryption": enc()}
+    ch = filechannel.open(d, **opts)
+    put_one = ch.transaction
+    for body in (b"a", b"b"):
+        with put_one() as tx:
+            tx.put(body)
+    old = fs.read(f"{d}/ANCHOR")  # valid, MACed: the attacker kept a copy
+    ch.checkpoint()
+    with put_one() as tx:
+        tx.put(b"c")
+    ch.checkpoint()
+    w = ch._log._writers[0]
+    vouched_by_checkpoint = w.offset
+    for body in (b"d", b"e"):
+        with put_one() as tx:
+            tx.put(body)
+    assert ch._log.refresh_anchor()  # ANCHOR now vouches for d and e; no checkpoint does
+    seg = f"{d}/data/seg-{w.file_id:016x}.wal"
+    crashed = fs.crash(0, "keep")  # the owner is killed
+    crashed.write(f"{d}/ANCHOR", old)
+    crashed.write(seg, crashed.read(seg)[:vouched_by_checkpoint])  # d and e cut whole
+    attacked = crashed.snapshot()
+    with pytest.raises(filechannel.CorruptLogError, match="ANCHOR is older than checkpoint"):
+        filechannel.open(d, **{**opts, "fs": attacked})
+    with filechannel.open(d, **{**opts, "fs": crashed.snapshot(), "on_corruption": "skip"}) as ch2:
+        assert any("ANCHOR is older" in r for r in ch2.stats()["corruption_report"])
+    res = verify_channel(d, fs=crashed.snapshot(), encryption=enc())
+    assert not res.ok
