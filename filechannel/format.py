@@ -1453,10 +1453,10 @@ def decode_wal_span(data: bytes) -> int:
 # record of each live data file, and the MAC trailer of a binary file.
 
 AUTH_MAGIC: Final = b"FCAUTH02"
-"""Written: the list carries its ANCHOR generation (``FCAUTH01``, still read, did not: generation 0)."""
+"""Written: the list carries a generation and a next position (``FCAUTH01``, still read, did not: 0 and 0)."""
 AUTH_MAGIC_V1: Final = b"FCAUTH01"
 _AUTH_HEAD: Final = struct.Struct("<8sQI")
-_AUTH_GEN: Final = struct.Struct("<Q")
+_AUTH_GEN: Final = struct.Struct("<QQ")
 _AUTH_ENTRY: Final = struct.Struct("<QQ16s16sI")
 SEAL_MAGIC: Final = b"FCMAC\x00\x00\x01"
 _SEAL_TAG_LEN: Final = 32
@@ -1490,11 +1490,16 @@ class AuthState:
     durable when it was frozen. ``ANCHOR`` on disk is therefore never older than
     a checkpoint's generation; one that is was put back from the past (or taken
     from a copy that wrote less). 0: not recorded (written before generations).
+
+    ``next_position`` is the channel's next position when the files were
+    frozen: positions below it were given out, and are never given out again
+    (batches cut since are reported lost up to it). 0: not recorded.
     """
 
     first_auth: int
     files: tuple[AuthEntry, ...]
     generation: int = 0
+    next_position: int = 0
 
     def by_id(self) -> dict[int, AuthEntry]:
         """The entries by file id."""
@@ -1503,7 +1508,7 @@ class AuthState:
 
 def encode_auth_state(s: AuthState) -> bytes:
     """Encode an :class:`AuthState` (it is MACed by whoever stores it)."""
-    out = [_AUTH_HEAD.pack(AUTH_MAGIC, s.first_auth, len(s.files)), _AUTH_GEN.pack(s.generation)]
+    out = [_AUTH_HEAD.pack(AUTH_MAGIC, s.first_auth, len(s.files)), _AUTH_GEN.pack(s.generation, s.next_position)]
     for e in s.files:
         if len(e.key_check) != ENC_CHECK_LEN or len(e.tag) != BATCH_TAG_LEN:
             raise ValueError("an authenticated file entry holds a 16-byte key check and a 16-byte tag")
@@ -1525,7 +1530,7 @@ def decode_auth_state(buf: bytes | memoryview) -> AuthState:
     pos = _AUTH_HEAD.size + (_AUTH_GEN.size if magic == AUTH_MAGIC else 0)
     if n > MAX_LIVE_FILES or len(buf) != pos + n * _AUTH_ENTRY.size:
         raise FormatError(8, "authenticated file list size does not match its count")
-    generation = _AUTH_GEN.unpack_from(buf, _AUTH_HEAD.size)[0] if magic == AUTH_MAGIC else 0
+    generation, next_position = _AUTH_GEN.unpack_from(buf, _AUTH_HEAD.size) if magic == AUTH_MAGIC else (0, 0)
     files = []
     for _ in range(n):
         fid, length, check, tag, d = _AUTH_ENTRY.unpack_from(buf, pos)
@@ -1533,7 +1538,7 @@ def decode_auth_state(buf: bytes | memoryview) -> AuthState:
             raise FormatError(pos, f"authenticated length {length} of file {fid} is not a record boundary")
         files.append(AuthEntry(fid, length, bytes(check), bytes(tag), d))
         pos += _AUTH_ENTRY.size
-    return AuthState(first, tuple(files), generation)
+    return AuthState(first, tuple(files), generation, next_position)
 
 
 def encode_sealed(body: bytes, key_id: str, tag: bytes) -> bytes:

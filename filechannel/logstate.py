@@ -216,7 +216,7 @@ class LogState:
             entries.append(fmt.AuthEntry(fid, files[fid], check, tag, index))
         if not entries and self.first_auth == fmt.NO_AUTH_FILE:
             return None
-        return fmt.AuthState(self.first_auth, tuple(entries), self.anchor_generation)
+        return fmt.AuthState(self.first_auth, tuple(entries), self.anchor_generation, self.next_position)
 
     def forget_file(self, file_id: int) -> str:
         """Drop a retired data file from the live table; return its path (its read descriptor is closed)."""

@@ -121,3 +121,37 @@ def test_an_older_anchor_put_back_is_recognised_by_its_generation() -> None:
         assert any("ANCHOR is older" in r for r in ch2.stats()["corruption_report"])
     res = verify_channel(d, fs=crashed.snapshot(), encryption=enc())
     assert not res.ok
+
+
+# -- item 8: positions vouched for are never given out again -----------------------------------
+
+
+def test_skip_mode_reports_the_positions_of_anchored_batches_cut_and_never_reissues_them() -> None:
+    fs = SimFS()
+    d = "/sim/ch"
+    opts = {**OPTS, "fs": fs, "encryption": enc()}
+    ch = filechannel.open(d, **opts)
+    for body in (b"a", b"b"):
+        with ch.transaction() as tx:
+            tx.put(body)
+    ch.checkpoint()
+    w = ch._log._writers[0]
+    vouched_by_checkpoint = w.offset
+    with ch.transaction() as tx:
+        tx.put(b"c")
+        tx.put(b"d")
+    with ch.transaction() as tx:
+        tx.put(b"e")
+    assert ch._log.refresh_anchor()  # positions 2..4 are vouched for by ANCHOR only
+    seg = f"{d}/data/seg-{w.file_id:016x}.wal"
+    crashed = fs.crash(0, "keep")
+    crashed.write(seg, crashed.read(seg)[:vouched_by_checkpoint])  # c, d, e cut whole
+    with pytest.raises(filechannel.CorruptLogError, match="shorter than"):
+        filechannel.open(d, **{**opts, "fs": crashed.snapshot()})
+    with filechannel.open(d, **{**opts, "fs": crashed, "on_corruption": "skip"}) as ch2:
+        assert ch2.stats()["lost_positions"] == [[2, 5]]
+        with ch2.transaction() as tx:
+            tx.put(b"f")
+        with ch2.transaction() as tx:
+            got = [(e.position, e.body) for e in tx.take_batch(10)]
+    assert got == [(0, b"a"), (1, b"b"), (5, b"f")]
