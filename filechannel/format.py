@@ -1482,6 +1482,23 @@ class AuthEntry:
 
 
 @dataclass(frozen=True)
+class AckMark:
+    """How far the owner has seen a consumer's ``.ack`` go: its registration time and its write count.
+
+    An ``.ack`` file whose ``(registered_ns, seq)`` is below this was put back
+    from the past (a newer registration of the name starts from a newer time).
+    """
+
+    name: str
+    registered_ns: int
+    seq: int
+
+
+_ACK_MARK: Final = struct.Struct("<QQB")
+MAX_ACK_MARKS: Final = 1 << 16
+
+
+@dataclass(frozen=True)
 class AuthState:
     """The authenticated files of a channel at one moment: the first one, and each live one.
 
@@ -1494,12 +1511,16 @@ class AuthState:
     ``next_position`` is the channel's next position when the files were
     frozen: positions below it were given out, and are never given out again
     (batches cut since are reported lost up to it). 0: not recorded.
+
+    ``acks`` holds an :class:`AckMark` for each consumer whose ``.ack`` the
+    owner has read: an older ``.ack`` put back is refused.
     """
 
     first_auth: int
     files: tuple[AuthEntry, ...]
     generation: int = 0
     next_position: int = 0
+    acks: tuple[AckMark, ...] = ()
 
     def by_id(self) -> dict[int, AuthEntry]:
         """The entries by file id."""
@@ -1513,6 +1534,10 @@ def encode_auth_state(s: AuthState) -> bytes:
         if len(e.key_check) != ENC_CHECK_LEN or len(e.tag) != BATCH_TAG_LEN:
             raise ValueError("an authenticated file entry holds a 16-byte key check and a 16-byte tag")
         out.append(_AUTH_ENTRY.pack(e.file_id, e.length, e.key_check, e.tag, e.dir_index))
+    out.append(_U32.pack(len(s.acks)))
+    for a in s.acks:
+        name = a.name.encode("ascii")
+        out.append(_ACK_MARK.pack(a.registered_ns, a.seq, len(name)) + name)
     return b"".join(out)
 
 
@@ -1528,7 +1553,8 @@ def decode_auth_state(buf: bytes | memoryview) -> AuthState:
     if magic not in (AUTH_MAGIC, AUTH_MAGIC_V1):
         raise FormatError(0, "bad authenticated file list magic")
     pos = _AUTH_HEAD.size + (_AUTH_GEN.size if magic == AUTH_MAGIC else 0)
-    if n > MAX_LIVE_FILES or len(buf) != pos + n * _AUTH_ENTRY.size:
+    end = pos + n * _AUTH_ENTRY.size
+    if n > MAX_LIVE_FILES or (len(buf) != end if magic != AUTH_MAGIC else len(buf) < end + 4):
         raise FormatError(8, "authenticated file list size does not match its count")
     generation, next_position = _AUTH_GEN.unpack_from(buf, _AUTH_HEAD.size) if magic == AUTH_MAGIC else (0, 0)
     files = []
@@ -1538,7 +1564,28 @@ def decode_auth_state(buf: bytes | memoryview) -> AuthState:
             raise FormatError(pos, f"authenticated length {length} of file {fid} is not a record boundary")
         files.append(AuthEntry(fid, length, bytes(check), bytes(tag), d))
         pos += _AUTH_ENTRY.size
-    return AuthState(first, tuple(files), generation, next_position)
+    acks: list[AckMark] = []
+    if magic == AUTH_MAGIC:
+        (k,) = _U32.unpack_from(buf, pos)
+        pos += 4
+        if k > MAX_ACK_MARKS:
+            raise FormatError(pos - 4, "authenticated list holds too many consumers")
+        for _ in range(k):
+            if pos + _ACK_MARK.size > len(buf):
+                raise FormatError(pos, "authenticated consumer entry is truncated")
+            reg, seq, nlen = _ACK_MARK.unpack_from(buf, pos)
+            pos += _ACK_MARK.size
+            if not nlen or pos + nlen > len(buf):
+                raise FormatError(pos, "authenticated consumer name does not fit")
+            try:
+                name = bytes(buf[pos : pos + nlen]).decode("ascii")
+            except UnicodeDecodeError as exc:
+                raise FormatError(pos, "authenticated consumer name is not ASCII") from exc
+            acks.append(AckMark(name, reg, seq))
+            pos += nlen
+        if pos != len(buf):
+            raise FormatError(pos, "authenticated list has bytes after its end")
+    return AuthState(first, tuple(files), generation, next_position, tuple(acks))
 
 
 def encode_sealed(body: bytes, key_id: str, tag: bytes) -> bytes:

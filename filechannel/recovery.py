@@ -99,6 +99,7 @@ class Recovery:
         self._anchor_gen = anchor.generation if anchor is not None else 0
         # Positions an authenticated record says were given out: never given out again.
         self._vouched_next_position = anchor.next_position if anchor is not None else 0
+        self._anchor_acks = anchor.acks if anchor is not None else ()
         self._gen_checked = False
         self.checkpoints = checkpoints
         self._progress = progress
@@ -118,6 +119,8 @@ class Recovery:
         """
         self._first_auth = min(oldest_authenticated(self.st.fs, self.st.data_dirs), self._anchor_first)
         self.st.anchor_generation = self._anchor_gen
+        if self._anchor_acks:
+            self.st.note_acks(self._anchor_acks)
         self._recover()
         self.first_auth = self._first_auth
         if self._plaintext:
@@ -171,6 +174,7 @@ class Recovery:
         self._first_auth = min(self._first_auth, auth.first_auth)
         self.st.anchor_generation = max(self.st.anchor_generation, auth.generation)
         self._vouched_next_position = max(self._vouched_next_position, auth.next_position)
+        self.st.note_acks(auth.acks)
         if not self._gen_checked and self.st.meta_mac is not None:
             self._gen_checked = True  # the newest checkpoint that decodes judges (an older one is older)
             if auth.generation > self._anchor_gen:

@@ -11,6 +11,8 @@ events), never "the newer (or longer) one wins".
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import shutil
 from pathlib import Path
@@ -24,6 +26,7 @@ from helpers import data_files
 from simfs import SimFS
 
 import filechannel
+from filechannel.cli import main as cli_main
 from filechannel.crypto import Encryption
 from filechannel.verify import verify_channel
 
@@ -155,3 +158,53 @@ def test_skip_mode_reports_the_positions_of_anchored_batches_cut_and_never_reiss
         with ch2.transaction() as tx:
             got = [(e.position, e.body) for e in tx.take_batch(10)]
     assert got == [(0, b"a"), (1, b"b"), (5, b"f")]
+
+
+# -- item 7: an older .ack put back ----------------------------------------------------------
+
+
+def test_an_older_ack_put_back_is_refused_not_read_again(tmp_path: Path) -> None:
+    """Choice: refused (CorruptLogError for the reader, verify reports it, the owner applies nothing for it)."""
+    d = str(tmp_path / "c")
+    put_all(d, [b"event-%d" % i for i in range(8)])
+    with filechannel.ChannelReader(d, "r1", encryption=enc()) as r:
+        start, _end = r.available()
+        r.ack(start + 3)
+    ack = Path(d, "consumers", "r1.ack")
+    old = ack.read_bytes()  # valid and MACed: the attacker kept a copy
+    with filechannel.ChannelReader(d, "r1", encryption=enc()) as r:
+        r.ack(start + 6)
+    with filechannel.open(d, encryption=enc(), **OPTS) as ch:  # the owner sees the newer ack (and applies it)
+        assert ch.size == 2
+    ack.write_bytes(old)
+    with pytest.raises(filechannel.CorruptLogError, match="older than the one the channel's owner recorded"):
+        filechannel.ChannelReader(d, "r1", encryption=enc()).available()
+    res = verify_channel(d, encryption=enc())
+    assert not res.ok
+    assert any("older than the one the channel's owner recorded" in r.reason for r in res.reports)
+    with filechannel.open(d, encryption=enc(), **OPTS) as ch:  # the owner applies nothing for it
+        assert ch.size == 2
+        assert "older than the one" in str(ch.stats()["consumers_problem"])
+
+
+def test_a_reset_and_a_new_registration_are_not_taken_for_an_older_ack(tmp_path: Path) -> None:
+    d = str(tmp_path / "c")
+    put_all(d, [b"event-%d" % i for i in range(8)])
+    with filechannel.ChannelReader(d, "r1", encryption=enc()) as r:
+        start, _end = r.available()
+        r.ack(start + 6)
+    with filechannel.open(d, encryption=enc(), **OPTS):
+        pass  # the owner records the ack it saw
+    keystore = tmp_path / "keys.json"
+    keystore.write_text(json.dumps({"k1": base64.b64encode(KEY).decode()}))
+    keystore.chmod(0o600)
+    args = ["consumers", d, "--reset", "r1", "--to-position", str(start + 6), "--keystore", str(keystore)]
+    assert cli_main(args) == 0  # a reset moves back or forth: a newer write, not an older one
+    with filechannel.open(d, encryption=enc(), **OPTS):
+        pass
+    with filechannel.ChannelReader(d, "r1", encryption=enc()) as r:
+        assert r.available()[0] == start + 6
+    assert cli_main(["consumers", d, "--remove", "r1"]) == 0
+    with filechannel.ChannelReader(d, "r1", encryption=enc()) as r:  # registered again: a newer registration
+        r.available()
+    assert verify_channel(d, encryption=enc()).ok
