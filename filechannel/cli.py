@@ -32,7 +32,7 @@ from .channel import FileChannel
 from .checkpoint import CHECKPOINT_DIR, CheckpointStore
 from .config import ChannelConfig
 from .consumers import ConsumerState, ConsumerStore, validate_name
-from .crypto import Encryption, check_key_id, keystore_json, load_keystore
+from .crypto import Encryption, check_key_id, could_be_key, keystore_json, load_keystore
 from .directory import CHANNEL_FILE, LOCK_FILE, WAL_FILE
 from .errors import ChannelError, ConfigError, CorruptLogError, DecryptionError, NotAChannelError
 from .log import Log, LogRecord, format_ranges
@@ -1089,6 +1089,12 @@ def cmd_keygen(args: argparse.Namespace) -> int:
     from .crypto import keystore_lock, show_id  # here, so the module's imports stay as they are
 
     path = args.keystore
+    if could_be_key(path) or could_be_key(os.path.basename(path)):
+        # A key pasted in place of the path: never make it a file name (nor repeat it in a message).
+        raise ChannelError(
+            "the KEYSTORE argument looks like a key (not shown), not a file name: give the keystore's path, "
+            "e.g. `filechannel keygen /etc/filechannel/keys.json`"
+        )
     key_id = args.id if args.id is not None else time.strftime("%Y-%m-%d-%H%M%S", time.gmtime())
     check_key_id(key_id, "--id")
     real = os.path.realpath(path)  # a symlink's target: rewrite it, keep the link
@@ -1233,7 +1239,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         channel_options=_serve_channel_options(args),
         names=names,
         http=http,
+        tail=tuple(args.tail or ()),
+        tail_options={"follow_symlinks": True} if args.tail_follow_symlinks else {},
     )
+    if args.tail_follow_symlinks and not args.tail:
+        raise ChannelError("--tail-follow-symlinks goes with --tail GLOB")
     if args.tail and not args.writable:
         raise ChannelError("--tail puts into the channels: give --writable too")
     try:
@@ -1279,19 +1289,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 channel_options=config.channel_options,
                 names=config.names,
                 http=config.http,
+                tail=config.tail,
+                tail_options=config.tail_options,
             )
-            tails = []
             try:
-                if args.tail:
-                    from .agent.tail import start_tails
-
-                    tails = start_tails(agent, args.tail)
                 while not stop.wait(0.5):
-                    if any(t.error is not None for t in tails):
+                    if any(t.error is not None for t in agent.tails):
                         raise ChannelError("a tail source stopped (see the log above); the agent stops too")
             finally:
-                for t in tails:
-                    t.stop()
                 agent.stop()
         finally:
             for s, h in old.items():
@@ -1565,6 +1570,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --writable: follow files matching GLOB into the channel NAME (its directory's base name; "
         "optional when one channel is served), exactly once (repeatable; docs/agents.md)",
     )
+    sp.add_argument(
+        "--tail-follow-symlinks",
+        action="store_true",
+        help="let --tail follow a symlink to a file outside its glob's directory (default: such a link is "
+        "skipped with a warning, so a link to a key or a password file never becomes events)",
+    )
     sp.add_argument("--check", action="store_true", help="print what would be served and exit (binds nothing)")
     sp.set_defaults(func=cmd_serve)
 
@@ -1700,7 +1711,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         if exc.option == "encryption":
             ks = getattr(args, "keystore", None)
-            msg = f"--keystore {ks}: {exc.reason}" if ks is not None and args.func is not cmd_keygen else exc.reason
+            if ks is not None and args.func is not cmd_keygen:
+                # The value is repeated only when it cannot be a key pasted in place of the path.
+                msg = f"--keystore {ks}: {exc.reason}" if not could_be_key(ks) else f"--keystore: {exc.reason}"
+            else:
+                msg = exc.reason
         print(f"filechannel: error: {msg}", file=sys.stderr)
         return 2
     except (ChannelError, OSError) as exc:

@@ -74,6 +74,7 @@ from .auth import (
 )
 from .errors import AgentError, AgentProtocolError, UnknownChannelError
 from .staging import AgentSink, StageRequest
+from .tail import TailSource, make_tails
 
 __all__ = ["Agent", "AgentConfig", "serve"]
 
@@ -106,6 +107,8 @@ class AgentConfig:
             the HTTP port's URLs use it.
         http: Also serve HTTP (the HTTP source, ``/metrics``, health checks; ``web.py``) with these
             settings (an ``HttpSettings``); TLS, the token and the allow-list apply there too.
+        tail: Follow files into the channels (``--tail GLOB`` / ``NAME=GLOB``; ``tail.py``); needs ``writable``.
+        tail_options: Options of the tail sources (``TailSource``'s keyword arguments, e.g. ``follow_symlinks``).
     """
 
     directories: tuple[str, ...]
@@ -124,6 +127,8 @@ class AgentConfig:
     channel_options: Mapping[str, Any] = field(default_factory=dict)
     names: Mapping[str, str] = field(default_factory=dict)
     http: Any = None
+    tail: tuple[str, ...] = ()
+    tail_options: Mapping[str, Any] = field(default_factory=dict)
 
     def parsed_listen(self) -> Listen:
         """The listen URI, checked together with the TLS options.
@@ -700,20 +705,29 @@ class Agent:
         self.location = listen.location()
         self.http: Any = None  # the HttpServer (web.py) when config.http is set
         self.metrics: Any = None  # its AgentMetrics
+        self.tails: list[TailSource] = []  # the tail sources (tail.py) of config.tail
+        self._server: Any = None
+        # Every part starts (Flight, HTTP, the tail sources) before anything is announced (the port
+        # files, the "serving" line): an agent that cannot start every part stops them all and raises.
         try:
-            self._server = _FlightServer(self, listen.location(), **kwargs)
-        except (fl.FlightError, pa.ArrowException, OSError) as exc:
-            raise ChannelError(f"cannot listen on {config.listen}: {str(exc).splitlines()[0]}") from None
-        self.port = int(self._server.port) if listen.scheme != "grpc+unix" else 0
-        self.location = listen.location(self.port if listen.scheme != "grpc+unix" else None)
-        if config.http is not None:
+            if config.tail:
+                self.tails = make_tails(self.channels.values(), config.tail, **config.tail_options)
             try:
+                self._server = _FlightServer(self, listen.location(), **kwargs)
+            except (fl.FlightError, pa.ArrowException, OSError) as exc:
+                raise ChannelError(f"cannot listen on {config.listen}: {str(exc).splitlines()[0]}") from None
+            self.port = int(self._server.port) if listen.scheme != "grpc+unix" else 0
+            self.location = listen.location(self.port if listen.scheme != "grpc+unix" else None)
+            if config.http is not None:
                 self._start_http()
-            except BaseException:
-                self._stopped = True
-                self._server.shutdown()
-                self._close_channels()
-                raise
+            for src in self.tails:
+                src.start()
+                logger.info("tailing %s into %s", ", ".join(src.patterns), src.channel.directory)
+        except BaseException:
+            self._shut_down()
+            raise
+        if self.http is not None:
+            self.http.announce()
         if config.port_file:
             path = os.path.abspath(config.port_file)
             replace_durably(DEFAULT_FS, f"{path}.tmp-{os.getpid()}", path, b"%d\n" % self.port)
@@ -748,20 +762,29 @@ class Agent:
                 ch.channel.close()
 
     def stop(self) -> None:
-        """Stop listening and wait for the calls in flight (idempotent); remove the port file."""
+        """Stop the tail sources and listening, wait for the calls in flight (idempotent); remove the port file."""
         if self._stopped:
             return
-        self._stopped = True
-        if self.http is not None:
-            self.http.stop()
-        self._server.shutdown()
-        self._close_channels()
+        self._shut_down()
         if self.config.port_file:
             try:
                 DEFAULT_FS.unlink(os.path.abspath(self.config.port_file))
             except FileNotFoundError:
                 pass
         logger.info("stopped serving on %s", self.location)
+
+    def _shut_down(self) -> None:
+        """Stop every part started (the tail sources first: they put), then close the channels."""
+        self._stopped = True
+        try:
+            for src in self.tails:
+                src.stop()
+            if self.http is not None:
+                self.http.stop()
+            if self._server is not None:
+                self._server.shutdown()
+        finally:
+            self._close_channels()
 
     def __enter__(self) -> Agent:
         return self
@@ -791,13 +814,16 @@ def serve(
     channel_options: Mapping[str, Any] | None = None,
     names: Mapping[str, str] | None = None,
     http: Any = None,
+    tail: Sequence[str] = (),
+    tail_options: Mapping[str, Any] | None = None,
 ) -> Agent:
     """Start an agent serving ``directories`` on ``listen`` and return it (stop it with ``.stop()``).
 
     See :class:`AgentConfig` for the arguments (``http``: an ``HttpSettings`` of
     ``filechannel.agent.web``, or ``"HOST:PORT"``). The agent listens on return;
     with port 0 its ``.port`` (and ``port_file``) tells which port was bound, and
-    ``.http.port`` the HTTP one.
+    ``.http.port`` the HTTP one. With ``tail``, its tail sources run (``.tails``) on return.
+    Nothing is announced (the port files, the "serving" log line) until every part has started.
 
     Raises:
         ConfigError: A bad option, or a TLS key, CA or token file that is missing or unsafe.
@@ -826,5 +852,7 @@ def serve(
         channel_options=dict(channel_options or {}),
         names=dict(names or {}),
         http=http,
+        tail=tuple(tail),
+        tail_options=dict(tail_options or {}),
     )
     return Agent(config)

@@ -489,8 +489,13 @@ class HttpServer:
         scheme = "https" if self._ssl else "http"
         shown = f"[{host}]" if ":" in host else host
         self.url = f"{scheme}://{shown}:{self.port}"
-        if settings.port_file:
-            path = os.path.abspath(settings.port_file)
+        self._announced = False
+
+    def announce(self) -> None:
+        """Write the port file and log the URL (the agent calls it once every part has started)."""
+        self._announced = True
+        if self._settings.port_file:
+            path = os.path.abspath(self._settings.port_file)
             replace_durably(DEFAULT_FS, f"{path}.tmp-{os.getpid()}", path, b"%d\n" % self.port)
             DEFAULT_FS.fsync_dir(os.path.dirname(path))
         logger.info("HTTP source, /metrics and health checks on %s", self.url)
@@ -557,7 +562,7 @@ class HttpServer:
             self._runner = None
         self._thread.join(30)
         self._pool.shutdown(wait=True)
-        if self._settings.port_file:
+        if self._settings.port_file and self._announced:
             try:
                 DEFAULT_FS.unlink(os.path.abspath(self._settings.port_file))
             except FileNotFoundError:
