@@ -15,6 +15,7 @@ import base64
 import json
 import os
 import shutil
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from helpers import data_files
 from simfs import SimFS
 
 import filechannel
+from filechannel import format as fmt
 from filechannel.cli import main as cli_main
 from filechannel.crypto import Encryption
 from filechannel.verify import verify_channel
@@ -208,3 +210,21 @@ def test_a_reset_and_a_new_registration_are_not_taken_for_an_older_ack(tmp_path:
     with filechannel.ChannelReader(d, "r1", encryption=enc()) as r:  # registered again: a newer registration
         r.available()
     assert verify_channel(d, encryption=enc()).ok
+
+
+# -- the authenticated list's codec ---------------------------------------------------------
+
+
+def test_the_authenticated_list_round_trips_and_still_reads_the_version_without_generations() -> None:
+    entry = fmt.AuthEntry(3, 4096, bytes(range(16)), bytes(range(16, 32)), 0)
+    marks = (fmt.AckMark("r1", 1795442599091940751, 7), fmt.AckMark("spark.q-2", 5, 1))
+    state = fmt.AuthState(2, (entry,), generation=9, next_position=1234, acks=marks)
+    buf = fmt.encode_auth_state(state)
+    assert buf[:8] == b"FCAUTH02"
+    assert fmt.decode_auth_state(buf) == state
+    # What earlier releases wrote (FCAUTH01): the entries only; no generation, position or marks.
+    v1 = b"FCAUTH01" + struct.pack("<QI", 2, 1) + buf[36 : 36 + 52]
+    assert fmt.decode_auth_state(v1) == fmt.AuthState(2, (entry,))
+    for bad in (buf[:-1], buf + b"\0", buf[: 36 + 52], buf[:30], v1 + b"\0"):
+        with pytest.raises(filechannel.FormatError):
+            fmt.decode_auth_state(bad)
