@@ -226,11 +226,16 @@ class LogState:
             entries.append(fmt.AuthEntry(fid, files[fid], check, tag, index))
         if not entries and self.first_auth == fmt.NO_AUTH_FILE:
             return None
+        return fmt.AuthState(
+            self.first_auth, tuple(entries), self.anchor_generation, self.next_position, self.ack_marks()
+        )
+
+    def ack_marks(self) -> tuple[fmt.AckMark, ...]:
+        """The consumers' ack marks an authenticated record holds (see :meth:`note_acks`), by name."""
         marks = list(self.consumer_acks.values())
         if len(marks) > fmt.MAX_ACK_MARKS:  # names removed long ago go first
             marks = sorted(marks, key=lambda a: a.registered_ns)[-fmt.MAX_ACK_MARKS :]
-        acks = tuple(sorted(marks, key=lambda a: a.name))
-        return fmt.AuthState(self.first_auth, tuple(entries), self.anchor_generation, self.next_position, acks)
+        return tuple(sorted(marks, key=lambda a: a.name))
 
     def forget_file(self, file_id: int) -> str:
         """Drop a retired data file from the live table; return its path (its read descriptor is closed)."""

@@ -97,8 +97,8 @@ class Recovery:
         self._anchor_first = anchor.first_auth if anchor is not None else fmt.NO_AUTH_FILE
         self._ckpt_auth: dict[int, fmt.AuthEntry] = {}
         self._anchor_gen = anchor.generation if anchor is not None else 0
-        # Positions an authenticated record says were given out: never given out again.
-        self._vouched_next_position = anchor.next_position if anchor is not None else 0
+        # Positions an authenticated record (ANCHOR, a checkpoint) says were given out: never again.
+        self.vouched_next_position = anchor.next_position if anchor is not None else 0
         self._anchor_acks = anchor.acks if anchor is not None else ()
         self._gen_checked = False
         self.checkpoints = checkpoints
@@ -173,7 +173,7 @@ class Recovery:
             return
         self._first_auth = min(self._first_auth, auth.first_auth)
         self.st.anchor_generation = max(self.st.anchor_generation, auth.generation)
-        self._vouched_next_position = max(self._vouched_next_position, auth.next_position)
+        self.vouched_next_position = max(self.vouched_next_position, auth.next_position)
         self.st.note_acks(auth.acks)
         if not self._gen_checked and self.st.meta_mac is not None:
             self._gen_checked = True  # the newest checkpoint that decodes judges (an older one is older)
@@ -315,7 +315,7 @@ class Recovery:
             max_txn = max(max_txn, snap.next_txn_id - 1)
             max_woid = max(max_woid, snap.woid)
             max_file_id = max(max_file_id, snap.next_file_id - 1)
-        max_next_pos = max(max_next_pos, self._vouched_next_position)
+        max_next_pos = max(max_next_pos, self.vouched_next_position)
         if self.st.voucher is not None:
             max_next_pos = max(max_next_pos, self.st.voucher.next_position)
             self._classify_vanished(retired, newest_by_dir)

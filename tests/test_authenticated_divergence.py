@@ -228,3 +228,24 @@ def test_the_authenticated_list_round_trips_and_still_reads_the_version_without_
     for bad in (buf[:-1], buf + b"\0", buf[: 36 + 52], buf[:30], v1 + b"\0"):
         with pytest.raises(filechannel.FormatError):
             fmt.decode_auth_state(bad)
+
+
+def test_anchor_rewritten_at_open_keeps_the_next_position_and_the_ack_marks(tmp_path: Path) -> None:
+    """A key rotation rewrites ANCHOR at open: what it vouched for (positions, acks) stays vouched for."""
+    d = str(tmp_path / "c")
+    put_all(d, [b"event-%d" % i for i in range(5)])
+    with filechannel.ChannelReader(d, "r1", encryption=enc()) as r:
+        r.ack(r.available()[0] + 2)
+    with filechannel.open(d, encryption=enc(), **OPTS):
+        pass  # the owner reads r1's ack; its close records it
+    before = fmt.decode_auth_state(fmt.split_sealed(Path(d, "ANCHOR").read_bytes())[0])
+    assert before.next_position == 5
+    assert [a.name for a in before.acks] == ["r1"]
+    rotated = Encryption(keys={"k1": KEY, "k2": bytes(range(1, 33))}, active_key="k2")
+    with filechannel.open(d, encryption=rotated, **OPTS):
+        body, key_id, _tag = fmt.split_sealed(Path(d, "ANCHOR").read_bytes())
+        assert key_id == "k2"  # rewritten at this open
+        now = fmt.decode_auth_state(body)
+        assert now.generation > before.generation
+        assert now.next_position == before.next_position
+        assert now.acks == before.acks
