@@ -730,7 +730,7 @@ def _reset_consumer(args: argparse.Namespace) -> int:
         end = log.next_position
         first = q.first_position()
         head = end if first is None else first
-        store = ConsumerStore(DEFAULT_FS, args.dir, None, log.meta_mac, log.macs_required)
+        store = ConsumerStore(DEFAULT_FS, args.dir, None, log.meta_mac, log.macs_required, log.consumer_acks)
     finally:
         log.close()
     cur = store.get(name)
