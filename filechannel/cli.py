@@ -756,7 +756,7 @@ def _reset_consumer(args: argparse.Namespace) -> int:
         end = log.next_position
         first = q.first_position()
         head = end if first is None else first
-        store = ConsumerStore(DEFAULT_FS, args.dir, None, log.meta_mac, log.macs_required)
+        store = ConsumerStore(DEFAULT_FS, args.dir, None, log.meta_mac, log.macs_required, log.consumer_acks)
     finally:
         log.close()
     cur = store.get(name)
@@ -1165,6 +1165,11 @@ _SERVE_FLAGS = {
     "http_max_body": "--http-max-body",
     "http_idempotency_keys": "--http-idempotency-keys",
     "tail": "--tail",
+    "forward": "--forward",
+    "syslog": "--syslog",
+    "relp": "--relp",
+    "syslog_read_timeout": "--syslog-read-timeout",
+    "syslog_max_connections": "--syslog-max-connections",
 }
 
 
@@ -1208,6 +1213,22 @@ def _serve_consumers(specs: Sequence[str] | None) -> dict[str, frozenset[str]]:
     return {k: frozenset(v) for k, v in out.items()}
 
 
+def _serve_syslog(args: argparse.Namespace) -> Any:
+    """``--syslog`` / ``--relp`` and their options as a ``SyslogSettings`` (``agent/syslog_source.py``), or None."""
+    if not args.syslog and not args.relp:
+        return None
+    if not args.writable:
+        raise ChannelError(f"{'--syslog' if args.syslog else '--relp'} puts into the channels: give --writable too")
+    from .agent.syslog_source import SyslogSettings
+
+    return SyslogSettings(
+        tuple(args.syslog or ()),
+        tuple(args.relp or ()),
+        read_timeout=args.syslog_read_timeout,
+        max_connections=args.syslog_max_connections,
+    )
+
+
 _SERVE_CHANNEL_FLAGS = ("capacity", "transaction_capacity", "max_event_size", "fsync")
 
 
@@ -1218,6 +1239,19 @@ def _serve_channel_options(args: argparse.Namespace) -> dict[str, Any]:
         flag = _CONFIG_FLAGS[next(iter(given))]
         raise ChannelError(f"{flag} applies to the channels an agent owns: add --writable (or drop {flag})")
     return given
+
+
+def _serve_forward(args: argparse.Namespace) -> Any:
+    """The ``ForwardSettings`` of ``--forward`` (msgpack and ``--writable`` checked now), else None."""
+    if not args.forward:
+        return None
+    if not args.writable:
+        raise ChannelError("--forward puts into the channels: give --writable too")
+    try:
+        from .agent.forward import ForwardSettings
+    except ImportError as exc:
+        raise ChannelError(f"--forward needs msgpack ({exc}): pip install 'filechannel[sources]'") from None
+    return ForwardSettings(tuple(args.forward))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -1268,12 +1302,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
         insecure_allow_anyone=args.insecure_allow_anyone,
         tail=tuple(args.tail or ()),
         tail_options={"follow_symlinks": True} if args.tail_follow_symlinks else {},
+        forward=_serve_forward(args),
+        syslog=_serve_syslog(args),
     )
     if args.tail_follow_symlinks and not args.tail:
         raise ChannelError("--tail-follow-symlinks goes with --tail GLOB")
     if args.tail and not args.writable:
         raise ChannelError("--tail puts into the channels: give --writable too")
     try:
+        if config.syslog is not None:  # a bad value or a listener the agent's rules refuse: one line, first
+            from .agent.syslog_source import check_listener
+
+            for spec in config.syslog.specs():
+                check_listener(spec, config)
         if args.check:
             info, problems = check(config)
             for problem in problems:
@@ -1291,12 +1332,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 if on
             )
             print(f"would listen on {info['listen']} ({how or 'no TLS: loopback or unix socket only'})")
+            if config.forward is not None:
+                from .agent.forward import check_forward
+
+                for a in check_forward(config, [c["name"] for c in info["channels"]], config.forward):
+                    print(f"would take the forward protocol on {a.scheme}://{a.host}:{a.port} into {a.channel}")
             for ch in info["channels"]:
                 consumers = ", ".join(f"{n} (acked {c['acked']})" for n, c in sorted(ch["consumers"].items())) or "none"
                 print(
                     f"channel {ch['channel']} {ch['directory']}: positions [{ch['start']}, {ch['end']}), "
                     f"consumers: {consumers}"
                 )
+            for kind, specs in (("syslog", args.syslog), ("relp", args.relp)):
+                for spec in specs or ():
+                    print(f"would take {kind} on {spec}")
             return 0
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("filechannel serve: %(levelname)s: %(message)s"))
@@ -1326,6 +1375,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 insecure_allow_anyone=config.insecure_allow_anyone,
                 tail=config.tail,
                 tail_options=config.tail_options,
+                forward=config.forward,
+                syslog=config.syslog,
             )
             try:
                 while not stop.wait(0.5):
@@ -1617,10 +1668,45 @@ def build_parser() -> argparse.ArgumentParser:
         "skipped with a warning, so a link to a key or a password file never becomes events)",
     )
     sp.add_argument(
+        "--forward",
+        action="append",
+        metavar="tcp://HOST:PORT[=CHANNEL]",
+        help="with --writable: take Fluent's forward protocol (Fluent Bit, Fluentd, fluent-logger) on this "
+        "address (tls:// with the agent's certificates) into CHANNEL (repeatable; docs/forward.md)",
+    )
+    sp.add_argument(
         "--insecure-allow-anyone",
         action="store_true",
         help="listen on an address other hosts reach without --client-ca or --token-file: anyone who can connect "
         "may then read, write and take over consumers (refused without this flag)",
+    )
+    sp.add_argument(
+        "--syslog",
+        action="append",
+        metavar="tcp://HOST:PORT[=CHANNEL]",
+        help="with --writable: a syslog source (RFC 5424/3164, RFC 6587 framing); also tls:// (the agent's "
+        "certificates) and udp:// (lossy) (repeatable; docs/syslog.md)",
+    )
+    sp.add_argument(
+        "--relp",
+        action="append",
+        metavar="tcp://HOST:PORT[=CHANNEL]",
+        help="with --writable: a RELP source, each message acknowledged after its durable commit; also tls:// "
+        "(repeatable; docs/syslog.md)",
+    )
+    sp.add_argument(
+        "--syslog-read-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="a syslog or RELP connection silent this long is closed (default 300)",
+    )
+    sp.add_argument(
+        "--syslog-max-connections",
+        type=int,
+        default=256,
+        metavar="N",
+        help="connections open at once per --syslog/--relp listener (default 256; more are closed)",
     )
     sp.add_argument(
         "--check",
