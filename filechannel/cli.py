@@ -594,7 +594,9 @@ def _stat_prometheus(directory: str, info: dict[str, Any]) -> str:
     try:
         from .agent.metrics import ChannelSample, render_samples
     except ImportError as exc:
-        raise ChannelError(f"--prometheus needs prometheus_client ({exc}): pip install 'filechannel[agent]'") from None
+        raise ChannelError(
+            f"--prometheus needs prometheus_client ({exc}): pip install '.[agent]' in filechannel's clone"
+        ) from None
     st = info["stats"]
     s = ChannelSample(os.path.basename(os.path.normpath(directory)))
     s.values["channel_size"] = float(info["queue_size"])
@@ -1250,7 +1252,9 @@ def _serve_forward(args: argparse.Namespace) -> Any:
     try:
         from .agent.forward import ForwardSettings
     except ImportError as exc:
-        raise ChannelError(f"--forward needs msgpack ({exc}): pip install 'filechannel[sources]'") from None
+        raise ChannelError(
+            f"--forward needs msgpack ({exc}): pip install '.[sources]' in filechannel's clone"
+        ) from None
     return ForwardSettings(tuple(args.forward))
 
 
@@ -1260,7 +1264,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from .agent.server import AgentConfig, check, serve
     except ImportError as exc:
         raise ChannelError(
-            f"filechannel serve needs pyarrow with Arrow Flight ({exc}): pip install 'filechannel[agent]'"
+            f"filechannel serve needs pyarrow with Arrow Flight ({exc}): pip install '.[agent]' in filechannel's clone"
         ) from None
     dirs, names = _serve_dirs(args.dir)
     for d in dirs:
@@ -1271,7 +1275,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             from .agent.web import HttpSettings
         except ImportError as exc:
             raise ChannelError(
-                f"--http needs aiohttp and prometheus_client ({exc}): pip install 'filechannel[agent]'"
+                f"--http needs aiohttp and prometheus_client ({exc}): pip install '.[agent]' in filechannel's clone"
             ) from None
         http = HttpSettings(
             args.http,

@@ -57,7 +57,7 @@ STAGING_INFO: Final = b"filechannel/v1 spark staging key"
 _CHECK_NONCE: Final = bytes(12)  # woid 0 is never a record's: the key check's nonce is free
 _NONCE_PAD: Final = bytes(4)
 _U64: Final = struct.Struct("<Q")
-INSTALL_HINT: Final = "encryption needs the cryptography package: pip install 'filechannel[crypto]'"
+INSTALL_HINT: Final = "encryption needs the cryptography package: pip install '.[crypto]' in filechannel's clone"
 
 KeySource = Mapping[str, bytes] | str | os.PathLike[str] | Callable[[str], bytes]
 

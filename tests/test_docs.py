@@ -159,6 +159,10 @@ def test_the_readme_says_how_to_install_from_the_checkout() -> None:
         assert not re.search(r"pip install '?filechannel\b", line), f"{doc}: installs from PyPI: {line}"
         for named in re.findall(r"\[([\w,]+)\]'", line):
             assert set(named.split(",")) <= extras, f"{doc}: no such extra in {line}"
+    # The errors that say how to install an extra say it the same way.
+    for src in sorted((ROOT / "filechannel").rglob("*.py")):
+        text = src.read_text(encoding="utf-8")
+        assert not re.search(r"pip install '?filechannel\b", text), f"{src.name} tells users to install from PyPI"
     # The CLI lands next to the interpreter of the venv (what the README points at).
     if sys.prefix != sys.base_prefix:
         assert (Path(sys.prefix) / "bin" / "filechannel").exists()
