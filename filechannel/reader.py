@@ -33,7 +33,6 @@ from typing import Any
 
 from . import format as fmt
 from ._fs import DEFAULT_FS, FS
-from .channel import Event
 from .checkpoint import CHECKPOINT_DIR, CheckpointStore
 from .config import CORRUPTION_POLICIES, ChannelConfig
 from .consumers import ConsumerStore, validate_name
@@ -55,6 +54,7 @@ from .errors import (
     DecryptionError,
     FormatError,
 )
+from .events import Event
 from .log import Log
 from .replay import replay_queue
 from .scan import SEG_RE, CorruptionReport, LogRecord, Scanner, segment_name
