@@ -700,8 +700,10 @@ class FileChannel:
         a reason to fall back to an older view that knows less.
         """
         log = Log(self.directory, self.config, fs=self._fs, checkpoints=self._store, progress=self._progress)
+        base = log.base_snapshot
+        unreplayed = set(base.files) if base is not None else set()
         try:
-            q, take_targets, taken_from = replay_queue(log, log.base_snapshot, self._marks)
+            q, take_targets, taken_from = replay_queue(log, base, self._marks)
             if log.recovered_from is not None and self.config.on_corruption != "skip":
                 spot_check(log, q)
         except BaseException:
@@ -714,7 +716,7 @@ class FileChannel:
             self.recovery_source = "backup"
         else:
             self.recovery_source = "checkpoint"
-        return log, q, FileRefs(q.file_counts(), take_targets, taken_from)
+        return log, q, FileRefs(q.file_counts(), take_targets, taken_from, unreplayed)
 
     # -- public API -----------------------------------------------------------------------
 
@@ -934,6 +936,13 @@ class FileChannel:
                     self._acks.apply(strict=False)
                 except (OSError, ChannelError) as exc:
                     logger.warning("applying consumer acknowledgements on close failed (%s); the next open does", exc)
+                # An open that only took events wrote its takes into files that hold no event: no take
+                # freed a file, so nothing asked for a retirement. They go now (their takes re-logged
+                # first, durably), before the checkpoint, which then no longer lists them.
+                try:
+                    self._retirer.retire_files()
+                except (OSError, ChannelError) as exc:
+                    logger.warning("retiring data files on close failed (%s); the next close tries again", exc)
             unchanged = self._checkpointer.unchanged() and not self._open_txns
             if self._log.failed is None and not unchanged:
                 try:

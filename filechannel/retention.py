@@ -90,20 +90,25 @@ class FileRefs:
     ``refs``: queued or in-flight events per file; ``take_targets``: for each
     file, the files whose events its TAKE records took; ``taken_from``: for each
     file, the runs of its positions that were taken (what a checkpoint records
-    and what a retirement writes again).
+    and what a retirement writes again); ``unreplayed``: the files the checkpoint
+    recovery started from lists, whose records up to it were not replayed, so
+    which files their TAKE records took from is unknown (a retirement of one
+    writes again the taken runs of every file that stays).
     """
 
-    __slots__ = ("refs", "take_targets", "taken_from")
+    __slots__ = ("refs", "take_targets", "taken_from", "unreplayed")
 
     def __init__(
         self,
         refs: dict[int, int],
         take_targets: dict[int, set[int]],
         taken_from: dict[int, list[tuple[int, int]]],
+        unreplayed: set[int] | None = None,
     ) -> None:
         self.refs = refs
         self.take_targets = take_targets
         self.taken_from = taken_from
+        self.unreplayed = unreplayed if unreplayed is not None else set()
 
     def committed(self, file_id: int, n_puts: int, runs: Sequence[tuple[int, int, int]]) -> bool:
         """Count a commit written to ``file_id``: ``n_puts`` events, takes as ``(file, first, count)`` runs.
@@ -131,6 +136,7 @@ class FileRefs:
 
     def forget(self, gone: set[int]) -> None:
         """Drop retired files from the bookkeeping."""
+        self.unreplayed -= gone
         for f in gone:
             self.take_targets.pop(f, None)
             self.taken_from.pop(f, None)
@@ -212,7 +218,9 @@ class Retirer:
                 stay = live - cand
                 relog_files = set()
                 for f in cand:
-                    relog_files |= refs.take_targets.get(f, set()) & stay
+                    # A file whose TAKE records were not replayed (before the checkpoint this open
+                    # started from) may have taken from any file: every staying file's runs go again.
+                    relog_files |= stay if f in refs.unreplayed else refs.take_targets.get(f, set()) & stay
                 relog = sorted(r for g in relog_files for r in refs.taken_from.get(g, ()))
                 # Marks whose newest copy is in a file that goes: written again first.
                 moving = [fmt.Mark(k, v, w) for k, (v, w, f) in self._marks.items() if f in cand]
