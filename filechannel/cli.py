@@ -32,7 +32,7 @@ from .channel import FileChannel
 from .checkpoint import CHECKPOINT_DIR, CheckpointStore
 from .config import ChannelConfig
 from .consumers import ConsumerState, ConsumerStore, validate_name
-from .crypto import Encryption, check_key_id, keystore_json, load_keystore
+from .crypto import Encryption, check_key_id, could_be_key, keystore_json, load_keystore
 from .directory import CHANNEL_FILE, LOCK_FILE, WAL_FILE
 from .errors import ChannelError, ConfigError, CorruptLogError, DecryptionError, NotAChannelError
 from .log import Log, LogRecord, format_ranges
@@ -721,7 +721,7 @@ def _reset_consumer(args: argparse.Namespace) -> int:
         end = log.next_position
         first = q.first_position()
         head = end if first is None else first
-        store = ConsumerStore(DEFAULT_FS, args.dir, None, log.meta_mac, log.macs_required)
+        store = ConsumerStore(DEFAULT_FS, args.dir, None, log.meta_mac, log.macs_required, log.consumer_acks)
     finally:
         log.close()
     cur = store.get(name)
@@ -1071,6 +1071,12 @@ def cmd_keygen(args: argparse.Namespace) -> int:
     from .crypto import keystore_lock, show_id  # here, so the module's imports stay as they are
 
     path = args.keystore
+    if could_be_key(path) or could_be_key(os.path.basename(path)):
+        # A key pasted in place of the path: never make it a file name (nor repeat it in a message).
+        raise ChannelError(
+            "the KEYSTORE argument looks like a key (not shown), not a file name: give the keystore's path, "
+            "e.g. `filechannel keygen /etc/filechannel/keys.json`"
+        )
     key_id = args.id if args.id is not None else time.strftime("%Y-%m-%d-%H%M%S", time.gmtime())
     check_key_id(key_id, "--id")
     real = os.path.realpath(path)  # a symlink's target: rewrite it, keep the link
@@ -1115,6 +1121,11 @@ _SERVE_FLAGS = {
     "http_max_body": "--http-max-body",
     "http_idempotency_keys": "--http-idempotency-keys",
     "tail": "--tail",
+    "forward": "--forward",
+    "syslog": "--syslog",
+    "relp": "--relp",
+    "syslog_read_timeout": "--syslog-read-timeout",
+    "syslog_max_connections": "--syslog-max-connections",
 }
 
 
@@ -1158,6 +1169,22 @@ def _serve_consumers(specs: Sequence[str] | None) -> dict[str, frozenset[str]]:
     return {k: frozenset(v) for k, v in out.items()}
 
 
+def _serve_syslog(args: argparse.Namespace) -> Any:
+    """``--syslog`` / ``--relp`` and their options as a ``SyslogSettings`` (``agent/syslog_source.py``), or None."""
+    if not args.syslog and not args.relp:
+        return None
+    if not args.writable:
+        raise ChannelError(f"{'--syslog' if args.syslog else '--relp'} puts into the channels: give --writable too")
+    from .agent.syslog_source import SyslogSettings
+
+    return SyslogSettings(
+        tuple(args.syslog or ()),
+        tuple(args.relp or ()),
+        read_timeout=args.syslog_read_timeout,
+        max_connections=args.syslog_max_connections,
+    )
+
+
 _SERVE_CHANNEL_FLAGS = ("capacity", "transaction_capacity", "max_event_size", "fsync")
 
 
@@ -1170,10 +1197,23 @@ def _serve_channel_options(args: argparse.Namespace) -> dict[str, Any]:
     return given
 
 
+def _serve_forward(args: argparse.Namespace) -> Any:
+    """The ``ForwardSettings`` of ``--forward`` (msgpack and ``--writable`` checked now), else None."""
+    if not args.forward:
+        return None
+    if not args.writable:
+        raise ChannelError("--forward puts into the channels: give --writable too")
+    try:
+        from .agent.forward import ForwardSettings
+    except ImportError as exc:
+        raise ChannelError(f"--forward needs msgpack ({exc}): pip install 'filechannel[sources]'") from None
+    return ForwardSettings(tuple(args.forward))
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve channels over Arrow Flight until SIGTERM or SIGINT (``--check``: print what it would serve)."""
     try:
-        from .agent.server import AgentConfig, describe, serve
+        from .agent.server import AgentConfig, check, serve
     except ImportError as exc:
         raise ChannelError(
             f"filechannel serve needs pyarrow with Arrow Flight ({exc}): pip install 'filechannel[agent]'"
@@ -1215,26 +1255,53 @@ def cmd_serve(args: argparse.Namespace) -> int:
         channel_options=_serve_channel_options(args),
         names=names,
         http=http,
+        insecure_allow_anyone=args.insecure_allow_anyone,
+        tail=tuple(args.tail or ()),
+        tail_options={"follow_symlinks": True} if args.tail_follow_symlinks else {},
+        forward=_serve_forward(args),
+        syslog=_serve_syslog(args),
     )
+    if args.tail_follow_symlinks and not args.tail:
+        raise ChannelError("--tail-follow-symlinks goes with --tail GLOB")
     if args.tail and not args.writable:
         raise ChannelError("--tail puts into the channels: give --writable too")
     try:
+        if config.syslog is not None:  # a bad value or a listener the agent's rules refuse: one line, first
+            from .agent.syslog_source import check_listener
+
+            for spec in config.syslog.specs():
+                check_listener(spec, config)
         if args.check:
-            if http is not None:
-                http.check()
-            info = describe(config)
+            info, problems = check(config)
+            for problem in problems:
+                line = (
+                    f"{_SERVE_FLAGS.get(problem.option, problem.option)}: {problem.reason}"
+                    if isinstance(problem, ConfigError)
+                    else str(problem)
+                )
+                print(f"filechannel: error: {line}", file=sys.stderr)
+            if problems:
+                return 2
             how = ", ".join(
                 k
                 for k, on in (("TLS", info["tls"]), ("mutual TLS", info["mutual_tls"]), ("bearer token", info["token"]))
                 if on
             )
             print(f"would listen on {info['listen']} ({how or 'no TLS: loopback or unix socket only'})")
+            if config.forward is not None:
+                from .agent.forward import check_forward
+
+                for a in check_forward(config, [c["name"] for c in info["channels"]], config.forward):
+                    print(f"would take the forward protocol on {a.scheme}://{a.host}:{a.port} into {a.channel}")
             for ch in info["channels"]:
                 consumers = ", ".join(f"{n} (acked {c['acked']})" for n, c in sorted(ch["consumers"].items())) or "none"
                 print(
                     f"channel {ch['channel']} {ch['directory']}: positions [{ch['start']}, {ch['end']}), "
                     f"consumers: {consumers}"
                 )
+            for kind, specs in (("syslog", args.syslog), ("relp", args.relp)):
+                for spec in specs or ():
+                    print(f"would take {kind} on {spec}")
             return 0
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("filechannel serve: %(levelname)s: %(message)s"))
@@ -1261,19 +1328,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 channel_options=config.channel_options,
                 names=config.names,
                 http=config.http,
+                insecure_allow_anyone=config.insecure_allow_anyone,
+                tail=config.tail,
+                tail_options=config.tail_options,
+                forward=config.forward,
+                syslog=config.syslog,
             )
-            tails = []
             try:
-                if args.tail:
-                    from .agent.tail import start_tails
-
-                    tails = start_tails(agent, args.tail)
                 while not stop.wait(0.5):
-                    if any(t.error is not None for t in tails):
+                    if any(t.error is not None for t in agent.tails):
                         raise ChannelError("a tail source stopped (see the log above); the agent stops too")
             finally:
-                for t in tails:
-                    t.stop()
                 agent.stop()
         finally:
             for s, h in old.items():
@@ -1489,7 +1554,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="NAME=CONSUMER",
         help="with --client-ca: certificate NAME may act only as these consumers (repeatable; a name not listed may "
-        "use any)",
+        "act only as consumers no listed name owns)",
     )
     sp.add_argument("--keystore", metavar="PATH", help="keystore of encrypted channels (records still travel sealed)")
     sp.add_argument("--port-file", metavar="FILE", help="write the bound port here once listening (atomically)")
@@ -1547,7 +1612,59 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --writable: follow files matching GLOB into the channel NAME (its directory's base name; "
         "optional when one channel is served), exactly once (repeatable; docs/agents.md)",
     )
-    sp.add_argument("--check", action="store_true", help="print what would be served and exit (binds nothing)")
+    sp.add_argument(
+        "--tail-follow-symlinks",
+        action="store_true",
+        help="let --tail follow a symlink to a file outside its glob's directory (default: such a link is "
+        "skipped with a warning, so a link to a key or a password file never becomes events)",
+    )
+    sp.add_argument(
+        "--forward",
+        action="append",
+        metavar="tcp://HOST:PORT[=CHANNEL]",
+        help="with --writable: take Fluent's forward protocol (Fluent Bit, Fluentd, fluent-logger) on this "
+        "address (tls:// with the agent's certificates) into CHANNEL (repeatable; docs/forward.md)",
+    )
+    sp.add_argument(
+        "--insecure-allow-anyone",
+        action="store_true",
+        help="listen on an address other hosts reach without --client-ca or --token-file: anyone who can connect "
+        "may then read, write and take over consumers (refused without this flag)",
+    )
+    sp.add_argument(
+        "--syslog",
+        action="append",
+        metavar="tcp://HOST:PORT[=CHANNEL]",
+        help="with --writable: a syslog source (RFC 5424/3164, RFC 6587 framing); also tls:// (the agent's "
+        "certificates) and udp:// (lossy) (repeatable; docs/syslog.md)",
+    )
+    sp.add_argument(
+        "--relp",
+        action="append",
+        metavar="tcp://HOST:PORT[=CHANNEL]",
+        help="with --writable: a RELP source, each message acknowledged after its durable commit; also tls:// "
+        "(repeatable; docs/syslog.md)",
+    )
+    sp.add_argument(
+        "--syslog-read-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="a syslog or RELP connection silent this long is closed (default 300)",
+    )
+    sp.add_argument(
+        "--syslog-max-connections",
+        type=int,
+        default=256,
+        metavar="N",
+        help="connections open at once per --syslog/--relp listener (default 256; more are closed)",
+    )
+    sp.add_argument(
+        "--check",
+        action="store_true",
+        help="check everything a start checks, print what would be served and exit (a dry run: binds nothing, "
+        "opens no channel as owner, changes nothing on disk; exit 2 with one line per problem)",
+    )
     sp.set_defaults(func=cmd_serve)
 
     sp = sub.add_parser("wal", help="inspect a write-ahead log (filechannel.WriteAheadLog)", epilog=_EPILOG)
@@ -1655,7 +1772,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # stat, dump and verify are read-only and report damage themselves.
     level = _log_level(args)
     shown: AbstractContextManager[None] = (
-        _library_warnings(level)
+        nullcontext()  # a running agent logs on stderr itself (--log-level), each record once
+        if args.func is cmd_serve and not args.check
+        else _library_warnings(level)
         if level is not None
         else _library_warnings()
         if args.func in (cmd_put, cmd_take, cmd_checkpoint)
@@ -1682,7 +1801,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         if exc.option == "encryption":
             ks = getattr(args, "keystore", None)
-            msg = f"--keystore {ks}: {exc.reason}" if ks is not None and args.func is not cmd_keygen else exc.reason
+            if ks is not None and args.func is not cmd_keygen:
+                # The value is repeated only when it cannot be a key pasted in place of the path.
+                msg = f"--keystore {ks}: {exc.reason}" if not could_be_key(ks) else f"--keystore: {exc.reason}"
+            else:
+                msg = exc.reason
         print(f"filechannel: error: {msg}", file=sys.stderr)
         return 2
     except (ChannelError, OSError) as exc:

@@ -335,7 +335,7 @@ class Encryption:
     def __post_init__(self) -> None:
         """Load and check the keys (a keystore file is read here, once)."""
         if self.cipher not in CIPHERS:
-            raise ConfigError("encryption", f"cipher must be one of {sorted(CIPHERS)}, got {self.cipher!r}")
+            raise ConfigError("encryption", f"cipher must be one of {sorted(CIPHERS)}, got {show_id(self.cipher)}")
         _crypto()  # say at once when the crypto extra is missing
         k = self.keys
         lookup: Callable[[str], bytes | None]
@@ -385,10 +385,16 @@ class Encryption:
         Raises:
             ConfigError: The variable is not set, or its JSON is malformed.
         """
+        if not isinstance(var, str) or not var or "=" in var or "\0" in var:
+            raise ConfigError(
+                "encryption", f"give the name of an environment variable (e.g. 'FC_KEYS'), not {show_id(var)}"
+            )
+        # The name is shown only when it cannot be a key (a key pasted where the name goes).
+        shown = var if show_id(var) == repr(var) else show_id(var)
         text = os.environ.get(var)
         if text is None:
-            raise ConfigError("encryption", f"environment variable {var} is not set (it should hold keystore JSON)")
-        return parse_keystore(text, f"in ${var}")
+            raise ConfigError("encryption", f"environment variable {shown} is not set (it should hold keystore JSON)")
+        return parse_keystore(text, f"in ${shown}")
 
     @property
     def suite(self) -> int:
@@ -488,7 +494,7 @@ def as_encryption(encryption: Encryption | str | os.PathLike[str] | None) -> Enc
         return encryption
     if isinstance(encryption, (str, os.PathLike)):
         return Encryption(keys=os.fspath(encryption))
-    raise ConfigError("encryption", f"must be a filechannel.Encryption or a keystore path, got {encryption!r}")
+    raise ConfigError("encryption", f"must be a filechannel.Encryption or a keystore path, got {show_id(encryption)}")
 
 
 def segment_cipher(segment: Any, encryption: Encryption | str | os.PathLike[str] | None) -> FileCipher | None:
