@@ -36,9 +36,10 @@ from .crypto import KEY_HINT, Encryption, check_key_id, could_be_key, keystore_j
 from .directory import CHANNEL_FILE, LOCK_FILE, WAL_FILE
 from .errors import WRONG_KEY, ChannelError, ConfigError, CorruptLogError, DecryptionError, NotAChannelError
 from .log import Log, LogRecord, format_ranges
+from .logview import open_view
 from .reader import ChannelReader
 from .repair import channel_file_damaged, rebuild_channel_file
-from .replay import read_event, replay_queue
+from .replay import read_event
 from .verify import VerifyResult, verify_channel
 from .wal import dump_wal, verify_wal
 
@@ -476,20 +477,13 @@ def _store(directory: str) -> CheckpointStore:
 def _readonly_channel_state(
     directory: str, encryption: Encryption | None = None
 ) -> tuple[Log, list[tuple[int, int, int, int]]]:
-    log = Log(
+    view = open_view(
         directory,
         ChannelConfig(encryption=encryption),
-        readonly=True,
-        checkpoints=_store(directory),
         progress=_progress if sys.stderr.isatty() else None,
         keyless_ok=True,
     )
-    try:
-        q, _, _ = replay_queue(log, log.base_snapshot)
-    except BaseException:
-        log.close()
-        raise
-    return log, list(q)
+    return view.log, view.entries()
 
 
 def cmd_peek(args: argparse.Namespace) -> int:
@@ -742,19 +736,16 @@ def _reset_consumer(args: argparse.Namespace) -> int:
     if len(targets) != 1:
         raise ChannelError("--reset NAME needs exactly one of --to-earliest, --to-latest, --to-position N")
     enc = _encryption(args)
-    log = Log(
-        args.dir,
-        ChannelConfig(on_corruption="skip", encryption=enc),
-        readonly=True,
-        checkpoints=_store(args.dir),
-        keyless_ok=enc is None,
+    view = open_view(
+        args.dir, ChannelConfig(on_corruption="skip", encryption=enc), replay=False, keyless_ok=enc is None
     )
+    log = view.log
     try:
         if log.meta_mac is None and (log.key_ids_in_use() or os.path.exists(os.path.join(args.dir, "ANCHOR"))):
             raise ChannelError(
                 f"{args.dir} is encrypted: its acknowledgements carry a MAC; pass --keystore PATH to reset one"
             )
-        q, _, _ = replay_queue(log, log.base_snapshot)
+        q = view.replay()
         end = log.next_position
         first = q.first_position()
         head = end if first is None else first
@@ -792,19 +783,8 @@ def _consumer_names(store: ConsumerStore) -> list[str]:
 
 def _lenient_channel_state(directory: str) -> tuple[Log, list[tuple[int, int, int, int]]]:
     """The channel's queue as its files say now (read-only, no key needed; lenient about damage)."""
-    log = Log(
-        directory,
-        ChannelConfig(on_corruption="skip"),
-        readonly=True,
-        checkpoints=_store(directory),
-        keyless_ok=True,
-    )
-    try:
-        q, _, _ = replay_queue(log, log.base_snapshot)
-    except BaseException:
-        log.close()
-        raise
-    return log, list(q)
+    view = open_view(directory, ChannelConfig(on_corruption="skip"), keyless_ok=True)
+    return view.log, view.entries()
 
 
 def _checkpoint_info(log: Log) -> dict[str, Any] | None:
@@ -837,7 +817,9 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
 def cmd_dump(args: argparse.Namespace) -> int:
     """Print every record as a JSON line."""
     _existing(args.dir)
-    log = Log(args.dir, ChannelConfig(encryption=_encryption(args)), readonly=True, keyless_ok=True)
+    log = open_view(
+        args.dir, ChannelConfig(encryption=_encryption(args)), checkpoints=False, replay=False, keyless_ok=True
+    ).log
     out = sys.stdout
 
     def emit(r: LogRecord, position: int | None = None) -> None:
@@ -968,7 +950,7 @@ def _salvage(src: str, res: VerifyResult, dest: str, encryption: Encryption | No
     """
     if encryption is None and res.undecrypted:
         raise ChannelError("--salvage of an encrypted channel needs --keystore (its events are copied encrypted)")
-    log = Log(src, ChannelConfig(on_corruption="skip", encryption=encryption), readonly=True, checkpoints=_store(src))
+    log = open_view(src, ChannelConfig(on_corruption="skip", encryption=encryption), replay=False).log
     n = 0
     try:
         cfg = ChannelConfig(checkpoint_interval=0, minimum_required_space=0, encryption=encryption)

@@ -31,9 +31,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from filechannel.channel import Event
 from filechannel.crypto import Encryption, as_encryption
 from filechannel.errors import ChannelError, ConfigError
+from filechannel.events import Event
 from filechannel.reader import Segment, decode_segment
 from filechannel.scan import segment_name
 
