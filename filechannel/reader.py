@@ -1114,3 +1114,19 @@ def _read_arrow(reader: ChannelReader, start: int, end: int) -> Any:
         if isinstance(exc, CorruptLogError) and reader.on_corruption != "skip":
             raise
     return arrow.events_to_batch(reader.read(start, end))
+
+
+def bytes_at_or_after(segments: list[Segment], lows: list[int]) -> list[int]:
+    """For each position in ``lows``: the bytes of the events of ``segments`` at or after it (a queue's depth, a lag).
+
+    One pass over the segments' sizes for any number of positions (``filechannel top``, the agent's status).
+    """
+    out = [0] * len(lows)
+    for seg in segments:
+        whole = sum(seg.sizes)
+        for k, lo in enumerate(lows):
+            if seg.start >= lo:
+                out[k] += whole
+            elif seg.end > lo:
+                out[k] += sum(seg.sizes[bisect_left(seg.positions, lo) :])
+    return out

@@ -100,6 +100,9 @@ class Agent(Protocol):
     @property
     def config(self) -> Any: ...
 
+    @property
+    def connections(self) -> Any: ...  # a server.ConnectionTracker: seen(protocol, peer)
+
 
 __all__ = ["HttpServer", "HttpSettings", "channel_samples", "parse_http_address", "readiness"]
 
@@ -591,6 +594,9 @@ class HttpServer:
     ) -> web.StreamResponse:
         route = request.match_info.route
         endpoint = route.name if route.name else "other"
+        peer = request.transport.get_extra_info("peername") if request.transport is not None else None
+        if isinstance(peer, tuple) and len(peer) >= 2:
+            self._agent.connections.seen("http", f"{peer[0]}:{peer[1]}")
         channel = request.match_info.get("name", "") if endpoint == "events" else ""
         if channel not in self._by_name:
             channel = "" if endpoint != "events" else "?"  # unknown names share one label value

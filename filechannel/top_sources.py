@@ -1,0 +1,169 @@
+"""Where ``filechannel top`` reads its samples: a channel directory (read-only, no lock) or an agent.
+
+This module owns the I/O of ``top``: :class:`DirSource` follows a local channel
+with a :class:`~filechannel.reader.ChannelReader` view (it takes no lock and
+writes nothing, so the owner keeps running), :class:`AgentSource` asks an
+agent's ``status`` action over Arrow Flight (every call with a deadline).
+Each ``sample()`` returns a :class:`~filechannel.top.Sample`; a target that
+cannot be read gives a sample with its ``error`` (``top`` shows the row as
+unreachable and tries again at the next refresh).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any, Protocol
+
+from ._fs import DEFAULT_FS
+from .consumers import ConsumerStore
+from .crypto import Encryption
+from .errors import ChannelError, CorruptLogError
+from .reader import ChannelReader, bytes_at_or_after
+from .top import ChannelReading, ConsumerReading, Sample
+
+__all__ = ["AGENT_SCHEMES", "AgentSource", "DirSource", "Source", "is_agent_uri"]
+
+AGENT_SCHEMES = ("grpc://", "grpc+tls://", "grpc+unix://", "grpc+tcp://")
+
+
+def is_agent_uri(target: str) -> bool:
+    """Whether ``target`` names an agent (a Flight URI) rather than a channel directory."""
+    return target.startswith(AGENT_SCHEMES)
+
+
+class Source(Protocol):
+    """One target of ``top``."""
+
+    target: str
+    kind: str
+
+    def sample(self) -> Sample:
+        """What the target says now (never raises for a target that cannot be read: the sample's ``error``)."""
+
+    def check(self) -> None:
+        """Read the target once; raise ``ChannelError`` (or ``OSError``) when it cannot be read."""
+
+    def close(self) -> None:
+        """Let go of files and connections."""
+
+
+def disk_free(path: str) -> int | None:
+    """Bytes an unprivileged writer may still use on the file system of ``path`` (None if it cannot be told)."""
+    try:
+        return DEFAULT_FS.free_space(path)
+    except OSError:
+        return None
+
+
+class DirSource:
+    """A local channel directory, followed read-only (a ``ChannelReader`` view: no lock, nothing written)."""
+
+    kind = "dir"
+
+    def __init__(self, path: str, encryption: Encryption | None = None) -> None:
+        self.target = path
+        self.name = os.path.basename(os.path.normpath(path))
+        self._reader = ChannelReader(path, encryption=encryption)
+
+    def read(self) -> ChannelReading:
+        """The channel now (raises ``ChannelError`` or ``OSError`` when it cannot be read)."""
+        start, end = self._reader.available()
+        try:
+            registry = ConsumerStore(DEFAULT_FS, self.target).list()
+        except CorruptLogError:
+            registry = {}
+        names = sorted(registry)
+        lows = [start, *(max(start, registry[n].acked) for n in names)]
+        segs = self._reader.segments(start, end, 1 << 62) if end > start else []
+        sizes = bytes_at_or_after(segs, lows)
+        consumers = tuple(
+            ConsumerReading(n, registry[n].acked, max(0, end - lo), b)
+            for n, lo, b in zip(names, lows[1:], sizes[1:], strict=True)
+        )
+        return ChannelReading(self.name, start, end, sizes[0], disk_free(self.target), (), consumers)
+
+    def sample(self) -> Sample:
+        """The channel now, or why it cannot be read."""
+        t = time.monotonic()
+        try:
+            return Sample(self.target, self.kind, t, (self.read(),))
+        except (ChannelError, OSError) as exc:
+            return Sample(self.target, self.kind, t, error=str(exc))
+
+    def check(self) -> None:
+        """Read once; raise when the target cannot be read."""
+        self.read()
+
+    def close(self) -> None:
+        """Close the view."""
+        self._reader.close()
+
+
+def _buckets(raw: Any) -> tuple[tuple[float, float], ...]:
+    """``[["0.001", 3], ..., ["+Inf", 9]]`` (the stats' form) as ``((0.001, 3.0), ..., (inf, 9.0))``."""
+    out = []
+    for bound, count in raw or ():
+        out.append((math.inf if bound == "+Inf" else float(bound), float(count)))
+    return tuple(out)
+
+
+def readings_from_status(status: dict[str, Any]) -> tuple[ChannelReading, ...]:
+    """The channels of an agent's ``status`` answer (the keys an older agent lacks stay unknown)."""
+    out = []
+    for ch in status.get("channels", ()):
+        consumers = tuple(
+            ConsumerReading(name, int(c["acked"]), int(c["lag"]), c.get("lag_bytes"))
+            for name, c in sorted(ch.get("consumers", {}).items())
+        )
+        out.append(
+            ChannelReading(
+                str(ch["name"]),
+                int(ch["start"]),
+                int(ch["end"]),
+                ch.get("bytes"),
+                ch.get("disk_free"),
+                _buckets(ch.get("fsync_seconds_buckets")),
+                consumers,
+            )
+        )
+    return tuple(out)
+
+
+class AgentSource:
+    """An agent, asked over Arrow Flight (its ``status`` action; the deadline is ``timeout``)."""
+
+    kind = "agent"
+
+    def __init__(self, uri: str, **settings: Any) -> None:
+        from .agent.client import AgentSettings  # the agent extra: only when an agent is watched
+
+        self.target = uri
+        self._client = AgentSettings(uri, **settings).connect()
+
+    def read(self) -> Sample:
+        """The agent now (raises ``ChannelError`` when it cannot be reached or answers nonsense)."""
+        t = time.monotonic()
+        st = self._client.status()
+        try:
+            channels = readings_from_status(st)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ChannelError(f"{self.target}: the status answer does not decode ({exc!r})") from None
+        conns = st.get("connections")
+        return Sample(self.target, self.kind, t, channels, dict(conns) if isinstance(conns, dict) else None)
+
+    def sample(self) -> Sample:
+        """The agent now, or why it cannot be reached."""
+        try:
+            return self.read()
+        except (ChannelError, OSError) as exc:
+            return Sample(self.target, self.kind, time.monotonic(), error=str(exc))
+
+    def check(self) -> None:
+        """Read once; raise when the target cannot be read."""
+        self.read()
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._client.close()
