@@ -307,8 +307,12 @@ class _Served:
         out = self.describe()
         start, end = out["start"], out["end"]
         rows = sorted(out["consumers"].items())
-        segs = self.view.segments(start, end, 1 << 62) if end > start else []
-        sizes = bytes_at_or_after(segs, [start, *(max(start, c["acked"]) for _, c in rows)])
+        try:
+            segs = self.view.segments(start, end, 1 << 62) if end > start else []
+        except ChannelError:  # the owner retired a file meanwhile: the sizes are unknown this time
+            segs = None
+        lows = [start, *(max(start, c["acked"]) for _, c in rows)]
+        sizes: list[int | None] = list(bytes_at_or_after(segs, lows)) if segs is not None else [None] * len(lows)
         out["bytes"] = sizes[0]
         for (_, c), b in zip(rows, sizes[1:], strict=True):
             c["lag_bytes"] = b
