@@ -58,6 +58,7 @@ from filechannel.errors import (
     InvalidEventError,
     TransactionCapacityError,
 )
+from filechannel.reader import bytes_at_or_after
 
 from .auth import (
     allowed,
@@ -397,18 +398,22 @@ def channel_samples(agent: Agent) -> list[ChannelSample]:
                 s.values["next_position"] = float(end)
                 for cname, c in info["consumers"].items():
                     s.consumers[cname] = {"acked": float(c["acked"]), "lag_events": float(c["lag"])}
+            try:
+                s.values["disk_free_bytes"] = float(DEFAULT_FS.free_space(ch.directory))
+            except OSError:
+                pass
             with ch.lock:
                 start, end = ch.view.available()
-                for row in s.consumers.values():
-                    lo = max(int(row["acked"]), start)
-                    if lo >= end:
-                        row["lag_bytes"] = 0.0
-                        continue
-                    try:
-                        segs = ch.view.segments(lo, end, 1 << 62)
-                    except ChannelError:
-                        continue
-                    row["lag_bytes"] = float(sum(sum(seg.sizes) for seg in segs))
+                try:
+                    segs = ch.view.segments(start, end, 1 << 62) if end > start else []
+                except ChannelError:
+                    segs = None  # the owner retired a file meanwhile: no sizes this scrape
+            if segs is not None:
+                rows = list(s.consumers.values())
+                sizes = bytes_at_or_after(segs, [start, *(max(int(r["acked"]), start) for r in rows)])
+                s.values["channel_bytes"] = float(sizes[0])
+                for row, b in zip(rows, sizes[1:], strict=True):
+                    row["lag_bytes"] = float(b)
         except (ChannelError, OSError) as exc:
             logger.warning("metrics of channel %s (%s): %s", ch.name, ch.cid, exc)
             continue
@@ -492,7 +497,7 @@ class HttpServer:
             for ch in agent.channels.values()
             if ch.channel is not None
         }
-        self.metrics = AgentMetrics(lambda: channel_samples(agent))
+        self.metrics = AgentMetrics(lambda: channel_samples(agent), agent.connections.counts)
         self._pool = concurrent.futures.ThreadPoolExecutor(settings.workers, thread_name_prefix="filechannel-http")
         self._loop = asyncio.new_event_loop()
         self._runner: web.AppRunner | None = None
