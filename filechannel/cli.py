@@ -1677,7 +1677,7 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_top(args: argparse.Namespace) -> int:
     """A live view of channels and agents (``top_screen.py``; what it shows: ``top.py``)."""
     from .top_screen import run
-    from .top_sources import AgentSource, DirSource, Source, is_agent_uri
+    from .top_sources import DirSource, Source, is_agent_uri, open_agent
 
     if not args.interval > 0:  # also refuses nan
         raise ChannelError(f"--interval must be a number of seconds > 0, got {args.interval}")
@@ -1688,7 +1688,7 @@ def cmd_top(args: argparse.Namespace) -> int:
     try:
         for t in args.targets:
             if is_agent_uri(t):
-                sources.append(AgentSource(t, timeout=args.timeout, **tls))
+                sources.append(open_agent(t, timeout=args.timeout, **tls))
             else:
                 sources.append(DirSource(_existing(t), _encryption(args)))
         if len(sources) == 1:
@@ -1702,7 +1702,10 @@ def cmd_top(args: argparse.Namespace) -> int:
 
 def _top_args(sp: argparse.ArgumentParser) -> None:
     sp.add_argument(
-        "targets", nargs="+", metavar="TARGET", help="a channel directory or an agent URI (grpc+tls://HOST:PORT, ...)"
+        "targets",
+        nargs="+",
+        metavar="TARGET",
+        help="a channel directory, or an agent: grpc+tls://HOST:PORT (Flight) or http(s)://HOST:PORT (its /metrics)",
     )
     sp.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="refresh period (default 1)")
     sp.add_argument("--once", action="store_true", help="print one view (two samples --interval apart) and exit")

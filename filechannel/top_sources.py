@@ -23,14 +23,24 @@ from .errors import ChannelError, CorruptLogError
 from .reader import ChannelReader, bytes_at_or_after
 from .top import ChannelReading, ConsumerReading, Sample
 
-__all__ = ["AGENT_SCHEMES", "AgentSource", "DirSource", "Source", "is_agent_uri"]
+__all__ = [
+    "AGENT_SCHEMES",
+    "METRICS_SCHEMES",
+    "AgentSource",
+    "DirSource",
+    "MetricsSource",
+    "Source",
+    "is_agent_uri",
+    "open_agent",
+]
 
 AGENT_SCHEMES = ("grpc://", "grpc+tls://", "grpc+unix://", "grpc+tcp://")
+METRICS_SCHEMES = ("http://", "https://")
 
 
 def is_agent_uri(target: str) -> bool:
-    """Whether ``target`` names an agent (a Flight URI) rather than a channel directory."""
-    return target.startswith(AGENT_SCHEMES)
+    """Whether ``target`` names an agent (a Flight URI or its HTTP ``/metrics``) rather than a channel directory."""
+    return target.startswith(AGENT_SCHEMES + METRICS_SCHEMES)
 
 
 class Source(Protocol):
@@ -167,3 +177,129 @@ class AgentSource:
     def close(self) -> None:
         """Close the connection."""
         self._client.close()
+
+
+def _int_or_none(v: float | None) -> int | None:
+    return None if v is None else int(v)
+
+
+def readings_from_metrics(text: str) -> tuple[tuple[ChannelReading, ...], dict[str, int] | None]:
+    """The channels and connections of an agent's ``/metrics`` text (docs/agents.md names the metrics)."""
+    from prometheus_client.parser import text_string_to_metric_families  # the agent extra
+
+    values: dict[str, dict[str, float]] = {}
+    buckets: dict[str, list[tuple[float, float]]] = {}
+    consumers: dict[str, dict[str, dict[str, float]]] = {}
+    conns: dict[str, int] | None = None
+    for fam in text_string_to_metric_families(text):
+        for smp in fam.samples:
+            name, labels = smp.name.removeprefix("filechannel_"), smp.labels
+            if name == "agent_connections":
+                conns = conns or {}
+                conns[labels["protocol"]] = int(smp.value)
+            elif "channel" not in labels:
+                continue
+            elif name == "fsync_seconds_bucket":
+                buckets.setdefault(labels["channel"], []).append((float(labels["le"]), smp.value))
+            elif name.startswith("consumer_") and "consumer" in labels:
+                row = consumers.setdefault(labels["channel"], {}).setdefault(labels["consumer"], {})
+                row[name.removeprefix("consumer_")] = smp.value
+            else:
+                values.setdefault(labels["channel"], {})[name] = smp.value
+    out = []
+    for ch, v in sorted(values.items()):
+        if "next_position" not in v or "channel_size" not in v:
+            continue
+        end = int(v["next_position"])
+        rows = tuple(
+            ConsumerReading(n, int(c["acked_position"]), int(c["lag_events"]), _int_or_none(c.get("lag_bytes")))
+            for n, c in sorted(consumers.get(ch, {}).items())
+            if "acked_position" in c and "lag_events" in c
+        )
+        size, free = v.get("channel_bytes"), v.get("disk_free_bytes")
+        out.append(
+            ChannelReading(
+                ch,
+                end - int(v["channel_size"]),
+                end,
+                _int_or_none(size),
+                _int_or_none(free),
+                tuple(sorted(buckets.get(ch, ()))),
+                rows,
+            )
+        )
+    return tuple(out), conns
+
+
+class MetricsSource:
+    """An agent's HTTP ``/metrics`` (``http://HOST:PORT``; the path defaults to ``/metrics``), with a deadline."""
+
+    kind = "agent"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        token_file: str | None = None,
+        timeout: float = 5.0,
+    ) -> None:
+        import ssl
+        import urllib.parse
+
+        from .agent.auth import read_token
+
+        self.target = url
+        parts = urllib.parse.urlsplit(url)
+        self._url = url if parts.path not in ("", "/") else urllib.parse.urlunsplit(parts._replace(path="/metrics"))
+        self._timeout = timeout
+        self._headers = {"Authorization": f"Bearer {read_token(token_file).decode()}"} if token_file else {}
+        self._context: ssl.SSLContext | None = None
+        if parts.scheme == "https":
+            self._context = ssl.create_default_context(cafile=tls_ca)
+            if tls_cert:
+                self._context.load_cert_chain(tls_cert, tls_key)
+
+    def read(self) -> Sample:
+        """The agent now (raises ``ChannelError`` when it cannot be reached or answers nonsense)."""
+        import urllib.error
+        import urllib.request
+
+        t = time.monotonic()
+        req = urllib.request.Request(self._url, headers=self._headers)
+        try:
+            with urllib.request.urlopen(req, timeout=self._timeout, context=self._context) as resp:
+                text = resp.read(64 << 20).decode("utf-8", "replace")
+        except urllib.error.HTTPError as exc:
+            raise ChannelError(f"{self._url}: HTTP {exc.code} {exc.reason}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+            raise ChannelError(f"{self._url}: cannot reach the agent ({reason})") from None
+        try:
+            channels, conns = readings_from_metrics(text)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ChannelError(f"{self._url}: the metrics do not parse ({exc})") from None
+        return Sample(self.target, self.kind, t, channels, conns)
+
+    def sample(self) -> Sample:
+        """The agent now, or why it cannot be reached."""
+        try:
+            return self.read()
+        except (ChannelError, OSError) as exc:
+            return Sample(self.target, self.kind, time.monotonic(), error=str(exc))
+
+    def check(self) -> None:
+        """Read once; raise when the target cannot be read."""
+        self.read()
+
+    def close(self) -> None:
+        """Nothing to close: each sample is one request."""
+
+
+def open_agent(uri: str, **settings: Any) -> AgentSource | MetricsSource:
+    """The source of an agent URI: Flight (``grpc...://``) or its HTTP ``/metrics`` (``http(s)://``)."""
+    if uri.startswith(METRICS_SCHEMES):
+        return MetricsSource(uri, **settings)
+    return AgentSource(uri, **settings)

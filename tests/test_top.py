@@ -194,33 +194,41 @@ def _agent_row(doc: dict[str, Any], uri: str) -> dict[str, Any]:
     return row
 
 
+@pytest.mark.parametrize("via", ["flight", "metrics"])
 def test_an_agent_shows_depth_bytes_lag_fsync_disk_and_connections(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], via: str
 ) -> None:
     pytest.importorskip("pyarrow.flight")
+    pytest.importorskip("aiohttp")
     from filechannel.agent import connect, serve
 
     d = _channel(tmp_path / "orders", 0, 0)
-    with serve([d], "grpc://127.0.0.1:0", writable=True, channel_options={"minimum_required_space": 0}) as a:
-        uri = a.location
-        with connect(uri) as c:
+    opts = {"minimum_required_space": 0}
+    with serve([d], "grpc://127.0.0.1:0", writable=True, http="127.0.0.1:0", channel_options=opts) as a:
+        uri = a.location if via == "flight" else f"http://127.0.0.1:{a.http.port}"
+        with connect(a.location) as c:
             (cid,) = c.channels()
             for seq in range(1, 4):
                 c.put_batch(cid, [b"x" * 40] * 5, producer="p", sequence=seq)
             c.register(cid, "spark")
             c.ack(cid, "spark", 10)
             code, out, err = run_cli(capsys, "top", uri, "--once", "--json", "--interval", "0.05")
-        assert code == 0, err
+            assert code == 0, err
+            code, stat_out, err = run_cli(capsys, "stat", d, "--json")
+            assert code == 0, err
         row = _agent_row(json.loads(out), uri)
         assert (row["kind"], row["channel"], row["depth_events"]) == ("agent", "orders", 15)
-        assert row["depth_bytes"] > 15 * 40
         (spark,) = row["consumers"]
         assert (spark["name"], spark["acked"], spark["lag_events"]) == ("spark", 10, 5)
-        assert 5 * 40 < spark["lag_bytes"] < row["depth_bytes"]
+        (lag,) = json.loads(stat_out)["consumers"]
+        assert spark["lag_bytes"] == lag["lag_bytes"] > 5 * 40  # what `stat` counts for the same consumer
+        assert row["depth_bytes"] > spark["lag_bytes"]
         assert row["fsync_p50_seconds"] is not None
         assert row["fsync_p99_seconds"] >= row["fsync_p50_seconds"]
         assert row["disk_free_bytes"] > 0
-        assert row["connections"]["flight"] >= 2  # the test's client and top's own
+        assert row["connections"]["flight"] >= 1  # the test's client (and, over Flight, top's own)
+        if via == "metrics":
+            assert row["connections"]["http"] >= 2  # top's two requests (urllib: a connection each)
 
 
 def test_several_targets_an_unreachable_agent_is_a_row_one_alone_an_error(
@@ -229,13 +237,16 @@ def test_several_targets_an_unreachable_agent_is_a_row_one_alone_an_error(
     pytest.importorskip("pyarrow.flight")
     d = _channel(tmp_path / "c", 2, 0)
     dead = "grpc://127.0.0.1:9"  # the discard port: nothing listens
-    code, out, err = run_cli(capsys, "top", d, dead, "--once", "--json", "--interval", "0.01", "--timeout", "2")
+    dead_http = "http://127.0.0.1:9"
+    argv = ["top", d, dead, dead_http, "--once", "--json", "--interval", "0.01", "--timeout", "2"]
+    code, out, err = run_cli(capsys, *argv)
     assert code == 0, err
     doc = json.loads(out)
     assert _agent_row(doc, d)["depth_events"] == 2
-    bad = _agent_row(doc, dead)
-    assert bad["channel"] is None
-    assert "cannot reach the agent" in bad["error"]
+    for uri in (dead, dead_http):
+        bad = _agent_row(doc, uri)
+        assert bad["channel"] is None
+        assert "cannot reach the agent" in bad["error"]
     code, out, err = run_cli(capsys, "top", dead, "--once", "--timeout", "2")
     assert code == 2
     assert out == ""
