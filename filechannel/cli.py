@@ -1694,7 +1694,11 @@ def cmd_top(args: argparse.Namespace) -> int:
         if len(sources) == 1:
             sources[0].check()  # one target: a problem is an error; with several, that target's row says it
         screen = not args.once and sys.stdout.isatty() and sys.stdin.isatty()
-        return run(sources, args.interval, sys.stdout, once=args.once, as_json=args.json, screen=screen)
+        with _Sigint():  # SIGTERM too unwinds through curses, which gives the terminal back
+            try:
+                return run(sources, args.interval, sys.stdout, once=args.once, as_json=args.json, screen=screen)
+            except KeyboardInterrupt as exc:
+                return _stopped_by(exc)[1]  # a normal way to leave: no message
     finally:
         for s in sources:
             s.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -112,12 +113,23 @@ def test_top_shows_the_depth_follows_puts_and_quits_on_q(tmp_path: Path, term: T
     _restored(term, 0)
 
 
-def test_ctrl_c_restores_the_terminal(tmp_path: Path, term: Terminal) -> None:
+def _top_pid(term: Terminal) -> int:
+    shell = int(term.tmux("display", "-p", "-t", "t", "#{pane_pid}"))
+    with open(f"/proc/{shell}/task/{shell}/children") as f:
+        (child,) = f.read().split()
+    return int(child)
+
+
+@pytest.mark.parametrize(("stop", "status"), [("Ctrl-C", 130), ("SIGTERM", 143)])
+def test_ctrl_c_and_sigterm_restore_the_terminal(tmp_path: Path, term: Terminal, stop: str, status: int) -> None:
     d = _channel(tmp_path / "orders", 3)
     term.start(_top_then_report(d))
     term.wait_for("depth 3", lambda s: _depth(s, "orders") == 3)
-    term.keys("C-c")
-    _restored(term, 130)
+    if stop == "Ctrl-C":
+        term.keys("C-c")
+    else:
+        os.kill(_top_pid(term), signal.SIGTERM)
+    _restored(term, status)
 
 
 def test_top_of_an_agent_shows_its_channel(tmp_path: Path, term: Terminal) -> None:
