@@ -86,7 +86,8 @@ def _depth(screen: str, channel: str) -> int | None:
 
 
 def _restored(term: Terminal, status: int) -> None:
-    text = term.wait_for(f"exit={status}", lambda s: f"exit={status}" in s)
+    text = term.wait_for("the report after top", lambda s: "modes:" in s)
+    assert f"exit={status}" in text
     assert "modes: icanon echo" in text  # cooked mode and echo are back
     assert "filechannel top  every" not in text  # the curses screen is gone
     assert term.tmux("display", "-p", "-t", "t", "#{alternate_on}").strip() == "0"
