@@ -26,6 +26,7 @@ import threading
 import time
 from array import array
 from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from types import TracebackType
@@ -783,6 +784,25 @@ class ChannelReader:
                 self._fs.close(fd)
         return out
 
+    def record_bytes(self, starts: Sequence[int], end: int) -> list[int]:
+        """For each position in ``starts``: the record bytes of the events in ``[start, end)`` (depth, a lag).
+
+        ``end`` is what :meth:`available` said (at most the visible end). A
+        sum over the index this reader keeps: no data file is read.
+
+        Raises:
+            ValueError: ``end`` beyond what this reader has seen.
+        """
+        f = self._state()
+        with f.lock:
+            if end > f.visible_end:
+                raise ValueError(f"end {end} is beyond the visible end {f.visible_end}")
+            out = []
+            for start in starts:
+                i, j = f.index.span(start, end)
+                out.append(sum(f.index.size[i:j]) if j > i else 0)
+            return out
+
     def segments(
         self, start: int, end: int, max_bytes: int = DEFAULT_SEGMENT_BYTES, *, parts: int = 1, min_bytes: int = 0
     ) -> list[Segment]:
@@ -1115,19 +1135,3 @@ def _read_arrow(reader: ChannelReader, start: int, end: int) -> Any:
         if isinstance(exc, CorruptLogError) and reader.on_corruption != "skip":
             raise
     return arrow.events_to_batch(reader.read(start, end))
-
-
-def bytes_at_or_after(segments: list[Segment], lows: list[int]) -> list[int]:
-    """For each position in ``lows``: the bytes of the events of ``segments`` at or after it (a queue's depth, a lag).
-
-    One pass over the segments' sizes for any number of positions (``filechannel top``, the agent's status).
-    """
-    out = [0] * len(lows)
-    for seg in segments:
-        whole = sum(seg.sizes)
-        for k, lo in enumerate(lows):
-            if seg.start >= lo:
-                out[k] += whole
-            elif seg.end > lo:
-                out[k] += sum(seg.sizes[bisect_left(seg.positions, lo) :])
-    return out

@@ -20,7 +20,7 @@ from ._fs import DEFAULT_FS
 from .consumers import ConsumerStore
 from .crypto import Encryption
 from .errors import ChannelError, CorruptLogError
-from .reader import ChannelReader, bytes_at_or_after
+from .reader import ChannelReader
 from .top import ChannelReading, ConsumerReading, Sample
 
 __all__ = [
@@ -86,8 +86,7 @@ class DirSource:
             registry = {}
         names = sorted(registry)
         lows = [start, *(max(start, registry[n].acked) for n in names)]
-        segs = self._reader.segments(start, end, 1 << 62) if end > start else []
-        sizes = bytes_at_or_after(segs, lows)
+        sizes = self._reader.record_bytes(lows, end)
         consumers = tuple(
             ConsumerReading(n, registry[n].acked, max(0, end - lo), b)
             for n, lo, b in zip(names, lows[1:], sizes[1:], strict=True)

@@ -67,7 +67,7 @@ from filechannel.errors import (
     InvalidEventError,
     TransactionCapacityError,
 )
-from filechannel.reader import ChannelReader, Segment, bytes_at_or_after, channel_id_of
+from filechannel.reader import ChannelReader, Segment, channel_id_of
 from filechannel.staged import DEFAULT_STALE_STAGING
 
 from . import protocol as proto
@@ -310,12 +310,7 @@ class _Served:
         out = self.describe()
         start, end = out["start"], out["end"]
         rows = sorted(out["consumers"].items())
-        try:
-            segs = self.view.segments(start, end, 1 << 62) if end > start else []
-        except ChannelError:  # the owner retired a file meanwhile: the sizes are unknown this time
-            segs = None
-        lows = [start, *(max(start, c["acked"]) for _, c in rows)]
-        sizes: list[int | None] = list(bytes_at_or_after(segs, lows)) if segs is not None else [None] * len(lows)
+        sizes = self.view.record_bytes([start, *(max(start, c["acked"]) for _, c in rows)], end)
         out["bytes"] = sizes[0]
         for (_, c), b in zip(rows, sizes[1:], strict=True):
             c["lag_bytes"] = b

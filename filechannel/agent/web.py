@@ -60,7 +60,6 @@ from filechannel.errors import (
     TransactionCapacityError,
 )
 from filechannel.format import encoded_event_size
-from filechannel.reader import bytes_at_or_after
 
 from . import otlp
 from .auth import (
@@ -316,16 +315,11 @@ def channel_samples(agent: Agent) -> list[ChannelSample]:
                 pass
             with ch.lock:
                 start, end = ch.view.available()
-                try:
-                    segs = ch.view.segments(start, end, 1 << 62) if end > start else []
-                except ChannelError:
-                    segs = None  # the owner retired a file meanwhile: no sizes this scrape
-            if segs is not None:
                 rows = list(s.consumers.values())
-                sizes = bytes_at_or_after(segs, [start, *(max(int(r["acked"]), start) for r in rows)])
-                s.values["channel_bytes"] = float(sizes[0])
-                for row, b in zip(rows, sizes[1:], strict=True):
-                    row["lag_bytes"] = float(b)
+                sizes = ch.view.record_bytes([start, *(max(int(r["acked"]), start) for r in rows)], end)
+            s.values["channel_bytes"] = float(sizes[0])
+            for row, b in zip(rows, sizes[1:], strict=True):
+                row["lag_bytes"] = float(b)
         except (ChannelError, OSError) as exc:
             logger.warning("metrics of channel %s (%s): %s", ch.name, ch.cid, exc)
             continue
