@@ -55,18 +55,20 @@ from filechannel.errors import (
 from filechannel.events import Event
 from filechannel.reader import ChannelReader
 
+from .offsets import (
+    AHEAD_HINT,
+    CheckpointMismatchError,
+    check_position_keys,
+    lost,
+    make_offset,
+    parse_offset,
+    resolve_position,
+)
 from .source import (
-    _AHEAD_HINT,
     IDENTITY_PREFIX,
     ROWS_PER_BATCH,
-    CheckpointMismatchError,
     FileChannelStreamReader,
     SourceOptions,
-    _lost,
-    _offset,
-    _parse_offset,
-    check_position_keys,
-    resolve_position,
 )
 
 if TYPE_CHECKING:
@@ -414,7 +416,7 @@ class AgentStreamReader(FileChannelStreamReader):
             read = {**self._paths(), **{cid: f"agent {uri}" for cid, uri in served.items()}}
             check_position_keys(self.options.starting, "startingPosition", read)
         if self.options.paths:
-            positions.update(_parse_offset(super().initialOffset())[0])
+            positions.update(parse_offset(super().initialOffset())[0])
         for uri in sorted(set(served.values())):
             status = self._client(uri).status()
             consumers = {c["channel"]: c.get("consumers", {}) for c in status.get("channels", [])}
@@ -430,7 +432,7 @@ class AgentStreamReader(FileChannelStreamReader):
                 ",".join(self.options.agents),
                 "no channel to read: the agents serve none" + (" (some cannot be reached)" if down else ""),
             )
-        return _offset(positions, query)
+        return make_offset(positions, query)
 
     def prepareForTriggerAvailableNow(self) -> None:
         """Record each channel's committed end now (an unreachable agent's channels wait for the next run)."""
@@ -459,7 +461,7 @@ class AgentStreamReader(FileChannelStreamReader):
             CheckpointMismatchError: A checkpointed channel that nothing serves, not named in ``retireChannels``.
             ConfigError: One channel id served twice.
         """
-        positions, query = _parse_offset(start)
+        positions, query = parse_offset(start)
         self._use_query(query)
         paths = self._paths()
         served, down = self._discover()
@@ -509,7 +511,7 @@ class AgentStreamReader(FileChannelStreamReader):
                 except AgentUnavailableError:
                     continue
                 logger.info("filechannel source: channel %s (agent %s) joins at %d", cid, served[cid], ends[cid])
-        return _offset(ends, query)
+        return make_offset(ends, query)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         """Split ``[start, end)``: a pure function of the two offsets (no agent is asked).
@@ -517,8 +519,8 @@ class AgentStreamReader(FileChannelStreamReader):
         A channel absent from ``start`` joined in this batch (nothing of it is read);
         one absent from ``end`` was retired.
         """
-        first, _ = _parse_offset(start)
-        last, query = _parse_offset(end)
+        first, _ = parse_offset(start)
+        last, query = parse_offset(end)
         paths = self._paths()
         out: list[InputPartition] = []
         for cid in sorted(last):
@@ -544,7 +546,7 @@ class AgentStreamReader(FileChannelStreamReader):
             DataLossError: ``end`` is beyond what a channel holds.
             CheckpointMismatchError: Another query took the consumer name over.
         """
-        positions, query = _parse_offset(end)
+        positions, query = parse_offset(end)
         self._use_query(query)
         paths = self._paths()
         for cid, p in sorted(positions.items()):
@@ -566,7 +568,7 @@ class AgentStreamReader(FileChannelStreamReader):
                 if p <= visible:
                     raise
                 loss = DataLossError(visible, p, f"the channel holds positions below {visible} only")
-                raise _lost(path, loss, _AHEAD_HINT) from exc
+                raise lost(path, loss, AHEAD_HINT) from exc
 
     def _flush_acks(self, query: str) -> None:
         for cid, p in sorted(self._pending.items()):
@@ -588,7 +590,7 @@ class AgentStreamReader(FileChannelStreamReader):
                     except ConsumerIdentityError:
                         raise
                     except DataLossError as exc:
-                        raise _lost(f"{cid} at agent {uri}", exc, _AHEAD_HINT) from exc
+                        raise lost(f"{cid} at agent {uri}", exc, AHEAD_HINT) from exc
             except AgentUnavailableError as exc:
                 logger.warning(
                     "filechannel source: acknowledgement of channel %s up to %d deferred: %s", cid, p, exc.reason
