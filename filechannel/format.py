@@ -2,12 +2,16 @@
 
 This module owns every byte layout of filechannel's data files: the file
 header, the record frame, and the payload of each record kind. It performs no
-I/O, keeps no state and never logs; it is what ``docs/format.md`` describes and
-what the fuzz targets exercise. It promises one thing to callers: decoding
-arbitrary bytes either returns a value, returns :data:`INCOMPLETE` (more bytes
-are needed) or raises :class:`~filechannel.errors.FormatError`. Nothing else.
+I/O and never logs; it is what ``docs/format.md`` describes and what the fuzz
+targets exercise. It keeps no state between calls: the only objects that hold
+any are the encoders a writer makes per file (:func:`record_encoder`, a file's
+seed and checksum kind, in C when the accelerator is built) and
+:class:`PutColumn`, a transaction's column of payloads. It promises one thing
+to callers: decoding arbitrary bytes either returns a value, returns
+:data:`INCOMPLETE` (more bytes are needed) or raises
+:class:`~filechannel.errors.FormatError`. Nothing else.
 
-Policy (a torn tail versus corruption, skipping damage) lives in ``log.py``.
+Policy (a torn tail versus corruption, skipping damage) lives in ``scan.py``.
 
 All integers are little-endian. Records are 8-byte aligned. Every record's
 CRC is seeded with a per-file seed derived from the channel id and file id, so
