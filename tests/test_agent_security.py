@@ -139,7 +139,7 @@ def test_a_writer_cannot_suppress_another_writers_sink_batches_or_keys(pki: dict
             return c.sink_commit(cid, [name], rows=rows, query=query, batch_id=b)  # type: ignore[no-any-return]
 
         assert batch(good, 0, b"q-0")["committed"]
-        with pytest.raises(AgentAuthError, match="query id .* belongs to another client certificate"):
+        with pytest.raises(AgentAuthError, match=r"query id .* belongs to another client certificate"):
             batch(other, 1000, b"evil")
         assert batch(good, 1, b"q-1")["committed"]  # not skipped as "already committed"
         # A batch job's id: the other's job id never makes this one's a no-op.
