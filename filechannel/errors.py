@@ -9,6 +9,8 @@ re-raised unchanged as the ``__cause__`` of nothing: they propagate as
 
 from __future__ import annotations
 
+import os
+
 
 class ChannelError(Exception):
     """Root of every error raised by filechannel."""
@@ -100,11 +102,10 @@ class TransactionStateError(ChannelError, RuntimeError):
 class DiskSpaceError(ChannelFullError):
     """No room on a data directory's file system: a full channel, of the ``"min_free"`` or ``"disk_full"`` kind.
 
-    ``"min_free"``: free space stayed under ``minimum_required_space`` (or
-    under what the commit needs) for ``keep_alive`` seconds; nothing was
-    written and the transaction stays open. ``"disk_full"``: the write itself
-    ran out of space; it was cut back (nothing of it stays in the file) and
-    the transaction is undone. Neither fails the channel.
+    ``"min_free"``: free space stayed under ``minimum_required_space`` (plus
+    what the commit writes) for ``keep_alive`` seconds; nothing was written
+    and the transaction stays open. ``"disk_full"``: the write itself ran out
+    of space (:class:`DiskFullError`). Neither fails the channel.
     """
 
     def __init__(self, path: str, free: int, required: int, reason: str = "min_free", needed: int = 0) -> None:
@@ -116,17 +117,35 @@ class DiskSpaceError(ChannelFullError):
                 f"only {free} bytes free on {path}: under minimum_required_space={required} plus the "
                 f"{needed - required} bytes this commit writes; free disk space or take events to drain the channel"
             )
-        elif reason == "disk_full":
-            msg = (
-                f"no space left on {path} (the write was undone, nothing was put); "
-                "free disk space or take events so that data files retire, then retry"
-            )
         else:
             msg = (
                 f"only {free} bytes free on {path}, minimum_required_space={required}; "
                 "free disk space or take events to drain the channel"
             )
         super().__init__(msg, reason)
+
+
+class DiskFullError(DiskSpaceError, OSError):
+    """A put's write ran out of space (ENOSPC or EDQUOT): a full channel (``reason="disk_full"``), and an ``OSError``.
+
+    The write was cut back to where its batch began, so nothing of it stays in
+    the file and the channel goes on; the transaction is undone (put it again
+    later). ``errno`` is the file system's, so callers that catch ``OSError``
+    see it as before.
+    """
+
+    def __init__(self, path: str, err: int, required: int) -> None:
+        super().__init__(path, 0, required, "disk_full")
+        self.args = (
+            f"no space left on {path} ({os.strerror(err)}): the write was undone and nothing was put; "
+            "free disk space or take events so that data files retire, then put again",
+        )
+        self.errno = err
+        self.strerror = os.strerror(err)
+        self.filename = path
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class UnsafePermissionsError(ChannelError):

@@ -15,9 +15,10 @@ Which ENOSPC is safe to live through (docs/design.md, "A full disk"):
   after part of the batch reached the file): the writer cuts the file back to
   where the batch began. Once that truncate succeeds the file is as it was
   and nothing of the batch was acknowledged, so the channel goes on and the
-  commit raises :class:`~filechannel.errors.DiskSpaceError`
-  (``reason="disk_full"``; the transaction is undone, never written again as
-  if it were safe). A failed truncate fails the log.
+  commit raises :class:`~filechannel.errors.DiskFullError` (a
+  ``ChannelFullError`` with ``reason="disk_full"``, and an ``OSError`` with
+  that errno; the transaction is undone, never written again as if it were
+  safe). A failed truncate fails the log.
 * **a failed fsync**, whatever its errno (ENOSPC from NFS or thin
   provisioning included): the kernel may have dropped the dirty pages, so
   what the file holds is unknown. The log fails, as for any fsync error.
@@ -39,7 +40,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from .errors import ChannelFullError, DiskSpaceError
+from .errors import ChannelFullError, DiskFullError, DiskSpaceError
 
 if TYPE_CHECKING:
     from .logstate import LogState
@@ -108,11 +109,13 @@ class SpaceGuard:
                     "max_bytes",
                 )
         floor = cfg.minimum_required_space
-        if floor or nbytes:
+        if floor:  # 0: no check before writing; a write that runs out of space raises DiskFullError
             need = floor + max(0, nbytes - self._room_ahead(index))
             free = self.free(index)
             if free < need:
-                self.st.space.pop(index, None)  # read afresh next time: space may come back
+                free = self.free(index, fresh=True)  # never refuse on an old reading: space may have come back
+            if free < need:
+                self.st.space.pop(index, None)  # read afresh next time too
                 return DiskSpaceError(self.st.data_dirs[index], free, floor, needed=need)
         return None
 
@@ -125,7 +128,7 @@ class SpaceGuard:
                 the floor. Nothing was written.
         """
         cfg = self.st.config
-        if cfg.max_bytes is None and not cfg.minimum_required_space and not nbytes:
+        if cfg.max_bytes is None and not cfg.minimum_required_space:
             return
         err = self._refusal(index, nbytes)
         if err is None:
@@ -144,20 +147,19 @@ class SpaceGuard:
             if err is None:
                 return
 
-    def out_of_space(self, index: int, exc: OSError) -> DiskSpaceError:
+    def out_of_space(self, index: int, exc: OSError) -> DiskFullError:
         """The error a commit raises when its write ran out of space and was undone (the log did not fail)."""
         self.st.space.pop(index, None)
         self.refusals += 1
-        err = DiskSpaceError(self.st.data_dirs[index], 0, self.st.config.minimum_required_space, "disk_full")
-        err.__cause__ = exc
-        return err
+        err_no = exc.errno if exc.errno is not None else errno.ENOSPC
+        return DiskFullError(self.st.data_dirs[index], err_no, self.st.config.minimum_required_space)
 
     def stats(self, data_dirs: Sequence[str]) -> dict[str, int | None]:
         """``stats()``'s room keys: bytes held, the limits, the least free space of the data directories."""
         free: int | None = None
         for i in range(len(data_dirs)):
             try:
-                f = self.free(i, fresh=True)
+                f = self.st.fs.free_space(data_dirs[i])
             except OSError:
                 continue
             free = f if free is None else min(free, f)
