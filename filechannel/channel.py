@@ -1630,12 +1630,20 @@ def open_channel(
     directory: str | os.PathLike[str], *, fs: FS | None = None, background: bool = True, **options: Any
 ) -> FileChannel:
     """Open (creating if needed) the channel in ``directory``; see :func:`filechannel.open`."""
+    return FileChannel(directory, channel_config(options), fs=fs, background=background)
+
+
+def channel_config(options: Mapping[str, Any]) -> ChannelConfig:
+    """The :class:`ChannelConfig` of :func:`filechannel.open`'s ``options``, checked; opens nothing.
+
+    Raises:
+        ConfigError: An unknown option (naming a close match) or an invalid value.
+    """
     try:
-        config = ChannelConfig.from_options(options)
+        return ChannelConfig.from_options(dict(options))
     except ConfigError as exc:
         if exc.option in options and exc.reason.startswith("unknown option"):
             close = difflib.get_close_matches(exc.option, [f.name for f in fields(ChannelConfig)], n=1)
             if close:
                 raise ConfigError(exc.option, f"unknown option; did you mean {close[0]}=?") from None
         raise
-    return FileChannel(directory, config, fs=fs, background=background)

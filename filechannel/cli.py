@@ -1197,7 +1197,7 @@ def _serve_channel_options(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve channels over Arrow Flight until SIGTERM or SIGINT (``--check``: print what it would serve)."""
     try:
-        from .agent.server import AgentConfig, describe, serve
+        from .agent.server import AgentConfig, check, serve
     except ImportError as exc:
         raise ChannelError(
             f"filechannel serve needs pyarrow with Arrow Flight ({exc}): pip install 'filechannel[agent]'"
@@ -1239,6 +1239,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         channel_options=_serve_channel_options(args),
         names=names,
         http=http,
+        insecure_allow_anyone=args.insecure_allow_anyone,
         tail=tuple(args.tail or ()),
         tail_options={"follow_symlinks": True} if args.tail_follow_symlinks else {},
     )
@@ -1248,9 +1249,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ChannelError("--tail puts into the channels: give --writable too")
     try:
         if args.check:
-            if http is not None:
-                http.check()
-            info = describe(config)
+            info, problems = check(config)
+            for problem in problems:
+                line = (
+                    f"{_SERVE_FLAGS.get(problem.option, problem.option)}: {problem.reason}"
+                    if isinstance(problem, ConfigError)
+                    else str(problem)
+                )
+                print(f"filechannel: error: {line}", file=sys.stderr)
+            if problems:
+                return 2
             how = ", ".join(
                 k
                 for k, on in (("TLS", info["tls"]), ("mutual TLS", info["mutual_tls"]), ("bearer token", info["token"]))
@@ -1289,6 +1297,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 channel_options=config.channel_options,
                 names=config.names,
                 http=config.http,
+                insecure_allow_anyone=config.insecure_allow_anyone,
                 tail=config.tail,
                 tail_options=config.tail_options,
             )
@@ -1512,7 +1521,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="NAME=CONSUMER",
         help="with --client-ca: certificate NAME may act only as these consumers (repeatable; a name not listed may "
-        "use any)",
+        "act only as consumers no listed name owns)",
     )
     sp.add_argument("--keystore", metavar="PATH", help="keystore of encrypted channels (records still travel sealed)")
     sp.add_argument("--port-file", metavar="FILE", help="write the bound port here once listening (atomically)")
@@ -1576,7 +1585,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="let --tail follow a symlink to a file outside its glob's directory (default: such a link is "
         "skipped with a warning, so a link to a key or a password file never becomes events)",
     )
-    sp.add_argument("--check", action="store_true", help="print what would be served and exit (binds nothing)")
+    sp.add_argument(
+        "--insecure-allow-anyone",
+        action="store_true",
+        help="listen on an address other hosts reach without --client-ca or --token-file: anyone who can connect "
+        "may then read, write and take over consumers (refused without this flag)",
+    )
+    sp.add_argument(
+        "--check",
+        action="store_true",
+        help="check everything a start checks, print what would be served and exit (a dry run: binds nothing, "
+        "opens no channel as owner, changes nothing on disk; exit 2 with one line per problem)",
+    )
     sp.set_defaults(func=cmd_serve)
 
     sp = sub.add_parser("wal", help="inspect a write-ahead log (filechannel.WriteAheadLog)", epilog=_EPILOG)
@@ -1684,7 +1704,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # stat, dump and verify are read-only and report damage themselves.
     level = _log_level(args)
     shown: AbstractContextManager[None] = (
-        _library_warnings(level)
+        nullcontext()  # a running agent logs on stderr itself (--log-level), each record once
+        if args.func is cmd_serve and not args.check
+        else _library_warnings(level)
         if level is not None
         else _library_warnings()
         if args.func in (cmd_put, cmd_take, cmd_checkpoint)

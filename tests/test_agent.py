@@ -75,8 +75,13 @@ class PKI:
         )
         self.ca = _write(root / f"{cn}.pem", self.cert.public_bytes(serialization.Encoding.PEM))
 
-    def issue(self, cn: str, *, server: bool = False) -> tuple[str, str]:
-        """Write ``cn``'s certificate and key; return their paths."""
+    def issue(
+        self, cn: str, *, server: bool = False, san: str | list[x509.GeneralName] | None = None
+    ) -> tuple[str, str]:
+        """Write ``cn``'s certificate and key; return their paths.
+
+        ``san``: subjectAltNames too (a string: one DNS name).
+        """
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.timezone.utc)
         b = (
@@ -96,6 +101,9 @@ class PKI:
                 ),
                 critical=False,
             )
+        if san is not None:
+            names = [x509.DNSName(san)] if isinstance(san, str) else san
+            b = b.add_extension(x509.SubjectAlternativeName(names), critical=False)
         cert = b.sign(self.key, hashes.SHA256())
         pem_key = key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
@@ -433,7 +441,7 @@ def test_a_certificate_name_acts_only_as_the_consumers_it_is_allowed(pki: dict[s
     cid = cid_of(chan)
     with mtls_agent(pki, [chan], consumers={"intruder": ["q-intruder"]}) as agent:
         good, other = mtls_client(pki, agent), mtls_client(pki, agent, "client2")
-        # "spark-exec" is not listed: any consumer, as before.
+        # "spark-exec" is not listed: any consumer no listed name owns.
         good.register(cid, "q", "id-good")
         assert good.ack(cid, "q", 3, "id-good") == 3
         # "intruder" may read the channel and act as its own consumer, but not as another query's,

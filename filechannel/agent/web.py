@@ -33,7 +33,6 @@ import base64
 import binascii
 import concurrent.futures
 import hashlib
-import hmac
 import json
 import logging
 import os
@@ -41,7 +40,7 @@ import re
 import ssl
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -60,7 +59,16 @@ from filechannel.errors import (
     TransactionCapacityError,
 )
 
-from .auth import allowed, is_loopback, may_write, read_public_file, read_secret_file, read_token
+from .auth import (
+    allowed,
+    bearer_problem,
+    certificate_name,
+    is_loopback,
+    may_write,
+    read_public_file,
+    read_secret_file,
+    read_token,
+)
 from .metrics import CONTENT_TYPE, AgentMetrics, ChannelSample, sample_from_stats
 
 if TYPE_CHECKING:
@@ -130,13 +138,19 @@ class HttpSettings:
     idempotency_keys: int = 1024
     workers: int = 8
 
-    def check(self) -> tuple[str, int]:
-        """The host and port, the options checked.
+    def check(self, tls: bool) -> tuple[str, int]:
+        """The host and port, the options checked (``tls``: whether the agent has a certificate and key).
 
         Raises:
-            ConfigError: A bad address or option.
+            ConfigError: A bad address or option, or plain HTTP (no ``tls``) off loopback.
         """
         host, port = parse_http_address(self.address)
+        if not tls and not is_loopback(host):
+            raise ConfigError(
+                "http",
+                f"{self.address}: plain HTTP is for a loopback address only (127.0.0.1, ::1, localhost); "
+                "give --tls-cert and --tls-key for HTTPS",
+            )
         if not (isinstance(self.read_timeout, (int, float)) and self.read_timeout > 0):
             raise ConfigError("http_read_timeout", f"must be a positive number of seconds, not {self.read_timeout!r}")
         if not (isinstance(self.max_body, int) and self.max_body > 0):
@@ -287,6 +301,8 @@ def parse_json_events(data: bytes) -> tuple[list[bytes], list[dict[str, str] | N
         raise _BadRequest(400, "the body is not UTF-8 JSON") from None
     except json.JSONDecodeError as exc:
         raise _BadRequest(400, f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except RecursionError:
+        raise _BadRequest(400, "the JSON is nested too deeply: the body is a list of flat event objects") from None
     if not isinstance(doc, list):
         raise _BadRequest(400, f"the body is a JSON list of events, not {type(doc).__name__}")
     bodies: list[bytes] = []
@@ -397,6 +413,32 @@ def channel_samples(agent: Agent) -> list[ChannelSample]:
     return samples
 
 
+def check_names(channels: Iterable[tuple[str, str]]) -> None:
+    """Check the served channels' names, ``(name, directory)`` each: the HTTP URLs use them.
+
+    Raises:
+        ConfigError: A name that is not 1 to 100 of ``A-Z a-z 0-9 . _ -``, or one name twice.
+    """
+    seen: dict[str, str] = {}
+    for name, directory in channels:
+        if not NAME_RE.match(name):
+            raise ConfigError(
+                "directories", f"{directory}: the name {name!r} is not 1-100 of A-Z a-z 0-9 . _ -: give DIR=NAME"
+            )
+        if name in seen:
+            raise ConfigError("directories", f"{seen[name]} and {directory} are both named {name!r}: give DIR=NAME")
+        seen[name] = directory
+
+
+def ssl_context(config: Any) -> ssl.SSLContext:
+    """The HTTPS context of an agent's ``config`` (its ``tls_cert``, ``tls_key`` and ``client_ca``), checked.
+
+    Raises:
+        ConfigError: A file missing, unsafe, or not PEM of the right kind.
+    """
+    return _ssl_context(config.tls_cert, config.tls_key, config.client_ca)
+
+
 def _ssl_context(tls_cert: str, tls_key: str, client_ca: str | None) -> ssl.SSLContext:
     read_public_file(tls_cert, "tls_cert")
     read_secret_file(tls_key, "tls_key")  # the mode and owner checks; ssl reads the file itself
@@ -420,14 +462,7 @@ def _ssl_context(tls_cert: str, tls_key: str, client_ca: str | None) -> ssl.SSLC
 
 def _peer_name(request: web.Request) -> str | None:
     transport = request.transport
-    cert = transport.get_extra_info("peercert") if transport is not None else None
-    if not cert:
-        return None
-    for rdn in cert.get("subject", ()):
-        for k, v in rdn:
-            if k == "commonName":
-                return str(v)
-    return None
+    return certificate_name(transport.get_extra_info("peercert") if transport is not None else None)
 
 
 class HttpServer:
@@ -441,34 +476,14 @@ class HttpServer:
 
     def __init__(self, agent: Agent, settings: HttpSettings) -> None:
         config = agent.config
-        host, port = settings.check()
+        tls = bool(config.tls_cert and config.tls_key)
+        host, port = settings.check(tls)
         self._agent = agent
         self._settings = settings
-        self._ssl = (
-            _ssl_context(config.tls_cert, config.tls_key, config.client_ca)
-            if config.tls_cert and config.tls_key
-            else None
-        )
-        if self._ssl is None and not is_loopback(host):
-            raise ConfigError(
-                "http",
-                f"{settings.address}: plain HTTP is for a loopback address only (127.0.0.1, ::1, localhost); "
-                "give --tls-cert and --tls-key for HTTPS",
-            )
-        self._token = b"Bearer " + read_token(config.token_file, "token_file") if config.token_file else None
-        self._by_name: dict[str, _Served] = {}
-        for ch in agent.channels.values():
-            if not NAME_RE.match(ch.name):
-                raise ConfigError(
-                    "directories",
-                    f"{ch.directory}: the name {ch.name!r} is not 1-100 of A-Z a-z 0-9 . _ -: give DIR=NAME",
-                )
-            if ch.name in self._by_name:
-                raise ConfigError(
-                    "directories",
-                    f"{self._by_name[ch.name].directory} and {ch.directory} are both named {ch.name!r}: give DIR=NAME",
-                )
-            self._by_name[ch.name] = ch
+        self._ssl = ssl_context(config) if tls else None
+        self._token = read_token(config.token_file, "token_file") if config.token_file else None
+        check_names((ch.name, ch.directory) for ch in agent.channels.values())
+        self._by_name: dict[str, _Served] = {ch.name: ch for ch in agent.channels.values()}
         self._rings = {
             ch.cid: _Ring(ch.channel, settings.idempotency_keys)
             for ch in agent.channels.values()
@@ -581,14 +596,14 @@ class HttpServer:
             channel = "" if endpoint != "events" else "?"  # unknown names share one label value
         try:
             if self._token is not None and endpoint not in ("healthz", "readyz"):
-                given = request.headers.get("Authorization")
-                if given is None:
+                problem = bearer_problem(self._token, request.headers.getall("Authorization", []))
+                if problem == "missing":
                     raise _BadRequest(
                         401,
                         "this agent requires a bearer token: send Authorization: Bearer <token>",
                         {"WWW-Authenticate": "Bearer"},
                     )
-                if not hmac.compare_digest(given.encode("utf-8", "replace"), self._token):
+                if problem is not None:
                     raise _BadRequest(
                         401, "the bearer token is wrong", {"WWW-Authenticate": 'Bearer error="invalid_token"'}
                     )
@@ -607,18 +622,33 @@ class HttpServer:
     async def _healthz(self, request: web.Request) -> web.StreamResponse:
         return _answer(200, {"status": "ok"})
 
+    def _visible(self, request: web.Request) -> set[str] | None:
+        """The channel names this request's certificate may use (None: every one; no ``--allow``)."""
+        allow = self._agent.config.allow
+        if not allow:
+            return None
+        peer = _peer_name(request)
+        return {name for name, ch in self._by_name.items() if allowed(allow, ch.cid, peer)}
+
     async def _readyz(self, request: web.Request) -> web.StreamResponse:
         ready, body = await self._loop.run_in_executor(self._pool, readiness, self._agent)
+        visible = self._visible(request)
+        if visible is not None:  # the verdict is the agent's; the details only of the caller's channels
+            body["channels"] = {n: v for n, v in body["channels"].items() if n in visible}
         return _answer(200 if ready else 503, body)
 
     async def _metrics(self, request: web.Request) -> web.StreamResponse:
-        data = await self._loop.run_in_executor(self._pool, self.metrics.render)
+        data = await self._loop.run_in_executor(self._pool, self.metrics.render, self._visible(request))
         return web.Response(body=data, headers={"Content-Type": CONTENT_TYPE})
 
     async def _list(self, request: web.Request) -> web.StreamResponse:
+        visible = self._visible(request)
+
         def go() -> list[dict[str, Any]]:
             out = []
             for name, ch in sorted(self._by_name.items()):
+                if visible is not None and name not in visible:
+                    continue
                 with ch.lock:
                     start, end = ch.view.available()
                 out.append(
@@ -632,7 +662,9 @@ class HttpServer:
         name = request.match_info["name"]
         ch = self._by_name.get(name)
         if ch is None:
-            raise _BadRequest(404, f"no channel named {name!r} here (served: {', '.join(sorted(self._by_name))})")
+            visible = self._visible(request)
+            shown = sorted(n for n in self._by_name if visible is None or n in visible)
+            raise _BadRequest(404, f"no channel named {name!r} here (served: {', '.join(shown) or 'none to you'})")
         peer = _peer_name(request)
         if not allowed(self._agent.config.allow, ch.cid, peer):
             logger.warning("refused certificate name %r for channel %s over HTTP", peer, ch.cid)
