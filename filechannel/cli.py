@@ -1182,6 +1182,10 @@ _SERVE_FLAGS = {
     "http_max_body": "--http-max-body",
     "http_idempotency_keys": "--http-idempotency-keys",
     "tail": "--tail",
+    "syslog": "--syslog",
+    "relp": "--relp",
+    "syslog_read_timeout": "--syslog-read-timeout",
+    "syslog_max_connections": "--syslog-max-connections",
 }
 
 
@@ -1223,6 +1227,22 @@ def _serve_consumers(specs: Sequence[str] | None) -> dict[str, frozenset[str]]:
             )
         out.setdefault(name, set()).add(consumer)
     return {k: frozenset(v) for k, v in out.items()}
+
+
+def _serve_syslog(args: argparse.Namespace) -> Any:
+    """``--syslog`` / ``--relp`` and their options as a ``SyslogSettings`` (``agent/syslog_source.py``), or None."""
+    if not args.syslog and not args.relp:
+        return None
+    if not args.writable:
+        raise ChannelError(f"{'--syslog' if args.syslog else '--relp'} puts into the channels: give --writable too")
+    from .agent.syslog_source import SyslogSettings
+
+    return SyslogSettings(
+        tuple(args.syslog or ()),
+        tuple(args.relp or ()),
+        read_timeout=args.syslog_read_timeout,
+        max_connections=args.syslog_max_connections,
+    )
 
 
 _SERVE_CHANNEL_FLAGS = (
@@ -1292,12 +1312,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         insecure_allow_anyone=args.insecure_allow_anyone,
         tail=tuple(args.tail or ()),
         tail_options={"follow_symlinks": True} if args.tail_follow_symlinks else {},
+        syslog=_serve_syslog(args),
     )
     if args.tail_follow_symlinks and not args.tail:
         raise ChannelError("--tail-follow-symlinks goes with --tail GLOB")
     if args.tail and not args.writable:
         raise ChannelError("--tail puts into the channels: give --writable too")
     try:
+        if config.syslog is not None:  # a bad value or a listener the agent's rules refuse: one line, first
+            from .agent.syslog_source import check_listener
+
+            for spec in config.syslog.specs():
+                check_listener(spec, config)
         if args.check:
             info, problems = check(config)
             for problem in problems:
@@ -1321,6 +1347,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     f"channel {ch['channel']} {ch['directory']}: positions [{ch['start']}, {ch['end']}), "
                     f"consumers: {consumers}"
                 )
+            for kind, specs in (("syslog", args.syslog), ("relp", args.relp)):
+                for spec in specs or ():
+                    print(f"would take {kind} on {spec}")
             return 0
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("filechannel serve: %(levelname)s: %(message)s"))
@@ -1350,6 +1379,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 insecure_allow_anyone=config.insecure_allow_anyone,
                 tail=config.tail,
                 tail_options=config.tail_options,
+                syslog=config.syslog,
             )
             try:
                 while not stop.wait(0.5):
@@ -1643,6 +1673,34 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="listen on an address other hosts reach without --client-ca or --token-file: anyone who can connect "
         "may then read, write and take over consumers (refused without this flag)",
+    )
+    sp.add_argument(
+        "--syslog",
+        action="append",
+        metavar="tcp://HOST:PORT[=CHANNEL]",
+        help="with --writable: a syslog source (RFC 5424/3164, RFC 6587 framing); also tls:// (the agent's "
+        "certificates) and udp:// (lossy) (repeatable; docs/syslog.md)",
+    )
+    sp.add_argument(
+        "--relp",
+        action="append",
+        metavar="tcp://HOST:PORT[=CHANNEL]",
+        help="with --writable: a RELP source, each message acknowledged after its durable commit; also tls:// "
+        "(repeatable; docs/syslog.md)",
+    )
+    sp.add_argument(
+        "--syslog-read-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="a syslog or RELP connection silent this long is closed (default 300)",
+    )
+    sp.add_argument(
+        "--syslog-max-connections",
+        type=int,
+        default=256,
+        metavar="N",
+        help="connections open at once per --syslog/--relp listener (default 256; more are closed)",
     )
     sp.add_argument(
         "--check",

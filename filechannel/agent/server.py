@@ -85,6 +85,7 @@ from .auth import (
 )
 from .errors import AgentError, AgentProtocolError, UnknownChannelError
 from .staging import AgentSink, StageRequest
+from .syslog_source import SyslogSources, resolve, start_syslog
 from .tail import TailSource, make_tails
 
 __all__ = ["Agent", "AgentConfig", "check", "serve"]
@@ -123,6 +124,8 @@ class AgentConfig:
             (neither ``client_ca`` nor ``token_file``); refused unless this is set.
         tail: Follow files into the channels (``--tail GLOB`` / ``NAME=GLOB``; ``tail.py``); needs ``writable``.
         tail_options: Options of the tail sources (``TailSource``'s keyword arguments, e.g. ``follow_symlinks``).
+        syslog: The syslog and RELP sources (``--syslog``, ``--relp``): a ``syslog_source.SyslogSettings``;
+            needs ``writable``.
     """
 
     directories: tuple[str, ...]
@@ -144,6 +147,7 @@ class AgentConfig:
     insecure_allow_anyone: bool = False
     tail: tuple[str, ...] = ()
     tail_options: Mapping[str, Any] = field(default_factory=dict)
+    syslog: Any = None
 
     def parsed_listen(self) -> Listen:
         """The listen URI, checked together with the TLS options.
@@ -425,15 +429,17 @@ def check(config: AgentConfig) -> tuple[dict[str, Any], list[Exception]]:
             attempt(lambda d=d: one(d))
     if config.http is not None:
         attempt(lambda: _http_module().check_names((ch.name, ch.directory) for ch in served.values()))
-    if config.tail and len(served) == len(config.directories):
+    if (config.tail or config.syslog is not None) and len(served) == len(config.directories):
         # The tail sources are made (not started) as a start makes them, each over a stand-in of the
-        # channel it would own: its options, nothing opened.
+        # channel it would own: its options, nothing opened; the syslog listeners checked on them too.
         stand_ins = [
             SimpleNamespace(name=ch.name, channel=SimpleNamespace(config=options) if options is not None else None)
             for ch in served.values()
         ]
-        if not config.writable or options is not None:
+        if config.tail and (not config.writable or options is not None):
             attempt(lambda: make_tails(stand_ins, config.tail, **config.tail_options))
+        if config.syslog is not None and (not config.writable or options is not None):
+            attempt(lambda: resolve(config.syslog, config, stand_ins))
     summary = {
         "listen": listen.location() if listen is not None else config.listen,
         "tls": bool(listen is not None and listen.tls),
@@ -917,10 +923,12 @@ class Agent:
         self.http: Any = None  # the HttpServer (web.py) when config.http is set
         self.metrics: Any = None  # its AgentMetrics
         self.tails: list[TailSource] = []  # the tail sources (tail.py) of config.tail
+        self.syslog: SyslogSources | None = None  # the syslog and RELP listeners (syslog_source.py)
         self._server: Any = None
         self._socket: tuple[str, int] | None = None  # a grpc+unix socket's path and inode, removed at stop
-        # Every part starts (Flight, HTTP, the tail sources) before anything is announced (the port
-        # files, the "serving" line): an agent that cannot start every part stops them all and raises.
+        # Every part starts (Flight, HTTP, the syslog listeners, the tail sources) before anything is
+        # announced (the port files, the "serving" line): an agent that cannot start every part stops
+        # them all and raises.
         try:
             if config.tail:
                 self.tails = make_tails(self.channels.values(), config.tail, **config.tail_options)
@@ -936,6 +944,8 @@ class Agent:
             self.location = listen.location(self.port if listen.scheme != "grpc+unix" else None)
             if config.http is not None:
                 self._start_http()
+            if config.syslog is not None:
+                self.syslog = start_syslog(self, settings=config.syslog)
             for src in self.tails:
                 src.start()
                 logger.info("tailing %s into %s", ", ".join(src.patterns), src.channel.directory)
@@ -987,6 +997,8 @@ class Agent:
         """Stop every part started (the tail sources first: they put), then close the channels."""
         self._stopped = True
         try:
+            if self.syslog is not None:
+                self.syslog.stop()
             for src in self.tails:
                 src.stop()
             if self.http is not None:
@@ -1034,13 +1046,15 @@ def serve(
     insecure_allow_anyone: bool = False,
     tail: Sequence[str] = (),
     tail_options: Mapping[str, Any] | None = None,
+    syslog: Any = None,
 ) -> Agent:
     """Start an agent serving ``directories`` on ``listen`` and return it (stop it with ``.stop()``).
 
     See :class:`AgentConfig` for the arguments (``http``: an ``HttpSettings`` of
     ``filechannel.agent.web``, or ``"HOST:PORT"``). The agent listens on return;
     with port 0 its ``.port`` (and ``port_file``) tells which port was bound, and
-    ``.http.port`` the HTTP one. With ``tail``, its tail sources run (``.tails``) on return.
+    ``.http.port`` the HTTP one. With ``tail``, its tail sources run (``.tails``) on return; with
+    ``syslog`` (a ``SyslogSettings``), its syslog and RELP listeners (``.syslog``).
     Nothing is announced (the port files, the "serving" log line) until every part has started.
 
     Raises:
@@ -1073,5 +1087,6 @@ def serve(
         insecure_allow_anyone=insecure_allow_anyone,
         tail=tuple(tail),
         tail_options=dict(tail_options or {}),
+        syslog=syslog,
     )
     return Agent(config)
