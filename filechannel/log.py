@@ -22,7 +22,6 @@ import itertools
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, cast
@@ -48,7 +47,6 @@ from .errors import ChannelClosedError, CorruptLogError, DecryptionError, EventF
 from .logstate import DEFAULT_DATA_DIR, FSYNC_BUCKETS, LogState
 from .recovery import Recovery
 from .retention import retire_files
-from .space import ENOSPC_ERRNOS, SpaceGuard
 from .scan import (
     INF_WOID,
     CorruptionReport,
@@ -62,6 +60,7 @@ from .scan import (
     ranges_of,
     segment_name,
 )
+from .space import ENOSPC_ERRNOS, SpaceGuard
 from .writer import PREALLOC_STEP, CommitResult, Item, RollbackItem, Writer
 
 __all__ = [

@@ -93,7 +93,7 @@ def test_a_put_waiting_for_max_bytes_goes_through_when_a_file_retires() -> None:
     def producer() -> None:
         try:
             put(ch, b"waited")
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
         done.set()
 

@@ -104,7 +104,7 @@ def _child_channel(mnt: str) -> dict[str, object]:
         try:
             with ch.transaction() as t:
                 t.put(b"waited")
-        except BaseException as exc:  # noqa: BLE001 - reported
+        except BaseException as exc:
             errors.append(exc)
         done.set()
 
