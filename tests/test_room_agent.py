@@ -11,13 +11,13 @@ pytest.importorskip("pyarrow.flight")
 pytest.importorskip("aiohttp")
 pytest.importorskip("prometheus_client")
 
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-from test_agent import cid_of, make_channel  # noqa: E402
-from test_agent_http import request  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families
+from test_agent import cid_of, make_channel
+from test_agent_http import request
 
-import filechannel  # noqa: E402
-from filechannel.agent import connect, serve  # noqa: E402
-from filechannel.errors import ChannelFullError  # noqa: E402
+import filechannel
+from filechannel.agent import connect, serve
+from filechannel.errors import ChannelFullError
 
 OPTS = {"max_file_size": 4096, "max_bytes": 3 * 4096, "minimum_required_space": 0, "keep_alive": 0.2}
 
