@@ -92,6 +92,7 @@ logger = logging.getLogger(__name__)
 
 # Log.read_events reads adjacent records with one pread, up to this many bytes at a time.
 _RUN_BYTES = 4 << 20
+_FRAME_SLACK = 64  # at least what framing and sealing add to one event (a bound for Log.wait_for_room)
 
 
 class Log(LogState):
@@ -512,8 +513,15 @@ class Log(LogState):
             ChannelFullError: ``max_bytes`` stayed reached, or :class:`DiskSpaceError`:
                 free space stayed under the floor. Nothing was written.
         """
-        nbytes = fmt.frames_size(payloads, self.seal_overhead + len(fmt.EMPTY_HEADERS)) if payloads else 0
-        self.guard.check(index, nbytes, self.config.keep_alive)
+        cfg = self.config
+        nbytes = 0
+        if payloads:
+            # A bound first (no event is larger than max_event_size): the exact size only when it matters.
+            nbytes = len(payloads) * (cfg.max_event_size + _FRAME_SLACK)
+            if self.guard.roomy(index, nbytes):
+                return
+            nbytes = fmt.frames_size(payloads, self.seal_overhead + len(fmt.EMPTY_HEADERS))
+        self.guard.check(index, nbytes, cfg.keep_alive)
 
     def _active_bytes(self) -> int:
         return sum(w.offset for w in self._writers if w.fd is not None)

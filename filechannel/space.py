@@ -119,6 +119,22 @@ class SpaceGuard:
                 return DiskSpaceError(self.st.data_dirs[index], free, floor, needed=need)
         return None
 
+    def roomy(self, index: int, nbytes: int) -> bool:
+        """Whether ``nbytes`` surely fit, by a recent reading alone (the common case, quick; False: look closer)."""
+        st = self.st
+        cfg = st.config
+        if cfg.max_bytes is not None:
+            return False
+        floor = cfg.minimum_required_space
+        if not floor:
+            return True
+        cached = st.space.get(index)
+        return (
+            cached is not None
+            and time.monotonic() - cached[0] <= SPACE_REFRESH_S
+            and cached[1] - st.space_written.get(index, 0) >= floor + nbytes
+        )
+
     def check(self, index: int, nbytes: int = 0, wait: float = 0.0) -> None:
         """Return once a put (whose commit writes ``nbytes``; 0: not known yet) has room, waiting up to ``wait`` s.
 
@@ -127,8 +143,7 @@ class SpaceGuard:
                 :class:`DiskSpaceError` (``reason="min_free"``): free space is under
                 the floor. Nothing was written.
         """
-        cfg = self.st.config
-        if cfg.max_bytes is None and not cfg.minimum_required_space:
+        if self.roomy(index, nbytes):
             return
         err = self._refusal(index, nbytes)
         if err is None:
