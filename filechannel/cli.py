@@ -741,7 +741,7 @@ def _reset_consumer(args: argparse.Namespace) -> int:
         end = log.next_position
         first = q.first_position()
         head = end if first is None else first
-        store = ConsumerStore(DEFAULT_FS, args.dir, None, log.meta_mac, log.macs_required)
+        store = ConsumerStore(DEFAULT_FS, args.dir, None, log.meta_mac, log.macs_required, log.consumer_acks)
     finally:
         log.close()
     cur = store.get(name)
@@ -1182,6 +1182,7 @@ _SERVE_FLAGS = {
     "http_max_body": "--http-max-body",
     "http_idempotency_keys": "--http-idempotency-keys",
     "tail": "--tail",
+    "forward": "--forward",
     "syslog": "--syslog",
     "relp": "--relp",
     "syslog_read_timeout": "--syslog-read-timeout",
@@ -1264,6 +1265,19 @@ def _serve_channel_options(args: argparse.Namespace) -> dict[str, Any]:
     return given
 
 
+def _serve_forward(args: argparse.Namespace) -> Any:
+    """The ``ForwardSettings`` of ``--forward`` (msgpack and ``--writable`` checked now), else None."""
+    if not args.forward:
+        return None
+    if not args.writable:
+        raise ChannelError("--forward puts into the channels: give --writable too")
+    try:
+        from .agent.forward import ForwardSettings
+    except ImportError as exc:
+        raise ChannelError(f"--forward needs msgpack ({exc}): pip install 'filechannel[sources]'") from None
+    return ForwardSettings(tuple(args.forward))
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve channels over Arrow Flight until SIGTERM or SIGINT (``--check``: print what it would serve)."""
     try:
@@ -1312,6 +1326,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         insecure_allow_anyone=args.insecure_allow_anyone,
         tail=tuple(args.tail or ()),
         tail_options={"follow_symlinks": True} if args.tail_follow_symlinks else {},
+        forward=_serve_forward(args),
         syslog=_serve_syslog(args),
     )
     if args.tail_follow_symlinks and not args.tail:
@@ -1341,6 +1356,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 if on
             )
             print(f"would listen on {info['listen']} ({how or 'no TLS: loopback or unix socket only'})")
+            if config.forward is not None:
+                from .agent.forward import check_forward
+
+                for a in check_forward(config, [c["name"] for c in info["channels"]], config.forward):
+                    print(f"would take the forward protocol on {a.scheme}://{a.host}:{a.port} into {a.channel}")
             for ch in info["channels"]:
                 consumers = ", ".join(f"{n} (acked {c['acked']})" for n, c in sorted(ch["consumers"].items())) or "none"
                 print(
@@ -1379,6 +1399,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 insecure_allow_anyone=config.insecure_allow_anyone,
                 tail=config.tail,
                 tail_options=config.tail_options,
+                forward=config.forward,
                 syslog=config.syslog,
             )
             try:
@@ -1667,6 +1688,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="let --tail follow a symlink to a file outside its glob's directory (default: such a link is "
         "skipped with a warning, so a link to a key or a password file never becomes events)",
+    )
+    sp.add_argument(
+        "--forward",
+        action="append",
+        metavar="tcp://HOST:PORT[=CHANNEL]",
+        help="with --writable: take Fluent's forward protocol (Fluent Bit, Fluentd, fluent-logger) on this "
+        "address (tls:// with the agent's certificates) into CHANNEL (repeatable; docs/forward.md)",
     )
     sp.add_argument(
         "--insecure-allow-anyone",

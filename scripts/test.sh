@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command: sets up .venv (the dev, spark, crypto and agent extras), then lint, type check and the whole test suite,
+# The test command: sets up .venv (the dev, spark, crypto, agent and sources extras), then lint, type check and the whole test suite,
 # Spark tests included (they need Java 17+), then the fast tests again on the pure-Python path. With arguments,
 # runs pytest with them instead
 # (e.g. scripts/test.sh -m "not spark" for a fast run).
@@ -7,7 +7,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-bash scripts/venv.sh dev,spark,crypto,agent
+bash scripts/venv.sh dev,spark,crypto,agent,sources
 .venv/bin/ruff check filechannel tests bench examples
 .venv/bin/ruff format --check filechannel tests bench examples
 .venv/bin/mypy

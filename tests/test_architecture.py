@@ -167,7 +167,7 @@ def test_print_only_in_cli(path: Path) -> None:
 def test_import_does_not_load_optional_dependencies() -> None:
     code = (
         "import sys, filechannel\n"
-        "opt = ('pyspark', 'cryptography', 'pyarrow', 'aiohttp', 'prometheus_client')\n"
+        "opt = ('pyspark', 'cryptography', 'pyarrow', 'aiohttp', 'prometheus_client', 'msgpack', 'google')\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in opt)\n"
         "print(','.join(bad))\n"
     )

@@ -225,6 +225,31 @@ class AgentMetrics:
             ["channel"],
             registry=self.registry,
         )
+        # The push sources other than the HTTP one (OTLP, forward, ...): label source names which.
+        self.source_events = Counter(
+            PREFIX + "source_events",
+            "Events committed from a push source (otlp, forward, ...), by source and channel",
+            ["source", "channel"],
+            registry=self.registry,
+        )
+        self.source_refused = Counter(
+            PREFIX + "source_refused",
+            "Events or messages a push source refused or left out, by source, channel and reason",
+            ["source", "channel", "reason"],
+            registry=self.registry,
+        )
+        self.source_duplicates = Counter(
+            PREFIX + "source_duplicates",
+            "Retried chunks answered from a committed key (nothing put), by source and channel",
+            ["source", "channel"],
+            registry=self.registry,
+        )
+        self.source_connections = Gauge(
+            PREFIX + "source_connections",
+            "Connections open to a stream source now, by source",
+            ["source"],
+            registry=self.registry,
+        )
         self.flight_calls = Counter(
             PREFIX + "flight_calls",
             "Flight calls by kind and outcome (ok, refused: a channel error sent to the client, error: I/O)",

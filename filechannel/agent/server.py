@@ -124,6 +124,8 @@ class AgentConfig:
             (neither ``client_ca`` nor ``token_file``); refused unless this is set.
         tail: Follow files into the channels (``--tail GLOB`` / ``NAME=GLOB``; ``tail.py``); needs ``writable``.
         tail_options: Options of the tail sources (``TailSource``'s keyword arguments, e.g. ``follow_symlinks``).
+        forward: Take Fluent's forward protocol (``--forward``; ``forward.py``, needs msgpack) with these
+            settings (a ``ForwardSettings``); needs ``writable``.
         syslog: The syslog and RELP sources (``--syslog``, ``--relp``): a ``syslog_source.SyslogSettings``;
             needs ``writable``.
     """
@@ -147,6 +149,7 @@ class AgentConfig:
     insecure_allow_anyone: bool = False
     tail: tuple[str, ...] = ()
     tail_options: Mapping[str, Any] = field(default_factory=dict)
+    forward: Any = None
     syslog: Any = None
 
     def parsed_listen(self) -> Listen:
@@ -440,6 +443,8 @@ def check(config: AgentConfig) -> tuple[dict[str, Any], list[Exception]]:
             attempt(lambda: make_tails(stand_ins, config.tail, **config.tail_options))
         if config.syslog is not None and (not config.writable or options is not None):
             attempt(lambda: resolve(config.syslog, config, stand_ins))
+    if config.forward is not None and len(served) == len(config.directories):
+        attempt(lambda: _forward_module().check_forward(config, [ch.name for ch in served.values()], config.forward))
     summary = {
         "listen": listen.location() if listen is not None else config.listen,
         "tls": bool(listen is not None and listen.tls),
@@ -451,6 +456,15 @@ def check(config: AgentConfig) -> tuple[dict[str, Any], list[Exception]]:
         "channels": channels,
     }
     return summary, problems
+
+
+def _forward_module() -> Any:
+    """``forward.py`` (it needs msgpack, imported only for ``--forward``)."""
+    try:
+        from . import forward
+    except ImportError as exc:
+        raise ConfigError("forward", f"needs msgpack ({exc}): pip install 'filechannel[sources]'") from None
+    return forward
 
 
 def _tls_material(config: AgentConfig) -> tuple[list[Any], bytes | None]:
@@ -923,6 +937,7 @@ class Agent:
         self.http: Any = None  # the HttpServer (web.py) when config.http is set
         self.metrics: Any = None  # its AgentMetrics
         self.tails: list[TailSource] = []  # the tail sources (tail.py) of config.tail
+        self.forward: Any = None  # the ForwardSource (forward.py) when config.forward is set
         self.syslog: SyslogSources | None = None  # the syslog and RELP listeners (syslog_source.py)
         self._server: Any = None
         self._socket: tuple[str, int] | None = None  # a grpc+unix socket's path and inode, removed at stop
@@ -944,6 +959,8 @@ class Agent:
             self.location = listen.location(self.port if listen.scheme != "grpc+unix" else None)
             if config.http is not None:
                 self._start_http()
+            if config.forward is not None:
+                self._start_forward()
             if config.syslog is not None:
                 self.syslog = start_syslog(self, settings=config.syslog)
             for src in self.tails:
@@ -968,6 +985,9 @@ class Agent:
             ", certificate allow-list" if config.allow else "",
             ", ".join(f"{c.cid} ({c.name})" for c in self.channels.values()),
         )
+
+    def _start_forward(self) -> None:
+        self.forward = _forward_module().ForwardSource(self, self.config.forward)
 
     def _start_http(self) -> None:
         self.http = _http_module().HttpServer(self, self.config.http)
@@ -1001,6 +1021,8 @@ class Agent:
                 self.syslog.stop()
             for src in self.tails:
                 src.stop()
+            if self.forward is not None:
+                self.forward.stop()
             if self.http is not None:
                 self.http.stop()
             if self._server is not None:
@@ -1046,6 +1068,7 @@ def serve(
     insecure_allow_anyone: bool = False,
     tail: Sequence[str] = (),
     tail_options: Mapping[str, Any] | None = None,
+    forward: Any = None,
     syslog: Any = None,
 ) -> Agent:
     """Start an agent serving ``directories`` on ``listen`` and return it (stop it with ``.stop()``).
@@ -1055,6 +1078,8 @@ def serve(
     with port 0 its ``.port`` (and ``port_file``) tells which port was bound, and
     ``.http.port`` the HTTP one. With ``tail``, its tail sources run (``.tails``) on return; with
     ``syslog`` (a ``SyslogSettings``), its syslog and RELP listeners (``.syslog``).
+    ``forward`` (a ``ForwardSettings`` of ``filechannel.agent.forward``, or its addresses, e.g.
+    ``["tcp://127.0.0.1:24224"]``) starts the forward source (``.forward``, its ``.ports``).
     Nothing is announced (the port files, the "serving" log line) until every part has started.
 
     Raises:
@@ -1067,6 +1092,10 @@ def serve(
         from .web import HttpSettings
 
         http = HttpSettings(http)
+    if forward is not None and not hasattr(forward, "addresses"):  # addresses, not ForwardSettings
+        from .forward import ForwardSettings
+
+        forward = ForwardSettings((forward,) if isinstance(forward, str) else tuple(forward))
     config = AgentConfig(
         tuple(os.fspath(d) for d in dirs),
         listen,
@@ -1087,6 +1116,7 @@ def serve(
         insecure_allow_anyone=insecure_allow_anyone,
         tail=tuple(tail),
         tail_options=dict(tail_options or {}),
+        forward=forward,
         syslog=syslog,
     )
     return Agent(config)
