@@ -188,10 +188,12 @@ def test_a_commit_over_the_floor_is_refused_before_writing_and_stays_open() -> N
     ch.close()
 
 
+@pytest.mark.parametrize("encrypted", [False, True], ids=["plain", "encrypted"])
 @pytest.mark.parametrize("err", [errno.ENOSPC, errno.EDQUOT])
-def test_a_write_that_runs_out_of_space_is_a_full_channel_and_an_oserror(err: int) -> None:
+def test_a_write_that_runs_out_of_space_is_a_full_channel_and_an_oserror(err: int, encrypted: bool) -> None:
     fs = SimFS()
-    ch = open_ch(fs)
+    opts: dict[str, Any] = {"encryption": filechannel.Encryption(keys={"k1": bytes(range(32))})} if encrypted else {}
+    ch = open_ch(fs, **opts)
     put(ch, b"first")
     fs.inject("pwrite_all", 1, err, short=100)
     with pytest.raises(DiskFullError) as ei:
@@ -207,6 +209,9 @@ def test_a_write_that_runs_out_of_space_is_a_full_channel_and_an_oserror(err: in
     put(ch, b"second")
     assert [b for _, b in contents(ch)] == [b"first", b"second"]
     ch.close()
+    with open_ch(fs, **opts) as ch:  # the undone write left the file (and an encrypted file's chain) as it was
+        assert [b for _, b in contents(ch)] == [b"first", b"second"]
+        assert ch.stats()["torn_tails_truncated"] == 0
 
 
 def test_a_failed_fsync_on_a_full_disk_still_fails_the_channel() -> None:
