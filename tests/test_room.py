@@ -15,12 +15,13 @@
 from __future__ import annotations
 
 import errno
+import json
 import threading
 import time
 from typing import Any
 
 import pytest
-from helpers import contents, put
+from helpers import contents, put, run_cli
 from simfs import SimFS
 
 import filechannel
@@ -224,3 +225,46 @@ def test_a_failed_fsync_on_a_full_disk_still_fails_the_channel() -> None:
     assert not isinstance(ei.value, ChannelFullError), "a failed fsync is not back-pressure"
     assert ch.stats()["failed"]
     ch.close()
+
+
+# -- the command line ------------------------------------------------------------------------------
+
+
+def test_cli_put_and_stat_take_sizes(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    d = str(tmp_path / "c")
+    lines = b"".join(b"%d\n" % i for i in range(50))
+    code, _, err = run_cli(capsys, "put", d, "--max-bytes", "1.5G", "--min-free-bytes", "1M", stdin=lines)
+    assert code == 0, err
+    code, out, _ = run_cli(capsys, "stat", d, "--json", "--max-bytes", "10G", "--min-free-bytes", "64M")
+    assert code == 0
+    info = json.loads(out)
+    assert info["max_bytes"] == 10 << 30
+    assert info["minimum_required_space"] == 64 << 20
+    assert info["data_bytes"] == info["disk_bytes"] > 0
+    assert info["disk_free"] > 0
+    code, out, _ = run_cli(capsys, "stat", d, "--json")
+    assert "max_bytes" not in json.loads(out)  # not stored in the channel: shown only when given
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--max-bytes", "10X"], "'10X' is not a size"),
+        (["--max-bytes", "1K"], "--max-bytes 1024: 1024 is under twice max_file_size"),
+        (["--min-free-bytes", "-1"], "'-1' is not a size"),
+    ],
+)
+def test_cli_bad_sizes_are_one_line_errors(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str], argv: list[str], needle: str
+) -> None:
+    code, _, err = run_cli(capsys, "put", str(tmp_path / "c"), *argv, stdin=b"x\n")
+    assert code == 2
+    assert needle in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_cli_put_on_a_full_disk_says_so_in_one_line(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(capsys, "put", str(tmp_path / "c"), "--min-free-bytes", "1000T", stdin=b"x\n")
+    assert code == 2
+    assert "bytes free on" in err and "minimum_required_space" in err
+    assert len(err.strip().splitlines()) == 1
