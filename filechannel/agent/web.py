@@ -253,9 +253,8 @@ def parse_json_events(data: bytes) -> tuple[list[bytes], list[dict[str, str] | N
 
 
 def _data_dirs(ch: _Served) -> list[str]:
-    log = getattr(ch.channel, "_log", None)
-    dirs = getattr(log, "data_dirs", None)
-    return list(dirs) if dirs else [ch.directory]
+    dirs = ch.channel.data_dirs if ch.channel is not None else None
+    return dirs or [ch.directory]
 
 
 def readiness(agent: Agent) -> tuple[bool, dict[str, Any]]:
