@@ -224,9 +224,11 @@ STATUS: dict[type[BaseException], Refusal] = {
         ),
     ),
     ChannelFullError: Refusal(
-        503, lambda _, name: f"channel {name} is full: retry later (nothing was put)", RETRY_AFTER_FULL
+        503, lambda exc, name: f"channel {name}: {_full(exc)}; retry later (nothing was put)", RETRY_AFTER_FULL
     ),
-    DiskSpaceError: Refusal(503, lambda exc, _: f"{exc} (nothing was put)", RETRY_AFTER_DISK),
+    DiskSpaceError: Refusal(  # a full channel of the disk kind (min_free, disk_full)
+        503, lambda exc, _: f"{exc} (nothing was put)", RETRY_AFTER_DISK
+    ),
     EventTooLargeError: Refusal(413),
     TransactionCapacityError: Refusal(413),
     InvalidEventError: Refusal(400),
@@ -239,6 +241,11 @@ STATUS: dict[type[BaseException], Refusal] = {
     ),
 }
 """The HTTP answer of each error a put can raise; the most specific class of an error's MRO wins."""
+
+
+def _full(exc: BaseException) -> str:
+    """What a full channel reached (``ChannelFullError.reason``), in words."""
+    return "its max_bytes is reached" if getattr(exc, "reason", None) == "max_bytes" else "it is full"
 
 
 def refusal(exc: BaseException, channel: str) -> _BadRequest:
@@ -332,6 +339,8 @@ def readiness(agent: Agent) -> tuple[bool, dict[str, Any]]:
                         problems.append("the channel has failed (see the agent's log); restart the agent")
                     if st["queue_size"] >= st["capacity"]:
                         problems.append(f"the channel is full ({st['queue_size']} of {st['capacity']} events)")
+                    if st["max_bytes"] is not None and st["data_bytes"] >= st["max_bytes"]:
+                        problems.append(f"the channel is full ({st['data_bytes']} bytes, max_bytes={st['max_bytes']})")
                     need = c.config.minimum_required_space
                     for d in _data_dirs(ch):
                         free = DEFAULT_FS.free_space(d)
