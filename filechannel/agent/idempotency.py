@@ -122,8 +122,8 @@ def commit_once(
         what: The key, for the refusal (``"producer id 'p1'"``).
         owner: The certificate name of the request (None: no mutual TLS; nothing is bound).
         claim: What the channel records of the key (None: nothing yet).
-        done: Whether ``claim`` already covers this request (then nothing is put); may raise
-            (e.g. :class:`KeyConflictError`).
+        done: Whether nothing is to commit: ``claim`` already covers this request, or (the Spark
+            sink) the request turns out to have no events. May raise (e.g. :class:`KeyConflictError`).
         put: Puts the request's events into the transaction.
         mark: ``(mark key, state)`` to record; called only when the request commits.
         sync: Make the commit durable before returning, whatever the channel's fsync mode.
