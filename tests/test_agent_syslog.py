@@ -197,10 +197,15 @@ def test_invalid_frames_are_kept_and_too_large_ones_skipped_counted_and_the_conn
         (b"ok", {"facility": "1", "severity": "5"}),
         (b"x7 junk", {"syslog.status": "invalid"}),
     ]
-    assert metric(text, "filechannel_syslog_refused_frames_total", transport="tcp", reason="too_large") == 1
-    assert metric(text, "filechannel_syslog_invalid_frames_total", transport="tcp") == 2
-    assert metric(text, "filechannel_syslog_events_total", channel="c", transport="tcp") == 3
-    assert metric(text, "filechannel_syslog_connections_total", transport="tcp", outcome="accepted") == 1
+    assert metric(text, "filechannel_source_refused_total", source="syslog", reason="too_large") == 1
+    assert metric(text, "filechannel_source_invalid_events_total", source="syslog") == 2
+    assert metric(text, "filechannel_source_events_total", channel="c", source="syslog") == 3
+    assert (
+        metric(
+            text, "filechannel_source_connection_outcomes_total", source="syslog", transport="tcp", outcome="accepted"
+        )
+        == 1
+    )
     assert metric(text, "filechannel_put_commit_seconds_count", channel="c", source="syslog") >= 1
 
 
@@ -233,8 +238,8 @@ def test_an_idle_connection_meets_the_read_deadline_and_connections_are_bounded(
         text = metrics(agent)
     finally:
         src.stop()
-    assert metric(text, "filechannel_syslog_connections_total", outcome="over_limit") == 1
-    assert metric(text, "filechannel_syslog_connections_total", outcome="timeout") >= 1
+    assert metric(text, "filechannel_source_connection_outcomes_total", source="syslog", outcome="over_limit") == 1
+    assert metric(text, "filechannel_source_connection_outcomes_total", source="syslog", outcome="timeout") >= 1
 
 
 def test_a_full_channel_holds_the_connection_and_loses_nothing(tmp_path: Path) -> None:
@@ -333,10 +338,19 @@ def test_relp_answers_200_after_commit_500_with_a_reason_and_handles_open_close(
         finally:
             src.stop()
         assert len(events(d)) == 3
-    assert metric(text, "filechannel_relp_responses_total", channel="c", code="200") == 3
-    assert metric(text, "filechannel_relp_responses_total", channel="c", code="500") == 2
-    assert metric(text, "filechannel_syslog_refused_frames_total", transport="relp", reason="full") == 1
-    assert metric(text, "filechannel_syslog_connections_total", transport="relp", outcome="protocol_error") == 1
+    assert metric(text, "filechannel_source_responses_total", source="relp", channel="c", code="200") == 3
+    assert metric(text, "filechannel_source_responses_total", source="relp", channel="c", code="500") == 2
+    assert metric(text, "filechannel_source_refused_total", source="relp", reason="full") == 1
+    assert (
+        metric(
+            text,
+            "filechannel_source_connection_outcomes_total",
+            source="relp",
+            transport="tcp",
+            outcome="protocol_error",
+        )
+        == 1
+    )
 
 
 def test_relp_holds_the_answer_while_the_channel_is_full_then_answers_200(tmp_path: Path) -> None:
@@ -418,9 +432,25 @@ def test_tls_and_mutual_tls_with_the_allow_list(chan: str, pki: dict[str, Any]) 
         finally:
             src.stop()
     assert got == [(b"from client", {"facility": "1", "severity": "5"})]
-    assert metric(text, "filechannel_syslog_connections_total", transport="tls", outcome="refused_certificate") == 1
     assert (
-        metric(text, "filechannel_syslog_connections_total", transport="relp+tls", outcome="refused_certificate") == 1
+        metric(
+            text,
+            "filechannel_source_connection_outcomes_total",
+            source="syslog",
+            transport="tls",
+            outcome="refused_certificate",
+        )
+        == 1
+    )
+    assert (
+        metric(
+            text,
+            "filechannel_source_connection_outcomes_total",
+            source="relp",
+            transport="tls",
+            outcome="refused_certificate",
+        )
+        == 1
     )
 
 
@@ -649,8 +679,11 @@ def test_rsyslog_omrelp_over_mutual_tls(chan: str, tmp_path: Path, pki: dict[str
             rs.stop()
         text = metrics(a)
     assert [b for b, _ in got] == [b"tls %d" % i for i in range(20)]
-    assert metric(text, "filechannel_syslog_connections_total", transport="relp+tls", outcome="accepted") >= 1
-    assert metric(text, "filechannel_relp_responses_total", code="200") == 20
+    assert (
+        metric(text, "filechannel_source_connection_outcomes_total", source="relp", transport="tls", outcome="accepted")
+        >= 1
+    )
+    assert metric(text, "filechannel_source_responses_total", source="relp", code="200") == 20
 
 
 def _agent_cmd(d: str, tmp_path: Path, relp_port: int) -> list[str]:
