@@ -39,7 +39,7 @@ from typing import Any
 
 import filechannel
 
-from .run import machine_info, spread
+from .run import cell, machine_info, rate_rows, run_record
 
 BATCH = 100
 SIZES = (100, 1024)
@@ -241,38 +241,28 @@ def main(argv: list[str] | None = None) -> int:
                         )
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    rows = []
-    for (size, system), ms in runs.items():
-        rec = {"machine": machine["host"], "fsync": "commit", "event_size": size, "workload": "put x100"}
-        rec.update(system=system, metric="events_per_s", unit="events/s", **spread(ms, "events_per_s"))
-        rows.append(rec)
-    for (size, system), ms in ratios.items():
-        rec = {"machine": machine["host"], "fsync": "commit", "event_size": size, "workload": "put x100"}
-        rec.update(system=system, metric="ratio", unit="x", **spread(ms, "ratio"))
-        rows.append(rec)
-    for rec in rows:
-        print(json.dumps(rec), flush=True)
-    cmd = "python -m bench.agent " + " ".join(argv if argv is not None else sys.argv[1:])
-    run = {
-        "machine": machine,
-        "type": "run",
-        "command": cmd,
-        "n": n,
-        "repeats": repeats,
-        "seconds": round(time.time() - t_start, 1),
-        "loadavg_before": load_before,
-        "loadavg_after": os.getloadavg(),
-    }
-    print(json.dumps(run), flush=True)
+    rows = rate_rows(
+        runs,
+        ratios,
+        lambda k: {
+            "machine": machine["host"],
+            "fsync": "commit",
+            "event_size": k[0],
+            "workload": "put x100",
+            "system": k[1],
+        },
+    )
+    cmd, run = run_record("agent", argv, machine, t_start, load_before, n=n, repeats=repeats)
     lines = [f"`{cmd}`: n={n}, repeats={repeats}, {run['seconds']:.0f} s", ""]
     lines.append("| size | system | median | min | max | p50 ms | p99 ms | agent CPU µs/event |")
     lines.append("|---|---|---|---|---|---|---|---|")
     for r in sorted(rows, key=lambda r: (r["event_size"], r["unit"], r["system"])):
-        f = (lambda v: f"{v:.3f}") if r["unit"] == "x" else (lambda v: f"{v:,.0f}")
+        u = r["unit"]
         ex = r.get("extra", {})
         extra = " | ".join(f"{ex[k]:.2f}" if k in ex else "" for k in ("p50_ms", "p99_ms", "agent_cpu_us_per_event"))
         lines.append(
-            f"| {r['event_size']} | {r['system']} | {f(r['median'])} | {f(r['min'])} | {f(r['max'])} | {extra} |"
+            f"| {r['event_size']} | {r['system']} | {cell(r['median'], u)} | {cell(r['min'], u)} | "
+            f"{cell(r['max'], u)} | {extra} |"
         )
     print("\n".join(lines), file=sys.stderr)
     return 0

@@ -526,6 +526,48 @@ def spread(runs: list[dict[str, Any]], metric: str) -> dict[str, Any]:
     }
 
 
+def rate_rows(
+    runs: dict[Any, list[dict[str, Any]]],
+    ratios: dict[Any, list[dict[str, Any]]],
+    fields: Callable[[Any], dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """The records of events/s ``runs`` and their ``ratios``, each printed as a JSON line.
+
+    ``fields(key)``: the fields of a key's records (machine, workload, system, ...).
+    """
+    rows = [
+        {**fields(k), "metric": "events_per_s", "unit": "events/s", **spread(ms, "events_per_s")}
+        for k, ms in runs.items()
+    ]
+    rows += [{**fields(k), "metric": "ratio", "unit": "x", **spread(ms, "ratio")} for k, ms in ratios.items()]
+    for rec in rows:
+        print(json.dumps(rec), flush=True)
+    return rows
+
+
+def run_record(
+    module: str, argv: list[str] | None, machine: dict[str, Any], t_start: float, load_before: Any, **fields: Any
+) -> tuple[str, dict[str, Any]]:
+    """Print the closing ``"type": "run"`` record of ``python -m bench.MODULE``: (its command, the record)."""
+    cmd = f"python -m bench.{module} " + " ".join(argv if argv is not None else sys.argv[1:])
+    run = {
+        "machine": machine,
+        "type": "run",
+        "command": cmd,
+        **fields,
+        "seconds": round(time.time() - t_start, 1),
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+    }
+    print(json.dumps(run), flush=True)
+    return cmd, run
+
+
+def cell(value: float, unit: str) -> str:
+    """A summary table's number: three decimals for ratios (``x``) and microseconds, else grouped thousands."""
+    return f"{value:.3f}" if unit in ("x", "us") else f"{value:,.0f}"
+
+
 def _fmt(v: float, metric: str) -> str:
     if metric == "seconds":
         return f"{v:.3f} s"
