@@ -161,3 +161,19 @@ def records(path: str) -> list[fmt.Record]:
 def batch_ends(path: str) -> list[int]:
     """The end offset of every batch of a data file (each BATCH_END record's end), in order."""
     return [r.end for r in records(path) if r.op == fmt.BATCH_END]
+
+
+def agent_command(dirs: list[str], port_file: str | Path, *extra: str) -> list[str]:
+    """``filechannel serve DIRS --listen grpc://127.0.0.1:0 --port-file F EXTRA...`` as a child's argv."""
+    return [
+        sys.executable,
+        "-m",
+        "filechannel",
+        "serve",
+        *dirs,
+        "--listen",
+        "grpc://127.0.0.1:0",
+        "--port-file",
+        str(port_file),
+        *extra,
+    ]

@@ -17,7 +17,6 @@ import signal
 import socket
 import ssl
 import subprocess
-import sys
 import time
 import urllib.request
 from collections import Counter
@@ -31,7 +30,7 @@ pytest.importorskip("pyarrow.flight")
 pytest.importorskip("prometheus_client")
 pytest.importorskip("aiohttp")
 
-from helpers import run_cli
+from helpers import agent_command, run_cli
 from test_agent import make_channel, pki  # noqa: F401  (pki is a fixture)
 from test_agent_process import _env
 
@@ -687,20 +686,7 @@ def test_rsyslog_omrelp_over_mutual_tls(chan: str, tmp_path: Path, pki: dict[str
 
 
 def _agent_cmd(d: str, tmp_path: Path, relp_port: int) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "filechannel",
-        "serve",
-        d,
-        "--listen",
-        "grpc://127.0.0.1:0",
-        "--port-file",
-        str(tmp_path / "port"),
-        "--writable",
-        "--relp",
-        f"tcp://127.0.0.1:{relp_port}",
-    ]
+    return agent_command([d], tmp_path / "port", "--writable", "--relp", f"tcp://127.0.0.1:{relp_port}")
 
 
 @pytest.mark.slow
