@@ -355,6 +355,8 @@ class StreamListener:
         gauge.inc()
         try:
             conn.settimeout(self._read_timeout)
+            # Answers (acks, rsp frames) are small and awaited by the client: send each at once (no Nagle delay).
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._ssl_ctx is not None:
                 try:
                     sock = self._ssl_ctx.wrap_socket(conn, server_side=True)
