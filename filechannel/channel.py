@@ -862,6 +862,7 @@ class FileChannel:
         self._log, self._queue = self._recover()
         if self._log.meta_mac is not None:
             self._consumers.mac = self._log.meta_mac
+            self._consumers.seen, self._consumers.owner = self._log.consumer_acks, True  # older acks refused
             self._consumers.required = self._log.macs_required and not self._log.sealing_started
             try:
                 self._consumers.seal_all()

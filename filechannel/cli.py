@@ -32,9 +32,9 @@ from .channel import FileChannel
 from .checkpoint import CHECKPOINT_DIR, CheckpointStore
 from .config import ChannelConfig
 from .consumers import ConsumerState, ConsumerStore, validate_name
-from .crypto import Encryption, check_key_id, could_be_key, keystore_json, load_keystore
+from .crypto import KEY_HINT, Encryption, check_key_id, could_be_key, keystore_json, load_keystore
 from .directory import CHANNEL_FILE, LOCK_FILE, WAL_FILE
-from .errors import ChannelError, ConfigError, CorruptLogError, DecryptionError, NotAChannelError
+from .errors import WRONG_KEY, ChannelError, ConfigError, CorruptLogError, DecryptionError, NotAChannelError
 from .log import Log, LogRecord, format_ranges
 from .reader import ChannelReader
 from .repair import channel_file_damaged, rebuild_channel_file
@@ -46,6 +46,15 @@ _EPILOG = (
     "Exit status: 0 on success, 1 when verify finds problems or take's output closed early (its batch rolled back), "
     "2 on bad input or a channel error, 130 when interrupted (SIGINT), 143 when terminated (SIGTERM)."
 )
+_STOPPED = "130 when interrupted (SIGINT), 143 when terminated (SIGTERM)"
+
+
+def _epilog(one: str | None = None, stopped: str = _STOPPED) -> str:
+    """One command's exit-status paragraph: what applies to it only (``one``: when it exits 1)."""
+    codes = ["0 on success", *([f"1 {one}"] if one else []), "2 on bad input or a channel error", stopped]
+    return "Exit status: " + ", ".join(codes) + "."
+
+
 _TAKE_BATCH = 1000  # events per take transaction unless --transaction-capacity says otherwise
 
 
@@ -585,7 +594,9 @@ def _stat_prometheus(directory: str, info: dict[str, Any]) -> str:
     try:
         from .agent.metrics import ChannelSample, render_samples
     except ImportError as exc:
-        raise ChannelError(f"--prometheus needs prometheus_client ({exc}): pip install 'filechannel[agent]'") from None
+        raise ChannelError(
+            f"--prometheus needs prometheus_client ({exc}): pip install '.[agent]' in filechannel's clone"
+        ) from None
     st = info["stats"]
     s = ChannelSample(os.path.basename(os.path.normpath(directory)))
     s.values["channel_size"] = float(info["queue_size"])
@@ -659,7 +670,24 @@ def _consumer_rows(
 
 
 def cmd_consumers(args: argparse.Namespace) -> int:
-    """List the external consumers with their acknowledged positions and lag, or remove one."""
+    """List the external consumers with their acknowledged positions and lag, remove one, or reset one."""
+    if args.remove is not None:
+        resetting = [
+            flag
+            for flag, given in (
+                ("--reset", args.reset is not None),
+                ("--to-earliest", args.to_earliest),
+                ("--to-latest", args.to_latest),
+                ("--to-position", args.to_position is not None),
+                ("--dry-run", args.dry_run),
+            )
+            if given
+        ]
+        if resetting:
+            raise ChannelError(
+                f"--remove conflicts with {', '.join(resetting)}: remove a consumer or reset one, in separate runs "
+                "(nothing was changed)"
+            )
     _existing(args.dir)
     store = ConsumerStore(DEFAULT_FS, args.dir)
     if args.remove is not None:
@@ -730,7 +758,7 @@ def _reset_consumer(args: argparse.Namespace) -> int:
         end = log.next_position
         first = q.first_position()
         head = end if first is None else first
-        store = ConsumerStore(DEFAULT_FS, args.dir, None, log.meta_mac, log.macs_required)
+        store = ConsumerStore(DEFAULT_FS, args.dir, None, log.meta_mac, log.macs_required, log.consumer_acks)
     finally:
         log.close()
     cur = store.get(name)
@@ -1224,7 +1252,9 @@ def _serve_forward(args: argparse.Namespace) -> Any:
     try:
         from .agent.forward import ForwardSettings
     except ImportError as exc:
-        raise ChannelError(f"--forward needs msgpack ({exc}): pip install 'filechannel[sources]'") from None
+        raise ChannelError(
+            f"--forward needs msgpack ({exc}): pip install '.[sources]' in filechannel's clone"
+        ) from None
     return ForwardSettings(tuple(args.forward))
 
 
@@ -1234,7 +1264,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from .agent.server import AgentConfig, check, serve
     except ImportError as exc:
         raise ChannelError(
-            f"filechannel serve needs pyarrow with Arrow Flight ({exc}): pip install 'filechannel[agent]'"
+            f"filechannel serve needs pyarrow with Arrow Flight ({exc}): pip install '.[agent]' in filechannel's clone"
         ) from None
     dirs, names = _serve_dirs(args.dir)
     for d in dirs:
@@ -1245,7 +1275,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             from .agent.web import HttpSettings
         except ImportError as exc:
             raise ChannelError(
-                f"--http needs aiohttp and prometheus_client ({exc}): pip install 'filechannel[agent]'"
+                f"--http needs aiohttp and prometheus_client ({exc}): pip install '.[agent]' in filechannel's clone"
             ) from None
         http = HttpSettings(
             args.http,
@@ -1325,7 +1355,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         handler.setFormatter(logging.Formatter("filechannel serve: %(levelname)s: %(message)s"))
         pkg = logging.getLogger("filechannel")
         pkg.addHandler(handler)
-        pkg.setLevel(getattr(logging, args.log_level))
+        pkg.setLevel(_log_level(args) or logging.INFO)
         stop = threading.Event()
         old = {s: signal.signal(s, lambda signum, frame: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
@@ -1382,23 +1412,22 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="show the library's log on stderr: -v at INFO, -vv at DEBUG (default: warnings of put, take, checkpoint)",
     )
-    p.add_argument(
-        "--log-level",
-        type=str.lower,
-        choices=_LOG_LEVELS,
-        metavar="LEVEL",
-        help=f"show the library's log on stderr from LEVEL on ({', '.join(_LOG_LEVELS)}); overrides -v",
-    )
+    _log_level_arg(p, default=None)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
-    sp = sub.add_parser("put", help="put one event per stdin line, committed in batches", epilog=_EPILOG)
+    sp = sub.add_parser(
+        "put",
+        help="put one event per stdin line, committed in batches",
+        epilog=_epilog(stopped=_STOPPED + "; either way it says what was committed"),
+    )
     sp.add_argument("dir", help="channel directory (created if missing)")
     sp.add_argument("--header", action="append", metavar="KEY=VALUE", help="a header for every event (repeatable)")
     sp.add_argument(
         "--batch",
         type=int,
         default=1000,
+        metavar="N",
         help="events per transaction (default 1000; at most the transaction capacity)",
     )
     sp.add_argument("--fsync", choices=("commit", "interval"), help="fsync mode (default commit)")
@@ -1417,14 +1446,18 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="BYTES",
         help="largest event, a line plus its headers (default 8 MiB); a longer line stops the command",
     )
-    _keystore_arg(sp)
+    _keystore_arg(sp, writes=True)
     _flume_args(sp)
     sp.set_defaults(func=cmd_put)
 
-    sp = sub.add_parser("take", help="print and remove events (one per line)", epilog=_EPILOG)
+    sp = sub.add_parser(
+        "take",
+        help="print and remove events (one per line)",
+        epilog=_epilog("when its output closed early (the batch in progress is rolled back and stays queued)"),
+    )
     sp.add_argument("dir", help="channel directory")
-    sp.add_argument("-n", type=int, default=1, help="how many events to take (default 1)")
-    sp.add_argument("--wait", type=float, default=0.0, help="seconds to wait for events (default 0)")
+    sp.add_argument("-n", type=int, default=1, metavar="N", help="how many events to take (default 1)")
+    sp.add_argument("--wait", type=float, default=0.0, metavar="SECONDS", help="seconds to wait for events (default 0)")
     sp.add_argument("--json", action="store_true", help="print position, headers and body as JSON lines")
     sp.add_argument(
         "--transaction-capacity",
@@ -1440,19 +1473,19 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("fail", "skip"),
         help="fail (default) on damaged data, or skip it: drop what is damaged and report each loss on stderr",
     )
-    _keystore_arg(sp)
+    _keystore_arg(sp, writes=True)
     _flume_args(sp)
     sp.set_defaults(func=cmd_take)
 
-    sp = sub.add_parser("peek", help="print the oldest events without taking them (read-only)", epilog=_EPILOG)
+    sp = sub.add_parser("peek", help="print the oldest events without taking them (read-only)", epilog=_epilog())
     sp.add_argument("dir", help="channel directory")
-    sp.add_argument("-n", type=int, default=10, help="how many events (default 10)")
+    sp.add_argument("-n", type=int, default=10, metavar="N", help="how many events (default 10)")
     sp.add_argument("--start", type=int, metavar="POS", help="from position POS instead of the oldest")
     sp.add_argument("--json", action="store_true", help="one JSON object per event (body and body_encoding)")
     _keystore_arg(sp)
     sp.set_defaults(func=cmd_peek)
 
-    sp = sub.add_parser("stat", help="queue size, positions, files, bytes, last write-order id", epilog=_EPILOG)
+    sp = sub.add_parser("stat", help="queue size, positions, files, bytes, last write-order id", epilog=_epilog())
     sp.add_argument("dir", help="channel directory")
     sp.add_argument("--json", action="store_true", help="print one JSON object")
     sp.add_argument(
@@ -1464,7 +1497,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_stat)
 
     sp = sub.add_parser(
-        "consumers", help="list external consumers (acknowledged position, lag), or remove one", epilog=_EPILOG
+        "consumers",
+        help="list external consumers (acknowledged position, lag), remove one, or reset one's position",
+        epilog=_epilog(),
     )
     sp.add_argument("dir", help="channel directory")
     sp.add_argument("--json", action="store_true", help="print one JSON object (also with --remove)")
@@ -1485,23 +1520,25 @@ def build_parser() -> argparse.ArgumentParser:
     _keystore_arg(sp)
     sp.set_defaults(func=cmd_consumers)
 
-    sp = sub.add_parser("checkpoint", help="write a checkpoint now (fast restart)", epilog=_EPILOG)
+    sp = sub.add_parser("checkpoint", help="write a checkpoint now (fast restart)", epilog=_epilog())
     sp.add_argument("dir", help="channel directory")
     sp.add_argument(
         "--on-corruption",
         choices=("fail", "skip"),
         help="fail (default) on damaged data, or skip it: drop what is damaged and report each loss on stderr",
     )
-    _keystore_arg(sp)
+    _keystore_arg(sp, writes=True)
     sp.set_defaults(func=cmd_checkpoint)
 
-    sp = sub.add_parser("dump", help="print every log record as a JSON line", epilog=_EPILOG)
+    sp = sub.add_parser("dump", help="print every log record as a JSON line", epilog=_epilog())
     sp.add_argument("dir", help="channel directory")
     sp.add_argument("--bodies", action="store_true", help="include event headers and bodies")
     _keystore_arg(sp)
     sp.set_defaults(func=cmd_dump)
 
-    sp = sub.add_parser("verify", help="check every record and header; exit 1 on problems", epilog=_EPILOG)
+    sp = sub.add_parser(
+        "verify", help="check every record and header; exit 1 on problems", epilog=_epilog("when it finds problems")
+    )
     sp.add_argument("dir", help="channel directory")
     sp.add_argument("--json", action="store_true", help="print one JSON object (same exit status)")
     sp.add_argument(
@@ -1515,13 +1552,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser(
         "repair-channel-file",
         help="rebuild a damaged CHANNEL file from the channel id its data directories and data files agree on",
-        epilog=_EPILOG,
+        epilog=_epilog(),
     )
     sp.add_argument("dir", help="channel directory")
     sp.set_defaults(func=cmd_repair_channel_file)
 
     sp = sub.add_parser(
-        "keygen", help="create a keystore (mode 0600) with a new random key, or add one", epilog=_EPILOG
+        "keygen", help="create a keystore (mode 0600) with a new random key, or add one", epilog=_epilog()
     )
     sp.add_argument("keystore", metavar="KEYSTORE", help="keystore file (JSON: key id -> base64 key)")
     sp.add_argument("--id", metavar="ID", help="the new key's id (default: the UTC time, YYYY-MM-DD-HHMMSS)")
@@ -1530,7 +1567,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser(
         "serve",
         help="serve channels to other hosts over Arrow Flight (an agent; see docs/agents.md)",
-        epilog="Stops on SIGTERM or SIGINT (exit status 0). " + _EPILOG,
+        epilog=_epilog(stopped="0 also when stopped by SIGTERM or SIGINT (it stops gracefully)"),
     )
     sp.add_argument(
         "dir",
@@ -1577,9 +1614,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--keystore", metavar="PATH", help="keystore of encrypted channels (records still travel sealed)")
     sp.add_argument("--port-file", metavar="FILE", help="write the bound port here once listening (atomically)")
     sp.add_argument("--on-corruption", choices=("fail", "skip"), help="fail (default) on damaged data, or skip it")
-    sp.add_argument(
-        "--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), default="INFO", help="default INFO (on stderr)"
-    )
+    _log_level_arg(sp, default="info; -v and -vv also apply")
     sp.add_argument(
         "--writable",
         action="store_true",
@@ -1685,15 +1720,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.set_defaults(func=cmd_serve)
 
-    sp = sub.add_parser("wal", help="inspect a write-ahead log (filechannel.WriteAheadLog)", epilog=_EPILOG)
+    sp = sub.add_parser(
+        "wal",
+        help="inspect a write-ahead log (filechannel.WriteAheadLog)",
+        epilog=_epilog("when wal verify finds problems"),
+    )
     wsub = sp.add_subparsers(dest="wal_command", metavar="WAL_COMMAND", parser_class=_Parser)
     wsub.required = True
-    wp = wsub.add_parser("dump", help="print every record and time span as a JSON line", epilog=_EPILOG)
+    wp = wsub.add_parser("dump", help="print every record and time span as a JSON line", epilog=_epilog())
     wp.add_argument("dir", help="write-ahead log directory")
     wp.add_argument("--data", action="store_true", help="include each record's bytes")
     _keystore_arg(wp)
     wp.set_defaults(func=cmd_wal_dump)
-    wp = wsub.add_parser("verify", help="check every record, header and time span; exit 1 on problems", epilog=_EPILOG)
+    wp = wsub.add_parser(
+        "verify",
+        help="check every record, header and time span; exit 1 on problems",
+        epilog=_epilog("when it finds problems"),
+    )
     wp.add_argument("dir", help="write-ahead log directory")
     _keystore_arg(wp)
     wp.set_defaults(func=cmd_wal_verify)
@@ -1714,12 +1757,34 @@ def _flume_args(sp: argparse.ArgumentParser) -> None:
     )
 
 
-def _keystore_arg(sp: argparse.ArgumentParser) -> None:
+def _log_level_arg(p: argparse.ArgumentParser, default: str | None) -> None:
+    """``--log-level LEVEL``, one spelling wherever it is given: any case, shown in lower case.
+
+    ``serve`` repeats the global option (``serve DIR --log-level info`` reads naturally); its
+    copy sets nothing when absent, so ``filechannel --log-level debug serve DIR`` is not undone.
+    """
+    where = f"default {default}" if default else "overrides -v"
+    p.add_argument(
+        "--log-level",
+        type=str.lower,
+        choices=_LOG_LEVELS,
+        metavar="LEVEL",
+        default=argparse.SUPPRESS if default else None,
+        help=f"show the library's log on stderr from LEVEL on ({', '.join(_LOG_LEVELS)}, any case; {where})",
+    )
+
+
+def _keystore_arg(sp: argparse.ArgumentParser, *, writes: bool = False) -> None:
+    """``--keystore PATH``; ``writes``: the command writes data files (its last key then seals them)."""
+    what = (
+        "its last key encrypts new data files, every key it holds decrypts"
+        if writes
+        else "the keys it holds decrypt and check the channel's files"
+    )
     sp.add_argument(
         "--keystore",
         metavar="PATH",
-        help="keystore file of an encrypted channel (mode 0600; from `filechannel keygen`): its last key "
-        "encrypts new data files, every key it holds decrypts",
+        help=f"keystore file of an encrypted channel (mode 0600; from `filechannel keygen`): {what}",
     )
 
 
@@ -1744,7 +1809,7 @@ def _serve_config(argv: list[str], parser: argparse.ArgumentParser) -> list[str]
         try:
             import tomli as tomllib  # type: ignore[no-redef,import-not-found,unused-ignore]
         except ImportError:
-            parser.error("--config needs Python 3.11+ or the tomli package (pip install 'filechannel[agent]')")
+            parser.error("--config needs Python 3.11+ or the tomli package (the agent extra installs it)")
     try:
         with open(path, "rb") as f:
             conf = tomllib.load(f)
@@ -1773,6 +1838,21 @@ def _serve_config(argv: list[str], parser: argparse.ArgumentParser) -> list[str]
             else:
                 parser.error(f"--config {path}: {key} must be a string, a number, true/false or a list of them")
     return ["serve", *dirs, *out, *rest]
+
+
+def _key_problem(exc: DecryptionError, args: argparse.Namespace) -> str:
+    """The line for a key problem, with the command line's advice (``--keystore``) instead of the API's."""
+    if exc.wrong_key:
+        return (
+            f"{WRONG_KEY}: {exc.path}: {exc.reason}; give --keystore PATH with the keystore the channel was "
+            "written with (it holds that key id)"
+        )
+    if exc.hint == KEY_HINT and getattr(args, "keystore", None) is None:
+        return (
+            f"{exc.path}: the channel is encrypted (key id {exc.key_id!r}) and no --keystore was given: "
+            "give --keystore PATH with the keystore it was written with"
+        )
+    return str(exc)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1829,7 +1909,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ChannelError, OSError) as exc:
         msg = str(exc)
         if isinstance(exc, DecryptionError) and exc.key_id is not None:
-            pass  # a key problem: --on-corruption skip would not help
+            msg = _key_problem(exc, args)  # --on-corruption skip would not help
         elif isinstance(exc, CorruptLogError) and _damaged_channel_file(exc, args):
             # Neither verify nor --on-corruption skip get past it; the data files may be intact.
             msg = (

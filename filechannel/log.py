@@ -158,9 +158,19 @@ class Log(LogState):
                 if (
                     anchor is None
                     or anchor.first_auth != self.first_auth
+                    or anchor.generation < self.anchor_generation  # older than a checkpoint (skip mode)
                     or self._dir.anchor_key_id != self.meta_mac.key_id
                 ):
-                    self._dir.write_anchor(fmt.AuthState(self.first_auth, anchor.files if anchor is not None else ()))
+                    # What ANCHOR vouched for stays vouched for (never what this open only read: it
+                    # may not be durable yet); the marks of the acks include the checkpoint's.
+                    self._dir.write_anchor(
+                        fmt.AuthState(
+                            self.first_auth,
+                            anchor.files if anchor is not None else (),
+                            next_position=recovery.vouched_next_position,
+                            acks=self.ack_marks(),
+                        )
+                    )
                 self.sealing_started = not self.macs_required  # the small files get their MACs now
                 self.macs_required = True
         except BaseException:

@@ -259,6 +259,7 @@ class _Follower:
             self.crc_kind = log.crc_kind
             self.meta_mac = log.meta_mac  # an encrypted channel's acks are MACed
             self.macs_required = log.macs_required
+            self.consumer_acks = log.consumer_acks  # how far the owner saw each ack go (ANCHOR, checkpoint)
             self.max_payload = log.max_payload
             self.corruption: list[CorruptionReport] = list(log.corruption)
             self.index = _Index()
@@ -606,7 +607,7 @@ class ChannelReader:
             assert f is not None
             self._follower = f
             if self.consumer is not None:
-                store = ConsumerStore(self._fs, self.directory, None, f.meta_mac, f.macs_required)
+                store = ConsumerStore(self._fs, self.directory, None, f.meta_mac, f.macs_required, f.consumer_acks)
                 start = f.index.head()
                 st = store.register(
                     self.consumer, self.identity, f.visible_end if start is None else start, reset=self.reset
@@ -895,7 +896,7 @@ class ChannelReader:
             f.refresh()
             if end > f.visible_end:
                 raise AckRangeError(end, f.visible_end)
-        self._acked = ConsumerStore(self._fs, self.directory, None, f.meta_mac, f.macs_required).ack(
+        self._acked = ConsumerStore(self._fs, self.directory, None, f.meta_mac, f.macs_required, f.consumer_acks).ack(
             self.consumer, self.identity, end
         )
         return self._acked

@@ -106,7 +106,7 @@ def verify_channel(
         key_ids = tuple(log.key_ids_in_use())
         if log.meta_mac is not None:
             # An encrypted channel's acknowledgements: a forged one would make the owner take unread events.
-            acks = ConsumerStore(fs, directory, None, log.meta_mac, log.macs_required)
+            acks = ConsumerStore(fs, directory, None, log.meta_mac, log.macs_required, log.consumer_acks)
             for name in acks.names():
                 try:
                     acks.get(name)

@@ -194,7 +194,7 @@ def test_filechannel_spark_without_pyspark_says_what_to_install() -> None:
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    assert "pip install 'filechannel[spark]'" in r.stdout
+    assert "pip install '.[spark]' in filechannel's clone" in r.stdout
 
 
 def test_encryption_without_cryptography_says_what_to_install() -> None:
@@ -214,4 +214,4 @@ def test_encryption_without_cryptography_says_what_to_install() -> None:
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    assert "pip install 'filechannel[crypto]'" in r.stdout
+    assert "pip install '.[crypto]' in filechannel's clone" in r.stdout

@@ -378,7 +378,8 @@ def _http_module() -> Any:
         from . import web
     except ImportError as exc:
         raise ConfigError(
-            "http", f"the HTTP port needs aiohttp and prometheus_client ({exc}): pip install 'filechannel[agent]'"
+            "http",
+            f"the HTTP port needs aiohttp and prometheus_client ({exc}): pip install '.[agent]' in filechannel's clone",
         ) from None
     return web
 
@@ -463,7 +464,9 @@ def _forward_module() -> Any:
     try:
         from . import forward
     except ImportError as exc:
-        raise ConfigError("forward", f"needs msgpack ({exc}): pip install 'filechannel[sources]'") from None
+        raise ConfigError(
+            "forward", f"needs msgpack ({exc}): pip install '.[sources]' in filechannel's clone"
+        ) from None
     return forward
 
 
