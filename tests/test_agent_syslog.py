@@ -20,7 +20,6 @@ import subprocess
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ pytest.importorskip("pyarrow.flight")
 pytest.importorskip("prometheus_client")
 pytest.importorskip("aiohttp")
 
+import test_agent_http
 from helpers import agent_command, run_cli
 from test_agent import make_channel, pki  # noqa: F401  (pki is a fixture)
 from test_agent_process import _env
@@ -69,16 +69,9 @@ def wait_for(d: str, n: int, timeout: float = 20.0) -> list[tuple[bytes, dict[st
         time.sleep(0.05)
 
 
-@pytest.fixture
-def chan(tmp_path: Path) -> str:
-    return make_channel(tmp_path / "c", 0)
-
-
-@pytest.fixture
-def agent(chan: str) -> Iterator[Any]:
-    a = serve([chan], "grpc://127.0.0.1:0", writable=True, http="127.0.0.1:0", channel_options=OPTS)
-    yield a
-    a.stop()
+# The fixtures of the HTTP source's tests: a channel and a writable agent serving it over HTTP too.
+chan = test_agent_http.chan
+agent = test_agent_http.agent
 
 
 def metrics(a: Any) -> str:
@@ -389,9 +382,10 @@ def test_relp_sessions_get_serverclose_when_the_agent_stops(agent: Any) -> None:
 # -- TLS, mutual TLS and the allow-lists -------------------------------------------------------------
 
 
-def test_tls_and_mutual_tls_with_the_allow_list(chan: str, pki: dict[str, Any]) -> None:  # noqa: F811
+def mutual_tls_agent(chan: str, pki: dict[str, Any], **kw: Any) -> Any:  # noqa: F811
+    """A writable agent over mutual TLS (the test CA) whose allow-list names ``spark-exec`` only."""
     cert, key = pki["server"]
-    with serve(
+    return serve(
         [chan],
         "grpc+tls://127.0.0.1:0",
         tls_cert=cert,
@@ -399,9 +393,13 @@ def test_tls_and_mutual_tls_with_the_allow_list(chan: str, pki: dict[str, Any]) 
         client_ca=pki["ca"],
         allow={"*": {"spark-exec"}},
         writable=True,
-        http="127.0.0.1:0",
         channel_options=OPTS,
-    ) as a:
+        **kw,
+    )
+
+
+def test_tls_and_mutual_tls_with_the_allow_list(chan: str, pki: dict[str, Any]) -> None:  # noqa: F811
+    with mutual_tls_agent(chan, pki, http="127.0.0.1:0") as a:
         src = start_syslog(a, ["tls://127.0.0.1:0"], ["tls://127.0.0.1:0"])
         try:
             for who, port in (("client", src.ports[0]), ("client2", src.ports[1]), ("client2", src.ports[0])):
@@ -650,19 +648,8 @@ def test_rsyslog_omrelp_through_a_full_channel_loses_nothing(tmp_path: Path) -> 
 @needs_omrelp
 def test_rsyslog_omrelp_over_mutual_tls(chan: str, tmp_path: Path, pki: dict[str, Any]) -> None:  # noqa: F811
     """librelp's TLS (GnuTLS) with a client certificate the agent's CA signed and its allow-list names."""
-    cert, key = pki["server"]
     ccert, ckey = pki["client"]
-    with serve(
-        [chan],
-        "grpc+tls://127.0.0.1:0",
-        tls_cert=cert,
-        tls_key=key,
-        client_ca=pki["ca"],
-        allow={"*": {"spark-exec"}},
-        writable=True,
-        channel_options=OPTS,
-        syslog=SyslogSettings(relp=("tls://127.0.0.1:0",)),
-    ) as a:
+    with mutual_tls_agent(chan, pki, syslog=SyslogSettings(relp=("tls://127.0.0.1:0",))) as a:
         assert a.syslog is not None
         rs = Rsyslog(
             tmp_path / "rs",

@@ -39,7 +39,6 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from filechannel.channel import FileChannel
 from filechannel.errors import (
@@ -51,7 +50,7 @@ from filechannel.errors import (
     EventTooLargeError,
 )
 
-from .auth import INSECURE_FLAG, is_loopback
+from .auth import INSECURE_FLAG, host_port, is_loopback
 from .sources import Connection, ConnectionSlots, StreamListener, server_ssl_context, source_metrics
 from .syslog_wire import (
     INVALID,
@@ -151,15 +150,10 @@ def parse_listen_spec(kind: str, text: str) -> ListenSpec:
     scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
     if scheme not in schemes:
         raise ConfigError(kind, f"{text!r}: the scheme is one of {', '.join(s + '://' for s in schemes)} ({example})")
-    parts = urlsplit(uri)
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    host = parts.hostname or ""
-    if not host or port is None or parts.path not in ("", "/"):
+    hp = host_port(uri)
+    if hp is None:
         raise ConfigError(kind, f"{text!r}: give HOST:PORT, e.g. {example} (port 0 picks a free port)")
-    return ListenSpec(kind, scheme, host, port, channel or None, text)
+    return ListenSpec(kind, scheme, *hp, channel or None, text)
 
 
 def check_listener(spec: ListenSpec, config: Any) -> None:
