@@ -39,7 +39,7 @@ from typing import Any
 
 import filechannel
 
-from .run import cell, machine_info, rate_rows, run_record
+from .run import machine_info, rate_rows, run_record, spread_cells, table_head
 
 BATCH = 100
 SIZES = (100, 1024)
@@ -241,29 +241,14 @@ def main(argv: list[str] | None = None) -> int:
                         )
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    rows = rate_rows(
-        runs,
-        ratios,
-        lambda k: {
-            "machine": machine["host"],
-            "fsync": "commit",
-            "event_size": k[0],
-            "workload": "put x100",
-            "system": k[1],
-        },
-    )
+    common = {"machine": machine["host"], "fsync": "commit", "workload": "put x100"}
+    rows = rate_rows(runs, ratios, ("event_size", "system"), **common)
     cmd, run = run_record("agent", argv, machine, t_start, load_before, n=n, repeats=repeats)
-    lines = [f"`{cmd}`: n={n}, repeats={repeats}, {run['seconds']:.0f} s", ""]
-    lines.append("| size | system | median | min | max | p50 ms | p99 ms | agent CPU µs/event |")
-    lines.append("|---|---|---|---|---|---|---|---|")
+    lines = table_head(cmd, run, ["size", "system", "median", "min", "max", "p50 ms", "p99 ms", "agent CPU µs/event"])
     for r in sorted(rows, key=lambda r: (r["event_size"], r["unit"], r["system"])):
-        u = r["unit"]
         ex = r.get("extra", {})
         extra = " | ".join(f"{ex[k]:.2f}" if k in ex else "" for k in ("p50_ms", "p99_ms", "agent_cpu_us_per_event"))
-        lines.append(
-            f"| {r['event_size']} | {r['system']} | {cell(r['median'], u)} | {cell(r['min'], u)} | "
-            f"{cell(r['max'], u)} | {extra} |"
-        )
+        lines.append(f"| {r['event_size']} | {r['system']} | {spread_cells(r)} | {extra} |")
     print("\n".join(lines), file=sys.stderr)
     return 0
 

@@ -37,7 +37,7 @@ from typing import Any
 import filechannel
 from filechannel import Encryption
 
-from .run import cell, machine_info, run_record, spread
+from .run import machine_info, run_record, spread, spread_cells, table_head
 
 BATCH = 100
 SIZES = (100, 4096)
@@ -243,15 +243,9 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     cmd, run = run_record("encryption", argv, machine, t_start, load_before, n=n, repeats=repeats, sizes=sizes)
-    lines = [f"`{cmd}`: n={n}, repeats={repeats}, {run['seconds']:.0f} s", ""]
-    lines.append("| workload | size | system | median | min | max |")
-    lines.append("|---|---|---|---|---|---|")
+    lines = table_head(cmd, run, ["workload", "size", "system", "median", "min", "max"])
     for r in sorted(rows, key=lambda r: (r["workload"], r["event_size"], r["unit"], r["system"])):
-        u = r["unit"]
-        lines.append(
-            f"| {r['workload']} | {r['event_size']} | {r['system']} | {cell(r['median'], u)} | "
-            f"{cell(r['min'], u)} | {cell(r['max'], u)} |"
-        )
+        lines.append(f"| {r['workload']} | {r['event_size']} | {r['system']} | {spread_cells(r)} |")
     print("\n".join(lines), file=sys.stderr)
     return 0
 

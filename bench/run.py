@@ -527,22 +527,43 @@ def spread(runs: list[dict[str, Any]], metric: str) -> dict[str, Any]:
 
 
 def rate_rows(
-    runs: dict[Any, list[dict[str, Any]]],
-    ratios: dict[Any, list[dict[str, Any]]],
-    fields: Callable[[Any], dict[str, Any]],
+    runs: dict[tuple[Any, ...], list[dict[str, Any]]],
+    ratios: dict[tuple[Any, ...], list[dict[str, Any]]],
+    key_fields: tuple[str, ...],
+    **common: Any,
 ) -> list[dict[str, Any]]:
     """The records of events/s ``runs`` and their ``ratios``, each printed as a JSON line.
 
-    ``fields(key)``: the fields of a key's records (machine, workload, system, ...).
+    A key of ``runs``/``ratios`` gives the fields ``key_fields`` (e.g. clients, system); ``common``
+    the fields of every record (machine, fsync, workload, ...).
     """
     rows = [
-        {**fields(k), "metric": "events_per_s", "unit": "events/s", **spread(ms, "events_per_s")}
+        {**common, **dict(zip(key_fields, k, strict=True)), "metric": "events_per_s", "unit": "events/s"}
+        | spread(ms, "events_per_s")
         for k, ms in runs.items()
     ]
-    rows += [{**fields(k), "metric": "ratio", "unit": "x", **spread(ms, "ratio")} for k, ms in ratios.items()]
+    rows += [
+        {**common, **dict(zip(key_fields, k, strict=True)), "metric": "ratio", "unit": "x"} | spread(ms, "ratio")
+        for k, ms in ratios.items()
+    ]
     for rec in rows:
         print(json.dumps(rec), flush=True)
     return rows
+
+
+def table_head(cmd: str, run: dict[str, Any], columns: list[str]) -> list[str]:
+    """The first lines of a bench's summary table on stderr: the command and run, the header, the rule."""
+    return [
+        f"`{cmd}`: n={run['n']}, repeats={run['repeats']}, {run['seconds']:.0f} s",
+        "",
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
+    ]
+
+
+def spread_cells(r: dict[str, Any]) -> str:
+    """A result's median, min and max as table cells."""
+    return " | ".join(cell(r[k], r["unit"]) for k in ("median", "min", "max"))
 
 
 def run_record(

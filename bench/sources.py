@@ -46,7 +46,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .agent import BenchAgent
-from .run import cell, machine_info, rate_rows, run_record
+from .run import machine_info, rate_rows, run_record, spread_cells, table_head
 
 BATCH = 100
 SIZE = 100
@@ -386,27 +386,12 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(os.path.dirname(d), ignore_errors=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    rows = rate_rows(
-        runs,
-        ratios,
-        lambda k: {
-            "machine": machine["host"],
-            "fsync": "commit",
-            "event_size": SIZE,
-            "clients": k[0],
-            "workload": f"put x{BATCH}",
-            "system": k[1],
-        },
-    )
+    common = {"machine": machine["host"], "fsync": "commit", "event_size": SIZE, "workload": f"put x{BATCH}"}
+    rows = rate_rows(runs, ratios, ("clients", "system"), **common)
     cmd, run = run_record("sources", argv, machine, t_start, load_before, n=n, repeats=repeats)
-    lines = [f"`{cmd}`: n={n}, repeats={repeats}, {run['seconds']:.0f} s", ""]
-    lines.append("| clients | system | median | min | max |")
-    lines.append("|---|---|---|---|---|")
+    lines = table_head(cmd, run, ["clients", "system", "median", "min", "max"])
     for r in sorted(rows, key=lambda r: (r["clients"], r["unit"], r["system"])):
-        u = r["unit"]
-        lines.append(
-            f"| {r['clients']} | {r['system']} | {cell(r['median'], u)} | {cell(r['min'], u)} | {cell(r['max'], u)} |"
-        )
+        lines.append(f"| {r['clients']} | {r['system']} | {spread_cells(r)} |")
     print("\n".join(lines), file=sys.stderr)
     return 0
 
