@@ -24,7 +24,6 @@ summarised as median and min-max over the repeats.
 
 from __future__ import annotations
 
-import argparse
 import http.client
 import json
 import os
@@ -39,7 +38,7 @@ from typing import Any
 
 import filechannel
 
-from .run import machine_info, rate_rows, run_record, spread_cells, table_head
+from .run import bench_options, machine_info, rate_rows, run_record, spread_cells, table_head
 
 BATCH = 100
 SIZES = (100, 1024)
@@ -208,13 +207,7 @@ SYSTEMS: dict[str, Any] = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.agent", description=__doc__.splitlines()[0])
-    p.add_argument("--n", type=int, default=20_000, help="events per case (default 20 000)")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--quick", action="store_true", help="n=800, one repeat")
-    p.add_argument("--data-dir", help="where the channels go (default: a temporary directory)")
-    args = p.parse_args(argv)
-    n, repeats = (800, 1) if args.quick else (args.n, args.repeats)
+    args, n, repeats = bench_options("agent", __doc__ or "", argv, quick_n=800)
     n = max(BATCH * 4, n // (BATCH * 4) * BATCH * 4)
     root = tempfile.mkdtemp(prefix="bench-agent-", dir=args.data_dir)
     machine = machine_info(root)

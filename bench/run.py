@@ -526,6 +526,18 @@ def spread(runs: list[dict[str, Any]], metric: str) -> dict[str, Any]:
     }
 
 
+def bench_options(module: str, doc: str, argv: list[str] | None, quick_n: int) -> tuple[argparse.Namespace, int, int]:
+    """The options of an events/s bench (``--n``, ``--repeats``, ``--quick``, ``--data-dir``): (args, n, repeats)."""
+    p = argparse.ArgumentParser(prog=f"python -m bench.{module}", description=doc.splitlines()[0])
+    p.add_argument("--n", type=int, default=20_000, help="events per case (default 20 000)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--quick", action="store_true", help=f"n={quick_n}, one repeat")
+    p.add_argument("--data-dir", help="where the channels go (default: a temporary directory)")
+    args = p.parse_args(argv)
+    n, repeats = (quick_n, 1) if args.quick else (args.n, args.repeats)
+    return args, n, repeats
+
+
 def rate_rows(
     runs: dict[tuple[Any, ...], list[dict[str, Any]]],
     ratios: dict[tuple[Any, ...], list[dict[str, Any]]],

@@ -32,7 +32,6 @@ client count; summarised as median and min-max over the repeats.
 
 from __future__ import annotations
 
-import argparse
 import http.client
 import json
 import os
@@ -46,7 +45,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .agent import BenchAgent
-from .run import machine_info, rate_rows, run_record, spread_cells, table_head
+from .run import bench_options, machine_info, rate_rows, run_record, spread_cells, table_head
 
 BATCH = 100
 SIZE = 100
@@ -344,13 +343,7 @@ BASELINES = ("http json", "tcp discard (ceiling)")
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.sources", description=__doc__.splitlines()[0])
-    p.add_argument("--n", type=int, default=20_000, help="events per case (default 20 000)")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--quick", action="store_true", help="n=1600, one repeat")
-    p.add_argument("--data-dir", help="where the channels go (default: a temporary directory)")
-    args = p.parse_args(argv)
-    n, repeats = (1600, 1) if args.quick else (args.n, args.repeats)
+    args, n, repeats = bench_options("sources", __doc__ or "", argv, quick_n=1600)
     root = tempfile.mkdtemp(prefix="bench-sources-", dir=args.data_dir)
     machine = machine_info(root)
     load_before = os.getloadavg()
