@@ -190,3 +190,11 @@ def agent_command(dirs: list[str], port_file: str | Path, *extra: str) -> list[s
         str(port_file),
         *extra,
     ]
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The value of the series ``name{labels...}`` in Prometheus text (0 when absent)."""
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0

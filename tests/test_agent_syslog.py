@@ -30,7 +30,7 @@ pytest.importorskip("prometheus_client")
 pytest.importorskip("aiohttp")
 
 import test_agent_http
-from helpers import agent_command, run_cli
+from helpers import agent_command, metric, run_cli
 from test_agent import make_channel, pki  # noqa: F401  (pki is a fixture)
 from test_agent_process import _env
 
@@ -82,13 +82,6 @@ def metrics(a: Any) -> str:
 def scrape(a: Any) -> str:
     with urllib.request.urlopen(f"{a.http.url}/metrics", timeout=10) as r:
         return str(r.read().decode())
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
 
 
 def connect(port: int, timeout: float = 10.0) -> socket.socket:
