@@ -36,9 +36,10 @@ from .crypto import KEY_HINT, Encryption, check_key_id, could_be_key, keystore_j
 from .directory import CHANNEL_FILE, LOCK_FILE, WAL_FILE
 from .errors import WRONG_KEY, ChannelError, ConfigError, CorruptLogError, DecryptionError, NotAChannelError
 from .log import Log, LogRecord, format_ranges
+from .logview import open_view
 from .reader import ChannelReader
 from .repair import channel_file_damaged, rebuild_channel_file
-from .replay import read_event, replay_queue
+from .replay import read_event
 from .verify import VerifyResult, verify_channel
 from .wal import dump_wal, verify_wal
 
@@ -476,20 +477,13 @@ def _store(directory: str) -> CheckpointStore:
 def _readonly_channel_state(
     directory: str, encryption: Encryption | None = None
 ) -> tuple[Log, list[tuple[int, int, int, int]]]:
-    log = Log(
+    view = open_view(
         directory,
         ChannelConfig(encryption=encryption),
-        readonly=True,
-        checkpoints=_store(directory),
         progress=_progress if sys.stderr.isatty() else None,
         keyless_ok=True,
     )
-    try:
-        q, _, _ = replay_queue(log, log.base_snapshot)
-    except BaseException:
-        log.close()
-        raise
-    return log, list(q)
+    return view.log, view.entries()
 
 
 def cmd_peek(args: argparse.Namespace) -> int:
@@ -742,19 +736,16 @@ def _reset_consumer(args: argparse.Namespace) -> int:
     if len(targets) != 1:
         raise ChannelError("--reset NAME needs exactly one of --to-earliest, --to-latest, --to-position N")
     enc = _encryption(args)
-    log = Log(
-        args.dir,
-        ChannelConfig(on_corruption="skip", encryption=enc),
-        readonly=True,
-        checkpoints=_store(args.dir),
-        keyless_ok=enc is None,
+    view = open_view(
+        args.dir, ChannelConfig(on_corruption="skip", encryption=enc), replay=False, keyless_ok=enc is None
     )
+    log = view.log
     try:
         if log.meta_mac is None and (log.key_ids_in_use() or os.path.exists(os.path.join(args.dir, "ANCHOR"))):
             raise ChannelError(
                 f"{args.dir} is encrypted: its acknowledgements carry a MAC; pass --keystore PATH to reset one"
             )
-        q, _, _ = replay_queue(log, log.base_snapshot)
+        q = view.replay()
         end = log.next_position
         first = q.first_position()
         head = end if first is None else first
@@ -792,19 +783,8 @@ def _consumer_names(store: ConsumerStore) -> list[str]:
 
 def _lenient_channel_state(directory: str) -> tuple[Log, list[tuple[int, int, int, int]]]:
     """The channel's queue as its files say now (read-only, no key needed; lenient about damage)."""
-    log = Log(
-        directory,
-        ChannelConfig(on_corruption="skip"),
-        readonly=True,
-        checkpoints=_store(directory),
-        keyless_ok=True,
-    )
-    try:
-        q, _, _ = replay_queue(log, log.base_snapshot)
-    except BaseException:
-        log.close()
-        raise
-    return log, list(q)
+    view = open_view(directory, ChannelConfig(on_corruption="skip"), keyless_ok=True)
+    return view.log, view.entries()
 
 
 def _checkpoint_info(log: Log) -> dict[str, Any] | None:
@@ -837,7 +817,9 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
 def cmd_dump(args: argparse.Namespace) -> int:
     """Print every record as a JSON line."""
     _existing(args.dir)
-    log = Log(args.dir, ChannelConfig(encryption=_encryption(args)), readonly=True, keyless_ok=True)
+    log = open_view(
+        args.dir, ChannelConfig(encryption=_encryption(args)), checkpoints=False, replay=False, keyless_ok=True
+    ).log
     out = sys.stdout
 
     def emit(r: LogRecord, position: int | None = None) -> None:
@@ -968,7 +950,7 @@ def _salvage(src: str, res: VerifyResult, dest: str, encryption: Encryption | No
     """
     if encryption is None and res.undecrypted:
         raise ChannelError("--salvage of an encrypted channel needs --keystore (its events are copied encrypted)")
-    log = Log(src, ChannelConfig(on_corruption="skip", encryption=encryption), readonly=True, checkpoints=_store(src))
+    log = open_view(src, ChannelConfig(on_corruption="skip", encryption=encryption), replay=False).log
     n = 0
     try:
         cfg = ChannelConfig(checkpoint_interval=0, minimum_required_space=0, encryption=encryption)
@@ -1720,6 +1702,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.set_defaults(func=cmd_serve)
 
+    _top_args(
+        sub.add_parser("top", help="a live view of channels and agents: depth, rates, lag (q quits)", epilog=_epilog())
+    )
+
     sp = sub.add_parser(
         "wal",
         help="inspect a write-ahead log (filechannel.WriteAheadLog)",
@@ -1741,6 +1727,55 @@ def build_parser() -> argparse.ArgumentParser:
     _keystore_arg(wp)
     wp.set_defaults(func=cmd_wal_verify)
     return p
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    """A live view of channels and agents (``top_screen.py``; what it shows: ``top.py``)."""
+    from .top_screen import run
+    from .top_sources import DirSource, Source, is_agent_uri, open_agent
+
+    if not args.interval > 0:  # also refuses nan
+        raise ChannelError(f"--interval must be a number of seconds > 0, got {args.interval}")
+    if args.json and not args.once:
+        raise ChannelError("--json goes with --once (one JSON document for scripts)")
+    tls = {"tls_ca": args.tls_ca, "tls_cert": args.tls_cert, "tls_key": args.tls_key, "token_file": args.token_file}
+    sources: list[Source] = []
+    try:
+        for t in args.targets:
+            if is_agent_uri(t):
+                sources.append(open_agent(t, timeout=args.timeout, **tls))
+            else:
+                sources.append(DirSource(_existing(t), _encryption(args)))
+        if len(sources) == 1:
+            sources[0].check()  # one target: a problem is an error; with several, that target's row says it
+        screen = not args.once and sys.stdout.isatty() and sys.stdin.isatty()
+        with _Sigint():  # SIGTERM too unwinds through curses, which gives the terminal back
+            try:
+                return run(sources, args.interval, sys.stdout, once=args.once, as_json=args.json, screen=screen)
+            except KeyboardInterrupt as exc:
+                return _stopped_by(exc)[1]  # a normal way to leave: no message
+    finally:
+        for s in sources:
+            s.close()
+
+
+def _top_args(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument(
+        "targets",
+        nargs="+",
+        metavar="TARGET",
+        help="a channel directory, or an agent: grpc+tls://HOST:PORT (Flight) or http(s)://HOST:PORT (its /metrics)",
+    )
+    sp.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="refresh period (default 1)")
+    sp.add_argument("--once", action="store_true", help="print one view (two samples --interval apart) and exit")
+    sp.add_argument("--json", action="store_true", help="with --once: print one JSON document")
+    sp.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS", help="deadline of each agent call")
+    sp.add_argument("--tls-ca", metavar="FILE", help="CA of the agents' certificates (grpc+tls://)")
+    sp.add_argument("--tls-cert", metavar="FILE", help="this client's certificate, for agents with --client-ca")
+    sp.add_argument("--tls-key", metavar="FILE", help="the key of --tls-cert")
+    sp.add_argument("--token-file", metavar="FILE", help="a file holding the agents' bearer token (mode 0600)")
+    _keystore_arg(sp)
+    sp.set_defaults(func=cmd_top)
 
 
 def _flume_args(sp: argparse.ArgumentParser) -> None:

@@ -943,7 +943,7 @@ def test_decode_puts_survives_an_error_type_that_shrinks_the_offsets() -> None:
 def _take_both(bodies: list[Any], headers: list[Any], a: int, m: int, first: int) -> Any:
     """Run ``channel._take_slots`` on copies of the run through each path; both must agree on
     everything: the Events (and their type), the byte count, what is left in the run, or the error."""
-    from filechannel.channel import _take_slots
+    from filechannel.takes import take_slots as _take_slots
 
     saved = fmt.speedups
     out = []

@@ -105,6 +105,9 @@ class Agent(Protocol):
     @property
     def config(self) -> Any: ...
 
+    @property
+    def connections(self) -> Any: ...  # a server.ConnectionTracker: seen(protocol, peer)
+
 
 __all__ = ["HttpServer", "HttpSettings", "channel_samples", "parse_http_address", "readiness"]
 
@@ -253,9 +256,8 @@ def parse_json_events(data: bytes) -> tuple[list[bytes], list[dict[str, str] | N
 
 
 def _data_dirs(ch: _Served) -> list[str]:
-    log = getattr(ch.channel, "_log", None)
-    dirs = getattr(log, "data_dirs", None)
-    return list(dirs) if dirs else [ch.directory]
+    dirs = ch.channel.data_dirs if ch.channel is not None else None
+    return dirs or [ch.directory]
 
 
 def readiness(agent: Agent) -> tuple[bool, dict[str, Any]]:
@@ -306,18 +308,17 @@ def channel_samples(agent: Agent) -> list[ChannelSample]:
                 s.values["next_position"] = float(end)
                 for cname, c in info["consumers"].items():
                     s.consumers[cname] = {"acked": float(c["acked"]), "lag_events": float(c["lag"])}
+            try:
+                s.values["disk_free_bytes"] = float(DEFAULT_FS.free_space(ch.directory))
+            except OSError:
+                pass
             with ch.lock:
                 start, end = ch.view.available()
-                for row in s.consumers.values():
-                    lo = max(int(row["acked"]), start)
-                    if lo >= end:
-                        row["lag_bytes"] = 0.0
-                        continue
-                    try:
-                        segs = ch.view.segments(lo, end, 1 << 62)
-                    except ChannelError:
-                        continue
-                    row["lag_bytes"] = float(sum(sum(seg.sizes) for seg in segs))
+                rows = list(s.consumers.values())
+                sizes = ch.view.record_bytes([start, *(max(int(r["acked"]), start) for r in rows)], end)
+            s.values["channel_bytes"] = float(sizes[0])
+            for row, b in zip(rows, sizes[1:], strict=True):
+                row["lag_bytes"] = float(b)
         except (ChannelError, OSError) as exc:
             logger.warning("metrics of channel %s (%s): %s", ch.name, ch.cid, exc)
             continue
@@ -380,7 +381,7 @@ class HttpServer:
             for ch in agent.channels.values()
             if ch.channel is not None
         }
-        self.metrics = AgentMetrics(lambda: channel_samples(agent))
+        self.metrics = AgentMetrics(lambda: channel_samples(agent), agent.connections.counts)
         self._pool = concurrent.futures.ThreadPoolExecutor(settings.workers, thread_name_prefix="filechannel-http")
         self._loop = asyncio.new_event_loop()
         self._runner: web.AppRunner | None = None
@@ -483,6 +484,9 @@ class HttpServer:
     ) -> web.StreamResponse:
         route = request.match_info.route
         endpoint = route.name if route.name else "other"
+        peer = request.transport.get_extra_info("peername") if request.transport is not None else None
+        if isinstance(peer, tuple) and len(peer) >= 2:
+            self._agent.connections.seen("http", f"{peer[0]}:{peer[1]}")
         channel = request.match_info.get("name", "") if endpoint == "events" else ""
         if channel not in self._by_name:
             channel = "" if endpoint != "events" else "?"  # unknown names share one label value

@@ -43,7 +43,6 @@ from pyspark.sql.datasource import InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit
 
 from filechannel.agent.client import AgentClient, AgentSettings, ClientCache
-from filechannel.channel import Event
 from filechannel.crypto import as_encryption
 from filechannel.errors import (
     AgentUnavailableError,
@@ -53,6 +52,7 @@ from filechannel.errors import (
     DataLossError,
     UnknownChannelError,
 )
+from filechannel.events import Event
 from filechannel.reader import ChannelReader
 
 from .source import (
