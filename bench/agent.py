@@ -30,7 +30,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -38,7 +37,7 @@ from typing import Any
 
 import filechannel
 
-from .run import bench_options, machine_info, rate_rows, run_record, spread_cells, table_head
+from .run import bench_start, rate_rows, run_record, spread_cells, table_head
 
 BATCH = 100
 SIZES = (100, 1024)
@@ -207,12 +206,9 @@ SYSTEMS: dict[str, Any] = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, n, repeats = bench_options("agent", __doc__ or "", argv, quick_n=800)
+    st = bench_start("agent", __doc__ or "", argv, quick_n=800)
+    n, repeats, root = st.n, st.repeats, st.root
     n = max(BATCH * 4, n // (BATCH * 4) * BATCH * 4)
-    root = tempfile.mkdtemp(prefix="bench-agent-", dir=args.data_dir)
-    machine = machine_info(root)
-    load_before = os.getloadavg()
-    t_start = time.time()
     runs: dict[tuple[int, str], list[dict[str, Any]]] = {}
     ratios: dict[tuple[int, str], list[dict[str, Any]]] = {}
     try:
@@ -234,9 +230,9 @@ def main(argv: list[str] | None = None) -> int:
                         )
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    common = {"machine": machine["host"], "fsync": "commit", "workload": "put x100"}
+    common = {"machine": st.machine["host"], "fsync": "commit", "workload": "put x100"}
     rows = rate_rows(runs, ratios, ("event_size", "system"), **common)
-    cmd, run = run_record("agent", argv, machine, t_start, load_before, n=n, repeats=repeats)
+    cmd, run = run_record("agent", argv, st.machine, st.t_start, st.load_before, n=n, repeats=repeats)
     lines = table_head(cmd, run, ["size", "system", "median", "min", "max", "p50 ms", "p99 ms", "agent CPU µs/event"])
     for r in sorted(rows, key=lambda r: (r["event_size"], r["unit"], r["system"])):
         ex = r.get("extra", {})

@@ -526,8 +526,20 @@ def spread(runs: list[dict[str, Any]], metric: str) -> dict[str, Any]:
     }
 
 
-def bench_options(module: str, doc: str, argv: list[str] | None, quick_n: int) -> tuple[argparse.Namespace, int, int]:
-    """The options of an events/s bench (``--n``, ``--repeats``, ``--quick``, ``--data-dir``): (args, n, repeats)."""
+@dataclass
+class BenchStart:
+    """What an events/s bench starts with: its options, its data directory, the machine and the clock."""
+
+    n: int
+    repeats: int
+    root: str  # a new temporary directory for the channels (the bench removes it)
+    machine: dict[str, Any]
+    load_before: tuple[float, float, float]
+    t_start: float
+
+
+def bench_start(module: str, doc: str, argv: list[str] | None, quick_n: int) -> BenchStart:
+    """Parse the options of an events/s bench (``--n``, ``--repeats``, ``--quick``, ``--data-dir``) and start it."""
     p = argparse.ArgumentParser(prog=f"python -m bench.{module}", description=doc.splitlines()[0])
     p.add_argument("--n", type=int, default=20_000, help="events per case (default 20 000)")
     p.add_argument("--repeats", type=int, default=3)
@@ -535,7 +547,8 @@ def bench_options(module: str, doc: str, argv: list[str] | None, quick_n: int) -
     p.add_argument("--data-dir", help="where the channels go (default: a temporary directory)")
     args = p.parse_args(argv)
     n, repeats = (quick_n, 1) if args.quick else (args.n, args.repeats)
-    return args, n, repeats
+    root = tempfile.mkdtemp(prefix=f"bench-{module}-", dir=args.data_dir)
+    return BenchStart(n, repeats, root, machine_info(root), os.getloadavg(), time.time())
 
 
 def rate_rows(

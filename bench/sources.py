@@ -38,14 +38,13 @@ import os
 import shutil
 import socket
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from .agent import BenchAgent
-from .run import bench_options, machine_info, rate_rows, run_record, spread_cells, table_head
+from .run import bench_start, rate_rows, run_record, spread_cells, table_head
 
 BATCH = 100
 SIZE = 100
@@ -343,11 +342,8 @@ BASELINES = ("http json", "tcp discard (ceiling)")
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, n, repeats = bench_options("sources", __doc__ or "", argv, quick_n=1600)
-    root = tempfile.mkdtemp(prefix="bench-sources-", dir=args.data_dir)
-    machine = machine_info(root)
-    load_before = os.getloadavg()
-    t_start = time.time()
+    st = bench_start("sources", __doc__ or "", argv, quick_n=1600)
+    n, repeats, root = st.n, st.repeats, st.root
     runs: dict[tuple[int, str], list[dict[str, Any]]] = {}
     ratios: dict[tuple[int, str], list[dict[str, Any]]] = {}
     try:
@@ -379,9 +375,9 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(os.path.dirname(d), ignore_errors=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    common = {"machine": machine["host"], "fsync": "commit", "event_size": SIZE, "workload": f"put x{BATCH}"}
+    common = {"machine": st.machine["host"], "fsync": "commit", "event_size": SIZE, "workload": f"put x{BATCH}"}
     rows = rate_rows(runs, ratios, ("clients", "system"), **common)
-    cmd, run = run_record("sources", argv, machine, t_start, load_before, n=n, repeats=repeats)
+    cmd, run = run_record("sources", argv, st.machine, st.t_start, st.load_before, n=n, repeats=repeats)
     lines = table_head(cmd, run, ["clients", "system", "median", "min", "max"])
     for r in sorted(rows, key=lambda r: (r["clients"], r["unit"], r["system"])):
         lines.append(f"| {r['clients']} | {r['system']} | {spread_cells(r)} |")
