@@ -130,7 +130,13 @@ _PLAIN_PREFIX_LEN = len(fmt.EMPTY_HEADERS)
 
 
 def _column_events(col: fmt.PutColumn) -> tuple[list[bytes], list[Mapping[str, str]]]:
-    """The bodies and headers of a committed column (its events share ``col.head``), for the take cache."""
+    """The bodies and headers of a committed column (its events share ``col.head``), for the take cache.
+
+    A column without a head holds whole PUT payloads (the Spark sink's rows with headers): each is decoded.
+    """
+    if not col.head:
+        events = [fmt.decode_event(p) for p in col.payloads()]
+        return [b for b, _ in events], [h or _NO_HEADERS for _, h in events]
     hdrs: Mapping[str, str] = _NO_HEADERS if col.head == fmt.EMPTY_HEADERS else fmt.decode_event(col.head)[1]
     return col.payloads(), [hdrs] * len(col)
 
@@ -323,7 +329,7 @@ class Transaction:
             self._payloads = out = bodies  # plain events: each payload is the body
             self._bodies = list(out)
         else:
-            self._payloads = out = [col.head + b for b in bodies]
+            self._payloads = out = col.payloads() if not col.head else [col.head + b for b in bodies]
             self._plain = False
             self._bodies = bodies
         self._headers = headers
@@ -660,7 +666,7 @@ class Transaction:
                 else:
                     if self._plain:
                         mine = self._unplain()
-                    mine += [col.head + b for b in bodies]
+                    mine += col.payloads() if not col.head else [col.head + b for b in bodies]
                 self._bodies += bodies
                 self._headers += headers
         return n
