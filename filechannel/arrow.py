@@ -8,7 +8,7 @@ or write path:
   ``position int64, body binary, headers map<string, string>``, doing every
   check :func:`~filechannel.reader.read_segment` does, with the same errors;
 - :func:`read_arrow` (``ChannelReader.read_arrow``) does it for a range of
-  positions;
+  positions, and :func:`read_received` for segments whose bytes an agent sent;
 - :func:`prepare_column` (``Transaction.put_arrow``) copies the rows of a ``body``
   column without headers into a ``format.PutColumn`` (one buffer, int64 offsets),
   which the writer frames without a Python object per row;
@@ -50,6 +50,7 @@ __all__ = [
     "payload_columns",
     "prepare_column",
     "prepare_puts",
+    "read_received",
     "read_runs",
     "read_segment_arrow",
     "schema",
@@ -375,6 +376,47 @@ def read_segment_arrow(
         cipher,
     )
     return read_runs([run], fs or DEFAULT_FS)
+
+
+class _Received:
+    """A read-only stand-in for the ``fs`` seam holding runs' bytes received from elsewhere (an agent's read).
+
+    :func:`read_runs` opens its runs once each, in order: the n-th open is the n-th run's bytes.
+    """
+
+    def __init__(self, runs: Sequence[tuple[Run, bytes]]) -> None:
+        self._runs = runs
+        self._opened = 0
+
+    def open_read(self, path: str) -> int:
+        self._opened += 1
+        return self._opened - 1
+
+    def pread(self, fd: int, n: int, offset: int) -> bytes:
+        run, data = self._runs[fd]
+        if len(data) != n or offset != run.offset:
+            raise CorruptLogError(run.path, offset, f"the segment is {n} bytes, {len(data)} were received")
+        return data
+
+    def close(self, fd: int) -> None:
+        return None
+
+
+def read_received(runs: Sequence[tuple[Run, bytes]]) -> pa.RecordBatch:
+    """Runs whose bytes came from elsewhere (an agent), each with its bytes, as one RecordBatch.
+
+    The bytes go through :func:`read_runs` itself (as a local segment's do in
+    :func:`read_segment_arrow`): every record's checksum, size and kind, and an
+    encrypted record's tag, checked here, with the same errors; ``Run.path`` is a
+    label for messages. ``Run.length`` must be the length of its bytes.
+
+    Raises:
+        CorruptLogError: A run's bytes are not ``length`` long, or a record does not verify.
+        DecryptionError: A sealed record without a key, or a tag that fails.
+        ArrowTextError: A header holds an encoded lone surrogate (old records only).
+    """
+    fs: Any = _Received(runs)
+    return read_runs([r for r, _ in runs], fs)
 
 
 def events_to_batch(events: Sequence[Any]) -> pa.RecordBatch:

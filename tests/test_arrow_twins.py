@@ -378,7 +378,8 @@ def test_payload_column_twin_is_prepare_puts_joined(
     ref = both(monkeypatch, lambda: arrow.prepare_puts(batch, None))[1]
     assert c[0] == ref[0]
     if c[0] == "raised":  # the same error as put_arrow's
-        assert type(c[1]) is type(ref[1]) and str(c[1]) == str(ref[1])
+        assert type(c[1]) is type(ref[1])
+        assert str(c[1]) == str(ref[1])
         return
     payloads, got_bodies, _, any_headers = ref[1]
     for with_headers, data, offsets, k, longest in c[1]:
@@ -446,4 +447,5 @@ def test_merge_headers_refuses_offsets_outside_the_data_and_a_bad_extra_block(
     block = b"\x01\x00\x00\x00" if bad == "extra" else fmt.EMPTY_HEADERS
     c, py = both(monkeypatch, lambda: staged.merge_headers(data, offsets, block, False))
     same_outcome(c, py)
-    assert c[0] == "raised" and isinstance(c[1], ValueError)
+    assert c[0] == "raised"
+    assert isinstance(c[1], ValueError)
