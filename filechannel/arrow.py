@@ -704,11 +704,11 @@ def payload_columns(data: Any) -> list[PayloadChunk]:
             continue
         got = _payload_column(offs, bdata, n, offset, wide, hbufs)
         if len(got) == 2:
-            i, part = cast("tuple[int, str]", got)
+            i, part = got
             raise InvalidEventError(
                 f"put_arrow: row {row + i}: a header {part} is not valid UTF-8 text (Arrow strings must be UTF-8)"
             )
-        cdata, coffs, longest = cast("tuple[bytes, bytes, int]", got)
+        cdata, coffs, longest = got
         out.append((True, cdata, coffs, n, longest))
     return out
 

@@ -415,7 +415,9 @@ class AgentClient:
                     crc_kind,
                     batch.column("offset")[r].as_py(),
                     len(raw),
-                    *(_native(c) for c in cols),
+                    _native(cols[0]),
+                    _native(cols[1]),
+                    _native(cols[2]),
                     batch.column("cipher")[r].as_py(),
                     batch.column("key_id")[r].as_py(),
                     batch.column("salt")[r].as_py(),
@@ -664,9 +666,20 @@ class _Received:
 
     def segment(self) -> Segment:
         """As a :class:`~filechannel.Segment` (its columns as tuples)."""
-        cols = (tuple(array("q", b)) for b in (self.positions, self.offsets, self.sizes))
-        return Segment(self.path, self.file_id, self.channel_id, self.crc_kind, self.offset, self.length, *cols,
-                       self.cipher, self.key_id, self.salt)  # fmt: skip
+        return Segment(
+            self.path,
+            self.file_id,
+            self.channel_id,
+            self.crc_kind,
+            self.offset,
+            self.length,
+            tuple(array("q", self.positions)),
+            tuple(array("q", self.offsets)),
+            tuple(array("q", self.sizes)),
+            self.cipher,
+            self.key_id,
+            self.salt,
+        )
 
     def run(self, cipher: Any) -> Run:
         """As a ``filechannel.arrow.Run`` read with ``cipher`` (the data file's ``FileCipher``, or None)."""
