@@ -384,7 +384,7 @@ class _Received:
     :func:`read_runs` opens its runs once each, in order: the n-th open is the n-th run's bytes.
     """
 
-    def __init__(self, runs: Sequence[tuple[Run, bytes]]) -> None:
+    def __init__(self, runs: Sequence[tuple[Run, bytes | memoryview]]) -> None:
         self._runs = runs
         self._opened = 0
 
@@ -392,7 +392,7 @@ class _Received:
         self._opened += 1
         return self._opened - 1
 
-    def pread(self, fd: int, n: int, offset: int) -> bytes:
+    def pread(self, fd: int, n: int, offset: int) -> bytes | memoryview:
         run, data = self._runs[fd]
         if len(data) != n or offset != run.offset:
             raise CorruptLogError(run.path, offset, f"the segment is {n} bytes, {len(data)} were received")
@@ -402,7 +402,7 @@ class _Received:
         return None
 
 
-def read_received(runs: Sequence[tuple[Run, bytes]]) -> pa.RecordBatch:
+def read_received(runs: Sequence[tuple[Run, bytes | memoryview]]) -> pa.RecordBatch:
     """Runs whose bytes came from elsewhere (an agent), each with its bytes, as one RecordBatch.
 
     The bytes go through :func:`read_runs` itself (as a local segment's do in

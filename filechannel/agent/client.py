@@ -323,7 +323,7 @@ class AgentClient:
         """
         out: list[RawSegment] = []
         for seg, raw in self._received(channel, start, end, max_bytes):
-            out.append(RawSegment(seg.segment(), raw))
+            out.append(RawSegment(seg.segment(), bytes(raw)))
         return out
 
     def read_arrow(
@@ -353,8 +353,8 @@ class AgentClient:
         enc = as_encryption(encryption) if any(seg.cipher for seg, _ in got) else None
         return read_received([(seg.run(segment_cipher(seg, enc)), raw) for seg, raw in got])
 
-    def _received(self, channel: str, start: int, end: int, max_bytes: int) -> list[tuple[_Received, bytes]]:
-        """The DoGet of ``[start, end)``: each segment's columns (native int64 bytes) and raw bytes, checked.
+    def _received(self, channel: str, start: int, end: int, max_bytes: int) -> list[tuple[_Received, memoryview]]:
+        """The DoGet of ``[start, end)``: each segment's columns (native int64 bytes) and raw bytes (a view), checked.
 
         The positions are checked with Arrow's compute functions, not per event in Python.
         """
@@ -385,10 +385,15 @@ class AgentClient:
         bad = AgentProtocolError(
             self.uri, f"read of [{start}, {end}) of channel {channel}: a segment's positions are out of range"
         )
-        out: list[tuple[_Received, bytes]] = []
+        out: list[tuple[_Received, memoryview]] = []
         last = start - 1
         for batch in table.to_batches():
             lists = [batch.column(c) for c in ("positions", "offsets", "sizes")]
+            raws = batch.column("raw")
+            if raws.null_count:
+                raise bad
+            ends = memoryview(raws.buffers()[1]).cast("q")[raws.offset :]
+            data = memoryview(raws.buffers()[2] or b"")  # the segments' bytes, not copied
             for r in range(batch.num_rows):
                 cols = [_int64s(col, r) for col in lists]
                 positions = cols[0]
@@ -406,7 +411,7 @@ class AgentClient:
                 ):
                     raise bad
                 last = positions[n - 1].as_py()
-                raw: bytes = batch.column("raw")[r].as_py()
+                raw = data[ends[r] : ends[r + 1]]
                 file_id = batch.column("file_id")[r].as_py()
                 seg = _Received(
                     f"{self.uri}/{channel.lower()}/{segment_name(file_id)}",
