@@ -2358,10 +2358,25 @@ static int column_offsets(const Py_buffer *ob, Py_ssize_t data_len, const char *
        decode, a header that is not strict UTF-8, a key repeated in one row): the caller decodes
        such rows in Python. */
 
+/* A growing bytes object: written in place, sized to its contents at the end (no copy when
+   the first size given is enough). */
 typedef struct {
+    PyObject *obj;
     unsigned char *p;
     Py_ssize_t len, cap;
 } gbuf;
+
+static int
+gbuf_init(gbuf *g, Py_ssize_t cap)
+{
+    g->len = 0;
+    g->cap = cap > 8 ? cap : 8;
+    g->obj = PyBytes_FromStringAndSize(NULL, g->cap);
+    if (g->obj == NULL)
+        return -1;
+    g->p = (unsigned char *)PyBytes_AS_STRING(g->obj);
+    return 0;
+}
 
 static int
 gbuf_reserve(gbuf *g, Py_ssize_t more)
@@ -2372,7 +2387,7 @@ gbuf_reserve(gbuf *g, Py_ssize_t more)
     }
     if (g->len + more <= g->cap)
         return 0;
-    Py_ssize_t cap = g->cap ? g->cap : 4096;
+    Py_ssize_t cap = g->cap;
     while (cap < g->len + more) {
         if (cap > PY_SSIZE_T_MAX / 2) {
             PyErr_NoMemory();
@@ -2380,14 +2395,22 @@ gbuf_reserve(gbuf *g, Py_ssize_t more)
         }
         cap *= 2;
     }
-    unsigned char *p = PyMem_Realloc(g->p, (size_t)cap);
-    if (p == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    g->p = p;
+    if (_PyBytes_Resize(&g->obj, cap) < 0)
+        return -1; /* g->obj is NULL now */
+    g->p = (unsigned char *)PyBytes_AS_STRING(g->obj);
     g->cap = cap;
     return 0;
+}
+
+/* The bytes written (a new reference; g is spent). */
+static PyObject *
+gbuf_finish(gbuf *g)
+{
+    if (g->len != g->cap && _PyBytes_Resize(&g->obj, g->len) < 0)
+        return NULL;
+    PyObject *out = g->obj;
+    g->obj = NULL;
+    return out;
 }
 
 typedef struct {
@@ -2469,22 +2492,23 @@ write_event(gbuf *out, gbuf *offs, const hlist *h, const unsigned char *body, Py
     return 0;
 }
 
-/* (data, offsets, longest) of the column in out/offs; frees both. */
+/* (data, offsets, longest) of the column in out/offs (both spent). */
 static PyObject *
 column_result(gbuf *out, gbuf *offs, Py_ssize_t longest)
 {
-    PyObject *r = Py_BuildValue("(y#y#n)", out->p ? (const char *)out->p : "", out->len, (const char *)offs->p,
-                                offs->len, longest);
-    PyMem_Free(out->p);
-    PyMem_Free(offs->p);
-    out->p = offs->p = NULL;
-    return r;
+    PyObject *d = gbuf_finish(out), *o = d != NULL ? gbuf_finish(offs) : NULL;
+    if (o == NULL) {
+        Py_XDECREF(d);
+        return NULL;
+    }
+    return Py_BuildValue("(NNn)", d, o, longest);
 }
 
+/* out sized for ``data_bound`` bytes, offs for n + 1 offsets, the first 0. */
 static int
-column_start(gbuf *offs)
+column_start(gbuf *out, gbuf *offs, Py_ssize_t data_bound, Py_ssize_t n)
 {
-    if (gbuf_reserve(offs, 8) < 0)
+    if (gbuf_init(out, data_bound) < 0 || gbuf_init(offs, 8 * (n + 1)) < 0)
         return -1;
     memset(offs->p, 0, 8);
     offs->len = 8;
@@ -2503,7 +2527,7 @@ sp_arrow_payload_column(PyObject *self, PyObject *args)
     PyObject *result = NULL;
     Py_buffer hb[6];
     int nhb = 0;
-    gbuf out = {NULL, 0, 0}, co = {NULL, 0, 0};
+    gbuf out = {NULL, NULL, 0, 0}, co = {NULL, NULL, 0, 0};
     hlist h = {NULL, 0, 0};
     Py_ssize_t longest = 0, width = wide ? 8 : 4;
     if (n < 0 || offset < 0 || offs.len / width < offset + n + 1) {
@@ -2536,8 +2560,15 @@ sp_arrow_payload_column(PyObject *self, PyObject *args)
     const unsigned char *mo = hb[0].buf, *valid = nhb == 6 ? hb[5].buf : NULL;
     const unsigned char *kd = hb[2].buf, *vd = hb[4].buf;
     Py_ssize_t n_keys = hb[1].len / 4 - 1, n_vals = hb[3].len / 4 - 1;
-    if (column_start(&co) < 0)
-        goto done;
+    {
+        /* enough for every payload: the rows' bodies, a count each, every entry of the map column */
+        int32_t m_first, m_last;
+        memcpy(&m_first, mo, 4);
+        memcpy(&m_last, mo + 4 * n, 4);
+        Py_ssize_t entries = m_last > m_first ? (Py_ssize_t)(m_last - m_first) : 0;
+        if (column_start(&out, &co, data.len + 4 * n + 8 * entries + hb[2].len + hb[4].len, n) < 0)
+            goto done;
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
         Py_ssize_t a, b;
         if (arrow_slice(ob, wide, i, data.len, &a, &b) < 0)
@@ -2580,8 +2611,8 @@ sp_arrow_payload_column(PyObject *self, PyObject *args)
 done:
     for (int k = 0; k < nhb; k++)
         PyBuffer_Release(&hb[k]);
-    PyMem_Free(out.p);
-    PyMem_Free(co.p);
+    Py_XDECREF(out.obj);
+    Py_XDECREF(co.obj);
     PyMem_Free(h.e);
     PyBuffer_Release(&offs);
     PyBuffer_Release(&data);
@@ -2627,7 +2658,7 @@ sp_merge_headers(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "y*y*y*p", &data, &offs, &extra, &plain))
         return NULL;
     PyObject *result = NULL;
-    gbuf out = {NULL, 0, 0}, co = {NULL, 0, 0};
+    gbuf out = {NULL, NULL, 0, 0}, co = {NULL, NULL, 0, 0};
     hlist ex = {NULL, 0, 0}, h = {NULL, 0, 0};
     char *used = NULL;
     Py_ssize_t n, longest = 0;
@@ -2644,7 +2675,11 @@ sp_merge_headers(PyObject *self, PyObject *args)
         PyErr_NoMemory();
         goto done;
     }
-    if (column_start(&co) < 0)
+    /* enough for every row: its bytes, a count (plain rows), every extra entry (added, or replacing a value) */
+    Py_ssize_t per_row = extra.len + 4, bound = data.len;
+    if (n && per_row <= (PY_SSIZE_T_MAX / 2 - data.len) / n)
+        bound += n * per_row;
+    if (column_start(&out, &co, bound, n) < 0)
         goto done;
     const unsigned char *db = data.buf;
     const unsigned char *ob = offs.buf;
@@ -2683,8 +2718,8 @@ sp_merge_headers(PyObject *self, PyObject *args)
     }
     result = column_result(&out, &co, longest);
 done:
-    PyMem_Free(out.p);
-    PyMem_Free(co.p);
+    Py_XDECREF(out.obj);
+    Py_XDECREF(co.obj);
     PyMem_Free(ex.e);
     PyMem_Free(h.e);
     PyMem_Free(used);
