@@ -32,13 +32,14 @@ from .channel import FileChannel
 from .checkpoint import CHECKPOINT_DIR, CheckpointStore
 from .config import ChannelConfig
 from .consumers import ConsumerState, ConsumerStore, validate_name
-from .crypto import Encryption, check_key_id, could_be_key, keystore_json, load_keystore
+from .crypto import KEY_HINT, Encryption, check_key_id, could_be_key, keystore_json, load_keystore
 from .directory import CHANNEL_FILE, LOCK_FILE, WAL_FILE
-from .errors import ChannelError, ConfigError, CorruptLogError, DecryptionError, NotAChannelError
+from .errors import WRONG_KEY, ChannelError, ConfigError, CorruptLogError, DecryptionError, NotAChannelError
 from .log import Log, LogRecord, format_ranges
+from .logview import open_view
 from .reader import ChannelReader
 from .repair import channel_file_damaged, rebuild_channel_file
-from .replay import read_event, replay_queue
+from .replay import read_event
 from .verify import VerifyResult, verify_channel
 from .wal import dump_wal, verify_wal
 
@@ -46,6 +47,15 @@ _EPILOG = (
     "Exit status: 0 on success, 1 when verify finds problems or take's output closed early (its batch rolled back), "
     "2 on bad input or a channel error, 130 when interrupted (SIGINT), 143 when terminated (SIGTERM)."
 )
+_STOPPED = "130 when interrupted (SIGINT), 143 when terminated (SIGTERM)"
+
+
+def _epilog(one: str | None = None, stopped: str = _STOPPED) -> str:
+    """One command's exit-status paragraph: what applies to it only (``one``: when it exits 1)."""
+    codes = ["0 on success", *([f"1 {one}"] if one else []), "2 on bad input or a channel error", stopped]
+    return "Exit status: " + ", ".join(codes) + "."
+
+
 _TAKE_BATCH = 1000  # events per take transaction unless --transaction-capacity says otherwise
 
 
@@ -467,20 +477,13 @@ def _store(directory: str) -> CheckpointStore:
 def _readonly_channel_state(
     directory: str, encryption: Encryption | None = None
 ) -> tuple[Log, list[tuple[int, int, int, int]]]:
-    log = Log(
+    view = open_view(
         directory,
         ChannelConfig(encryption=encryption),
-        readonly=True,
-        checkpoints=_store(directory),
         progress=_progress if sys.stderr.isatty() else None,
         keyless_ok=True,
     )
-    try:
-        q, _, _ = replay_queue(log, log.base_snapshot)
-    except BaseException:
-        log.close()
-        raise
-    return log, list(q)
+    return view.log, view.entries()
 
 
 def cmd_peek(args: argparse.Namespace) -> int:
@@ -537,6 +540,11 @@ def cmd_stat(args: argparse.Namespace) -> int:
             "last_woid": log.last_woid,
             "files": files,
             "disk_bytes": st["disk_bytes"],
+            "data_bytes": st["data_bytes"],
+            "disk_free": st["disk_free"],
+            # The limits are options of the process that opens the channel (they are not
+            # stored): stat shows those given to it, to compare with what the data holds.
+            **{k: getattr(args, k) for k in ("max_bytes", "minimum_required_space") if getattr(args, k) is not None},
             "torn_tails": len(log.torn_tails),
             "key_ids_in_use": log.key_ids_in_use(),
             "checkpoint": _checkpoint_info(log),
@@ -585,12 +593,20 @@ def _stat_prometheus(directory: str, info: dict[str, Any]) -> str:
     try:
         from .agent.metrics import ChannelSample, render_samples
     except ImportError as exc:
-        raise ChannelError(f"--prometheus needs prometheus_client ({exc}): pip install 'filechannel[agent]'") from None
+        raise ChannelError(
+            f"--prometheus needs prometheus_client ({exc}): pip install '.[agent]' in filechannel's clone"
+        ) from None
     st = info["stats"]
     s = ChannelSample(os.path.basename(os.path.normpath(directory)))
     s.values["channel_size"] = float(info["queue_size"])
     s.values["next_position"] = float(info["next_position"])
     s.values["disk_bytes"] = float(st["disk_bytes"])
+    s.values["data_bytes"] = float(st["data_bytes"])
+    if st["disk_free"] is not None:
+        s.values["disk_free_bytes"] = float(st["disk_free"])
+    for key, metric in (("max_bytes", "max_bytes"), ("minimum_required_space", "min_free_bytes")):
+        if info.get(key) is not None:
+            s.values[metric] = float(info[key])
     s.values["data_files"] = float(len(info["files"]))
     ckpt = info["checkpoint"]
     if ckpt is not None:
@@ -659,7 +675,24 @@ def _consumer_rows(
 
 
 def cmd_consumers(args: argparse.Namespace) -> int:
-    """List the external consumers with their acknowledged positions and lag, or remove one."""
+    """List the external consumers with their acknowledged positions and lag, remove one, or reset one."""
+    if args.remove is not None:
+        resetting = [
+            flag
+            for flag, given in (
+                ("--reset", args.reset is not None),
+                ("--to-earliest", args.to_earliest),
+                ("--to-latest", args.to_latest),
+                ("--to-position", args.to_position is not None),
+                ("--dry-run", args.dry_run),
+            )
+            if given
+        ]
+        if resetting:
+            raise ChannelError(
+                f"--remove conflicts with {', '.join(resetting)}: remove a consumer or reset one, in separate runs "
+                "(nothing was changed)"
+            )
     _existing(args.dir)
     store = ConsumerStore(DEFAULT_FS, args.dir)
     if args.remove is not None:
@@ -714,19 +747,16 @@ def _reset_consumer(args: argparse.Namespace) -> int:
     if len(targets) != 1:
         raise ChannelError("--reset NAME needs exactly one of --to-earliest, --to-latest, --to-position N")
     enc = _encryption(args)
-    log = Log(
-        args.dir,
-        ChannelConfig(on_corruption="skip", encryption=enc),
-        readonly=True,
-        checkpoints=_store(args.dir),
-        keyless_ok=enc is None,
+    view = open_view(
+        args.dir, ChannelConfig(on_corruption="skip", encryption=enc), replay=False, keyless_ok=enc is None
     )
+    log = view.log
     try:
         if log.meta_mac is None and (log.key_ids_in_use() or os.path.exists(os.path.join(args.dir, "ANCHOR"))):
             raise ChannelError(
                 f"{args.dir} is encrypted: its acknowledgements carry a MAC; pass --keystore PATH to reset one"
             )
-        q, _, _ = replay_queue(log, log.base_snapshot)
+        q = view.replay()
         end = log.next_position
         first = q.first_position()
         head = end if first is None else first
@@ -764,19 +794,8 @@ def _consumer_names(store: ConsumerStore) -> list[str]:
 
 def _lenient_channel_state(directory: str) -> tuple[Log, list[tuple[int, int, int, int]]]:
     """The channel's queue as its files say now (read-only, no key needed; lenient about damage)."""
-    log = Log(
-        directory,
-        ChannelConfig(on_corruption="skip"),
-        readonly=True,
-        checkpoints=_store(directory),
-        keyless_ok=True,
-    )
-    try:
-        q, _, _ = replay_queue(log, log.base_snapshot)
-    except BaseException:
-        log.close()
-        raise
-    return log, list(q)
+    view = open_view(directory, ChannelConfig(on_corruption="skip"), keyless_ok=True)
+    return view.log, view.entries()
 
 
 def _checkpoint_info(log: Log) -> dict[str, Any] | None:
@@ -809,7 +828,9 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
 def cmd_dump(args: argparse.Namespace) -> int:
     """Print every record as a JSON line."""
     _existing(args.dir)
-    log = Log(args.dir, ChannelConfig(encryption=_encryption(args)), readonly=True, keyless_ok=True)
+    log = open_view(
+        args.dir, ChannelConfig(encryption=_encryption(args)), checkpoints=False, replay=False, keyless_ok=True
+    ).log
     out = sys.stdout
 
     def emit(r: LogRecord, position: int | None = None) -> None:
@@ -940,7 +961,7 @@ def _salvage(src: str, res: VerifyResult, dest: str, encryption: Encryption | No
     """
     if encryption is None and res.undecrypted:
         raise ChannelError("--salvage of an encrypted channel needs --keystore (its events are copied encrypted)")
-    log = Log(src, ChannelConfig(on_corruption="skip", encryption=encryption), readonly=True, checkpoints=_store(src))
+    log = open_view(src, ChannelConfig(on_corruption="skip", encryption=encryption), replay=False).log
     n = 0
     try:
         cfg = ChannelConfig(checkpoint_interval=0, minimum_required_space=0, encryption=encryption)
@@ -1046,9 +1067,39 @@ def cmd_wal_verify(args: argparse.Namespace) -> int:
 # -- parser -----------------------------------------------------------------------------------
 
 
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def _size(text: str) -> int:
+    """A size for ``--max-bytes`` and ``--min-free-bytes``: bytes, or a number with K, M, G or T (powers of 1024)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", text, re.I)
+    if m is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size: give bytes or a number with K, M, G or T (e.g. 10G)")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).upper()])
+
+
+def _room_args(sp: argparse.ArgumentParser, prefix: str = "") -> None:
+    """``--max-bytes`` and ``--min-free-bytes`` (the byte limit and the free-space floor) on ``sp``."""
+    sp.add_argument(
+        "--max-bytes",
+        type=_size,
+        metavar="SIZE",
+        help=f"{prefix}most bytes of data files the channel may hold, e.g. 10G (default: no limit)",
+    )
+    sp.add_argument(
+        "--min-free-bytes",
+        dest="minimum_required_space",
+        type=_size,
+        metavar="SIZE",
+        help=f"{prefix}refuse puts while the data directory's file system has less free space, e.g. 1G (default 64M)",
+    )
+
+
 # Channel options the command line can set, and the flag that sets each.
 _CONFIG_FLAGS = {
     "capacity": "--capacity",
+    "max_bytes": "--max-bytes",
+    "minimum_required_space": "--min-free-bytes",
     "transaction_capacity": "--transaction-capacity",
     "max_event_size": "--max-event-size",
     "fsync": "--fsync",
@@ -1131,6 +1182,8 @@ _SERVE_FLAGS = {
     "directories": "DIR",
     "on_corruption": "--on-corruption",
     "capacity": "--capacity",
+    "max_bytes": "--max-bytes",
+    "minimum_required_space": "--min-free-bytes",
     "transaction_capacity": "--transaction-capacity",
     "max_event_size": "--max-event-size",
     "fsync": "--fsync",
@@ -1203,7 +1256,14 @@ def _serve_syslog(args: argparse.Namespace) -> Any:
     )
 
 
-_SERVE_CHANNEL_FLAGS = ("capacity", "transaction_capacity", "max_event_size", "fsync")
+_SERVE_CHANNEL_FLAGS = (
+    "capacity",
+    "max_bytes",
+    "minimum_required_space",
+    "transaction_capacity",
+    "max_event_size",
+    "fsync",
+)
 
 
 def _serve_channel_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -1224,7 +1284,9 @@ def _serve_forward(args: argparse.Namespace) -> Any:
     try:
         from .agent.forward import ForwardSettings
     except ImportError as exc:
-        raise ChannelError(f"--forward needs msgpack ({exc}): pip install 'filechannel[sources]'") from None
+        raise ChannelError(
+            f"--forward needs msgpack ({exc}): pip install '.[sources]' in filechannel's clone"
+        ) from None
     return ForwardSettings(tuple(args.forward))
 
 
@@ -1234,7 +1296,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from .agent.server import AgentConfig, check, serve
     except ImportError as exc:
         raise ChannelError(
-            f"filechannel serve needs pyarrow with Arrow Flight ({exc}): pip install 'filechannel[agent]'"
+            f"filechannel serve needs pyarrow with Arrow Flight ({exc}): pip install '.[agent]' in filechannel's clone"
         ) from None
     dirs, names = _serve_dirs(args.dir)
     for d in dirs:
@@ -1245,7 +1307,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             from .agent.web import HttpSettings
         except ImportError as exc:
             raise ChannelError(
-                f"--http needs aiohttp and prometheus_client ({exc}): pip install 'filechannel[agent]'"
+                f"--http needs aiohttp and prometheus_client ({exc}): pip install '.[agent]' in filechannel's clone"
             ) from None
         http = HttpSettings(
             args.http,
@@ -1325,7 +1387,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         handler.setFormatter(logging.Formatter("filechannel serve: %(levelname)s: %(message)s"))
         pkg = logging.getLogger("filechannel")
         pkg.addHandler(handler)
-        pkg.setLevel(getattr(logging, args.log_level))
+        pkg.setLevel(_log_level(args) or logging.INFO)
         stop = threading.Event()
         old = {s: signal.signal(s, lambda signum, frame: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
@@ -1382,23 +1444,22 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="show the library's log on stderr: -v at INFO, -vv at DEBUG (default: warnings of put, take, checkpoint)",
     )
-    p.add_argument(
-        "--log-level",
-        type=str.lower,
-        choices=_LOG_LEVELS,
-        metavar="LEVEL",
-        help=f"show the library's log on stderr from LEVEL on ({', '.join(_LOG_LEVELS)}); overrides -v",
-    )
+    _log_level_arg(p, default=None)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
-    sp = sub.add_parser("put", help="put one event per stdin line, committed in batches", epilog=_EPILOG)
+    sp = sub.add_parser(
+        "put",
+        help="put one event per stdin line, committed in batches",
+        epilog=_epilog(stopped=_STOPPED + "; either way it says what was committed"),
+    )
     sp.add_argument("dir", help="channel directory (created if missing)")
     sp.add_argument("--header", action="append", metavar="KEY=VALUE", help="a header for every event (repeatable)")
     sp.add_argument(
         "--batch",
         type=int,
         default=1000,
+        metavar="N",
         help="events per transaction (default 1000; at most the transaction capacity)",
     )
     sp.add_argument("--fsync", choices=("commit", "interval"), help="fsync mode (default commit)")
@@ -1406,6 +1467,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--capacity", type=int, metavar="N", help="most events the channel may hold while putting (default 1000000)"
     )
     sp.add_argument("--transaction-capacity", type=int, metavar="N", help="most events per transaction (default 10000)")
+    _room_args(sp)
     sp.add_argument(
         "--json",
         action="store_true",
@@ -1417,14 +1479,18 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="BYTES",
         help="largest event, a line plus its headers (default 8 MiB); a longer line stops the command",
     )
-    _keystore_arg(sp)
+    _keystore_arg(sp, writes=True)
     _flume_args(sp)
     sp.set_defaults(func=cmd_put)
 
-    sp = sub.add_parser("take", help="print and remove events (one per line)", epilog=_EPILOG)
+    sp = sub.add_parser(
+        "take",
+        help="print and remove events (one per line)",
+        epilog=_epilog("when its output closed early (the batch in progress is rolled back and stays queued)"),
+    )
     sp.add_argument("dir", help="channel directory")
-    sp.add_argument("-n", type=int, default=1, help="how many events to take (default 1)")
-    sp.add_argument("--wait", type=float, default=0.0, help="seconds to wait for events (default 0)")
+    sp.add_argument("-n", type=int, default=1, metavar="N", help="how many events to take (default 1)")
+    sp.add_argument("--wait", type=float, default=0.0, metavar="SECONDS", help="seconds to wait for events (default 0)")
     sp.add_argument("--json", action="store_true", help="print position, headers and body as JSON lines")
     sp.add_argument(
         "--transaction-capacity",
@@ -1440,19 +1506,19 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("fail", "skip"),
         help="fail (default) on damaged data, or skip it: drop what is damaged and report each loss on stderr",
     )
-    _keystore_arg(sp)
+    _keystore_arg(sp, writes=True)
     _flume_args(sp)
     sp.set_defaults(func=cmd_take)
 
-    sp = sub.add_parser("peek", help="print the oldest events without taking them (read-only)", epilog=_EPILOG)
+    sp = sub.add_parser("peek", help="print the oldest events without taking them (read-only)", epilog=_epilog())
     sp.add_argument("dir", help="channel directory")
-    sp.add_argument("-n", type=int, default=10, help="how many events (default 10)")
+    sp.add_argument("-n", type=int, default=10, metavar="N", help="how many events (default 10)")
     sp.add_argument("--start", type=int, metavar="POS", help="from position POS instead of the oldest")
     sp.add_argument("--json", action="store_true", help="one JSON object per event (body and body_encoding)")
     _keystore_arg(sp)
     sp.set_defaults(func=cmd_peek)
 
-    sp = sub.add_parser("stat", help="queue size, positions, files, bytes, last write-order id", epilog=_EPILOG)
+    sp = sub.add_parser("stat", help="queue size, positions, files, bytes, last write-order id", epilog=_epilog())
     sp.add_argument("dir", help="channel directory")
     sp.add_argument("--json", action="store_true", help="print one JSON object")
     sp.add_argument(
@@ -1460,11 +1526,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print the channel's metrics in the Prometheus text format (docs/agents.md#metrics)",
     )
+    _room_args(sp, "show the limit the channel's owner uses beside what it holds: ")
     _keystore_arg(sp)
     sp.set_defaults(func=cmd_stat)
 
     sp = sub.add_parser(
-        "consumers", help="list external consumers (acknowledged position, lag), or remove one", epilog=_EPILOG
+        "consumers",
+        help="list external consumers (acknowledged position, lag), remove one, or reset one's position",
+        epilog=_epilog(),
     )
     sp.add_argument("dir", help="channel directory")
     sp.add_argument("--json", action="store_true", help="print one JSON object (also with --remove)")
@@ -1485,23 +1554,25 @@ def build_parser() -> argparse.ArgumentParser:
     _keystore_arg(sp)
     sp.set_defaults(func=cmd_consumers)
 
-    sp = sub.add_parser("checkpoint", help="write a checkpoint now (fast restart)", epilog=_EPILOG)
+    sp = sub.add_parser("checkpoint", help="write a checkpoint now (fast restart)", epilog=_epilog())
     sp.add_argument("dir", help="channel directory")
     sp.add_argument(
         "--on-corruption",
         choices=("fail", "skip"),
         help="fail (default) on damaged data, or skip it: drop what is damaged and report each loss on stderr",
     )
-    _keystore_arg(sp)
+    _keystore_arg(sp, writes=True)
     sp.set_defaults(func=cmd_checkpoint)
 
-    sp = sub.add_parser("dump", help="print every log record as a JSON line", epilog=_EPILOG)
+    sp = sub.add_parser("dump", help="print every log record as a JSON line", epilog=_epilog())
     sp.add_argument("dir", help="channel directory")
     sp.add_argument("--bodies", action="store_true", help="include event headers and bodies")
     _keystore_arg(sp)
     sp.set_defaults(func=cmd_dump)
 
-    sp = sub.add_parser("verify", help="check every record and header; exit 1 on problems", epilog=_EPILOG)
+    sp = sub.add_parser(
+        "verify", help="check every record and header; exit 1 on problems", epilog=_epilog("when it finds problems")
+    )
     sp.add_argument("dir", help="channel directory")
     sp.add_argument("--json", action="store_true", help="print one JSON object (same exit status)")
     sp.add_argument(
@@ -1515,13 +1586,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser(
         "repair-channel-file",
         help="rebuild a damaged CHANNEL file from the channel id its data directories and data files agree on",
-        epilog=_EPILOG,
+        epilog=_epilog(),
     )
     sp.add_argument("dir", help="channel directory")
     sp.set_defaults(func=cmd_repair_channel_file)
 
     sp = sub.add_parser(
-        "keygen", help="create a keystore (mode 0600) with a new random key, or add one", epilog=_EPILOG
+        "keygen", help="create a keystore (mode 0600) with a new random key, or add one", epilog=_epilog()
     )
     sp.add_argument("keystore", metavar="KEYSTORE", help="keystore file (JSON: key id -> base64 key)")
     sp.add_argument("--id", metavar="ID", help="the new key's id (default: the UTC time, YYYY-MM-DD-HHMMSS)")
@@ -1530,7 +1601,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser(
         "serve",
         help="serve channels to other hosts over Arrow Flight (an agent; see docs/agents.md)",
-        epilog="Stops on SIGTERM or SIGINT (exit status 0). " + _EPILOG,
+        epilog=_epilog(stopped="0 also when stopped by SIGTERM or SIGINT (it stops gracefully)"),
     )
     sp.add_argument(
         "dir",
@@ -1577,9 +1648,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--keystore", metavar="PATH", help="keystore of encrypted channels (records still travel sealed)")
     sp.add_argument("--port-file", metavar="FILE", help="write the bound port here once listening (atomically)")
     sp.add_argument("--on-corruption", choices=("fail", "skip"), help="fail (default) on damaged data, or skip it")
-    sp.add_argument(
-        "--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), default="INFO", help="default INFO (on stderr)"
-    )
+    _log_level_arg(sp, default="info; -v and -vv also apply")
     sp.add_argument(
         "--writable",
         action="store_true",
@@ -1596,6 +1665,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-event-size", type=int, metavar="BYTES", help="with --writable: largest event (default 8 MiB)"
     )
     sp.add_argument("--fsync", choices=("commit", "interval"), help="with --writable: fsync mode (default commit)")
+    _room_args(sp, "with --writable: ")
     sp.add_argument(
         "--http",
         metavar="HOST:PORT",
@@ -1685,19 +1755,80 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.set_defaults(func=cmd_serve)
 
-    sp = sub.add_parser("wal", help="inspect a write-ahead log (filechannel.WriteAheadLog)", epilog=_EPILOG)
+    _top_args(
+        sub.add_parser("top", help="a live view of channels and agents: depth, rates, lag (q quits)", epilog=_epilog())
+    )
+
+    sp = sub.add_parser(
+        "wal",
+        help="inspect a write-ahead log (filechannel.WriteAheadLog)",
+        epilog=_epilog("when wal verify finds problems"),
+    )
     wsub = sp.add_subparsers(dest="wal_command", metavar="WAL_COMMAND", parser_class=_Parser)
     wsub.required = True
-    wp = wsub.add_parser("dump", help="print every record and time span as a JSON line", epilog=_EPILOG)
+    wp = wsub.add_parser("dump", help="print every record and time span as a JSON line", epilog=_epilog())
     wp.add_argument("dir", help="write-ahead log directory")
     wp.add_argument("--data", action="store_true", help="include each record's bytes")
     _keystore_arg(wp)
     wp.set_defaults(func=cmd_wal_dump)
-    wp = wsub.add_parser("verify", help="check every record, header and time span; exit 1 on problems", epilog=_EPILOG)
+    wp = wsub.add_parser(
+        "verify",
+        help="check every record, header and time span; exit 1 on problems",
+        epilog=_epilog("when it finds problems"),
+    )
     wp.add_argument("dir", help="write-ahead log directory")
     _keystore_arg(wp)
     wp.set_defaults(func=cmd_wal_verify)
     return p
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    """A live view of channels and agents (``top_screen.py``; what it shows: ``top.py``)."""
+    from .top_screen import run
+    from .top_sources import DirSource, Source, is_agent_uri, open_agent
+
+    if not args.interval > 0:  # also refuses nan
+        raise ChannelError(f"--interval must be a number of seconds > 0, got {args.interval}")
+    if args.json and not args.once:
+        raise ChannelError("--json goes with --once (one JSON document for scripts)")
+    tls = {"tls_ca": args.tls_ca, "tls_cert": args.tls_cert, "tls_key": args.tls_key, "token_file": args.token_file}
+    sources: list[Source] = []
+    try:
+        for t in args.targets:
+            if is_agent_uri(t):
+                sources.append(open_agent(t, timeout=args.timeout, **tls))
+            else:
+                sources.append(DirSource(_existing(t), _encryption(args)))
+        if len(sources) == 1:
+            sources[0].check()  # one target: a problem is an error; with several, that target's row says it
+        screen = not args.once and sys.stdout.isatty() and sys.stdin.isatty()
+        with _Sigint():  # SIGTERM too unwinds through curses, which gives the terminal back
+            try:
+                return run(sources, args.interval, sys.stdout, once=args.once, as_json=args.json, screen=screen)
+            except KeyboardInterrupt as exc:
+                return _stopped_by(exc)[1]  # a normal way to leave: no message
+    finally:
+        for s in sources:
+            s.close()
+
+
+def _top_args(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument(
+        "targets",
+        nargs="+",
+        metavar="TARGET",
+        help="a channel directory, or an agent: grpc+tls://HOST:PORT (Flight) or http(s)://HOST:PORT (its /metrics)",
+    )
+    sp.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="refresh period (default 1)")
+    sp.add_argument("--once", action="store_true", help="print one view (two samples --interval apart) and exit")
+    sp.add_argument("--json", action="store_true", help="with --once: print one JSON document")
+    sp.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS", help="deadline of each agent call")
+    sp.add_argument("--tls-ca", metavar="FILE", help="CA of the agents' certificates (grpc+tls://)")
+    sp.add_argument("--tls-cert", metavar="FILE", help="this client's certificate, for agents with --client-ca")
+    sp.add_argument("--tls-key", metavar="FILE", help="the key of --tls-cert")
+    sp.add_argument("--token-file", metavar="FILE", help="a file holding the agents' bearer token (mode 0600)")
+    _keystore_arg(sp)
+    sp.set_defaults(func=cmd_top)
 
 
 def _flume_args(sp: argparse.ArgumentParser) -> None:
@@ -1714,12 +1845,34 @@ def _flume_args(sp: argparse.ArgumentParser) -> None:
     )
 
 
-def _keystore_arg(sp: argparse.ArgumentParser) -> None:
+def _log_level_arg(p: argparse.ArgumentParser, default: str | None) -> None:
+    """``--log-level LEVEL``, one spelling wherever it is given: any case, shown in lower case.
+
+    ``serve`` repeats the global option (``serve DIR --log-level info`` reads naturally); its
+    copy sets nothing when absent, so ``filechannel --log-level debug serve DIR`` is not undone.
+    """
+    where = f"default {default}" if default else "overrides -v"
+    p.add_argument(
+        "--log-level",
+        type=str.lower,
+        choices=_LOG_LEVELS,
+        metavar="LEVEL",
+        default=argparse.SUPPRESS if default else None,
+        help=f"show the library's log on stderr from LEVEL on ({', '.join(_LOG_LEVELS)}, any case; {where})",
+    )
+
+
+def _keystore_arg(sp: argparse.ArgumentParser, *, writes: bool = False) -> None:
+    """``--keystore PATH``; ``writes``: the command writes data files (its last key then seals them)."""
+    what = (
+        "its last key encrypts new data files, every key it holds decrypts"
+        if writes
+        else "the keys it holds decrypt and check the channel's files"
+    )
     sp.add_argument(
         "--keystore",
         metavar="PATH",
-        help="keystore file of an encrypted channel (mode 0600; from `filechannel keygen`): its last key "
-        "encrypts new data files, every key it holds decrypts",
+        help=f"keystore file of an encrypted channel (mode 0600; from `filechannel keygen`): {what}",
     )
 
 
@@ -1744,7 +1897,7 @@ def _serve_config(argv: list[str], parser: argparse.ArgumentParser) -> list[str]
         try:
             import tomli as tomllib  # type: ignore[no-redef,import-not-found,unused-ignore]
         except ImportError:
-            parser.error("--config needs Python 3.11+ or the tomli package (pip install 'filechannel[agent]')")
+            parser.error("--config needs Python 3.11+ or the tomli package (the agent extra installs it)")
     try:
         with open(path, "rb") as f:
             conf = tomllib.load(f)
@@ -1773,6 +1926,21 @@ def _serve_config(argv: list[str], parser: argparse.ArgumentParser) -> list[str]
             else:
                 parser.error(f"--config {path}: {key} must be a string, a number, true/false or a list of them")
     return ["serve", *dirs, *out, *rest]
+
+
+def _key_problem(exc: DecryptionError, args: argparse.Namespace) -> str:
+    """The line for a key problem, with the command line's advice (``--keystore``) instead of the API's."""
+    if exc.wrong_key:
+        return (
+            f"{WRONG_KEY}: {exc.path}: {exc.reason}; give --keystore PATH with the keystore the channel was "
+            "written with (it holds that key id)"
+        )
+    if exc.hint == KEY_HINT and getattr(args, "keystore", None) is None:
+        return (
+            f"{exc.path}: the channel is encrypted (key id {exc.key_id!r}) and no --keystore was given: "
+            "give --keystore PATH with the keystore it was written with"
+        )
+    return str(exc)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1829,7 +1997,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ChannelError, OSError) as exc:
         msg = str(exc)
         if isinstance(exc, DecryptionError) and exc.key_id is not None:
-            pass  # a key problem: --on-corruption skip would not help
+            msg = _key_problem(exc, args)  # --on-corruption skip would not help
         elif isinstance(exc, CorruptLogError) and _damaged_channel_file(exc, args):
             # Neither verify nor --on-corruption skip get past it; the data files may be intact.
             msg = (

@@ -6,7 +6,9 @@ recovers it (``recovery.py``: which checkpoint to trust, what to keep, what to
 cut), hands the records recovery kept to replay, builds one ``Writer`` per data
 directory (``writer.py``: group commit, the fsync policy, rolling files),
 retires files (``retention.py``), reads queued events back, holds writers still
-for a checkpoint, and reports counters. What these share (counters, the FAILED
+for a checkpoint, and reports counters. Its writers (``writers``) and
+:meth:`Log.submit` are public for the WAL, which writes through them; a
+read-only ``Log`` and its replay are ``logview.open_view``. What these share (counters, the FAILED
 state, the live-file table, recovery's findings) is the
 :class:`~filechannel.logstate.LogState` that ``Log`` extends. It knows nothing
 of queues or capacity: ``channel.py`` builds those from the records it replays.
@@ -22,7 +24,6 @@ import itertools
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, cast
@@ -44,7 +45,7 @@ from .directory import (
     encode_channel_file,
     encode_meta,
 )
-from .errors import ChannelClosedError, CorruptLogError, DecryptionError, DiskSpaceError, EventFormatError, FormatError
+from .errors import CorruptLogError, DecryptionError, EventFormatError, FormatError
 from .logstate import DEFAULT_DATA_DIR, FSYNC_BUCKETS, LogState
 from .recovery import Recovery
 from .retention import retire_files
@@ -61,6 +62,7 @@ from .scan import (
     ranges_of,
     segment_name,
 )
+from .space import ENOSPC_ERRNOS, SpaceGuard
 from .writer import PREALLOC_STEP, CommitResult, Item, RollbackItem, Writer
 
 __all__ = [
@@ -92,7 +94,7 @@ logger = logging.getLogger(__name__)
 
 # Log.read_events reads adjacent records with one pread, up to this many bytes at a time.
 _RUN_BYTES = 4 << 20
-_SPACE_REFRESH_S = 1.0
+_FRAME_SLACK = 64  # at least what framing and sealing add to one event (a bound for Log.wait_for_room)
 
 
 class Log(LogState):
@@ -150,6 +152,7 @@ class Log(LogState):
             recovery = Recovery(self, checkpoints, progress, anchor)
             recovery.run()
             self._writers = [Writer(self, i, d, recovery.live_by_dir[i]) for i, d in enumerate(self.data_dirs)]
+            self.guard = SpaceGuard(self, self._active_bytes, self._room_ahead)
             self._dir.record_owners()
             if self.meta_mac is not None and not self.readonly:
                 # From here on this channel writes authenticated files only: say so where a
@@ -276,8 +279,25 @@ class Log(LogState):
             prefix=prefix,
             marks=marks,
         )
-        self._writers[txn_id % len(self._writers)].submit(item)
+        w = self._writers[txn_id % len(self._writers)]
+        try:
+            w.submit(item)
+        except OSError as exc:
+            if exc.errno in ENOSPC_ERRNOS and self.failed is None and payloads:
+                # The write ran out of space and was cut back (else the log failed): a full
+                # disk, not a failure. The transaction is undone; nothing of it was written.
+                raise self.guard.out_of_space(w.index, exc) from exc
+            raise
         return item.result
+
+    @property
+    def writers(self) -> list[Writer]:
+        """The writers, one per data directory, in the order of ``data_dirs``."""
+        return self._writers
+
+    def submit(self, item: Item, index: int = 0) -> None:
+        """Hand ``item`` to the writer of data directory ``index`` (what the WAL writes through)."""
+        self._writers[index].submit(item)
 
     def rollback(self, txn_id: int, n_puts: int, n_takes: int) -> None:
         """Note a rollback in the log; it is written with the next write, never waited for."""
@@ -444,7 +464,7 @@ class Log(LogState):
                         try:
                             self.fs.fdatasync(w.fd)
                         except OSError as exc:
-                            self.fail(exc, f"fdatasync of {w._path(w.file_id)} failed")
+                            self.fail(exc, f"fdatasync of {w.path_of(w.file_id)} failed")
                             raise
                         self.fsyncs += 1
                         w.synced = w.offset
@@ -502,21 +522,34 @@ class Log(LogState):
     # -- space, state, stats ------------------------------------------------------
 
     def check_space(self, index: int) -> None:
-        """Raise DiskSpaceError if data directory ``index`` is under minimum_required_space."""
-        need = self.config.minimum_required_space
-        if not need:
-            return
-        now = time.monotonic()
-        cached = self.space.get(index)
-        if cached is None or now - cached[0] > _SPACE_REFRESH_S:
-            free = self.fs.free_space(self.data_dirs[index])
-            self.space[index] = (now, free)
-            self.space_written[index] = 0
-        else:
-            free = cached[1] - self.space_written.get(index, 0)
-        if free < need:
-            self.space.pop(index, None)  # re-read next time: space may come back
-            raise DiskSpaceError(self.data_dirs[index], free, need)
+        """Raise DiskSpaceError (at once) if data directory ``index`` is under minimum_required_space."""
+        self.guard.check(index)
+
+    def wait_for_room(self, index: int, payloads: Sequence[bytes] | fmt.PutColumn = ()) -> None:
+        """Return once a put (or the commit of ``payloads``) has room under ``max_bytes`` and the floor.
+
+        Waits up to ``keep_alive`` (``space.py``); takes never call it.
+
+        Raises:
+            ChannelFullError: ``max_bytes`` stayed reached, or :class:`DiskSpaceError`:
+                free space stayed under the floor. Nothing was written.
+        """
+        cfg = self.config
+        nbytes = 0
+        if payloads:
+            # A bound first (no event is larger than max_event_size): the exact size only when it matters.
+            nbytes = len(payloads) * (cfg.max_event_size + _FRAME_SLACK)
+            if self.guard.roomy(index, nbytes):
+                return
+            nbytes = fmt.frames_size(payloads, self.seal_overhead + len(fmt.EMPTY_HEADERS))
+        self.guard.check(index, nbytes, cfg.keep_alive)
+
+    def _active_bytes(self) -> int:
+        return sum(w.offset for w in self._writers if w.fd is not None)
+
+    def _room_ahead(self, index: int) -> int:
+        w = self._writers[index]
+        return max(0, w.phys_end - w.offset) if w.fd is not None else 0
 
     def file_ids(self) -> list[int]:
         """Return the ids of the data files that are part of the channel."""
@@ -570,6 +603,7 @@ class Log(LogState):
             "last_woid": self.last_woid,
             "torn_tails_truncated": len(self.torn_tails),
             "corruptions_skipped": len(self.corruption),
+            **self.guard.stats(self.data_dirs),
         }
 
     # -- interval sync and closing ----------------------------------------------------
@@ -601,29 +635,7 @@ class Log(LogState):
         self.closing = True
         if not self.readonly:
             for w in self._writers:
-                with w.io_lock:
-                    with w.lock:
-                        pending = w.pending
-                        w.pending = []
-                    if w.fd is None and all(it.kind == fmt.ROLLBACK for it in pending):
-                        # Rollback notes are informational: not worth a new data file.
-                        pending = []
-                    if pending:
-                        try:
-                            w._write_batch_locked(pending, closing=True)
-                        except (OSError, ChannelClosedError) as exc:
-                            err = err or (exc if isinstance(exc, OSError) else None)
-                            for it in pending:
-                                if it.error is None and not it.published:
-                                    it.error = exc
-                with w.lock:  # release committers whose items close wrote (or failed)
-                    for it in pending:
-                        it.done = True
-                        w._wake(it)
-                try:
-                    w.close()
-                except OSError as exc:
-                    err = err or exc
+                err = err or w.drain_on_close()
         self.closed = True
         self._release()
         if err is not None:

@@ -321,7 +321,7 @@ def test_forward_without_msgpack_says_which_extra(tmp_path: Path) -> None:
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=_env())
     assert r.returncode != 0
-    assert "pip install 'filechannel[sources]'" in r.stderr
+    assert "pip install '.[sources]' in filechannel's clone" in r.stderr
     assert "Traceback" not in r.stderr
 
 

@@ -34,7 +34,7 @@ import filechannel
 from filechannel import checkpoint
 from filechannel import format as fmt
 
-pytest.importorskip("cryptography", reason="the crypto extra (pip install 'filechannel[crypto]') is not installed")
+pytest.importorskip("cryptography", reason="the crypto extra is not installed (README, Installing)")
 
 from filechannel.crypto import Encryption
 

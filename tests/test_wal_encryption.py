@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from simfs import SimFS
 
-pytest.importorskip("cryptography", reason="the crypto extra (pip install 'filechannel[crypto]') is not installed")
+pytest.importorskip("cryptography", reason="the crypto extra is not installed (README, Installing)")
 
 import filechannel
 from filechannel import format as fmt

@@ -18,7 +18,7 @@ protocol gives them no answer: at most once). An entry over
 ``max_event_size`` is left out (logged, counted); a message with more entries
 than ``transaction_capacity``, a chunk id reused with other entries, or bytes
 that are not the protocol close the connection without an answer.
-msgpack (``pip install 'filechannel[sources]'``) is imported by this module
+msgpack (``pip install '.[sources]' in filechannel's clone``) is imported by this module
 only; ``import filechannel`` does not load it.
 """
 
