@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.spark [--n N] [--repeats R] [--quick] [--source-only | --headers-only]
     .venv/bin/python -m bench.spark --agents [--n N] [--repeats R] [--quick]
+    .venv/bin/python -m bench.spark --agent-decode [--n N] [--repeats R]
 
 One local SparkSession (``local[2]``, shuffle partitions 1, UI off, as in
 tests/spark_session.py) for the whole run; its start-up is excluded from every rate.
@@ -39,6 +40,11 @@ so every row's headers differ), written by the sink with its headers and, as
 ``no headers``, its ``body`` column alone; each against the floor sink (a Python
 Arrow writer that receives the same rows and keeps nothing: PySpark's own cost).
 ``sink / floor, headers`` and ``headers / no headers`` are the ratios.
+
+``--agent-decode`` (issue 33, no Spark): an in-process agent on loopback serves a
+channel of N events; one executor-side read of the whole range, as the agent
+source did before (``read_raw``, an ``Event`` per row, ``pa.array`` of lists) and
+as it does now (``AgentClient.read_arrow``), alternating, each repeat.
 
 ``--agents`` (issue 24): the same ``source`` measurement, three ways, per repeat:
 today's source on ``local[2]`` reading a local channel; the agent source
@@ -503,6 +509,55 @@ def main_agents(args: argparse.Namespace, n: int, repeats: int) -> int:
     return 0
 
 
+def main_decode(args: argparse.Namespace, n: int, repeats: int) -> int:
+    """``--agent-decode``: an executor's decode of one agent range, Events then arrays against ``read_arrow``."""
+    import pyarrow as pa
+
+    from filechannel.agent import connect, serve
+    from filechannel.arrow import schema
+
+    res = Results(machine_info(args.data_dir or tempfile.gettempdir()))
+    root = tempfile.mkdtemp(prefix="fc-spark-decode-", dir=args.data_dir)
+    headers = schema().field("headers").type
+
+    def events_then_arrays(c: Any, cid: str) -> int:  # the agent source's decode before issue 33
+        rows = 0
+        for seg in c.read_raw(cid, 0, n):
+            evs = seg.events(None)
+            cols = [
+                pa.array([e.position for e in evs], pa.int64()),
+                pa.array([e.body for e in evs], pa.binary()),
+                pa.array([list(e.headers.items()) for e in evs], headers),
+            ]
+            rows += pa.RecordBatch.from_arrays(cols, schema=schema()).num_rows
+        return rows
+
+    try:
+        for size in SIZES:
+            d = os.path.join(root, f"c{size}")
+            _fill(d, n, size)
+            with serve([d], "grpc://127.0.0.1:0") as agent, connect(agent.location, timeout=120) as c:
+                cid = next(iter(c.channels()))
+                for _ in range(repeats):
+                    rates = {}
+                    for system, fn in (
+                        ("Events, then arrays", lambda c=c, cid=cid: events_then_arrays(c, cid)),
+                        ("read_arrow", lambda c=c, cid=cid: c.read_arrow(cid, 0, n).num_rows),
+                    ):
+                        t0 = time.perf_counter()
+                        if fn() != n:
+                            raise RuntimeError(f"{system} read the wrong number of events")
+                        rates[system] = n / (time.perf_counter() - t0)
+                        res.add("agent decode", size, system, {"events_per_s": rates[system]})
+                    ratio = rates["read_arrow"] / rates["Events, then arrays"]
+                    res.add("agent decode", size, "read_arrow / before", {"ratio": ratio})
+        res.emit_all(args.quick)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    print(f"\n`python -m bench.spark --agent-decode`: n={n}\n\n{summary(res.rows)}", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.spark", description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, help="events per run (default 200000, quick 5000)")
@@ -514,6 +569,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--source-only", action="store_true", help="the source cases only (no sink runs)")
     ap.add_argument(
+        "--agent-decode", action="store_true", help="an executor's decode of one agent range (no Spark, issue 33)"
+    )
+    ap.add_argument(
         "--headers-only", action="store_true", help="the sink's headers-map cases only (with and without, floor sink)"
     )
     args = ap.parse_args(argv)
@@ -521,6 +579,8 @@ def main(argv: list[str] | None = None) -> int:
     repeats = args.repeats or (1 if args.quick else 3)
     if args.agents:
         return main_agents(args, n, repeats)
+    if args.agent_decode:
+        return main_decode(args, n, repeats)
     machine = machine_info(args.data_dir or tempfile.gettempdir())
     res = Results(machine)
     root = tempfile.mkdtemp(prefix="fc-spark-", dir=args.data_dir)
