@@ -231,7 +231,8 @@ class PutColumn(Sequence[bytes]):
     the column shares; the chunks hold the bodies and the PUT payload of a row
     is ``head + body`` (the transaction frames it with ``head`` as the prefix).
     ``put_arrow``'s columns have none (``EMPTY_HEADERS``); the Spark sink's commit
-    gives its ``spark.query`` and ``spark.batch_id`` headers.
+    gives its ``spark.query`` and ``spark.batch_id`` headers. An empty ``head``
+    (``b""``): each row is a whole PUT payload (the sink's rows with headers of their own).
     """
 
     __slots__ = ("chunks", "head", "n")

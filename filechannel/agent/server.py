@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import struct
 import tempfile
 import threading
 import time
@@ -928,7 +929,9 @@ def _segment_batch(schema: Any, s: Segment) -> Any:
         [
             pa.array([s.file_id], pa.int64()),
             pa.array([s.offset], pa.int64()),
-            pa.array([raw], pa.large_binary()),
+            pa.Array.from_buffers(  # the bytes as read, not copied
+                pa.large_binary(), 1, [None, pa.py_buffer(struct.pack("=2q", 0, len(raw))), pa.py_buffer(raw)]
+            ),
             pa.array([s.positions], pa.list_(pa.int64())),
             pa.array([s.offsets], pa.list_(pa.int64())),
             pa.array([s.sizes], pa.list_(pa.int64())),
