@@ -209,8 +209,6 @@ EMPTY_HEADERS: Final = b"\0\0\0\0"
 class Incomplete:
     """Type of :data:`INCOMPLETE`."""
 
-    _instance: Incomplete | None = None
-
     def __repr__(self) -> str:
         return "INCOMPLETE"
 
