@@ -63,6 +63,16 @@ CHANNEL_METRICS: tuple[tuple[str, str, str, str, str], ...] = (
     ("last_checkpoint_bytes", "gauge", "Size of the last checkpoint", "last_checkpoint_bytes", ""),
     ("last_checkpoint_timestamp_seconds", "gauge", "Unix time of the last checkpoint", "last_checkpoint_time", ""),
     ("disk_bytes", "gauge", "Bytes of the channel's data files on disk", "disk_bytes", ""),
+    ("data_bytes", "gauge", "Bytes the live data files hold, as max_bytes counts them", "data_bytes", ""),
+    ("max_bytes", "gauge", "The channel's byte limit (absent: none)", "max_bytes", ""),
+    ("min_free_bytes", "gauge", "The free-space floor (minimum_required_space)", "minimum_required_space", ""),
+    (
+        "space_refusals",
+        "counter",
+        "Puts refused for max_bytes, the free-space floor or a full disk",
+        "space_refusals",
+        "",
+    ),
     ("data_files", "gauge", "Data files of the channel", "files", ""),
     ("data_files_created", "counter", "Data files created", "files_created", ""),
     ("data_files_retired", "counter", "Data files retired (deleted once drained)", "files_retired", ""),
@@ -75,6 +85,7 @@ CHANNEL_METRICS: tuple[tuple[str, str, str, str, str], ...] = (
     ("damaged_events_dropped", "counter", "Events dropped as damaged", "damaged_events_dropped", ""),
     ("lost_positions", "gauge", "Positions reported lost to damage", "lost_positions", ""),
     ("channel_bytes", "gauge", "Record bytes of the queued events (an agent's channels)", "", ""),
+    # Read afresh at each scrape by the agent (stats()["disk_free"] is the same reading, of every data directory).
     ("disk_free_bytes", "gauge", "Bytes unprivileged writers may still use on the channel's file system", "", ""),
 )
 

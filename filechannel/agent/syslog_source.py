@@ -360,10 +360,10 @@ class _Listener:
                             tx.put(ev[0], headers=ev[1])
                         except EventTooLargeError:  # the headers made it too large: skipped like a long frame
                             results[i] = "too_large"
+            except DiskSpaceError:  # a ChannelFullError of the disk kind: caught first
+                reason = "disk"
             except ChannelFullError:
                 reason = "full"
-            except DiskSpaceError:
-                reason = "disk"
             except (ChannelClosedError, ChannelError, OSError) as exc:
                 logger.error(
                     "--%s %s: a commit to channel %s failed: %s", self.spec.kind, self.spec.text, self.name, exc
