@@ -17,7 +17,7 @@ import pytest
 from helpers import cli_command, run_cli, run_module
 
 import filechannel
-from filechannel import cli
+from filechannel.cli import channels as cli  # put and take, whose FileChannel and _put_batch the tests patch
 from filechannel import format as fmt
 
 
