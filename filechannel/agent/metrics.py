@@ -249,10 +249,16 @@ class AgentMetrics:
             ["channel"],
             registry=self.registry,
         )
-        # The push sources other than the HTTP one (OTLP, forward, ...): label source names which.
+        # The push sources other than the HTTP one (syslog, relp, forward, otlp): label source names which.
         self.source_events = Counter(
             PREFIX + "source_events",
-            "Events committed from a push source (otlp, forward, ...), by source and channel",
+            "Events committed from a push source (syslog, relp, forward, otlp), by source and channel",
+            ["source", "channel"],
+            registry=self.registry,
+        )
+        self.source_invalid = Counter(
+            PREFIX + "source_invalid_events",
+            "Events committed as they came, marked invalid (syslog.status=invalid; also in source_events)",
             ["source", "channel"],
             registry=self.registry,
         )
@@ -268,10 +274,23 @@ class AgentMetrics:
             ["source", "channel"],
             registry=self.registry,
         )
+        self.source_responses = Counter(
+            PREFIX + "source_responses",
+            "Answers a source sent for messages, by source, channel and code (relp: 200 after a durable commit, 500)",
+            ["source", "channel", "code"],
+            registry=self.registry,
+        )
         self.source_connections = Gauge(
             PREFIX + "source_connections",
             "Connections open to a stream source now, by source",
             ["source"],
+            registry=self.registry,
+        )
+        self.source_connection_outcomes = Counter(
+            PREFIX + "source_connection_outcomes",
+            "Connections to a stream source by transport (tcp, tls) and outcome (accepted, over_limit, tls_failed, "
+            "refused_certificate, timeout, protocol_error)",
+            ["source", "transport", "outcome"],
             registry=self.registry,
         )
         self.flight_calls = Counter(
