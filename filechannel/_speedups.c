@@ -1367,7 +1367,7 @@ fail:
 }
 
 /* take_slots(cls, bodies, headers, a, m, first) -> (events, nbytes): take a stretch of a cache run,
-   the twin of channel._take_slots. Builds cls((bodies[a + i], headers[a + i], first + i)) for i < m,
+   the twin of takes.take_slots. Builds cls((bodies[a + i], headers[a + i], first + i)) for i < m,
    clears bodies[a .. a + m) to None (each body's reference moves into its event) and returns the
    events with the sum of the bodies' lengths. Checks everything before changing anything: a stretch
    past either list's end is a ValueError, a slot already cleared a TypeError (len(None), as in
@@ -3096,7 +3096,7 @@ static PyMethodDef sp_methods[] = {
      "decode_puts(buf, offsets, sizes, seed, kind, max_payload, decode, frame_error, event_error)"
      " -> list: per record (body, headers), its payload bytes, or an error instance (format.decode_puts)."},
     {"take_runs", sp_take_runs, METH_O,
-     "take_runs(entries) -> (ranges, file_runs) or None: a transaction's takes grouped (channel._take_runs)."},
+     "take_runs(entries) -> (ranges, file_runs) or None: a transaction's takes grouped (takes.take_runs)."},
     {"close_batch", sp_close_batch, METH_VARARGS,
      "close_batch(seed, kind, parts, start, first_woid, woid) -> bytes: the BATCH_END frame closing parts."},
     {"frame_commit1", sp_frame_commit1, METH_VARARGS,
@@ -3108,7 +3108,7 @@ static PyMethodDef sp_methods[] = {
      "int64_range(first, n) -> bytes: first .. first + n - 1 as native int64s (for array('q').frombytes)."},
     {"take_slots", sp_take_slots, METH_VARARGS,
      "take_slots(cls, bodies, headers, a, m, first) -> (events, nbytes): take a stretch of a cache run"
-     " (channel._take_slots)."},
+     " (takes.take_slots)."},
     {"trim_heap", sp_trim_heap, METH_NOARGS, "trim_heap() -> bool: glibc malloc_trim(0); False elsewhere."},
     {"scan_batches", sp_scan_batches, METH_VARARGS,
      "scan_batches(buf, pos, seed, kind, max_payload, batch_last_woid, base, file_id, record_type, records[, run_type, offsets, sizes]) -> (end_of_verified_prefix, last_woid)."},

@@ -382,7 +382,6 @@ def _write_atomic(fs: FS, directory: str, name: str, data: bytes) -> None:
     """Write ``directory/name`` atomically and durably: temporary file, fsync, rename, fsync of the directory."""
     tmp = os.path.join(directory, f"{_TMP_PREFIX}{name}.{os.getpid()}.{time.time_ns()}")
     replace_durably(fs, tmp, os.path.join(directory, name), data)
-    fs.fsync_dir(directory)
 
 
 # --------------------------------------------------------------------------
