@@ -207,7 +207,7 @@ class Transaction:
             self._payloads = out = bodies  # plain events: each payload is the body
             self._bodies = list(out)
         else:
-            self._payloads = out = [col.head + b for b in bodies]
+            self._payloads = out = col.payloads() if not col.head else [col.head + b for b in bodies]
             self._plain = False
             self._bodies = bodies
         self._headers = headers
@@ -548,7 +548,7 @@ class Transaction:
                 else:
                     if self._plain:
                         mine = self._unplain()
-                    mine += [col.head + b for b in bodies]
+                    mine += col.payloads() if not col.head else [col.head + b for b in bodies]
                 self._bodies += bodies
                 self._headers += headers
         return n

@@ -96,9 +96,6 @@ CONSUMER_METRICS: tuple[tuple[str, str, str], ...] = (
     ("consumer_lag_bytes", "Bytes of the records of those events", "lag_bytes"),
 )
 
-_KIND = {name: kind for name, kind, *_ in CHANNEL_METRICS}
-_HELP = {name: text for name, _, text, *_ in CHANNEL_METRICS}
-
 # Seconds from a put's first event to its durable commit, as the agent sees it.
 COMMIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 

@@ -56,7 +56,8 @@ from filechannel.staged import (
     created_ns,
     headers_overhead,
     job_prefix,
-    put_all,
+    payload_chunk,
+    put_chunks,
     read_staged,
     sink_headers,
     slug,
@@ -247,7 +248,7 @@ class AgentSink:
                 owner=owner,
                 claim=claim if claim is not None else Claim("-1", None),
                 done=done,
-                put=lambda tx: put_all(tx, payloads, sink_headers(query, batch_id)),
+                put=lambda tx: put_chunks(tx, [payload_chunk(payloads)], sink_headers(query, batch_id)),
                 mark=lambda: (batch_mark(query), str(batch_id)),
                 sync=True,  # durable before the driver hears of it, whatever the fsync mode
             )
@@ -302,7 +303,7 @@ class AgentSink:
                 owner=None,  # bound by the mark's name
                 claim=Claim(" ".join(recent), None),
                 done=done,
-                put=lambda tx: put_all(tx, payloads, {}),
+                put=lambda tx: put_chunks(tx, [payload_chunk(payloads)], {}),
                 mark=lambda: (mark, " ".join([*recent, job][-RECENT_JOBS:])),
                 sync=True,
             )

@@ -468,7 +468,6 @@ class HttpServer:
         if self._settings.port_file:
             path = os.path.abspath(self._settings.port_file)
             replace_durably(DEFAULT_FS, f"{path}.tmp-{os.getpid()}", path, b"%d\n" % self.port)
-            DEFAULT_FS.fsync_dir(os.path.dirname(path))
         logger.info("HTTP source, /metrics and health checks on %s", self.url)
 
     # -- the event loop thread -------------------------------------------------------------
