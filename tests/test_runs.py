@@ -209,7 +209,8 @@ def test_a_deep_queue_holds_one_run_per_file_and_few_pointers() -> None:
     pos = 0
     for c in range(1000):
         fid = c // 250  # four data files
-        offs, sizes = [], []
+        offs: list[int] = []
+        sizes: list[int] = []
         for _ in range(1000):
             offs.append(log.add(fid, 136, pos + len(offs)))
             sizes.append(136)
