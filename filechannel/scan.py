@@ -747,3 +747,118 @@ def oldest_authenticated(fs: FS, data_dirs: Sequence[str]) -> int:
             if claims and int.from_bytes(head[12:14], "little") & fmt.ENCRYPTED:
                 oldest = int(m.group(1), 16)
     return oldest
+
+
+# --------------------------------------------------------------------------
+# the queue's head: committed PUTs found walking forward
+
+
+_REC_HEAD = struct.Struct("<BBHIQQ")  # op, flags, reserved, payload length, woid, txn id (format's record head)
+
+
+@dataclass(frozen=True, slots=True)
+class PutWalk:
+    """What :func:`committed_puts` found.
+
+    ``first``: the position of the first PUT kept (-1 when none); ``offsets`` and
+    ``sizes``: the kept PUTs' pointers, positions ``first, first + 1, ...``;
+    ``next_offset``: the record boundary after the last one kept (``start`` when none
+    was); ``done``: ``want`` PUTs were kept, or one at ``hi`` or beyond, or one after
+    a gap in positions (another data directory's between them) was reached
+    (otherwise the buffer ended first: read more).
+    """
+
+    first: int
+    offsets: array[int]
+    sizes: array[int]
+    next_offset: int
+    done: bool
+
+
+def committed_puts(
+    buf: bytes | bytearray | memoryview,
+    base: int,
+    start: int,
+    lo: int,
+    hi: int,
+    want: int,
+    seed: int,
+    kind: int,
+    max_payload: int,
+) -> PutWalk:
+    """Walk the record frames of a data file from ``start``, keeping committed PUTs with positions in ``[lo, hi)``.
+
+    ``buf`` holds the file's bytes from offset ``base``; ``start`` (a file
+    offset) is a record boundary. A transaction's records are contiguous (its
+    MARKs, PUTs, TAKE, then COMMIT), so the PUTs met since the last COMMIT are
+    the last ones of the COMMIT that follows: its payload gives their positions
+    (a walk that starts among a transaction's PUTs gets the last of them right
+    too). PUTs that no COMMIT of their transaction follows are skipped, as are
+    all other records. Frames are checked as ``format.decode_record`` checks
+    them; a COMMIT's checksum is verified here, a PUT's when it is read (the
+    take verifies and decodes it). The walk stops at the end of ``buf``, at
+    zero-filled space, after ``want`` PUTs, at a position at or past ``hi`` or at
+    a gap in positions: what it keeps is consecutive.
+
+    Raises:
+        FormatError: A frame that is not a record, or a COMMIT that does not verify
+            or claims fewer PUTs than precede it (its file offset and why).
+    """
+    n_buf = len(buf)
+    pos = start - base
+    offsets: array[int] = array("q")
+    sizes: array[int] = array("q")
+    first = -1
+    nxt = start
+    pend_off: list[int] = []
+    pend_size: list[int] = []
+    pend_txn = -1
+    unpack = _REC_HEAD.unpack_from
+    head_len = fmt.RECORD_HEADER_LEN
+    ops = fmt.OP_NAMES
+    put_op, commit_op = fmt.PUT, fmt.COMMIT
+    while pos + head_len <= n_buf:
+        op, flags, reserved, n, _woid, txn = unpack(buf, pos)
+        if op == 0 and not flags and not n and not txn:
+            break  # zero-filled space ahead of the writer
+        if op not in ops or reserved or n > max_payload:
+            raise FormatError(pos + base, f"not a record frame (op {op}, payload length {n})")
+        size = head_len + n + (-n & 7)
+        if pos + size > n_buf:
+            break
+        if op == put_op:
+            if txn != pend_txn:
+                pend_off.clear()
+                pend_size.clear()
+                pend_txn = txn
+            pend_off.append(pos + base)
+            pend_size.append(size)
+        elif op == commit_op:
+            rec = fmt.decode_record(buf, pos, seed, kind, max_payload)
+            assert isinstance(rec, fmt.Record)
+            c_first, c_n, _ = fmt.decode_commit(rec.payload)
+            k = len(pend_off) if txn == pend_txn else 0
+            if k > c_n:
+                raise FormatError(pos + base, f"commit of {c_n} puts follows {k} put records of its transaction")
+            p = c_first + c_n - k
+            for i in range(k):
+                if p + i >= hi:
+                    return PutWalk(first, offsets, sizes, nxt, True)
+                if p + i < lo:
+                    continue
+                if first < 0:
+                    first = p + i
+                elif p + i != first + len(offsets):
+                    return PutWalk(first, offsets, sizes, nxt, True)  # a gap: another directory's positions
+                offsets.append(pend_off[i])
+                sizes.append(pend_size[i])
+                nxt = pend_off[i] + pend_size[i]
+                if len(offsets) >= want:
+                    return PutWalk(first, offsets, sizes, nxt, True)
+            pend_off.clear()
+            pend_size.clear()
+            pend_txn = -1
+            if c_first + c_n >= hi:
+                return PutWalk(first, offsets, sizes, nxt if offsets else pos + base + size, True)
+        pos += size
+    return PutWalk(first, offsets, sizes, nxt, False)
