@@ -38,6 +38,8 @@ import heapq
 from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator
+from itertools import islice
+from operator import eq, sub
 from typing import NamedTuple
 
 from . import format as fmt
@@ -604,6 +606,59 @@ class RunQueue:
             self._h = 0
             self._cool_from = 0
 
+    def remove_files(self, file_ids: set[int]) -> list[tuple[int, int, int]]:
+        """Remove every queued event in these data files; return them as ``(file_id, first, count)``."""
+        out: list[tuple[int, int, int]] = []
+        for r in [r for r in self._runs[self._h :] if r.fid in file_ids]:
+            out += self.remove_range(r.lo, r.hi - r.lo)
+        for e in [e for e in self._returned if e[1] in file_ids]:
+            out += self.remove_range(e[0], 1)
+        return out
+
+    def missing(self, positions: Iterable[int]) -> set[int]:
+        """Return the ``positions`` that are not queued (O(n log runs), no I/O)."""
+        return {p for p in positions if p not in self}
+
+    def sample(self, k: int) -> list[Entry]:
+        """The first event of up to ``k`` runs spread over the queue, located (for a spot check; no change).
+
+        Raises:
+            CorruptLogError, OSError: As the locator.
+        """
+        runs = self._runs[self._h :]
+        if not runs:
+            return []
+        step = max(1, len(runs) // k)
+        picks = sorted({*range(0, len(runs), step), len(runs) - 1})
+        out: list[Entry] = []
+        for i in picks:
+            r = runs[i]
+            p = r.lo
+            while p < r.hi and p in self._holes:
+                p += 1
+            if p == r.hi:
+                continue
+            if r.offs is not None and r.cols_lo <= p < r.hot_end():
+                assert r.sizes is not None
+                out.append((p, r.fid, r.offs[p - r.cols_lo], r.sizes[p - r.cols_lo]))
+                continue
+            got = self._locate(r.fid, r.start_offset() if r.offs is None else r.off, p, r.hi, 1)
+            if got.first != p or not len(got.offsets):
+                raise CorruptLogError(f"data file {r.fid}", r.off, f"queued position {p} is not where its run says")
+            out.append((p, r.fid, got.offsets[0], got.sizes[0]))
+        return out
+
+    def entries_in(self, file_ids: set[int]) -> Iterator[Entry]:
+        """Yield the queued events in these data files, located (no change).
+
+        Raises:
+            CorruptLogError, OSError: As the locator.
+        """
+        for r in list(self._runs[self._h :]):
+            if r.fid in file_ids:
+                yield from self._run_entries(r)
+        yield from (e for e in sorted(self._returned) if e[1] in file_ids)
+
     # -- checkpoints ------------------------------------------------------------------------
 
     def stored(self, extra: Iterable[Entry] = ()) -> tuple[list[StoredRun], list[Entry], list[int]]:
@@ -658,6 +713,37 @@ class RunQueue:
                 q._n -= 1
         q._drop_empty_anywhere()
         return q
+
+    @classmethod
+    def from_columns(
+        cls,
+        locate: Locate,
+        positions: array[int],
+        file_ids: array[int],
+        offsets: array[int],
+        hot_pointers: int = HOT_POINTERS,
+        chunk: int = CHUNK,
+    ) -> RunQueue:
+        """Build a queue of cold runs from entries in position order (an older checkpoint's columns).
+
+        Consecutive positions in one data file are consecutive committed PUTs of it
+        (the module docstring says why), so each stretch of them becomes one run
+        starting at its first entry's offset: one pass, no I/O.
+
+        Raises:
+            ValueError: Positions do not increase (``from_stored`` finds the runs overlap).
+        """
+        n = len(positions)
+        runs: list[StoredRun] = []
+        if n:
+            steps = map(sub, islice(positions, 1, None), positions)
+            same = map(eq, islice(file_ids, 1, None), file_ids)
+            breaks = [i for i, (d, f) in enumerate(zip(steps, same, strict=True), 1) if d != 1 or not f]
+            start = 0
+            for b in [*breaks, n]:
+                runs.append(StoredRun(positions[start], b - start, file_ids[start], offsets[start]))
+                start = b
+        return cls.from_stored(locate, runs, hot_pointers=hot_pointers, chunk=chunk)
 
     # -- reading without taking -----------------------------------------------------------
 

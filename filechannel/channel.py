@@ -17,6 +17,7 @@ import logging
 import os
 import threading
 import time
+from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import fields
 from functools import partial
@@ -27,7 +28,8 @@ from typing import Any, Final, NamedTuple, NoReturn, cast
 from . import format as fmt
 from ._cache import TakeCache
 from ._fs import DEFAULT_FS, FS
-from ._queue import Columns, Entry, EventQueue, Taken
+from ._queue import Columns, Entry, Taken
+from ._runs import RunQueue
 from .checkpoint import CHECKPOINT_DIR, CheckpointStore, Snapshot
 from .config import MAX_CHECKPOINT_SPREAD, ChannelConfig
 from .consumers import ConsumerStore
@@ -902,7 +904,7 @@ class FileChannel:
 
     # -- recovery ---------------------------------------------------------------------
 
-    def _recover(self) -> tuple[Log, EventQueue]:
+    def _recover(self) -> tuple[Log, RunQueue]:
         """Open the log from the newest usable checkpoint and rebuild the queue.
 
         A checkpoint that decodes is trusted: data that disagrees with it is
@@ -993,7 +995,7 @@ class FileChannel:
             q = self._queue
             consumers: dict[str, Any] = {}
             for name, c in registry.items():
-                first = q.first_at_or_after(c.acked)
+                first = q.first_file_at_or_after(c.acked)
                 consumers[name] = {
                     "acked": c.acked,
                     "lag_events": len(q) - q.count_below(c.acked),
@@ -1257,18 +1259,18 @@ class FileChannel:
     def _write_checkpoint(self, paced: bool = False) -> dict[str, Any]:
         t0 = time.monotonic()
         log = self._log
-        # Writers are held only for what is O(1) or small: the queue's columns are
-        # lent (not copied) to the checkpoint, which encodes and writes them in
-        # blocks after the writers and the channel lock are released.
+        # Writers are held only for what is small: the queue as runs (O(runs), not
+        # O(events)) plus the entries open transactions hold; it is encoded and
+        # written after the writers and the channel lock are released.
         with log.freeze() as files, self._lock:
             woid, next_pos, next_txn, next_file = log.counters()
             extra = [e for tx in self._open_txns.values() for e in tx._taken]
-            queue = self._queue
-            windows = queue.lend(extra)
+            runs, entries, holes = self._queue.stored(extra)
             taken = {f: list(r) for f, r in self._taken_from.items() if f in files}
             file_dirs = log.file_dirs(files)
             auth = log.frozen_auth_state(files) if log.meta_mac is not None else None
             marks = [(k, v, w, f) for k, (v, w, f) in sorted(self._marks.items())]
+        cols = [array("q", [e[i] for e in entries]) for i in range(4)]
         snap = Snapshot(
             woid,
             next_pos,
@@ -1277,11 +1279,16 @@ class FileChannel:
             log.channel_id,
             time.time_ns(),
             files,
+            positions=cols[0],
+            file_ids=cols[1],
+            offsets=cols[2],
+            sizes=cols[3],
             taken=taken,
-            parts=windows,
             file_dirs=file_dirs,
             auth=auth,
             marks=marks,
+            runs=runs,
+            holes=holes,
         )
         try:
             nbytes, _copies = self._store.write(snap, log.crc_kind, self._pacer(t0) if paced else None, log.meta_mac)
@@ -1289,9 +1296,6 @@ class FileChannel:
         except OSError:
             self._ckpt_stats["checkpoint_failures"] += 1
             raise
-        finally:
-            with self._lock:
-                queue.give_back(windows)
         took = time.monotonic() - t0
         st = self._ckpt_stats
         st["checkpoints_written"] += 1

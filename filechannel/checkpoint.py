@@ -160,6 +160,18 @@ class Snapshot:
             return sum(end - first for first, end, _ in self.parts)
         return len(self.positions)
 
+    def first_position(self) -> int | None:
+        """The smallest queued position, or None when it holds no event."""
+        heads = [cols[0][first] for first, end, cols in self.windows() if end > first]
+        best = min(heads) if heads else None
+        holes = set(self.holes)
+        for r in self.runs or ():
+            p = next((p for p in range(r.first, r.first + r.length) if p not in holes), None)
+            if p is not None:
+                best = p if best is None else min(best, p)
+                break
+        return best
+
     def queued_positions(self) -> tuple[array[int], array[int]]:
         """Every queued position and its data file, as two sorted columns (O(events): for checks, not restart)."""
         if self.runs is None:

@@ -29,6 +29,7 @@ from typing import Any, cast
 
 from . import format as fmt
 from ._fs import FS
+from ._runs import Located
 from .checkpoint import CheckpointStore
 from .config import ChannelConfig
 from .crypto import SEALED_WITHOUT_KEY, TAMPERED, FileCipher
@@ -55,6 +56,7 @@ from .scan import (
     LogRecord,
     PutRun,
     ScanRecord,
+    committed_puts,
     expand_runs,
     format_ranges,
     merge_ranges,
@@ -89,6 +91,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+_LOCATE_WINDOW = 1 << 18  # bytes read per step of locate_puts (it grows while the walk needs more)
 
 # Log.read_events reads adjacent records with one pread, up to this many bytes at a time.
 _RUN_BYTES = 4 << 20
@@ -295,6 +299,34 @@ class Log(LogState):
                 self.fs.close(fd)
                 fd = old
         return fd
+
+    def locate_puts(self, file_id: int, offset: int, lo: int, hi: int, want: int) -> Located:
+        """Find queued events' records: the queue's ``_runs.Locate`` over this log's data files.
+
+        Reads data file ``file_id`` forward from ``offset`` (a record boundary) a
+        window at a time and walks it with ``scan.committed_puts``: the first ``want``
+        committed PUTs with positions in ``[lo, hi)``, as a ``_runs.Located``. The
+        walk never passes the COMMIT of the last event it needs, all of whose
+        records were written before the event was published, so it never reads
+        what a writer is still writing.
+
+        Raises:
+            CorruptLogError: A frame there is not a record, or a COMMIT does not verify.
+            OSError: Reading failed.
+        """
+        fd = self._read_fd(file_id)
+        window = max(_LOCATE_WINDOW, min(want, hi - lo) * 160)
+        while True:
+            buf = self.fs.pread(fd, window, offset)
+            try:
+                got = committed_puts(
+                    buf, offset, offset, lo, hi, want, self.seeds[file_id], self.crc_kind, self.max_payload
+                )
+            except FormatError as exc:
+                raise CorruptLogError(self.files[file_id][1], exc.offset, exc.reason) from exc
+            if got.done or len(buf) < window:
+                return Located(got.first, got.offsets, got.sizes, got.next_offset)
+            window *= 4
 
     def read_payload(self, file_id: int, offset: int, size: int, *, decrypt: bool = True) -> bytes:
         """Read and verify the record at a pointer; return its payload (decrypted).
