@@ -620,32 +620,24 @@ class RunQueue:
         return {p for p in positions if p not in self}
 
     def sample(self, k: int) -> list[Entry]:
-        """The first event of up to ``k`` runs spread over the queue, located (for a spot check; no change).
+        """About ``k`` events spread over the queue, located (for a spot check; no change).
+
+        Up to ``k`` runs spread over the queue, and from the head of each an equal
+        share of the ``k`` (a queue of one run: its first ``k`` events). One scan each.
 
         Raises:
             CorruptLogError, OSError: As the locator.
         """
         runs = self._runs[self._h :]
         if not runs:
-            return []
+            return sorted(self._returned)[:k]
         step = max(1, len(runs) // k)
         picks = sorted({*range(0, len(runs), step), len(runs) - 1})
+        per = max(1, k // len(picks))
         out: list[Entry] = []
         for i in picks:
             r = runs[i]
-            p = r.lo
-            while p < r.hi and p in self._holes:
-                p += 1
-            if p == r.hi:
-                continue
-            if r.offs is not None and r.cols_lo <= p < r.hot_end():
-                assert r.sizes is not None
-                out.append((p, r.fid, r.offs[p - r.cols_lo], r.sizes[p - r.cols_lo]))
-                continue
-            got = self._locate(r.fid, r.start_offset() if r.offs is None else r.off, p, r.hi, 1)
-            if got.first != p or not len(got.offsets):
-                raise CorruptLogError(f"data file {r.fid}", r.off, f"queued position {p} is not where its run says")
-            out.append((p, r.fid, got.offsets[0], got.sizes[0]))
+            out += islice(self._run_entries(r, per), per)
         return out
 
     def entries_in(self, file_ids: set[int]) -> Iterator[Entry]:
@@ -759,7 +751,8 @@ class RunQueue:
                 yield e
         yield from ret[j:]
 
-    def _run_entries(self, r: Run) -> Iterator[Entry]:
+    def _run_entries(self, r: Run, want: int = 0) -> Iterator[Entry]:
+        """Yield ``r``'s queued events, located ``want`` (default: a chunk) per scan."""
         p = r.lo
         holes = self._holes
         off = r.off
@@ -770,7 +763,7 @@ class RunQueue:
                     yield (r.cols_lo + i, r.fid, r.offs[i], r.sizes[i])
             p = r.hot_end()
         while p < r.hi:
-            got = self._locate(r.fid, off, p, r.hi, self._chunk)
+            got = self._locate(r.fid, off, p, r.hi, want or self._chunk)
             if got.first != p or not len(got.offsets):
                 raise CorruptLogError(f"data file {r.fid}", off, f"queued position {p} is not where its run says")
             for i in range(len(got.offsets)):
