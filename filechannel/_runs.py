@@ -585,6 +585,7 @@ class RunQueue:
                     self._hot -= cut
             else:
                 holes.update(range(a, b))
+            self._trim_holes(r)
             i += 1
         self._drop_empty_anywhere()
         if self._returned:
@@ -594,6 +595,29 @@ class RunQueue:
                 heapq.heapify(kept)
                 self._returned = kept
         return out
+
+    def _trim_holes(self, r: Run) -> None:
+        """Move ``r``'s ends inward past holes, so a run never begins or ends with one."""
+        holes = self._holes
+        if not holes:
+            return
+        hi = r.hi
+        while hi > r.lo and hi - 1 in holes:
+            hi -= 1
+            holes.discard(hi)
+        if hi < r.hi:
+            self._n -= r.hi - hi
+            if r.offs is not None and r.hot_end() > hi:
+                assert r.sizes is not None
+                cut = min(r.hot_end() - hi, len(r.offs))
+                del r.offs[len(r.offs) - cut :]
+                del r.sizes[len(r.sizes) - cut :]
+                self._hot -= cut
+            r.hi = hi
+        p = r.lo
+        while p < r.hi and p in holes:
+            p += 1
+        self._consume(r, p)
 
     def _drop_empty_anywhere(self) -> None:
         runs = self._runs
@@ -605,6 +629,30 @@ class RunQueue:
             self._runs = [r for r in runs[self._h :] if r.lo < r.hi]
             self._h = 0
             self._cool_from = 0
+
+    def split(self, position: int, offset: int) -> None:
+        """Split the run holding ``position`` so that a new run starts there, scanned from ``offset``.
+
+        ``offset`` is a record boundary at or before ``position``'s record and after
+        every earlier event of the run (the walk that found it says where): what
+        lies between, such as damaged bytes, is never walked again.
+        """
+        runs = self._runs
+        i = self._index(position)
+        if i >= len(runs) or not runs[i].lo < position < runs[i].hi:
+            return
+        r = runs[i]
+        new = Run(position, r.hi, r.fid, offset)
+        if r.offs is not None and r.hot_end() > position:
+            assert r.sizes is not None
+            a = position - r.cols_lo
+            new.offs, new.sizes, new.off = r.offs[a:], r.sizes[a:], r.off
+            del r.offs[a:]
+            del r.sizes[a:]
+        r.hi = position
+        runs.insert(i + 1, new)
+        if i + 1 < self._cool_from:
+            self._cool_from += 1
 
     def remove_files(self, file_ids: set[int]) -> list[tuple[int, int, int]]:
         """Remove every queued event in these data files; return them as ``(file_id, first, count)``."""
@@ -697,12 +745,8 @@ class RunQueue:
                 raise ValueError(f"entry at position {e[0]} is inside a run or repeated")
             seen.add(e[0])
             heapq.heappush(q._returned, e)
-        for r in q._runs:  # runs that begin with holes: their head moves (no I/O)
-            while r.lo < r.hi and r.lo in q._holes:
-                q._holes.discard(r.lo)
-                r.lo += 1
-                r.cols_lo = r.lo
-                q._n -= 1
+        for r in q._runs:  # runs that begin or end with holes: their ends move (no I/O)
+            q._trim_holes(r)
         q._drop_empty_anywhere()
         return q
 

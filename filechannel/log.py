@@ -23,6 +23,7 @@ import logging
 import os
 import threading
 import time
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, cast
@@ -51,6 +52,7 @@ from .recovery import Recovery
 from .retention import retire_files
 from .scan import (
     INF_WOID,
+    LOST,
     CorruptionReport,
     FileScan,
     LogRecord,
@@ -93,6 +95,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _LOCATE_WINDOW = 1 << 18  # bytes read per step of locate_puts (it grows while the walk needs more)
+_LOST_REASON = "the queued event's record is missing or damaged: walking the file found no record for it"
 
 # Log.read_events reads adjacent records with one pread, up to this many bytes at a time.
 _RUN_BYTES = 4 << 20
@@ -322,10 +325,19 @@ class Log(LogState):
                 got = committed_puts(
                     buf, offset, offset, lo, hi, want, self.seeds[file_id], self.crc_kind, self.max_payload
                 )
-            except FormatError as exc:
+            except FormatError as exc:  # pragma: no cover - the walk steps over damage
                 raise CorruptLogError(self.files[file_id][1], exc.offset, exc.reason) from exc
-            if got.done or len(buf) < window:
+            if got.done:
                 return Located(got.first, got.offsets, got.sizes, got.next_offset)
+            if len(buf) < window:
+                # The file ends before every position of the run: their records are gone.
+                first = got.first if got.first >= 0 else lo
+                offsets, sizes = got.offsets, got.sizes
+                missing = min(hi, lo + want) - (first + len(offsets))
+                if missing > 0:
+                    offsets.extend(array("q", (LOST,)) * missing)
+                    sizes.extend(array("q", (0,)) * missing)
+                return Located(first, offsets, sizes, got.next_offset)
             window *= 4
 
     def read_payload(self, file_id: int, offset: int, size: int, *, decrypt: bool = True) -> bytes:
@@ -339,6 +351,8 @@ class Log(LogState):
             DecryptionError: Its checksum is intact but its authentication tag
                 fails, or its file cannot be decrypted.
         """
+        if offset == LOST:
+            raise CorruptLogError(self.files[file_id][1], 0, _LOST_REASON)
         buf = self.fs.pread(self._read_fd(file_id), size, offset)
         got = fmt.decode_puts(buf, (0,), (size,), self.seeds[file_id], self.crc_kind, self.max_payload, False)[0]
         if isinstance(got, FormatError):
@@ -392,6 +406,10 @@ class Log(LogState):
         i = 0
         while i < n:
             fid, start, size = entries[i][1], entries[i][2], entries[i][3]
+            if start == LOST:  # the queue's walk found no record for it: damage (scan.committed_puts)
+                out.append(CorruptLogError(self.files[fid][1], 0, _LOST_REASON))
+                i += 1
+                continue
             end = start + size
             j = i + 1
             while j < n:

@@ -21,7 +21,7 @@ from .checkpoint import Snapshot
 from .crypto import SEALED_WITHOUT_KEY, TAMPERED
 from .errors import CorruptLogError, DecryptionError, FormatError
 from .log import INF_WOID, CorruptionReport, Log, LogRecord, merge_ranges, ranges_of
-from .scan import PUT_RUN, PutRun, ScanRecord, expand_runs
+from .scan import LOST, PUT_RUN, PutRun, ScanRecord, expand_runs
 
 __all__ = ["base_queue", "read_event", "replay_queue", "spot_check"]
 
@@ -367,23 +367,32 @@ class _LossAccounting:
         runs, entries, holes = q.stored()
         for r in runs:
             if r.file_id in bad:
-                drop += self._unreadable_in_run(
-                    r.file_id, r.offset, r.first, r.first + r.length, sorted(bad[r.file_id])
-                )
+                regions = sorted(bad[r.file_id])
+                lost, found = self._unreadable_in_run(r.file_id, r.offset, r.first, r.first + r.length, regions)
+                for _a, b in ranges_of(lost):
+                    if b in found:
+                        q.split(b, found[b])  # the walk resumes past the damage: never walks it again
+                drop += lost
         for pos, f, off, size in entries:
             if f in bad and (off + size > log.file_sizes[f] or any(off < b and a < off + size for a, b in bad[f])):
                 drop.append(pos)
-        hole_set = set(holes)
-        for p in sorted(set(drop) - hole_set):
-            for f, _a, _c in q.remove_range(p, 1):
-                self.vouched_gone.setdefault(f, []).append(p)
+        for a, b in ranges_of(sorted(set(drop) - set(holes))):
+            for f, first, c in q.remove_range(a, b - a):
+                self.vouched_gone.setdefault(f, []).extend(range(first, first + c))
         return q
 
-    def _unreadable_in_run(self, fid: int, offset: int, lo: int, hi: int, bad: list[tuple[int, int]]) -> list[int]:
-        """The positions of one run (``[lo, hi)`` scanned from ``offset`` in ``fid``) that cannot be read."""
+    def _unreadable_in_run(
+        self, fid: int, offset: int, lo: int, hi: int, bad: list[tuple[int, int]]
+    ) -> tuple[list[int], dict[int, int]]:
+        """The positions of one run (``[lo, hi)`` scanned from ``offset`` in ``fid``) that cannot be read.
+
+        Also where the walk found each position that follows a lost one (a record
+        boundary past the damage, where that position's part of the run may resume).
+        """
         log = self.log
         size = log.file_sizes[fid]
         out: list[int] = []
+        resume: dict[int, int] = {}
         expect = lo
         while expect < hi:
             try:
@@ -396,15 +405,19 @@ class _LossAccounting:
                 continue
             if not len(got.offsets):
                 break
-            out += range(expect, got.first)
+            if got.first > expect:
+                out += range(expect, got.first)
+                resume[got.first] = got.offsets[0]
             for i in range(len(got.offsets)):
                 off, end = got.offsets[i], got.offsets[i] + got.sizes[i]
-                if end > size or any(off < b and a < end for a, b in bad):
+                if off == LOST or end > size or any(off < b and a < end for a, b in bad):
                     out.append(got.first + i)
+                elif out and out[-1] == got.first + i - 1:
+                    resume[got.first + i] = off
             expect = got.first + len(got.offsets)
             offset = got.next_offset
         out += range(expect, hi)
-        return out
+        return out, resume
 
     def _report_vouched(self) -> None:
         log = self.log

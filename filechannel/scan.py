@@ -756,16 +756,21 @@ def oldest_authenticated(fs: FS, data_dirs: Sequence[str]) -> int:
 _REC_HEAD = struct.Struct("<BBHIQQ")  # op, flags, reserved, payload length, woid, txn id (format's record head)
 
 
+LOST = -1
+"""The offset :func:`committed_puts` gives an event whose record it could not find (damage)."""
+
+
 @dataclass(frozen=True, slots=True)
 class PutWalk:
     """What :func:`committed_puts` found.
 
     ``first``: the position of the first PUT kept (-1 when none); ``offsets`` and
-    ``sizes``: the kept PUTs' pointers, positions ``first, first + 1, ...``;
-    ``next_offset``: the record boundary after the last one kept (``start`` when none
-    was); ``done``: ``want`` PUTs were kept, or one at ``hi`` or beyond, or one after
-    a gap in positions (another data directory's between them) was reached
-    (otherwise the buffer ended first: read more).
+    ``sizes``: the kept PUTs' pointers, positions ``first, first + 1, ...`` (offset
+    :data:`LOST`, size 0, for a position of ``[lo, hi)`` whose record is not there);
+    ``next_offset``: the record boundary after the last one found (``start`` when
+    none was); ``done``: ``want`` PUTs were kept, or one at ``hi`` or beyond was
+    reached (otherwise the buffer ended first: read more); ``damaged``: the offsets
+    of frames the walk stepped over (it resumed at the next record that verifies).
     """
 
     first: int
@@ -773,10 +778,11 @@ class PutWalk:
     sizes: array[int]
     next_offset: int
     done: bool
+    damaged: tuple[int, ...] = ()
 
 
 def committed_puts(
-    buf: bytes | bytearray | memoryview,
+    buf: bytes | bytearray,
     base: int,
     start: int,
     lo: int,
@@ -786,23 +792,24 @@ def committed_puts(
     kind: int,
     max_payload: int,
 ) -> PutWalk:
-    """Walk the record frames of a data file from ``start``, keeping committed PUTs with positions in ``[lo, hi)``.
+    """Walk the record frames of a data file from ``start``: the committed PUTs with positions in ``[lo, hi)``.
 
     ``buf`` holds the file's bytes from offset ``base``; ``start`` (a file
-    offset) is a record boundary. A transaction's records are contiguous (its
-    MARKs, PUTs, TAKE, then COMMIT), so the PUTs met since the last COMMIT are
-    the last ones of the COMMIT that follows: its payload gives their positions
-    (a walk that starts among a transaction's PUTs gets the last of them right
-    too). PUTs that no COMMIT of their transaction follows are skipped, as are
-    all other records. Frames are checked as ``format.decode_record`` checks
-    them; a COMMIT's checksum is verified here, a PUT's when it is read (the
-    take verifies and decodes it). The walk stops at the end of ``buf``, at
-    zero-filled space, after ``want`` PUTs, at a position at or past ``hi`` or at
-    a gap in positions: what it keeps is consecutive.
+    offset) is a record boundary at or before the record of ``lo``, and
+    ``[lo, hi)`` are consecutive positions of this file (a run of the queue).
+    A transaction's records are contiguous (its MARKs, PUTs, TAKE, then
+    COMMIT), so the PUTs met since the last COMMIT are the last ones of the
+    COMMIT that follows: its payload gives their positions (a walk that starts
+    among a transaction's PUTs gets the last of them right too). PUTs that no
+    COMMIT of their transaction follows are skipped, as are all other records.
 
-    Raises:
-        FormatError: A frame that is not a record, or a COMMIT that does not verify
-            or claims fewer PUTs than precede it (its file offset and why).
+    Damage is stepped over, never trusted: a frame that is not a record, or a
+    COMMIT that does not verify, is skipped to the next record that verifies
+    (``scan.first_record``), and a position of ``[lo, hi)`` the walk passes
+    without finding its record is kept as :data:`LOST`, for the take to report
+    under ``on_corruption`` like any record that no longer verifies. A PUT's own
+    checksum is checked when it is read. The walk stops at the end of ``buf``,
+    at zero-filled space, after ``want`` positions, or at ``hi``.
     """
     n_buf = len(buf)
     pos = start - base
@@ -810,55 +817,74 @@ def committed_puts(
     sizes: array[int] = array("q")
     first = -1
     nxt = start
-    pend_off: list[int] = []
-    pend_size: list[int] = []
+    damaged: list[int] = []
+    pend: list[tuple[int, int, int]] = []  # the PUTs (woid, offset, size) of ``pend_txn`` since its last record
     pend_txn = -1
     unpack = _REC_HEAD.unpack_from
     head_len = fmt.RECORD_HEADER_LEN
     ops = fmt.OP_NAMES
     put_op, commit_op = fmt.PUT, fmt.COMMIT
+
+    def keep(p: int, off: int, size: int) -> bool:
+        """Keep position ``p`` (filling LOST ones before it); True when the walk is done."""
+        nonlocal first, nxt
+        if first < 0:
+            first = lo
+        end = first + len(offsets)
+        if p < end:
+            return False  # already passed (a damaged record's duplicate): never twice
+        while end < min(p, hi) and len(offsets) < want:
+            offsets.append(LOST)
+            sizes.append(0)
+            end += 1
+        if p >= hi or len(offsets) >= want:
+            return True
+        offsets.append(off)
+        sizes.append(size)
+        nxt = off + size
+        return len(offsets) >= want
+
     while pos + head_len <= n_buf:
-        op, flags, reserved, n, _woid, txn = unpack(buf, pos)
+        op, flags, reserved, n, woid, txn = unpack(buf, pos)
         if op == 0 and not flags and not n and not txn:
             break  # zero-filled space ahead of the writer
-        if op not in ops or reserved or n > max_payload:
-            raise FormatError(pos + base, f"not a record frame (op {op}, payload length {n})")
+        rec: fmt.Record | None = None
+        bad = op not in ops or reserved or n > max_payload
         size = head_len + n + (-n & 7)
-        if pos + size > n_buf:
+        if not bad and pos + size > n_buf:
             break
+        if not bad and op == commit_op:
+            try:
+                got = fmt.decode_record(buf, pos, seed, kind, max_payload)
+                rec = got if isinstance(got, fmt.Record) else None
+            except FormatError:
+                pass
+            bad = rec is None
+        if bad:
+            damaged.append(pos + base)
+            resume = first_record(buf, pos + 8, n_buf, seed, kind, max_payload)
+            if resume is None:
+                break
+            pos = resume  # the PUTs met so far stay pending: their woids place them
+            continue
         if op == put_op:
             if txn != pend_txn:
-                pend_off.clear()
-                pend_size.clear()
+                pend.clear()
                 pend_txn = txn
-            pend_off.append(pos + base)
-            pend_size.append(size)
-        elif op == commit_op:
-            rec = fmt.decode_record(buf, pos, seed, kind, max_payload)
-            assert isinstance(rec, fmt.Record)
-            c_first, c_n, _ = fmt.decode_commit(rec.payload)
-            k = len(pend_off) if txn == pend_txn else 0
-            if k > c_n:
-                raise FormatError(pos + base, f"commit of {c_n} puts follows {k} put records of its transaction")
-            p = c_first + c_n - k
-            for i in range(k):
-                if p + i >= hi:
-                    return PutWalk(first, offsets, sizes, nxt, True)
-                if p + i < lo:
-                    continue
-                if first < 0:
-                    first = p + i
-                elif p + i != first + len(offsets):
-                    return PutWalk(first, offsets, sizes, nxt, True)  # a gap: another directory's positions
-                offsets.append(pend_off[i])
-                sizes.append(pend_size[i])
-                nxt = pend_off[i] + pend_size[i]
-                if len(offsets) >= want:
-                    return PutWalk(first, offsets, sizes, nxt, True)
-            pend_off.clear()
-            pend_size.clear()
+            pend.append((woid, pos + base, size))
+        elif rec is not None:
+            c_first, c_n, c_taken = fmt.decode_commit(rec.payload)
+            if txn == pend_txn:
+                # A transaction's PUTs have consecutive woids ending before its TAKE (if any) and COMMIT.
+                first_woid = rec.woid - c_n - (1 if c_taken else 0)
+                for w, off, sz in pend:
+                    i = w - first_woid
+                    if 0 <= i < c_n and c_first + i >= lo and keep(c_first + i, off, sz):
+                        return PutWalk(first, offsets, sizes, nxt, True, tuple(damaged))
+            pend.clear()
             pend_txn = -1
             if c_first + c_n >= hi:
-                return PutWalk(first, offsets, sizes, nxt if offsets else pos + base + size, True)
+                keep(hi, 0, 0)
+                return PutWalk(first, offsets, sizes, nxt, True, tuple(damaged))
         pos += size
-    return PutWalk(first, offsets, sizes, nxt, False)
+    return PutWalk(first, offsets, sizes, nxt, False, tuple(damaged))

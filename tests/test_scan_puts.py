@@ -18,7 +18,7 @@ from helpers import records
 import filechannel
 from filechannel import format as fmt
 from filechannel import scan
-from filechannel.errors import FormatError
+from filechannel.scan import ranges_of
 
 
 def _build(d: Path, **opts: Any) -> dict[int, list[tuple[int, int, int]]]:
@@ -83,31 +83,30 @@ def test_the_walk_finds_every_committed_put_from_any_record_boundary(
     files = _files(tmp_path)
     assert set(want) <= set(files)
     for fid, entries in want.items():
-        # The whole file, one consecutive stretch at a time (two directories leave gaps).
+        # The whole file, one run (consecutive positions) at a time: two directories leave gaps.
         found: list[tuple[int, int, int]] = []
-        start, lo = None, 0
-        while True:
-            got = _walk(files[fid], start, lo, 1 << 62, 1 << 30)
-            if not got.offsets:
-                break
+        start = None
+        for lo, hi in ranges_of([p for p, _o, _s in entries]):
+            got = _walk(files[fid], start, lo, hi, 1 << 30)
+            assert got.done
             found += [(got.first + i, o, s) for i, (o, s) in enumerate(zip(got.offsets, got.sizes, strict=True))]
-            start, lo = got.next_offset, found[-1][0] + 1
+            start = got.next_offset
         assert found == entries
         # From every record boundary of the file, bounded by lo, hi and want.
         for r in records(files[fid]):
             after = [e for e in entries if e[1] >= r.offset]
             if not after:
                 continue
-            lo = after[0][0] + (1 if len(after) > 2 else 0)
-            hi = after[-1][0] + (0 if len(after) > 3 else 1)
-            expect = [e for e in after if lo <= e[0] < hi][:3]
-            expect = [e for i, e in enumerate(expect) if e[0] - expect[0][0] == i]  # up to a gap
+            run = [e for i, e in enumerate(after) if e[0] - after[0][0] == i]  # up to a gap: one run
+            lo = run[0][0] + (1 if len(run) > 2 else 0)
+            hi = run[-1][0] + (0 if len(run) > 3 else 1)
+            expect = [e for e in run if lo <= e[0] < hi][:3]
             got = _walk(files[fid], r.offset, lo, hi, 3)
             pairs = zip(got.offsets, got.sizes, strict=True)
             assert [(got.first + i, o, s) for i, (o, s) in enumerate(pairs)] == expect
+            assert got.done
             if expect:
                 assert got.next_offset == expect[-1][1] + expect[-1][2]
-                assert got.done
 
 
 def test_a_truncated_buffer_says_it_is_not_done_and_a_bad_frame_is_refused(tmp_path: Path) -> None:
@@ -123,7 +122,12 @@ def test_a_truncated_buffer_says_it_is_not_done_and_a_bad_frame_is_refused(tmp_p
     got = scan.committed_puts(buf[:cut], 0, h.header_len, 0, 1 << 62, 100, seed, h.crc_kind, 1 << 30)
     assert not got.done
     assert len(got.offsets) <= 5
+    # A damaged frame is stepped over: the event whose record it was comes back LOST, the rest intact.
     bad = bytearray(buf)
     bad[entries[3][1]] = 0x7F  # not an op
-    with pytest.raises(FormatError, match="not a record frame"):
-        scan.committed_puts(bytes(bad), 0, h.header_len, 0, 1 << 62, 100, seed, h.crc_kind, 1 << 30)
+    got = scan.committed_puts(bytes(bad), 0, h.header_len, 0, entries[-1][0] + 1, 100, seed, h.crc_kind, 1 << 30)
+    assert got.damaged == (entries[3][1],)
+    assert got.first == entries[0][0]
+    want = [(p, o) for p, o, _s in entries]
+    want[3] = (entries[3][0], scan.LOST)
+    assert list(zip(range(got.first, got.first + len(got.offsets)), got.offsets, strict=True)) == want
