@@ -844,6 +844,12 @@ def committed_puts(
         nxt = off + size
         return len(offsets) >= want
 
+    # Only COMMITs are verified on the way (a PUT is when it is read), so a damaged length
+    # in another frame can send the walk astray: at the first bad frame it goes back to the
+    # first unverified frame since the last verified one (``anchor``) and walks on verifying
+    # every frame (``careful``) up to the next COMMIT; a frame that fails then is skipped.
+    anchor = -1
+    careful = False
     while pos + head_len <= n_buf:
         op, flags, reserved, n, woid, txn = unpack(buf, pos)
         if op == 0 and not flags and not n and not txn:
@@ -852,27 +858,50 @@ def committed_puts(
         bad = op not in ops or reserved or n > max_payload
         size = head_len + n + (-n & 7)
         if not bad and pos + size > n_buf:
+            if not careful and anchor >= 0:
+                pos, careful, anchor = anchor, True, -1  # a damaged length may claim bytes past the end
+                pend.clear()
+                pend_txn = -1
+                continue
             break
-        if not bad and op == commit_op:
+        if not bad and (careful or op == commit_op):
             try:
                 got = fmt.decode_record(buf, pos, seed, kind, max_payload)
                 rec = got if isinstance(got, fmt.Record) else None
             except FormatError:
                 pass
             bad = rec is None
+        if not bad and not careful and pend:
+            # A transaction's PUTs are contiguous with consecutive woids: anything else is
+            # an unverified header that may be damaged (verified frames decide, carefully).
+            if op == put_op:
+                bad = txn != pend_txn or woid != pend[-1][0] + 1
+            elif rec is not None and txn == pend_txn:
+                c_first, c_n, c_taken = fmt.decode_commit(rec.payload)
+                bad = pend[-1][0] != rec.woid - 1 - (1 if c_taken else 0)
         if bad:
-            damaged.append(pos + base)
+            if not careful and anchor >= 0:
+                pos, careful, anchor = anchor, True, -1
+                pend.clear()
+                pend_txn = -1
+                continue
+            if not damaged or damaged[-1] != pos + base:
+                damaged.append(pos + base)
+            careful = True
             resume = first_record(buf, pos + 8, n_buf, seed, kind, max_payload)
             if resume is None:
                 break
             pos = resume  # the PUTs met so far stay pending: their woids place them
             continue
+        if rec is None and anchor < 0:
+            anchor = pos
         if op == put_op:
             if txn != pend_txn:
                 pend.clear()
                 pend_txn = txn
             pend.append((woid, pos + base, size))
-        elif rec is not None:
+        elif op == commit_op and rec is not None:
+            careful, anchor = False, -1
             c_first, c_n, c_taken = fmt.decode_commit(rec.payload)
             if txn == pend_txn:
                 # A transaction's PUTs have consecutive woids ending before its TAKE (if any) and COMMIT.
