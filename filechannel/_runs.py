@@ -386,26 +386,33 @@ class RunQueue:
             return
         start = end if r.offs is not None else r.lo
         want = max(self._chunk, upto - start)
-        got = self._locate(r.fid, r.off, start, r.hi, want)
-        need = upto - start  # more is welcome (up to ``want``); less is damage
-        k = len(got.offsets)
-        if got.first != start or k < need or len(got.sizes) != k:
-            raise CorruptLogError(
-                f"data file {r.fid}",
-                r.off,
-                f"queued positions {start}..{r.hi - 1} are not all where their run says: the scan found "
-                f"{k} of {need} from position {got.first}",
-            )
+        offs: array[int] = array("q")
+        sizes: array[int] = array("q")
+        off = r.off
+        while start + len(offs) < upto:  # a locator may answer in parts (a bounded read each)
+            p = start + len(offs)
+            got = self._locate(r.fid, off, p, r.hi, want - len(offs))
+            k = len(got.offsets)
+            if got.first != p or not k or len(got.sizes) != k:
+                raise CorruptLogError(
+                    f"data file {r.fid}",
+                    off,
+                    f"queued positions {p}..{r.hi - 1} are not where their run says: the scan found "
+                    f"{k} from position {got.first}",
+                )
+            offs += got.offsets
+            sizes += got.sizes
+            off = got.next_offset
         old = len(r.offs) if r.offs is not None else 0
         if r.offs is not None:
             assert r.sizes is not None
             keep = r.lo - r.cols_lo
-            r.offs = r.offs[keep:] + got.offsets
-            r.sizes = r.sizes[keep:] + got.sizes
+            r.offs = r.offs[keep:] + offs
+            r.sizes = r.sizes[keep:] + sizes
         else:
-            r.offs, r.sizes = array("q", got.offsets), array("q", got.sizes)
+            r.offs, r.sizes = offs, sizes
         r.cols_lo = r.lo
-        r.off = got.next_offset
+        r.off = off
         self._hot += len(r.offs) - old
 
     def _plan(self, n: int) -> list[tuple[Run, int]]:

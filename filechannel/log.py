@@ -95,6 +95,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _LOCATE_WINDOW = 1 << 18  # bytes read per step of locate_puts (it grows while the walk needs more)
+_LOCATE_MAX = 1 << 24  # bytes one locate_puts call reads at most (unless one record needs more)
 _LOST_REASON = "the queued event's record is missing or damaged: walking the file found no record for it"
 
 # Log.read_events reads adjacent records with one pread, up to this many bytes at a time.
@@ -308,7 +309,8 @@ class Log(LogState):
 
         Reads data file ``file_id`` forward from ``offset`` (a record boundary) a
         window at a time and walks it with ``scan.committed_puts``: the first ``want``
-        committed PUTs with positions in ``[lo, hi)``, as a ``_runs.Located``. The
+        committed PUTs with positions in ``[lo, hi)``, as a ``_runs.Located`` (fewer
+        when they span more than :data:`_LOCATE_MAX` bytes: call again). The
         walk never passes the COMMIT of the last event it needs, all of whose
         records were written before the event was published, so it never reads
         what a writer is still writing.
@@ -318,7 +320,7 @@ class Log(LogState):
             OSError: Reading failed.
         """
         fd = self._read_fd(file_id)
-        window = max(_LOCATE_WINDOW, min(want, hi - lo) * 160)
+        window = min(_LOCATE_MAX, max(_LOCATE_WINDOW, min(want, hi - lo) * 160))
         while True:
             buf = self.fs.pread(fd, window, offset)
             try:
@@ -338,6 +340,8 @@ class Log(LogState):
                     offsets.extend(array("q", (LOST,)) * missing)
                     sizes.extend(array("q", (0,)) * missing)
                 return Located(first, offsets, sizes, got.next_offset)
+            if len(got.offsets) and window >= _LOCATE_MAX:
+                return Located(got.first, got.offsets, got.sizes, got.next_offset)  # the rest: call again
             window *= 4
 
     def read_payload(self, file_id: int, offset: int, size: int, *, decrypt: bool = True) -> bytes:

@@ -239,7 +239,7 @@ def test_a_run_whose_records_are_missing_raises_and_changes_nothing() -> None:
     log = ModelLog()
     offs = [log.add(0, 32, p) for p in range(10)]
     q = RunQueue.from_stored(log.locate, [StoredRun(0, 12, 0, offs[0])])  # claims two more than the file holds
-    with pytest.raises(CorruptLogError, match="not all where their run says"):
+    with pytest.raises(CorruptLogError, match="not where their run says"):
         q.pop(12)
     assert len(q) == 12
     assert q.first_position() == 0
