@@ -320,12 +320,22 @@ class Log(LogState):
             OSError: Reading failed.
         """
         fd = self._read_fd(file_id)
-        window = min(_LOCATE_MAX, max(_LOCATE_WINDOW, min(want, hi - lo) * 160))
+        window = min(_LOCATE_MAX, max(_LOCATE_WINDOW, min(want, hi - lo) * 320))
         while True:
             buf = self.fs.pread(fd, window, offset)
             try:
                 got = committed_puts(
-                    buf, offset, offset, lo, hi, want, self.seeds[file_id], self.crc_kind, self.max_payload
+                    buf,
+                    offset,
+                    offset,
+                    lo,
+                    hi,
+                    want,
+                    self.seeds[file_id],
+                    self.crc_kind,
+                    self.max_payload,
+                    len(buf) < window,
+                    file_id not in self.ciphers and file_id not in self.undecryptable,
                 )
             except FormatError as exc:  # pragma: no cover - the walk steps over damage
                 raise CorruptLogError(self.files[file_id][1], exc.offset, exc.reason) from exc

@@ -58,20 +58,21 @@ def _files(d: Path) -> dict[int, str]:
     return out
 
 
-def _walk(path: str, start: int | None, lo: int, hi: int, want: int) -> scan.PutWalk:
+def _walk(path: str, start: int | None, lo: int, hi: int, want: int, fast: bool = True) -> scan.PutWalk:
     buf = Path(path).read_bytes()
     h = fmt.decode_file_header(buf)
     assert isinstance(h, fmt.FileHeader)
     seed = fmt.file_seed(h.crc_kind, h.channel_id, h.file_id)
     return scan.committed_puts(
-        buf, 0, h.header_len if start is None else start, lo, hi, want, seed, h.crc_kind, 1 << 30
+        buf, 0, h.header_len if start is None else start, lo, hi, want, seed, h.crc_kind, 1 << 30, True, fast
     )
 
 
+@pytest.mark.parametrize("fast", [True, False], ids=["C walk", "Python walk"])
 @pytest.mark.parametrize("dirs", [1, 2])
 @pytest.mark.parametrize("encrypted", [False, True])
 def test_the_walk_finds_every_committed_put_from_any_record_boundary(
-    tmp_path: Path, dirs: int, encrypted: bool
+    tmp_path: Path, dirs: int, encrypted: bool, fast: bool
 ) -> None:
     opts: dict[str, Any] = {"max_file_size": 1 << 16}
     if dirs == 2:
@@ -87,7 +88,7 @@ def test_the_walk_finds_every_committed_put_from_any_record_boundary(
         found: list[tuple[int, int, int]] = []
         start = None
         for lo, hi in ranges_of([p for p, _o, _s in entries]):
-            got = _walk(files[fid], start, lo, hi, 1 << 30)
+            got = _walk(files[fid], start, lo, hi, 1 << 30, fast)
             assert got.done
             found += [(got.first + i, o, s) for i, (o, s) in enumerate(zip(got.offsets, got.sizes, strict=True))]
             start = got.next_offset
@@ -101,12 +102,19 @@ def test_the_walk_finds_every_committed_put_from_any_record_boundary(
             lo = run[0][0] + (1 if len(run) > 2 else 0)
             hi = run[-1][0] + (0 if len(run) > 3 else 1)
             expect = [e for e in run if lo <= e[0] < hi][:3]
-            got = _walk(files[fid], r.offset, lo, hi, 3)
+            got = _walk(files[fid], r.offset, lo, hi, 3, fast)
             pairs = zip(got.offsets, got.sizes, strict=True)
             assert [(got.first + i, o, s) for i, (o, s) in enumerate(pairs)] == expect
             assert got.done
             if expect:
-                assert got.next_offset == expect[-1][1] + expect[-1][2]
+                # A record boundary at or before the next PUT: walking on from it finds what follows.
+                assert got.next_offset <= expect[-1][1] + expect[-1][2]
+                assert got.next_offset in {x.offset for x in records(files[fid])} | {len(Path(files[fid]).read_bytes())}
+                rest = [e for e in run if e[0] > expect[-1][0]][:2]
+                if rest:
+                    more = _walk(files[fid], got.next_offset, rest[0][0], run[-1][0] + 1, 2, fast)
+                    pairs = zip(more.offsets, more.sizes, strict=True)
+                    assert [(more.first + i, o, s) for i, (o, s) in enumerate(pairs)] == rest
 
 
 def test_a_truncated_buffer_says_it_is_not_done_and_a_bad_frame_is_refused(tmp_path: Path) -> None:
@@ -125,7 +133,7 @@ def test_a_truncated_buffer_says_it_is_not_done_and_a_bad_frame_is_refused(tmp_p
     # A damaged frame is stepped over: the event whose record it was comes back LOST, the rest intact.
     bad = bytearray(buf)
     bad[entries[3][1]] = 0x7F  # not an op
-    got = scan.committed_puts(bytes(bad), 0, h.header_len, 0, entries[-1][0] + 1, 100, seed, h.crc_kind, 1 << 30)
+    got = scan.committed_puts(bytes(bad), 0, h.header_len, 0, entries[-1][0] + 1, 100, seed, h.crc_kind, 1 << 30, True)
     assert got.damaged == (entries[3][1],)
     assert got.first == entries[0][0]
     want = [(p, o) for p, o, _s in entries]
