@@ -57,7 +57,7 @@ STAGING_INFO: Final = b"filechannel/v1 spark staging key"
 _CHECK_NONCE: Final = bytes(12)  # woid 0 is never a record's: the key check's nonce is free
 _NONCE_PAD: Final = bytes(4)
 _U64: Final = struct.Struct("<Q")
-INSTALL_HINT: Final = "encryption needs the cryptography package: pip install 'filechannel[crypto]'"
+INSTALL_HINT: Final = "encryption needs the cryptography package: pip install '.[crypto]' in filechannel's clone"
 
 KeySource = Mapping[str, bytes] | str | os.PathLike[str] | Callable[[str], bytes]
 
@@ -335,7 +335,7 @@ class Encryption:
     def __post_init__(self) -> None:
         """Load and check the keys (a keystore file is read here, once)."""
         if self.cipher not in CIPHERS:
-            raise ConfigError("encryption", f"cipher must be one of {sorted(CIPHERS)}, got {self.cipher!r}")
+            raise ConfigError("encryption", f"cipher must be one of {sorted(CIPHERS)}, got {show_id(self.cipher)}")
         _crypto()  # say at once when the crypto extra is missing
         k = self.keys
         lookup: Callable[[str], bytes | None]
@@ -385,10 +385,16 @@ class Encryption:
         Raises:
             ConfigError: The variable is not set, or its JSON is malformed.
         """
+        if not isinstance(var, str) or not var or "=" in var or "\0" in var:
+            raise ConfigError(
+                "encryption", f"give the name of an environment variable (e.g. 'FC_KEYS'), not {show_id(var)}"
+            )
+        # The name is shown only when it cannot be a key (a key pasted where the name goes).
+        shown = var if show_id(var) == repr(var) else show_id(var)
         text = os.environ.get(var)
         if text is None:
-            raise ConfigError("encryption", f"environment variable {var} is not set (it should hold keystore JSON)")
-        return parse_keystore(text, f"in ${var}")
+            raise ConfigError("encryption", f"environment variable {shown} is not set (it should hold keystore JSON)")
+        return parse_keystore(text, f"in ${shown}")
 
     @property
     def suite(self) -> int:
@@ -441,7 +447,11 @@ class Encryption:
         key = self.key(key_id)
         if key is None:
             raise DecryptionError(
-                path, 0, f"staged file is encrypted with key id {key_id!r}, which is not in the keystore", key_id
+                path,
+                0,
+                f"staged file is encrypted with key id {key_id!r}, which is not in the keystore",
+                key_id,
+                wrong_key=True,
             )
         return FileCipher(suite, key_id, salt, key, _name_id(name), 0, STAGING_INFO)
 
@@ -464,6 +474,7 @@ class Encryption:
                 f"data file is encrypted with key id {key_id!r}, which is not among the keys given",
                 key_id,
                 KEY_HINT,
+                wrong_key=True,
             )
         return FileCipher(suite, key_id, salt, key, channel_id, file_id)
 
@@ -488,7 +499,7 @@ def as_encryption(encryption: Encryption | str | os.PathLike[str] | None) -> Enc
         return encryption
     if isinstance(encryption, (str, os.PathLike)):
         return Encryption(keys=os.fspath(encryption))
-    raise ConfigError("encryption", f"must be a filechannel.Encryption or a keystore path, got {encryption!r}")
+    raise ConfigError("encryption", f"must be a filechannel.Encryption or a keystore path, got {show_id(encryption)}")
 
 
 def segment_cipher(segment: Any, encryption: Encryption | str | os.PathLike[str] | None) -> FileCipher | None:
@@ -544,6 +555,7 @@ def header_cipher(
             f"the key given for key id {header.key_id!r} is not the one this file was written with",
             header.key_id,
             KEY_HINT,
+            wrong_key=True,
         )
     return cipher
 
@@ -759,6 +771,7 @@ class MetaMac:
                 f"checkpoint marks are sealed with key id {key_id!r}, which is not among the keys given",
                 key_id,
                 KEY_HINT,
+                wrong_key=True,
             )
         hashes, aead, hkdf = _crypto()
         info = _MARKS_INFO + bytes([suite]) + self._channel_id
@@ -792,6 +805,7 @@ class MetaMac:
                 f"file is authenticated with key id {key_id!r}, which is not among the keys given",
                 key_id,
                 KEY_HINT,
+                wrong_key=True,
             )
         want = hmac.new(key, role.encode() + b"\0" + bytes(body), "sha256").digest()
         if not hmac.compare_digest(want, tag):

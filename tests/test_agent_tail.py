@@ -9,6 +9,7 @@ channel once, in order per file.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import random
@@ -25,6 +26,7 @@ import pytest
 import filechannel
 from filechannel.agent.tail import TailSource, parse_tail_specs
 from filechannel.errors import ConfigError
+from filechannel.testing.simfs import SimFS
 
 OPTS: dict[str, Any] = {"minimum_required_space": 0, "background": False, "checkpoint_interval": 0}
 ROOT = Path(__file__).resolve().parent.parent
@@ -274,7 +276,8 @@ def test_delete_and_recreate_is_a_new_file_and_the_old_one_is_read_to_its_end(
     os.unlink(log)
     append(log, lines("c", 0, 4))
     with filechannel.open(chan_dir, **OPTS) as ch:
-        src = source(ch, logdir)
+        # (poll_interval: the wait below outlasts max(rotate_grace, 20 polls, 0.5 s) when the inode is not reused)
+        src = source(ch, logdir, poll_interval=0.02)
         with caplog.at_level(logging.WARNING, "filechannel.agent.tail"):
             src.drain()
             time.sleep(0.6)  # a file not found is looked for again for a while before it is called gone
@@ -507,3 +510,364 @@ def test_bench_tail_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 
     assert bench_tail.main(["--lines", "300", "--repeats", "1", "--data-dir", str(tmp_path)]) == 0
     assert "ratio tail/cat" in capsys.readouterr().out
+
+
+# -- symlinks out of the glob's directory (issue 32 item 2) ---------------------------------------------
+
+
+@pytest.fixture
+def secret(tmp_path: Path) -> Path:
+    """A file outside the logs directory that must never become events (a keystore, say)."""
+    d = tmp_path / "secrets"
+    d.mkdir()
+    p = d / "keys.json"
+    p.write_bytes(b'{"k": "S3CRET-KEY-MATERIAL"}\n')
+    os.chmod(p, 0o600)
+    return p
+
+
+def leaked(ch: filechannel.FileChannel) -> list[bytes]:
+    return [b for b in bodies(ch) if b"S3CRET" in b]
+
+
+def test_a_symlink_out_of_the_glob_directory_is_skipped_with_one_warning(
+    chan_dir: str, logdir: Path, secret: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "filechannel.agent.tail")
+    append(logdir / "app.log", b"ok\n")
+    (logdir / "keys.log").symlink_to(secret)
+    with filechannel.open(chan_dir, **OPTS) as ch:
+        src = source(ch, logdir, pattern="*.log")
+        for _ in range(5):
+            src.poll()
+        got = bodies(ch)
+        assert got == [b"ok"]
+        src.stop()
+    warnings = [r.getMessage() for r in caplog.records if "keys.log" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert str(logdir / "keys.log") in warnings[0]
+    assert str(secret) in warnings[0]
+    assert "--tail-follow-symlinks" in warnings[0]
+    assert src.stats()["links_refused"] == 1
+
+
+def test_a_symlinked_directory_out_of_the_glob_directory_is_skipped(
+    chan_dir: str, logdir: Path, secret: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "filechannel.agent.tail")
+    (logdir / "sub").mkdir()
+    append(logdir / "sub" / "app.log", b"ok\n")
+    (logdir / "etc").symlink_to(secret.parent, target_is_directory=True)
+    with filechannel.open(chan_dir, **OPTS) as ch:
+        src = source(ch, logdir, pattern="**/*.json")
+        src.drain()
+        assert leaked(ch) == []
+        src2 = TailSource(
+            ch, [str(logdir / "**" / "*.log"), str(logdir / "*" / "keys.json")], name="t2", rotate_grace=0
+        )
+        src2.drain()
+        assert bodies(ch) == [b"ok"]
+        src.stop()
+        src2.stop()
+    assert any(str(logdir / "etc" / "keys.json") in r.getMessage() for r in caplog.records)
+
+
+def test_a_symlink_inside_the_glob_directory_is_followed(chan_dir: str, logdir: Path) -> None:
+    (logdir / "archive").mkdir()
+    append(logdir / "archive" / "app-1.txt", b"one\ntwo\n")
+    (logdir / "current.log").symlink_to(Path("archive") / "app-1.txt")  # relative, inside
+    with filechannel.open(chan_dir, **OPTS) as ch:
+        src = source(ch, logdir, pattern="*.log")
+        src.drain()
+        assert drain_events(ch) == [
+            (b"one", {"file": str(logdir / "current.log"), "offset": "0"}),
+            (b"two", {"file": str(logdir / "current.log"), "offset": "4"}),
+        ]
+        src.stop()
+
+
+def test_follow_symlinks_opts_in_to_links_out_of_the_directory(chan_dir: str, logdir: Path, secret: Path) -> None:
+    (logdir / "keys.log").symlink_to(secret)
+    with filechannel.open(chan_dir, **OPTS) as ch:
+        src = source(ch, logdir, pattern="*.log", follow_symlinks=True)
+        src.drain()
+        assert len(leaked(ch)) == 1
+        src.stop()
+
+
+def test_a_link_swapped_in_between_the_check_and_the_open_is_refused(
+    chan_dir: str, logdir: Path, secret: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The scan sees a regular file; just before it is opened, it becomes a link to the secret.
+    caplog.set_level(logging.WARNING, "filechannel.agent.tail")
+    log = logdir / "app.log"
+    append(log, b"ok\n")
+    real_open = os.open
+    swapped = []
+
+    def racing_open(path: Any, flags: int, *a: Any, **kw: Any) -> int:
+        if os.fspath(path) == str(log) and not swapped:
+            swapped.append(1)
+            log.unlink()
+            log.symlink_to(secret)
+        return real_open(path, flags, *a, **kw)
+
+    with filechannel.open(chan_dir, **OPTS) as ch:
+        src = source(ch, logdir)
+        monkeypatch.setattr(os, "open", racing_open)
+        src.poll()
+        monkeypatch.setattr(os, "open", real_open)
+        assert swapped
+        assert leaked(ch) == []
+        src.drain()
+        assert leaked(ch) == []
+        src.stop()
+    assert any(str(log) in r.getMessage() and "symlink" in r.getMessage() for r in caplog.records)
+
+
+def test_a_directory_swapped_for_a_link_between_the_check_and_the_open_is_refused(
+    chan_dir: str, logdir: Path, secret: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # O_NOFOLLOW guards only the last component: a directory on the way swapped for a link to the
+    # secret's directory is caught by checking what was opened (the glob's directory itself is the
+    # operator's choice, and resolved at each scan: /var/log/app may well be a link).
+    sub = logdir / "app"
+    sub.mkdir()
+    (sub / "keys.json").write_bytes(b"ok\n")
+    real_open = os.open
+    swapped = []
+
+    def racing_open(path: Any, flags: int, *a: Any, **kw: Any) -> int:
+        if os.fspath(path) == str(sub / "keys.json") and not swapped:
+            swapped.append(1)
+            shutil.rmtree(sub)
+            sub.symlink_to(secret.parent, target_is_directory=True)
+        return real_open(path, flags, *a, **kw)
+
+    with filechannel.open(chan_dir, **OPTS) as ch:
+        src = source(ch, logdir, pattern="*/*.json")  # the glob's directory is logdir: app is below it
+        monkeypatch.setattr(os, "open", racing_open)
+        src.poll()
+        monkeypatch.setattr(os, "open", real_open)
+        assert swapped
+        src.drain()
+        assert leaked(ch) == []
+        src.stop()
+
+
+# -- serve --tail on a small channel, and nothing announced before every part started (item 15) ----------
+
+
+def test_the_batch_follows_a_small_transaction_capacity(chan_dir: str, logdir: Path) -> None:
+    append(logdir / "app.log", lines("a", 0, 250))
+    with filechannel.open(chan_dir, capacity=1000, transaction_capacity=100, **OPTS) as ch:
+        src = source(ch, logdir)
+        assert src.batch_size == 100
+        assert [src.poll(), src.poll(), src.poll()] == [100, 100, 50]
+        src.stop()
+    with filechannel.open(chan_dir, **OPTS) as ch:
+        assert source(ch, logdir).batch_size == 1000  # the default, below the default capacity (10000)
+        assert bodies(ch) == expect("a", 0, 250)
+
+
+def _serve(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "filechannel", "serve", *argv],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        timeout=timeout,
+    )
+
+
+def test_serve_tail_starts_on_a_channel_with_a_small_transaction_capacity(
+    chan_dir: str, logdir: Path, tmp_path: Path
+) -> None:
+    pytest.importorskip("pyarrow.flight")
+    from test_agent_process import AgentProcess
+
+    from filechannel.reader import ChannelReader
+
+    filechannel.open(chan_dir, capacity=1000, transaction_capacity=100, **OPTS).close()
+    append(logdir / "app.log", lines("a", 0, 250))
+    small = ("--capacity", "1000", "--transaction-capacity", "100")
+    agent = AgentProcess([chan_dir], tmp_path / "port", "--writable", *small, "--tail", str(logdir / "*.log"))
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with ChannelReader(chan_dir) as view:
+                if view.available()[1] >= 250:
+                    break
+            assert agent.proc.poll() is None, agent.proc.communicate()[1]
+            assert time.monotonic() < deadline, "the agent put fewer than 250 lines within 30 s"
+            time.sleep(0.1)
+        agent.proc.send_signal(signal.SIGTERM)
+        assert agent.proc.wait(30) == 0
+    finally:
+        agent.kill()
+    with filechannel.open(chan_dir, capacity=1000, transaction_capacity=100, **OPTS) as ch:
+        assert bodies(ch) == expect("a", 0, 250)
+
+
+def test_serve_announces_nothing_when_a_tail_source_cannot_start(tmp_path: Path, logdir: Path) -> None:
+    pytest.importorskip("pyarrow.flight")
+    pytest.importorskip("aiohttp")
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    for d in (a, b):
+        filechannel.open(d, **OPTS).close()
+    port, hport = tmp_path / "port", tmp_path / "hport"
+    # two channels served, and the tail names neither: the tail source cannot start
+    r = _serve(
+        *(a, b),
+        *("--listen", "grpc://127.0.0.1:0", "--port-file", str(port), "--writable"),
+        *("--http", "127.0.0.1:0", "--http-port-file", str(hport)),
+        *("--tail", f"nosuch={logdir / '*.log'}"),
+    )
+    assert r.returncode == 2, r.stderr
+    said = r.stderr.strip().splitlines()
+    assert said[-1].startswith("filechannel: error: --tail: "), r.stderr
+    assert "give NAME=GLOB" in said[-1], r.stderr
+    assert [line for line in said if "error" in line.lower()] == said[-1:], r.stderr  # one line
+    # nothing announced: the log says which channels were opened, never that they are served
+    assert not [line for line in said if "serving" in line or "HTTP source" in line or "tailing" in line], r.stderr
+    assert not port.exists()
+    assert not hport.exists()
+    for d in (a, b):  # closed: each opens again at once
+        filechannel.open(d, **OPTS).close()
+
+
+def test_an_agent_whose_tail_fails_to_start_stops_every_part_and_writes_no_port_file(
+    chan_dir: str, logdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("pyarrow.flight")
+    from filechannel.agent import server as server_mod
+    from filechannel.agent.server import serve
+
+    filechannel.open(chan_dir, **OPTS).close()
+    written: list[str] = []
+    real_replace = server_mod.replace_durably
+    monkeypatch.setattr(server_mod, "replace_durably", lambda fs, tmp, path, data: written.append(path))
+
+    def refuse(self: TailSource) -> TailSource:
+        raise RuntimeError("the tail thread cannot start")
+
+    monkeypatch.setattr(TailSource, "start", refuse)
+    with pytest.raises(RuntimeError, match="cannot start"):
+        serve(
+            chan_dir,
+            "grpc://127.0.0.1:0",
+            writable=True,
+            port_file=str(tmp_path / "port"),
+            tail=[str(logdir / "*.log")],
+            channel_options={"minimum_required_space": 0},
+        )
+    assert written == []
+    monkeypatch.setattr(server_mod, "replace_durably", real_replace)
+    filechannel.open(chan_dir, **OPTS).close()  # the agent closed its channel
+    monkeypatch.undo()
+    append(logdir / "app.log", b"x\n")
+    agent = serve(
+        chan_dir,
+        "grpc://127.0.0.1:0",
+        writable=True,
+        port_file=str(tmp_path / "port"),
+        tail=[str(logdir / "*.log")],
+        tail_options={"poll_interval": 0.01},
+        channel_options={"minimum_required_space": 0},
+    )
+    try:
+        assert (tmp_path / "port").read_text() == f"{agent.port}\n"
+        assert len(agent.tails) == 1
+        assert agent.tails[0]._thread is not None
+    finally:
+        agent.stop()
+    assert agent.tails[0]._thread is None  # stopped with the agent
+    assert not (tmp_path / "port").exists()
+
+
+# -- the positions commit with the lines (item 21) --------------------------------------------------------
+
+
+class _CutCommit(SimFS):
+    """A SimFS whose next data-file write, once armed, stops one byte short and fails with ``err``.
+
+    The transaction's puts and its marks reach the file; its commit record does not.
+    """
+
+    armed: int | None = None
+    cut: bytes = b""
+
+    def pwrite_all(self, fd: int, data: Any, offset: int) -> None:
+        if self.armed is not None:
+            raw = bytes(data) if isinstance(data, (bytes, bytearray, memoryview)) else b"".join(data)
+            self.cut, err, self.armed = raw, self.armed, None
+            self.inject("pwrite_all", 1, err, short=len(raw) - 1)
+        super().pwrite_all(fd, data, offset)
+
+
+@pytest.mark.parametrize("err", [errno.EIO, errno.ENOSPC], ids=["EIO", "ENOSPC"])
+def test_a_put_failing_after_the_marks_moves_no_position(logdir: Path, err: int) -> None:
+    fs = _CutCommit()
+    log = logdir / "app.log"
+    append(log, lines("a", 0, 5))
+    opts = {**OPTS, "fs": fs}
+    ch = filechannel.open("/sim/ch", **opts)
+    src = source(ch, logdir)
+    assert src.poll() == 5
+    before = src.positions()
+    assert [p["offset"] for p in before.values()] == [40]
+    append(log, lines("a", 5, 9))
+    fs.armed = err
+    if err == errno.ENOSPC:
+        assert src.poll() == 0  # "the same lines are read again at the next poll"
+        assert src.stats()["full_retries"] == 1
+    else:
+        with pytest.raises(OSError):
+            src.poll()
+    # the failed write held the new lines and the new position, all but its last byte
+    assert b"a-00008" in fs.cut
+    assert b"tail:tail:0" in fs.cut
+    assert b'"offset":72' in fs.cut
+    if err == errno.ENOSPC:
+        assert src.positions() == before
+        assert next(iter(src._files.values())).offset == 40  # nor in memory
+        assert src.drain() == 4
+        assert [p["offset"] for p in src.positions().values()] == [72]
+        src.stop()
+        ch.close()
+        fs2: SimFS = fs
+    else:
+        src.stop()
+        fs2 = fs.crash(0, "keep")  # every byte written reaches the disk: the puts and marks, not the commit
+    with filechannel.open("/sim/ch", **{**OPTS, "fs": fs2}) as ch2:
+        if err != errno.ENOSPC:
+            assert TailSource(ch2, str(log)).positions() == before
+        src2 = source(ch2, logdir)
+        src2.drain()
+        assert bodies(ch2) == expect("a", 0, 9)
+        src2.stop()
+
+
+def test_serve_passes_tail_follow_symlinks_and_needs_tail(
+    chan_dir: str, logdir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("pyarrow.flight")
+    from filechannel import cli
+    from filechannel.agent import server as server_mod
+
+    filechannel.open(chan_dir, **OPTS).close()
+    base = ["serve", chan_dir, "--listen", "grpc://127.0.0.1:0", "--writable"]
+    assert cli.main([*base, "--tail-follow-symlinks"]) == 2
+    assert "--tail-follow-symlinks goes with --tail GLOB" in capsys.readouterr().err
+    got: list[dict[str, Any]] = []
+
+    def fake_serve(*a: Any, **kw: Any) -> Any:
+        got.append(kw)
+        raise ConfigError("listen", "stop here")
+
+    monkeypatch.setattr(server_mod, "serve", fake_serve)
+    glob = str(logdir / "*.log")
+    assert cli.main([*base, "--tail", glob]) == 2
+    assert cli.main([*base, "--tail", glob, "--tail-follow-symlinks"]) == 2
+    assert [(kw["tail"], kw["tail_options"]) for kw in got] == [((glob,), {}), ((glob,), {"follow_symlinks": True})]

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("cryptography", reason="the crypto extra (pip install 'filechannel[crypto]') is not installed")
+pytest.importorskip("cryptography", reason="the crypto extra is not installed (README, Installing)")
 
 import filechannel
 from filechannel import cli as cli_mod
@@ -57,13 +57,26 @@ def _secrets(key: bytes) -> list[str]:
     return [b64, b64[:16], url[:16], key.hex(), key.hex()[:16], key.hex().upper()[:16], repr(key)[2:18]]
 
 
+def _chain_texts(exc: BaseException) -> list[str]:
+    """str, repr and args of every exception behind ``exc`` (its ``__cause__`` / ``__context__`` chain)."""
+    out: list[str] = []
+    seen: set[int] = set()
+    todo = [exc.__cause__, exc.__context__]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        out += [str(e), repr(e), *map(repr, e.args)]
+        todo += [e.__cause__, e.__context__]
+    return out
+
+
 def _assert_hidden(exc: BaseException, key: bytes, caplog: pytest.LogCaptureFixture) -> None:
     texts = [str(exc), repr(exc), *map(str, exc.args), caplog.text]
     if isinstance(exc, ConfigError):
         texts.append(exc.reason)
-    for cause in (exc.__cause__, exc.__context__):
-        if cause is not None:
-            texts += [str(cause), repr(cause)]
+    texts += _chain_texts(exc)
     for text in texts:
         for s in _secrets(key):
             assert s not in text, f"key material {s!r} in {text!r}"
@@ -164,6 +177,84 @@ def test_keygen_on_a_swapped_keystore_echoes_no_key(tmp_path: Path, capsys: pyte
     assert code == 2
     for s in _secrets(key):
         assert s not in err
+
+
+def _pasted_keys() -> list[tuple[bytes, str]]:
+    """A key as it may be pasted: standard base64, URL-safe base64 without padding, hex."""
+    k = [os.urandom(32) for _ in range(3)]
+    return [
+        (k[0], base64.b64encode(k[0]).decode()),
+        (k[1], base64.urlsafe_b64encode(k[1]).decode().rstrip("=")),
+        (k[2], k[2].hex()),
+    ]
+
+
+@pytest.mark.parametrize("form", [0, 1, 2], ids=["base64", "urlsafe", "hex"])
+def test_a_key_pasted_as_keystore_on_the_command_line_is_never_echoed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], form: int
+) -> None:
+    # Issue 32 item 11: "--keystore KEY: ... looks like a key (not shown)" showed it before the colon.
+    key, text = _pasted_keys()[form]
+    ch = tmp_path / "ch"
+    with filechannel.open(str(ch), **OPTS) as c, c.transaction() as tx:
+        tx.put(b"x")
+    runs = [
+        ("put", str(tmp_path / "new"), "--keystore", text),
+        ("take", str(ch), "--keystore", text),
+        ("peek", str(ch), "--keystore", text),
+        ("stat", str(ch), "--keystore", text),
+        ("verify", str(ch), "--keystore", text),
+        ("keygen", text),  # a key given as the keystore's file name
+        ("keygen", str(tmp_path / text.replace("/", "_"))),
+    ]
+    for argv in runs:
+        code, err = cli(capsys, *argv)
+        assert code == 2, (argv[0], err)
+        assert "looks like a key (not shown)" in err, (argv[0], err)
+        assert len(err.strip().splitlines()) == 1, err
+        for s in [*_secrets(key), text, text[:16]]:
+            assert s not in err, (argv[0], s, err)
+    assert os.listdir(tmp_path) == ["ch"], "keygen made a file named after the key"
+
+
+@pytest.mark.parametrize("form", [0, 1, 2], ids=["base64", "urlsafe", "hex"])
+def test_a_key_pasted_as_cipher_env_name_or_encryption_is_never_echoed(
+    chan_dir: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, form: int
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    key, text = _pasted_keys()[form]
+    with pytest.raises(
+        ConfigError, match=r"cipher must be one of .* got <a string of \d+ characters, not shown>"
+    ) as ei:
+        Encryption(keys={"a": os.urandom(32)}, cipher=text)
+    _assert_hidden(ei.value, key, caplog)
+    assert text not in repr(ei.value.args)
+    with pytest.raises(ConfigError, match="not shown") as ei:
+        Encryption.from_env(text)
+    _assert_hidden(ei.value, key, caplog)
+    assert text not in str(ei.value)
+    if "=" not in text:  # a name the environment can hold: set, its JSON is bad, still not shown
+        monkeypatch.setenv(text, "{}")
+        with pytest.raises(ConfigError, match=r"keystore in \$<a string .* not shown> must be a JSON object") as ei:
+            Encryption.from_env(text)
+        _assert_hidden(ei.value, key, caplog)
+        assert text not in str(ei.value)
+    for given in (key, {"a": key}, bytearray(key)):
+        # a key (or a mapping of keys) where an Encryption or a keystore path goes
+        with pytest.raises(ConfigError, match=r"must be a filechannel.Encryption") as ei:
+            filechannel.open(chan_dir, **OPTS, encryption=given)
+        _assert_hidden(ei.value, key, caplog)
+        with pytest.raises(ConfigError, match=r"must be a filechannel.Encryption or a keystore path, got <a ") as ei:
+            crypto.as_encryption(given)  # type: ignore[arg-type]  # (the readers' and the agent client's way in)
+        _assert_hidden(ei.value, key, caplog)
+
+
+def test_an_ordinary_env_name_and_cipher_are_still_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FC_NOT_SET_32", raising=False)
+    with pytest.raises(ConfigError, match="environment variable FC_NOT_SET_32 is not set"):
+        Encryption.from_env("FC_NOT_SET_32")
+    with pytest.raises(ConfigError, match="got 'aes-128-ctr'"):
+        Encryption(keys={"a": os.urandom(32)}, cipher="aes-128-ctr")
 
 
 # ------------------------------------------------------------------------------------------

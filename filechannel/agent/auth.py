@@ -4,8 +4,13 @@ This module owns the rules both ends share: which URIs are allowed (TLS off
 loopback; plain ``grpc://`` only on a loopback address; ``grpc+unix://`` for
 same-host callers), how secret files are read (given as paths only, regular
 files of this user that group and others cannot access; their contents are
-never logged or shown), and the server's bearer-token middleware. Nothing
-here imports pyarrow at module load.
+never logged or shown), the server's bearer-token check (one function for
+Flight's middleware and the HTTP port), which name a client certificate goes
+by (one rule for both protocols: :func:`certificate_name`), what a
+certificate name may do (:func:`allowed`, :func:`consumer_allowed`,
+:func:`may_write`), and the rule that an agent reachable from other hosts
+authenticates its clients (:func:`check_reachable`). Nothing here imports
+pyarrow at module load.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import hmac
 import ipaddress
 import os
 import stat
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -23,8 +28,12 @@ from filechannel.errors import ConfigError
 
 __all__ = [
     "ANY_CHANNEL",
+    "INSECURE_FLAG",
     "Listen",
     "allowed",
+    "bearer_problem",
+    "certificate_name",
+    "check_reachable",
     "consumer_allowed",
     "may_write",
     "is_loopback",
@@ -38,6 +47,9 @@ SCHEMES = ("grpc+tls", "grpc", "grpc+unix")
 ANY_CHANNEL = "*"  # an allow-list key: every served channel
 TOKEN_HEADER = "authorization"
 MAX_SECRET_BYTES = 1 << 20
+INSECURE_FLAG = "--insecure-allow-anyone"
+# The subjectAltName kinds gRPC reports as a peer's identity, as Python's ssl names them.
+_SAN_KINDS = ("DNS", "URI", "email", "IP Address")
 
 
 @dataclass(frozen=True)
@@ -190,12 +202,16 @@ def allowed(allow: Mapping[str, Collection[str]] | None, channel: str, name: str
 def consumer_allowed(consumers: Mapping[str, Collection[str]] | None, name: str | None, consumer: str) -> bool:
     """Whether certificate name ``name`` may act as ``consumer`` (register it, read under it, acknowledge for it).
 
-    ``consumers`` maps certificate names to the consumer names each may use; a
-    name it does not list may use any consumer (as before such a list existed).
+    ``consumers`` maps certificate names to the consumer names each may use. A
+    name it lists may use only its own; a name it does not list (or no name) may
+    use only the consumers no listed name owns, so an unlisted certificate can
+    never act as a consumer the list gives to someone. Empty or None: any.
     """
-    if not consumers or name is None or name not in consumers:
+    if not consumers:
         return True
-    return consumer in consumers[name]
+    if name is not None and name in consumers:
+        return consumer in consumers[name]
+    return not any(consumer in owned for owned in consumers.values())
 
 
 def may_write(writers: Collection[str] | None, name: str | None) -> bool:
@@ -206,22 +222,84 @@ def may_write(writers: Collection[str] | None, name: str | None) -> bool:
     return not writers or (name is not None and name in writers)
 
 
+def certificate_name(cert: Mapping[str, Any] | None) -> str | None:
+    """The name a client certificate goes by: its first subjectAltName, else its subject CN.
+
+    The rule is gRPC's peer identity (what Flight's ``context.peer_identity()``
+    reports): the certificate's subjectAltNames of kind DNS, URI, email or IP
+    address, first one in the certificate's order, else the subject's common
+    name. ``cert`` is the dict of Python's ``SSLSocket.getpeercert()``, so the
+    HTTP port names a certificate exactly as Flight does.
+    """
+    if not cert:
+        return None
+    for kind, value in cert.get("subjectAltName", ()):
+        if kind in _SAN_KINDS:
+            if kind == "IP Address":
+                try:
+                    return str(ipaddress.ip_address(value.strip()))  # gRPC prints the compressed form
+                except ValueError:
+                    return str(value)
+            return str(value)
+    for rdn in cert.get("subject", ()):
+        for k, v in rdn:
+            if k == "commonName":
+                return str(v)
+    return None
+
+
+def bearer_problem(expected: bytes, given: Sequence[str | bytes]) -> str | None:
+    """Why the ``authorization`` values ``given`` do not carry token ``expected`` (None: they do).
+
+    One check for Flight and HTTP: exactly one value, ``Bearer <token>``,
+    compared in constant time. The answer names the problem, never a token.
+    """
+    if not given:
+        return "missing"
+    value = given[0]
+    raw = value if isinstance(value, bytes) else str(value).encode("utf-8", "replace")
+    if len(given) != 1 or not hmac.compare_digest(raw, b"Bearer " + expected):
+        return "wrong"
+    return None
+
+
+def check_reachable(hosts: Mapping[str, str], client_ca: str | None, token_file: str | None, insecure: bool) -> None:
+    """Refuse an agent that listens off loopback without authenticating its clients.
+
+    ``hosts``: the addresses it listens on, by option (``listen``, ``http``; a
+    ``grpc+unix`` socket is not one).
+    Clients authenticate with a certificate (``client_ca``) or a bearer token
+    (``token_file``); without either, anyone who can connect may read, write and
+    take over consumers, so that takes ``insecure`` (``--insecure-allow-anyone``).
+
+    Raises:
+        ConfigError: A non-loopback address, no client authentication, and not ``insecure``.
+    """
+    if client_ca or token_file or insecure:
+        return
+    for option, host in hosts.items():
+        if is_loopback(host):
+            continue
+        raise ConfigError(
+            option,
+            f"{host} is reachable from other hosts and clients are not authenticated, so anyone who can "
+            f"connect could read, write and take over consumers: give --client-ca FILE or --token-file FILE "
+            f"(or, to run open on purpose, {INSECURE_FLAG})",
+        )
+
+
 def make_token_middleware(token: bytes) -> Any:
     """A ``ServerMiddlewareFactory`` refusing every call without ``authorization: Bearer <token>``."""
     import pyarrow.flight as fl
 
-    expected = b"Bearer " + token
-
     class _TokenCheck(fl.ServerMiddlewareFactory):  # type: ignore[misc]
         def start_call(self, info: Any, headers: Mapping[str, list[Any]]) -> None:
-            given = headers.get(TOKEN_HEADER) or []
-            if not given:
+            problem = bearer_problem(token, headers.get(TOKEN_HEADER) or [])
+            if problem == "missing":
                 raise fl.FlightUnauthenticatedError(
                     "this agent requires a bearer token: give the client token_file= (the Spark option tokenFile)"
                 )
-            value = given[0]
-            raw = value if isinstance(value, bytes) else str(value).encode()
-            if len(given) != 1 or not hmac.compare_digest(raw, expected):
+            if problem is not None:
                 raise fl.FlightUnauthenticatedError("the bearer token is wrong: check the client's token file")
             return None
 

@@ -13,7 +13,7 @@ never the library's global one. ``docs/agents.md`` lists every metric.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -214,6 +214,31 @@ class AgentMetrics:
             ["channel"],
             registry=self.registry,
         )
+        # The push sources other than the HTTP one (OTLP, forward, ...): label source names which.
+        self.source_events = Counter(
+            PREFIX + "source_events",
+            "Events committed from a push source (otlp, forward, ...), by source and channel",
+            ["source", "channel"],
+            registry=self.registry,
+        )
+        self.source_refused = Counter(
+            PREFIX + "source_refused",
+            "Events or messages a push source refused or left out, by source, channel and reason",
+            ["source", "channel", "reason"],
+            registry=self.registry,
+        )
+        self.source_duplicates = Counter(
+            PREFIX + "source_duplicates",
+            "Retried chunks answered from a committed key (nothing put), by source and channel",
+            ["source", "channel"],
+            registry=self.registry,
+        )
+        self.source_connections = Gauge(
+            PREFIX + "source_connections",
+            "Connections open to a stream source now, by source",
+            ["source"],
+            registry=self.registry,
+        )
         self.flight_calls = Counter(
             PREFIX + "flight_calls",
             "Flight calls by kind and outcome (ok, refused: a channel error sent to the client, error: I/O)",
@@ -240,7 +265,29 @@ class AgentMetrics:
         """Record the commit latency of one put transaction."""
         self.put_commit_seconds.labels(channel, source).observe(seconds)
 
-    def render(self) -> bytes:
-        """The Prometheus text of every metric now."""
-        data: bytes = generate_latest(self.registry)
-        return data
+    def render(self, channels: Collection[str] | None = None) -> bytes:
+        """The Prometheus text of every metric now; ``channels``: only these channels' series (and no channel's)."""
+        if channels is None:
+            data: bytes = generate_latest(self.registry)
+            return data
+        return generate_latest(_OnlyChannels(self.registry, channels))  # type: ignore[arg-type]
+
+
+class _OnlyChannels:
+    """A registry's metrics without the series of channels not in ``channels`` (a series without one stays)."""
+
+    def __init__(self, registry: CollectorRegistry, channels: Collection[str]) -> None:
+        self._registry = registry
+        self._channels = frozenset(channels)
+
+    def collect(self) -> Iterator[Metric]:
+        for m in self._registry.collect():
+            kept = Metric(m.name, m.documentation, m.type, m.unit)
+            kept.samples = [s for s in m.samples if s.labels.get("channel", "") in self._channels or not _named(s)]
+            if kept.samples or not m.samples:
+                yield kept
+
+
+def _named(sample: Any) -> bool:
+    """Whether a sample belongs to a served channel (``""``: none; ``"?"``: an unknown name, shared)."""
+    return sample.labels.get("channel", "") not in ("", "?")

@@ -16,7 +16,9 @@ Arrow Flight. Everything but :func:`batch_schema` works without pyarrow.
   "put", "channel": hex, "producer": id, "sequence": n}`` (:func:`encode_put_command`);
   the stream's record batches (``body`` binary, optional ``headers``
   ``map<string, string>``, :func:`put_schema`) become one channel transaction
-  that also sets the mark ``producer:<id>`` to ``n``. The one ``PutResult``'s
+  that also sets the mark ``producer:<id>`` to ``n`` (and to its owner, the
+  certificate name that first put as ``<id>``: :func:`encode_producer_mark`;
+  another certificate's put as ``<id>`` is refused). The one ``PutResult``'s
   metadata, sent after the durable commit, is JSON ``{"v", "duplicate",
   "sequence", "committed", "events"}``: ``duplicate`` when ``n`` was at or below
   the producer's committed sequence (nothing was put).
@@ -197,8 +199,30 @@ def check_sequence(sequence: object) -> int:
 
 
 def producer_mark(producer: str) -> str:
-    """The channel mark that holds ``producer``'s last committed sequence number (as decimal ASCII)."""
+    """The channel mark that holds ``producer``'s last committed sequence number and its owner."""
     return PRODUCER_MARK_PREFIX + producer
+
+
+def encode_producer_mark(sequence: int, owner: str | None) -> bytes:
+    """A producer mark's value: ``"<sequence>"``, or ``"<sequence> <owner>"`` once a certificate name owns it."""
+    return b"%d" % sequence if owner is None else b"%d %s" % (sequence, owner.encode("utf-8", "surrogatepass"))
+
+
+def decode_producer_mark(raw: bytes | None) -> tuple[int, str | None]:
+    """``(committed sequence, owning certificate name)`` of a producer mark (``(-1, None)``: none yet).
+
+    Raises:
+        AgentProtocolError: A value that is not a producer mark's.
+    """
+    if raw is None:
+        return -1, None
+    seq_s, sep, owner = bytes(raw).partition(b" ")
+    try:
+        return int(seq_s), owner.decode("utf-8", "surrogatepass") if sep else None
+    except (ValueError, UnicodeDecodeError):
+        raise AgentProtocolError(
+            "", f"the channel's producer mark {bytes(raw)[:40]!r} is not a sequence number"
+        ) from None
 
 
 def encode_put_command(channel: str, producer: str, sequence: int) -> bytes:

@@ -14,18 +14,22 @@ ids and positions, never paths.
 Writes (``writable``, opt-in): the agent opens each channel as its owner
 (``filechannel.open``, taking the lock; readers keep working) and ``DoPut``
 turns one stream into one channel transaction that also records the
-producer's sequence number in a mark (``producer:<id>``), acknowledged only
-after the durable commit. A (producer, sequence) at or below the committed one
-is acknowledged again without a put: a retry after a timeout, a lost answer or
-an agent crash is never put twice, because the mark and the events commit
-together (the crash-point harness checks marks at every persistence point).
+producer's sequence number in a mark (``producer:<id>``, with the certificate
+name that owns the id: another certificate's put under it is refused),
+acknowledged only after the durable commit. A (producer, sequence) at or
+below the committed one is acknowledged again without a put: a retry after a
+timeout, a lost answer or an agent crash is never put twice, because the mark
+and the events commit together (the crash-point harness checks marks at every
+persistence point).
 
 HTTP (``web.py``, opt-in with ``http``): the HTTP source, ``/metrics`` and
 health checks on a port of their own; Flight calls count into its metrics.
 
 Security (``auth.py``): TLS off loopback, mutual TLS with a client CA, an
 optional certificate-name allow-list per channel, an optional bearer token
-checked by middleware before any handler runs.
+checked by middleware before any handler runs; an address other hosts reach
+needs client authentication (or ``insecure_allow_anyone``); a unix socket is
+mode 0600. :func:`check` is ``serve --check``: the start's checks, as a dry run.
 """
 
 from __future__ import annotations
@@ -33,27 +37,33 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 import threading
 import time
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.flight as fl
 
-from filechannel._fs import DEFAULT_FS, replace_durably
+from filechannel._fs import DEFAULT_FS, is_locked, replace_durably
 from filechannel._version import __version__
-from filechannel.channel import FileChannel, open_channel
+from filechannel.channel import FileChannel, channel_config, open_channel
+from filechannel.config import ChannelConfig
 from filechannel.consumers import ConsumerStore, validate_name
 from filechannel.crypto import Encryption, as_encryption
-from filechannel.directory import CHANNEL_FILE, decode_channel_file
+from filechannel.directory import CHANNEL_FILE, LOCK_FILE, decode_channel_file, lock_holder
 from filechannel.errors import (
     ChannelError,
+    ChannelLockedError,
     ConfigError,
     ConsumerIdentityError,
     CorruptLogError,
     DataLossError,
+    EventTooLargeError,
     InvalidEventError,
     TransactionCapacityError,
 )
@@ -64,6 +74,7 @@ from . import protocol as proto
 from .auth import (
     Listen,
     allowed,
+    check_reachable,
     consumer_allowed,
     make_token_middleware,
     may_write,
@@ -74,8 +85,10 @@ from .auth import (
 )
 from .errors import AgentError, AgentProtocolError, UnknownChannelError
 from .staging import AgentSink, StageRequest
+from .syslog_source import SyslogSources, resolve, start_syslog
+from .tail import TailSource, make_tails
 
-__all__ = ["Agent", "AgentConfig", "serve"]
+__all__ = ["Agent", "AgentConfig", "check", "serve"]
 
 logger = logging.getLogger("filechannel.agent")
 
@@ -93,7 +106,8 @@ class AgentConfig:
         allow: Certificate names allowed per channel id (``"*"``: every channel); needs ``client_ca``.
             Empty: every certificate the CA signed is let in.
         consumers: The consumer names a certificate name may act as (register, read under,
-            acknowledge for), by certificate name; a name not listed may use any. Needs ``client_ca``.
+            acknowledge for), by certificate name; a name not listed may use only consumers no listed
+            name owns. Needs ``client_ca``.
         writers: The certificate names that may write (``DoPut`` puts, the Spark sink's stage
             and commit, HTTP posts); empty: every name let in may. Needs ``client_ca``.
         keystore: The keystore of encrypted channels (the agent's readers check batches with it;
@@ -106,6 +120,14 @@ class AgentConfig:
             the HTTP port's URLs use it.
         http: Also serve HTTP (the HTTP source, ``/metrics``, health checks; ``web.py``) with these
             settings (an ``HttpSettings``); TLS, the token and the allow-list apply there too.
+        insecure_allow_anyone: Listen on an address other hosts reach without authenticating clients
+            (neither ``client_ca`` nor ``token_file``); refused unless this is set.
+        tail: Follow files into the channels (``--tail GLOB`` / ``NAME=GLOB``; ``tail.py``); needs ``writable``.
+        tail_options: Options of the tail sources (``TailSource``'s keyword arguments, e.g. ``follow_symlinks``).
+        forward: Take Fluent's forward protocol (``--forward``; ``forward.py``, needs msgpack) with these
+            settings (a ``ForwardSettings``); needs ``writable``.
+        syslog: The syslog and RELP sources (``--syslog``, ``--relp``): a ``syslog_source.SyslogSettings``;
+            needs ``writable``.
     """
 
     directories: tuple[str, ...]
@@ -124,13 +146,19 @@ class AgentConfig:
     channel_options: Mapping[str, Any] = field(default_factory=dict)
     names: Mapping[str, str] = field(default_factory=dict)
     http: Any = None
+    insecure_allow_anyone: bool = False
+    tail: tuple[str, ...] = ()
+    tail_options: Mapping[str, Any] = field(default_factory=dict)
+    forward: Any = None
+    syslog: Any = None
 
     def parsed_listen(self) -> Listen:
         """The listen URI, checked together with the TLS options.
 
         Raises:
             ConfigError: A bad URI, TLS options missing for ``grpc+tls`` or given without it,
-                or an allow-list without ``client_ca``.
+                an allow-list without ``client_ca``, bad HTTP settings, or an address other hosts
+                reach without client authentication (and not ``insecure_allow_anyone``).
         """
         listen = parse_uri(self.listen, "listen")
         if listen.tls and not (self.tls_cert and self.tls_key):
@@ -159,6 +187,10 @@ class AgentConfig:
             raise ConfigError("port_file", "a grpc+unix agent has no port")
         if not self.directories:
             raise ConfigError("directories", "give at least one channel directory")
+        hosts = {"listen": listen.host} if listen.scheme != "grpc+unix" else {}
+        if self.http is not None:
+            hosts["http"] = self.http.check(bool(self.tls_cert and self.tls_key))[0]
+        check_reachable(hosts, self.client_ca, self.token_file, self.insecure_allow_anyone)
         return listen
 
 
@@ -179,26 +211,48 @@ class _Served:
         self.sink: AgentSink | None = None  # the Spark sink's staging area (staging.py), made at first use
         self._producer_locks: dict[str, threading.Lock] = {}
 
-    def put(self, producer: str, sequence: int, bodies: list[bytes], headers: list[dict[str, str] | None]) -> Any:
+    def put(
+        self,
+        producer: str,
+        sequence: int,
+        bodies: list[bytes],
+        headers: list[dict[str, str] | None],
+        owner: str | None = None,
+    ) -> Any:
         """Commit ``bodies`` and the producer's ``sequence`` as one transaction, unless already committed.
 
         One put per producer at a time (a lock per producer), so a retry racing
         its original never commits twice; producers commit in parallel (and share
-        fsyncs). Returns the answer of the wire format (``protocol.py``).
+        fsyncs). A producer id belongs to the certificate name (``owner``) that
+        first put under it: the mark records it, in the same transaction as the
+        events, so it survives restarts; another name's put under that id is
+        refused, so one writer can never mark another's sequence numbers as
+        committed. Without a certificate name (no mutual TLS) nothing is bound.
+        Returns the answer of the wire format (``protocol.py``).
+
+        Raises:
+            FlightUnauthorizedError: ``producer`` belongs to another certificate name.
         """
         assert self.channel is not None
         with self.lock:
             lock = self._producer_locks.setdefault(producer, threading.Lock())
         key = proto.producer_mark(producer)
         with lock:
-            raw = self.channel.mark(key)
-            committed = int(raw) if raw is not None else -1
+            committed, bound = proto.decode_producer_mark(self.channel.mark(key))
+            if owner is not None and bound is not None and bound != owner:
+                logger.warning(
+                    "refused certificate name %r a put as producer %r (it belongs to another)", owner, producer
+                )
+                raise fl.FlightUnauthorizedError(
+                    f"producer id {producer!r} belongs to another client certificate: "
+                    "give each writer a producer id of its own"
+                )
             if sequence <= committed:
                 return {"v": 1, "duplicate": True, "sequence": sequence, "committed": committed, "events": 0}
             with self.channel.transaction() as tx:
                 for b, h in zip(bodies, headers, strict=True):
                     tx.put(b, headers=h)
-                tx.mark(key, b"%d" % sequence)
+                tx.mark(key, proto.encode_producer_mark(sequence, bound if bound is not None else owner))
             return {"v": 1, "duplicate": False, "sequence": sequence, "committed": sequence, "events": len(bodies)}
 
     def sink_store(self) -> AgentSink:
@@ -247,33 +301,48 @@ class _Served:
         return {"channel": self.cid, "name": self.name, "start": start, "end": end, "consumers": consumers}
 
 
+def _load(config: AgentConfig, d: str, encryption: Encryption | None) -> _Served:
+    """Channel directory ``d`` of ``config``, read only: its id, channel file and name (the view not loaded)."""
+    directory = os.path.abspath(d)
+    cid = channel_id_of(directory).hex()
+    _, crc_kind, _ = decode_channel_file(_read(os.path.join(directory, CHANNEL_FILE)))
+    ch = _Served(directory, cid, crc_kind, encryption, config.on_corruption)
+    ch.name = config.names.get(d, ch.name)
+    return ch
+
+
+def _owner_options(config: AgentConfig, encryption: Encryption | None) -> dict[str, Any]:
+    """The options of ``filechannel.open`` for the channels a writable agent owns."""
+    opts = {"on_corruption": config.on_corruption, **config.channel_options}
+    if encryption is not None:
+        opts["encryption"] = encryption
+    return opts
+
+
+def _same_channel(served: Mapping[str, _Served], ch: _Served) -> None:
+    if ch.cid in served:
+        raise ConfigError(
+            "directories",
+            f"{served[ch.cid].directory} and {ch.directory} are the same channel (id {ch.cid}): serve one",
+        )
+
+
 def _open_channels(config: AgentConfig) -> dict[str, _Served]:
     encryption = as_encryption(config.keystore) if config.keystore else None
     served: dict[str, _Served] = {}
     for d in config.directories:
-        directory = os.path.abspath(d)
-        cid_bytes = channel_id_of(directory)
-        cid = cid_bytes.hex()
-        if cid in served:
-            raise ConfigError(
-                "directories", f"{served[cid].directory} and {directory} are the same channel (id {cid}): serve one"
-            )
-        _, crc_kind, _ = decode_channel_file(_read(os.path.join(directory, CHANNEL_FILE)))
-        ch = _Served(directory, cid, crc_kind, encryption, config.on_corruption)
-        ch.name = config.names.get(d, ch.name)
+        ch = _load(config, d, encryption)
+        _same_channel(served, ch)
         if config.writable:
             try:
-                opts = {"on_corruption": config.on_corruption, **config.channel_options}
-                if encryption is not None:
-                    opts["encryption"] = encryption
-                ch.channel = open_channel(directory, **opts)
+                ch.channel = open_channel(ch.directory, **_owner_options(config, encryption))
             except BaseException:
                 for other in served.values():
                     if other.channel is not None:
                         other.channel.close()
                 raise
         ch.view.available()  # load now: a missing key or damage fails the start, not the first call
-        served[cid] = ch
+        served[ch.cid] = ch
     return served
 
 
@@ -283,28 +352,122 @@ def _read(path: str) -> bytes:
     return read_file(DEFAULT_FS, path)
 
 
-def describe(config: AgentConfig) -> dict[str, Any]:
-    """What an agent with ``config`` would serve, checked (``filechannel serve --check``); binds nothing.
+def _https(config: AgentConfig) -> None:
+    """Check the HTTP port's TLS context (when it has one)."""
+    if config.http is not None and config.tls_cert and config.tls_key:
+        _http_module().ssl_context(config)
 
-    Raises:
-        ConfigError: A bad option or an unreadable secret file.
-        NotAChannelError, CorruptLogError, DecryptionError: A directory that cannot be served.
+
+def _token(config: AgentConfig) -> bytes | None:
+    return read_token(config.token_file, "token_file") if config.token_file else None
+
+
+def _start_checks(config: AgentConfig) -> tuple[Listen, list[Any], bytes | None, bytes | None]:
+    """What a start checks before it opens a channel: the options, the TLS files, the token (:func:`check` too).
+
+    Returns ``(listen, certificate pairs, client CA, token)``.
     """
     listen = config.parsed_listen()
-    _tls_material(config)
-    if config.token_file:
-        read_token(config.token_file, "token_file")
-    served = _open_channels(config)
-    return {
-        "listen": listen.location(),
-        "tls": listen.tls,
+    certs, client_ca = _tls_material(config)
+    _https(config)
+    return listen, certs, client_ca, _token(config)
+
+
+def _http_module() -> Any:
+    try:
+        from . import web
+    except ImportError as exc:
+        raise ConfigError(
+            "http",
+            f"the HTTP port needs aiohttp and prometheus_client ({exc}): pip install '.[agent]' in filechannel's clone",
+        ) from None
+    return web
+
+
+def check(config: AgentConfig) -> tuple[dict[str, Any], list[Exception]]:
+    """What an agent with ``config`` would serve, and every problem its start would meet (``serve --check``).
+
+    A dry run: the same checks as a start (:func:`_start_checks`, the channels'
+    ids, channel files, keys and data as their views load them, the HTTP names,
+    the tail sources as :func:`make_tails` makes them), except that it opens no
+    channel as owner; for a writable agent it checks the
+    channel options and that no other process holds a channel's lock instead. It
+    writes nothing, binds nothing, takes no lock and applies no consumer's
+    acknowledgement. Returns ``(summary, problems)``: each problem is the
+    exception the start would raise (``ConfigError``, ``ChannelError``, ``OSError``).
+    """
+    problems: list[Exception] = []
+
+    def attempt(fn: Any) -> Any:
+        try:
+            return fn()
+        except (ChannelError, OSError) as exc:
+            problems.append(exc)
+            return None
+
+    listen = attempt(config.parsed_listen)  # the steps of _start_checks, each on its own
+    if attempt(lambda: _tls_material(config)) is not None:
+        attempt(lambda: _https(config))
+    attempt(lambda: _token(config))
+    encryption = attempt(lambda: as_encryption(config.keystore)) if config.keystore else None
+    key_ok = not config.keystore or encryption is not None
+    options = attempt(lambda: channel_config(_owner_options(config, encryption))) if config.writable else None
+    served: dict[str, _Served] = {}
+    channels: list[dict[str, Any]] = []
+
+    def one(d: str) -> None:
+        ch = _load(config, d, encryption)
+        _same_channel(served, ch)
+        served[ch.cid] = ch
+        lock = os.path.join(ch.directory, LOCK_FILE)
+        if config.writable and is_locked(lock):
+            raise ChannelLockedError(ch.directory, lock_holder(DEFAULT_FS, lock))
+        try:
+            ch.view.available()
+            channels.append(ch.describe() | {"directory": ch.directory})
+        finally:
+            ch.view.close()
+
+    for d in config.directories:
+        if key_ok:
+            attempt(lambda d=d: one(d))
+    if config.http is not None:
+        attempt(lambda: _http_module().check_names((ch.name, ch.directory) for ch in served.values()))
+    if (config.tail or config.syslog is not None) and len(served) == len(config.directories):
+        # The tail sources are made (not started) as a start makes them, each over a stand-in of the
+        # channel it would own: its options, nothing opened; the syslog listeners checked on them too.
+        stand_ins = [
+            SimpleNamespace(name=ch.name, channel=SimpleNamespace(config=options) if options is not None else None)
+            for ch in served.values()
+        ]
+        if config.tail and (not config.writable or options is not None):
+            attempt(lambda: make_tails(stand_ins, config.tail, **config.tail_options))
+        if config.syslog is not None and (not config.writable or options is not None):
+            attempt(lambda: resolve(config.syslog, config, stand_ins))
+    if config.forward is not None and len(served) == len(config.directories):
+        attempt(lambda: _forward_module().check_forward(config, [ch.name for ch in served.values()], config.forward))
+    summary = {
+        "listen": listen.location() if listen is not None else config.listen,
+        "tls": bool(listen is not None and listen.tls),
         "mutual_tls": bool(config.client_ca),
         "token": bool(config.token_file),
         "allow": {k: sorted(v) for k, v in config.allow.items()},
         "consumers": {k: sorted(v) for k, v in config.consumers.items()},
         "writers": sorted(config.writers),
-        "channels": [ch.describe() | {"directory": ch.directory} for ch in served.values()],
+        "channels": channels,
     }
+    return summary, problems
+
+
+def _forward_module() -> Any:
+    """``forward.py`` (it needs msgpack, imported only for ``--forward``)."""
+    try:
+        from . import forward
+    except ImportError as exc:
+        raise ConfigError(
+            "forward", f"needs msgpack ({exc}): pip install '.[sources]' in filechannel's clone"
+        ) from None
+    return forward
 
 
 def _tls_material(config: AgentConfig) -> tuple[list[Any], bytes | None]:
@@ -314,6 +477,37 @@ def _tls_material(config: AgentConfig) -> tuple[list[Any], bytes | None]:
     key = read_secret_file(config.tls_key, "tls_key")
     ca = read_public_file(config.client_ca, "client_ca") if config.client_ca else None
     return [fl.CertKeyPair(cert, key)], ca
+
+
+def _bind_unix(make: Callable[[str], Any], path: str) -> tuple[Any, tuple[str, int]]:
+    """A server made by ``make(uri)`` on the unix socket ``path``, mode 0600 whatever the umask.
+
+    gRPC creates the socket with the process's umask (0777 under umask 000), so
+    it binds inside a fresh directory of mode 0700 next to ``path`` (no other
+    user can reach the socket there), sets the socket's mode to 0600 and renames
+    it into place. Returns the server and the socket's ``(path, inode)``.
+    """
+    parent = os.path.dirname(path) or "."
+    try:
+        private = tempfile.mkdtemp(prefix=".fc", dir=parent)  # mode 0700
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot make a private directory in {parent}: {exc.strerror}") from None
+    inner = os.path.join(private, "s")
+    try:
+        server = make(f"grpc+unix://{inner}")
+        try:
+            DEFAULT_FS.chmod(inner, 0o600)
+            DEFAULT_FS.replace(inner, path)
+            ino = os.lstat(path).st_ino
+        except BaseException:
+            server.shutdown()
+            raise
+    finally:
+        try:
+            os.rmdir(private)
+        except OSError:
+            pass
+    return server, (path, ino)
 
 
 def _flight_error(exc: ChannelError) -> fl.FlightServerError:
@@ -444,9 +638,9 @@ class _FlightServer(fl.FlightServerBase):  # type: ignore[misc]
             ch = self._writable(context, cid)
             if ch.channel is None:
                 raise AgentError("", f"channel {ch.cid} is served read-only: start the agent with --writable to put")
-            bodies, headers = _read_put_stream(reader, ch.channel.config.transaction_capacity)
+            bodies, headers = _read_put_stream(reader, ch.channel.config)
             t0 = time.monotonic()
-            result: dict[str, Any] = ch.put(producer, sequence, bodies, headers)
+            result: dict[str, Any] = ch.put(producer, sequence, bodies, headers, owner=self._peer(context))
             if self._agent.metrics is not None and not result["duplicate"]:
                 self._agent.metrics.put_committed(ch.name, "flight", time.monotonic() - t0)
             logger.debug("do_put %s producer %r sequence %d: %s", cid, producer, sequence, result)
@@ -570,8 +764,27 @@ class _FlightServer(fl.FlightServerBase):  # type: ignore[misc]
         return store.commit_batch(query, proto.int_field(req, "batch"), files, rows, float(stale))
 
 
+def _bodies(batch: Any, max_event_size: int) -> Any:
+    """The ``body`` column of one batch of a put stream, checked before anything is taken from it.
+
+    Raises:
+        AgentProtocolError: A null body.
+        EventTooLargeError: A body over ``max_event_size``.
+    """
+    col = batch.column("body")
+    if col.null_count:
+        raise AgentProtocolError("", "a body is null")
+    if len(col):
+        biggest = pc.max(pc.binary_length(col)).as_py()
+        if biggest > max_event_size:
+            raise EventTooLargeError(biggest, max_event_size)
+    return col
+
+
 def _stream_events(reader: Any) -> Iterator[tuple[bytes, dict[str, str] | None]]:
     """The rows of a stage stream, one by one (the put schema: ``body`` binary, optional ``headers``).
+
+    The staging area checks each row's size as it takes it (``staging.py``).
 
     Raises:
         AgentProtocolError: Another schema, or a null body.
@@ -613,16 +826,39 @@ def _event_columns(schema: Any, kind: str) -> set[str]:
     return names
 
 
-def _read_put_stream(reader: Any, capacity: int) -> tuple[list[bytes], list[dict[str, str] | None]]:
+MAX_PUT_BYTES = 512 << 20
+"""The most body bytes one DoPut stream may carry, whatever the channel's limits allow."""
+
+
+def put_limit(config: ChannelConfig) -> int:
+    """The most body bytes a DoPut stream may carry into a channel of ``config`` (a ``ChannelConfig``).
+
+    ``max_event_size`` times ``transaction_capacity``, at most :data:`MAX_PUT_BYTES`
+    (and never below one event of ``max_event_size``).
+    """
+    return max(config.max_event_size, min(config.max_event_size * config.transaction_capacity, MAX_PUT_BYTES))
+
+
+def _read_put_stream(reader: Any, config: ChannelConfig) -> tuple[list[bytes], list[dict[str, str] | None]]:
     """The events of a DoPut stream: ``body`` (binary, not null) and optional ``headers`` (map<string, string>).
+
+    Checked batch by batch against the channel's limits (``config``, a
+    ``ChannelConfig``), so an oversized put is refused at the first batch that
+    goes over, not after the whole stream is in memory. (A single gRPC message is
+    still received whole: pyarrow does not let a server set gRPC's receive limit.)
 
     Raises:
         AgentProtocolError: Another schema, or a null body.
-        TransactionCapacityError: More events than the channel's ``transaction_capacity``.
+        TransactionCapacityError: More events than the channel's ``transaction_capacity``,
+            or more body bytes than :func:`put_limit`.
+        EventTooLargeError: A body over ``max_event_size``.
     """
     names = _event_columns(reader.schema, "put")
+    capacity = config.transaction_capacity
+    limit = put_limit(config)
     bodies: list[bytes] = []
     headers: list[dict[str, str] | None] = []
+    size = 0
     for chunk in reader:
         batch = chunk.data
         if batch is None:
@@ -631,9 +867,13 @@ def _read_put_stream(reader: Any, capacity: int) -> tuple[list[bytes], list[dict
             raise TransactionCapacityError(
                 f"a put of more than transaction_capacity={capacity} events; send smaller batches"
             )
-        col = batch.column("body")
-        if col.null_count:
-            raise AgentProtocolError("", "a body is null")
+        col = _bodies(batch, config.max_event_size)
+        size += col.nbytes
+        if size > limit:
+            raise TransactionCapacityError(
+                f"a put of more than {limit} bytes (max_event_size times transaction_capacity, at most "
+                f"{MAX_PUT_BYTES}); send smaller batches"
+            )
         bodies += col.to_pylist()
         if "headers" in names:
             headers += [dict(h) if h else None for h in batch.column("headers").to_pylist()]
@@ -684,11 +924,10 @@ class Agent:
 
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
-        listen = config.parsed_listen()
-        certs, client_ca = _tls_material(config)
+        listen, certs, client_ca, token = _start_checks(config)
         middleware: dict[str, Any] = {}
-        if config.token_file:
-            middleware["token"] = make_token_middleware(read_token(config.token_file, "token_file"))
+        if token is not None:
+            middleware["token"] = make_token_middleware(token)
         self.channels = _open_channels(config)
         kwargs: dict[str, Any] = {"middleware": middleware}
         if certs:
@@ -700,20 +939,41 @@ class Agent:
         self.location = listen.location()
         self.http: Any = None  # the HttpServer (web.py) when config.http is set
         self.metrics: Any = None  # its AgentMetrics
+        self.tails: list[TailSource] = []  # the tail sources (tail.py) of config.tail
+        self.forward: Any = None  # the ForwardSource (forward.py) when config.forward is set
+        self.syslog: SyslogSources | None = None  # the syslog and RELP listeners (syslog_source.py)
+        self._server: Any = None
+        self._socket: tuple[str, int] | None = None  # a grpc+unix socket's path and inode, removed at stop
+        # Every part starts (Flight, HTTP, the syslog listeners, the tail sources) before anything is
+        # announced (the port files, the "serving" line): an agent that cannot start every part stops
+        # them all and raises.
         try:
-            self._server = _FlightServer(self, listen.location(), **kwargs)
-        except (fl.FlightError, pa.ArrowException, OSError) as exc:
-            raise ChannelError(f"cannot listen on {config.listen}: {str(exc).splitlines()[0]}") from None
-        self.port = int(self._server.port) if listen.scheme != "grpc+unix" else 0
-        self.location = listen.location(self.port if listen.scheme != "grpc+unix" else None)
-        if config.http is not None:
+            if config.tail:
+                self.tails = make_tails(self.channels.values(), config.tail, **config.tail_options)
             try:
+                if listen.scheme == "grpc+unix":
+                    make = lambda uri: _FlightServer(self, uri, **kwargs)  # noqa: E731
+                    self._server, self._socket = _bind_unix(make, listen.path)
+                else:
+                    self._server = _FlightServer(self, listen.location(), **kwargs)
+            except (fl.FlightError, pa.ArrowException, OSError) as exc:
+                raise ChannelError(f"cannot listen on {config.listen}: {str(exc).splitlines()[0]}") from None
+            self.port = int(self._server.port) if listen.scheme != "grpc+unix" else 0
+            self.location = listen.location(self.port if listen.scheme != "grpc+unix" else None)
+            if config.http is not None:
                 self._start_http()
-            except BaseException:
-                self._stopped = True
-                self._server.shutdown()
-                self._close_channels()
-                raise
+            if config.forward is not None:
+                self._start_forward()
+            if config.syslog is not None:
+                self.syslog = start_syslog(self, settings=config.syslog)
+            for src in self.tails:
+                src.start()
+                logger.info("tailing %s into %s", ", ".join(src.patterns), src.channel.directory)
+        except BaseException:
+            self._shut_down()
+            raise
+        if self.http is not None:
+            self.http.announce()
         if config.port_file:
             path = os.path.abspath(config.port_file)
             replace_durably(DEFAULT_FS, f"{path}.tmp-{os.getpid()}", path, b"%d\n" % self.port)
@@ -729,14 +989,11 @@ class Agent:
             ", ".join(f"{c.cid} ({c.name})" for c in self.channels.values()),
         )
 
+    def _start_forward(self) -> None:
+        self.forward = _forward_module().ForwardSource(self, self.config.forward)
+
     def _start_http(self) -> None:
-        try:
-            from .web import HttpServer
-        except ImportError as exc:
-            raise ConfigError(
-                "http", f"the HTTP port needs aiohttp and prometheus_client ({exc}): pip install 'filechannel[agent]'"
-            ) from None
-        self.http = HttpServer(self, self.config.http)
+        self.http = _http_module().HttpServer(self, self.config.http)
         self.metrics = self.http.metrics
 
     def _close_channels(self) -> None:
@@ -748,20 +1005,40 @@ class Agent:
                 ch.channel.close()
 
     def stop(self) -> None:
-        """Stop listening and wait for the calls in flight (idempotent); remove the port file."""
+        """Stop the tail sources and listening, wait for the calls in flight (idempotent); remove the port file."""
         if self._stopped:
             return
-        self._stopped = True
-        if self.http is not None:
-            self.http.stop()
-        self._server.shutdown()
-        self._close_channels()
+        self._shut_down()
         if self.config.port_file:
             try:
                 DEFAULT_FS.unlink(os.path.abspath(self.config.port_file))
             except FileNotFoundError:
                 pass
         logger.info("stopped serving on %s", self.location)
+
+    def _shut_down(self) -> None:
+        """Stop every part started (the tail sources first: they put), then close the channels."""
+        self._stopped = True
+        try:
+            if self.syslog is not None:
+                self.syslog.stop()
+            for src in self.tails:
+                src.stop()
+            if self.forward is not None:
+                self.forward.stop()
+            if self.http is not None:
+                self.http.stop()
+            if self._server is not None:
+                self._server.shutdown()
+            if self._socket is not None:
+                path, ino = self._socket
+                try:
+                    if os.lstat(path).st_ino == ino:  # ours still, not a successor's
+                        DEFAULT_FS.unlink(path)
+                except FileNotFoundError:
+                    pass
+        finally:
+            self._close_channels()
 
     def __enter__(self) -> Agent:
         return self
@@ -791,13 +1068,22 @@ def serve(
     channel_options: Mapping[str, Any] | None = None,
     names: Mapping[str, str] | None = None,
     http: Any = None,
+    insecure_allow_anyone: bool = False,
+    tail: Sequence[str] = (),
+    tail_options: Mapping[str, Any] | None = None,
+    forward: Any = None,
+    syslog: Any = None,
 ) -> Agent:
     """Start an agent serving ``directories`` on ``listen`` and return it (stop it with ``.stop()``).
 
     See :class:`AgentConfig` for the arguments (``http``: an ``HttpSettings`` of
     ``filechannel.agent.web``, or ``"HOST:PORT"``). The agent listens on return;
     with port 0 its ``.port`` (and ``port_file``) tells which port was bound, and
-    ``.http.port`` the HTTP one.
+    ``.http.port`` the HTTP one. With ``tail``, its tail sources run (``.tails``) on return; with
+    ``syslog`` (a ``SyslogSettings``), its syslog and RELP listeners (``.syslog``).
+    ``forward`` (a ``ForwardSettings`` of ``filechannel.agent.forward``, or its addresses, e.g.
+    ``["tcp://127.0.0.1:24224"]``) starts the forward source (``.forward``, its ``.ports``).
+    Nothing is announced (the port files, the "serving" log line) until every part has started.
 
     Raises:
         ConfigError: A bad option, or a TLS key, CA or token file that is missing or unsafe.
@@ -809,6 +1095,10 @@ def serve(
         from .web import HttpSettings
 
         http = HttpSettings(http)
+    if forward is not None and not hasattr(forward, "addresses"):  # addresses, not ForwardSettings
+        from .forward import ForwardSettings
+
+        forward = ForwardSettings((forward,) if isinstance(forward, str) else tuple(forward))
     config = AgentConfig(
         tuple(os.fspath(d) for d in dirs),
         listen,
@@ -826,5 +1116,10 @@ def serve(
         channel_options=dict(channel_options or {}),
         names=dict(names or {}),
         http=http,
+        insecure_allow_anyone=insecure_allow_anyone,
+        tail=tuple(tail),
+        tail_options=dict(tail_options or {}),
+        forward=forward,
+        syslog=syslog,
     )
     return Agent(config)

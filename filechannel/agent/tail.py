@@ -20,10 +20,18 @@ its open descriptor and is read to its end; after a restart it is found again
 by its inode in its directory. Slots (mark keys) are reused once a file is
 finished, so the channel's mark keys stay bounded by the files followed at
 once (marks cannot be deleted; a channel holds at most 4096 keys).
+
+A name the glob matches is followed only if it resolves, through every symlink,
+to a file inside the glob's directory (the pattern before its first wildcard),
+unless ``follow_symlinks``: a link to a keystore or a TLS key dropped among the
+logs never becomes events. Files are opened by their resolved name with
+``O_NOFOLLOW``, and the opened descriptor is checked (identity and place) before
+a byte is read, so a link swapped in after the check is refused.
 """
 
 from __future__ import annotations
 
+import errno
 import glob as _glob
 import hashlib
 import json
@@ -40,11 +48,12 @@ from filechannel import format as fmt
 from filechannel.channel import FileChannel
 from filechannel.errors import ChannelFullError, ConfigError, DiskSpaceError
 
-__all__ = ["FINGERPRINT_BYTES", "TailSource", "parse_tail_specs", "start_tails"]
+__all__ = ["DEFAULT_BATCH", "FINGERPRINT_BYTES", "TailSource", "make_tails", "parse_tail_specs"]
 
 logger = logging.getLogger("filechannel.agent.tail")
 
 FINGERPRINT_BYTES = 1024
+DEFAULT_BATCH = 1000
 _FREE = b"{}"
 _MAX_MARKS_PER_TX = fmt.MAX_MARKS_PER_RECORD
 _MAX_MARK_VALUE = 1024
@@ -62,6 +71,28 @@ def _pread(fd: int, n: int, offset: int) -> bytes:
             break
         out += chunk
     return out
+
+
+def _glob_base(pattern: str) -> str:
+    """The directory a glob pattern stays in: its leading path components without a wildcard."""
+    parts = os.path.abspath(pattern).split(os.sep)
+    for i, part in enumerate(parts):
+        if _glob.has_magic(part):
+            return os.sep.join(parts[:i]) or os.sep
+    return os.path.dirname(os.sep.join(parts)) or os.sep
+
+
+def _inside(real: str, bases: Sequence[str]) -> bool:
+    """Whether the resolved path ``real`` is in (below) one of the resolved directories ``bases``."""
+    return any(real.startswith(b.rstrip(os.sep) + os.sep) for b in bases)
+
+
+def _fd_path(fd: int) -> str | None:
+    """The name the kernel gives the file open as ``fd`` (Linux ``/proc``), or None where there is none."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
 
 
 @dataclass
@@ -118,12 +149,18 @@ class TailSource:
         patterns: Glob patterns (``**`` allowed), e.g. ``"/var/log/app/*.log"``.
         name: Names this source's marks (``tail:<name>:<slot>``); sources of one channel need distinct names.
         delimiter: What ends a line (not included in the event body).
-        batch_size: The most lines per transaction (at most the channel's ``transaction_capacity``).
+        batch_size: The most lines per transaction, at most the channel's ``transaction_capacity``
+            (default: ``DEFAULT_BATCH`` = 1000, or the transaction capacity when it is smaller).
         poll_interval: Seconds between polls once everything is read.
         rotate_grace: Seconds a file that left the glob (renamed or deleted) is still watched at its end
             before it is finished (its unterminated last line put, its slot freed); also how long a new file
             that begins like a followed one is held as a possible copy before it is read as a new file.
         read_size: Bytes read per ``pread``.
+        follow_symlinks: Also follow a symlink (of a file or of a directory on the way to it) that leads
+            out of the glob's directory. Off by default: such a name is skipped with one warning, so a
+            link to a keystore, a TLS key or ``/etc/shadow`` dropped among the logs never becomes events.
+            A link to a file inside the glob's directory (the part of the pattern before its first
+            wildcard) is followed either way.
 
     A line longer than what fits in one event (``max_event_size`` less the headers) is split into pieces
     of that size, each with the header ``split`` = the byte offset where the line starts; consumers join
@@ -140,10 +177,11 @@ class TailSource:
         *,
         name: str = "tail",
         delimiter: bytes = b"\n",
-        batch_size: int = 1000,
+        batch_size: int | None = None,
         poll_interval: float = 0.25,
         rotate_grace: float = 10.0,
         read_size: int = 1 << 20,
+        follow_symlinks: bool = False,
     ) -> None:
         pats = (patterns,) if isinstance(patterns, str) else tuple(patterns)
         if not pats or not all(isinstance(p, str) and p for p in pats):
@@ -151,6 +189,8 @@ class TailSource:
         if not isinstance(delimiter, bytes) or not delimiter:
             raise ConfigError("delimiter", f"a non-empty bytes delimiter, got {delimiter!r}")
         cap = channel.config.transaction_capacity
+        if batch_size is None:
+            batch_size = min(DEFAULT_BATCH, cap)
         if type(batch_size) is not int or not 1 <= batch_size <= cap:
             raise ConfigError("batch_size", f"an int in [1, transaction_capacity={cap}], got {batch_size!r}")
         for opt, v in (("poll_interval", poll_interval), ("rotate_grace", rotate_grace)):
@@ -166,6 +206,9 @@ class TailSource:
         self.poll_interval = float(poll_interval)
         self.rotate_grace = float(rotate_grace)
         self.read_size = max(int(read_size), 4096)
+        self.follow_symlinks = bool(follow_symlinks)
+        self._link_warned: set[str] = set()  # names skipped for leading out (warned once each)
+        self._link_refused: set[str] = set()  # those the current scan skipped
         self._prefix = f"tail:{name}:"
         self._files: dict[tuple[int, int], _File] = {}
         self._free_slots: set[int] = set()
@@ -191,6 +234,7 @@ class TailSource:
             "files_finished": 0,
             "files_gone": 0,
             "full_retries": 0,
+            "links_refused": 0,
         }
 
     # -- the public API ------------------------------------------------------------------------
@@ -199,8 +243,8 @@ class TailSource:
         """Look for files, read up to ``batch_size`` lines and commit them with their positions.
 
         Returns the number of lines committed (0 when nothing was new). Raises what
-        the commit raises, except ``ChannelFullError`` and ``DiskSpaceError``
-        (logged; the same lines are read again at the next poll).
+        the commit raises, except ``ChannelFullError``, ``DiskSpaceError`` and a disk
+        full during the write (logged; the same lines are read again at the next poll).
         """
         if not self._resumed:
             self._resume()
@@ -359,7 +403,7 @@ class TailSource:
             return
         where = matched.get((f.dev, f.ino)) or self._find_inode(f)
         if where is not None and (f.dev, f.ino) not in self._files:
-            fd = self._open(where)
+            fd = self._open(where, (f.dev, f.ino))
             if fd is not None:
                 st = os.fstat(fd)
                 if (st.st_dev, st.st_ino) == (f.dev, f.ino) and self._same(fd, st.st_size, f):
@@ -372,7 +416,7 @@ class TailSource:
             self._files[(f.dev, f.ino)] = f
             return
         if where is not None and (f.dev, f.ino) in matched:
-            fd = self._open(where)
+            fd = self._open(where, (f.dev, f.ino))
             if fd is not None:
                 logger.warning(
                     "%s was truncated or replaced while the source was down: restarting it at byte 0; "
@@ -428,12 +472,105 @@ class TailSource:
             pass
         return None
 
-    def _open(self, path: str) -> int | None:
+    def _bases(self) -> list[str]:
+        """The resolved directories of the glob patterns (where a followed file must be, links resolved)."""
+        return [os.path.realpath(_glob_base(p)) for p in self.patterns]
+
+    def _refuse_link(self, path: str, real: str, bases: Sequence[str]) -> None:
+        """Skip ``path``, which leads out of the globs' directories: one warning per path."""
+        self._link_refused.add(path)
+        if path in self._link_warned:
+            return
+        self._link_warned.add(path)
+        self.counters["links_refused"] += 1
+        logger.warning(
+            "%s leads to %s through a symlink, outside the glob's directory (%s): not followed "
+            "(to follow links out of it: serve --tail-follow-symlinks, or TailSource(follow_symlinks=True))",
+            path,
+            real,
+            ", ".join(bases),
+        )
+
+    def _lookup(
+        self, path: str, bases: Sequence[str], dirs: dict[str, tuple[str, bool]], warn: bool
+    ) -> os.stat_result | None:
+        """The stat of the file ``path`` names, or None: not there, or it leads out through a symlink.
+
+        Without ``follow_symlinks``, the name is resolved and must be inside ``bases``; ``dirs``
+        caches, for one scan, each directory's resolved path and whether it is inside. ``warn``:
+        say so (once per path) when it is not.
+        """
         try:
-            return os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        except OSError as exc:
-            logger.warning("cannot open %s: %s", path, exc.strerror or exc)
+            if self.follow_symlinks:
+                return os.stat(path)
+            st = os.lstat(path)
+            if _stat.S_ISLNK(st.st_mode):
+                real = os.path.realpath(path)
+                st = os.stat(real)
+                inside = _inside(real, bases)
+            else:
+                d, _, name = path.rpartition(os.sep)  # (an absolute, normalized path)
+                cached = dirs.get(d)
+                if cached is None:
+                    real_dir = os.path.realpath(d or os.sep)
+                    cached = dirs[d] = (real_dir, _inside(os.path.join(real_dir, "x"), bases))
+                real_dir, inside = cached
+                if not inside:
+                    real = os.path.join(real_dir, name)
+        except OSError:
             return None
+        if inside:
+            return st
+        if warn:
+            self._refuse_link(path, real, bases)
+        return None
+
+    def _open(self, path: str, expect: tuple[int, int]) -> int | None:
+        """Open the regular file ``path`` names for reading if it is ``expect`` (device, inode), else None.
+
+        ``expect`` is the identity the caller checked (a scan's stat, a mark): a file replaced
+        since (a link swapped in, say) is not the one opened. Without ``follow_symlinks`` also:
+        the name is resolved, must be inside the globs' directories, its last component is opened
+        with ``O_NOFOLLOW``, and the file actually opened must be inside too (its kernel name,
+        else the name resolved again and its identity).
+        """
+        flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
+        bases: list[str] = []
+        target = path
+        if not self.follow_symlinks:
+            bases = self._bases()
+            target = os.path.realpath(path)
+            if not _inside(target, bases):
+                self._refuse_link(path, target, bases)
+                return None
+            flags |= getattr(os, "O_NOFOLLOW", 0)
+        try:
+            fd = os.open(target, flags)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP and not self.follow_symlinks:
+                self._refuse_link(path, f"{target} (made a symlink while it was opened)", bases)
+            else:
+                logger.warning("cannot open %s: %s", path, exc.strerror or exc)
+            return None
+        ok = False
+        try:
+            st = os.fstat(fd)
+            ok = _stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) == expect  # else replaced since the check
+            if ok and not self.follow_symlinks:
+                where = _fd_path(fd)
+                if where is None:  # no /proc: the name, resolved again, must still be the file opened
+                    where = os.path.realpath(path)
+                    again = os.stat(where)
+                    ok = (again.st_dev, again.st_ino) == (st.st_dev, st.st_ino)
+                if not (ok and _inside(where, bases)):
+                    ok = False
+                    self._refuse_link(path, where, bases)
+        except OSError as exc:
+            logger.warning("cannot check %s: %s", path, exc.strerror or exc)
+        if not ok:
+            os.close(fd)
+            return None
+        return fd
 
     def _same(self, fd: int, size: int, f: _File) -> bool:
         """Whether the file behind ``fd`` still holds what ``f`` read: long enough, same first bytes."""
@@ -454,10 +591,10 @@ class TailSource:
         except OSError:
             pass
         best: tuple[int, str, os.stat_result] | None = None
+        bases, dirs = self._bases(), dict[str, tuple[str, bool]]()
         for p in paths:
-            try:
-                st = os.stat(p)
-            except OSError:
+            st = self._lookup(p, bases, dirs, warn=False)
+            if st is None:
                 continue
             key = (st.st_dev, st.st_ino)
             if (
@@ -472,7 +609,7 @@ class TailSource:
                 continue
             if best is not None and st.st_mtime_ns <= best[0]:
                 continue
-            fd = self._open(p)
+            fd = self._open(p, key)
             if fd is None:
                 continue
             try:
@@ -483,7 +620,7 @@ class TailSource:
         if best is None:
             return False
         _, p, st = best
-        fd = self._open(p)
+        fd = self._open(p, (st.st_dev, st.st_ino))  # the file whose first bytes were compared, or none
         if fd is None:
             return False
         if f.fd is not None:
@@ -500,16 +637,17 @@ class TailSource:
     # -- one poll ----------------------------------------------------------------------------
 
     def _scan(self) -> dict[tuple[int, int], str]:
-        """The regular files matching the patterns, by (device, inode)."""
+        """The regular files matching the patterns, by (device, inode); not those leading out through a link."""
         out: dict[tuple[int, int], str] = {}
+        bases, dirs = self._bases(), dict[str, tuple[str, bool]]()
+        self._link_refused = set()
         for pat in self.patterns:
             for p in sorted(_glob.glob(pat, recursive=True)):
-                try:
-                    st = os.stat(p)
-                except OSError:
-                    continue
-                if _stat.S_ISREG(st.st_mode):
-                    out.setdefault((st.st_dev, st.st_ino), os.path.abspath(p))
+                path = os.path.abspath(p)
+                st = self._lookup(path, bases, dirs, warn=True)
+                if st is not None and _stat.S_ISREG(st.st_mode):
+                    out.setdefault((st.st_dev, st.st_ino), path)
+        self._link_warned &= self._link_refused  # a name that leads out again later is warned about again
         return out
 
     def _check_files(self, matched: dict[tuple[int, int], str]) -> None:
@@ -551,11 +689,11 @@ class TailSource:
         for key, path in matched.items():
             if key in self._files or key in self._refused or key in missing:
                 continue
-            fd = self._open(path)
+            fd = self._open(path, key)
             if fd is None:
                 continue
             st = os.fstat(fd)
-            if (st.st_dev, st.st_ino) != key or st.st_size == 0:  # replaced since the scan, or nothing yet
+            if st.st_size == 0:  # nothing yet
                 os.close(fd)
                 continue
             like = self._looks_like_copy(fd)
@@ -747,7 +885,10 @@ class TailSource:
                         tx.put(body, hdrs)
                 for slot, value in marks.items():
                     tx.mark(self._key(slot), value)
-        except (ChannelFullError, DiskSpaceError) as exc:
+        except (ChannelFullError, DiskSpaceError, OSError) as exc:
+            if isinstance(exc, OSError) and exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise  # the channel has failed (it refuses further work): the source stops
+            # (a disk full during the write: the channel cut it back and keeps working)
             self.counters["full_retries"] += 1
             logger.warning("tail source %r: %s; the same lines are read again at the next poll", self.name, exc)
             return 0
@@ -763,25 +904,23 @@ class TailSource:
         return n
 
 
-def start_tails(agent: Any, specs: Iterable[str], **options: Any) -> list[TailSource]:
-    """Start one :class:`TailSource` per channel named in ``specs`` (``--tail``) on a writable agent.
+def make_tails(channels: Iterable[Any], specs: Iterable[str], **options: Any) -> list[TailSource]:
+    """One :class:`TailSource` (not started) per served channel named in ``specs`` (``--tail``).
+
+    ``channels`` are the agent's served channels (each with ``name`` and ``channel``, the owned
+    :class:`FileChannel` or None when served read-only). Everything is checked here, so an agent
+    makes its sources before it listens, and starts them before it says it serves.
 
     Raises:
-        ConfigError: A spec naming no served channel, or an agent that is not writable.
+        ConfigError: A spec naming no served channel, a channel served read-only, or a bad option.
     """
-    by_name = {ch.name: ch for ch in agent.channels.values()}
+    by_name = {ch.name: ch for ch in channels}
     sources: list[TailSource] = []
-    try:
-        for name, patterns in parse_tail_specs(specs, sorted(by_name)).items():
-            channel = by_name[name].channel
-            if channel is None:
-                raise ConfigError("tail", "the tail source puts into the channel: start the agent with --writable")
-            sources.append(TailSource(channel, patterns, **options).start())
-            logger.info("tailing %s into channel %s", ", ".join(patterns), name)
-    except BaseException:
-        for src in sources:
-            src.stop()
-        raise
+    for name, patterns in parse_tail_specs(specs, sorted(by_name)).items():
+        channel = by_name[name].channel
+        if channel is None:
+            raise ConfigError("tail", "the tail source puts into the channel: start the agent with --writable")
+        sources.append(TailSource(channel, patterns, **options))
     return sources
 
 

@@ -9,9 +9,11 @@ loop in a thread of its own:
   channel transaction, answered ``200`` only after its durable commit. An
   ``Idempotency-Key`` header makes retries exactly-once: the key commits in
   the same transaction as the events, as a mark in a ring of
-  ``idempotency_keys`` slots per channel (``http:<slot>`` = ``"<seq> <body
+  ``idempotency_keys`` slots per channel (``idempotency.py``; ``http:<slot>`` = ``"<seq> <body
   hash> <key>"``; marks cannot be deleted, so the ring bounds them); a retry
   whose key is among the ring's keys is answered ``200`` again, nothing put.
+- ``POST /v1/logs``: OTLP/HTTP logs (decoded by ``otlp.py``; ``docs/otlp.md``),
+  one transaction per request, the channel from ``X-Filechannel-Channel``.
 - ``GET /v1/channels``: the served channels by name.
 - ``GET /metrics``: Prometheus text (``metrics.py``).
 - ``GET /healthz`` (the process answers) and ``GET /readyz`` (every channel
@@ -33,15 +35,13 @@ import base64
 import binascii
 import concurrent.futures
 import hashlib
-import hmac
 import json
 import logging
 import os
 import re
 import ssl
 import threading
-import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -59,9 +59,22 @@ from filechannel.errors import (
     InvalidEventError,
     TransactionCapacityError,
 )
+from filechannel.format import encoded_event_size
 
-from .auth import allowed, is_loopback, may_write, read_public_file, read_secret_file, read_token
+from . import otlp
+from .auth import (
+    allowed,
+    bearer_problem,
+    certificate_name,
+    is_loopback,
+    may_write,
+    read_token,
+)
+from .idempotency import KeyConflictError as _Conflict
+from .idempotency import KeyRing
 from .metrics import CONTENT_TYPE, AgentMetrics, ChannelSample, sample_from_stats
+from .sources import CHANNEL_HEADER
+from .sources import server_ssl_context as _ssl_context
 
 if TYPE_CHECKING:
     import threading
@@ -130,13 +143,19 @@ class HttpSettings:
     idempotency_keys: int = 1024
     workers: int = 8
 
-    def check(self) -> tuple[str, int]:
-        """The host and port, the options checked.
+    def check(self, tls: bool) -> tuple[str, int]:
+        """The host and port, the options checked (``tls``: whether the agent has a certificate and key).
 
         Raises:
-            ConfigError: A bad address or option.
+            ConfigError: A bad address or option, or plain HTTP (no ``tls``) off loopback.
         """
         host, port = parse_http_address(self.address)
+        if not tls and not is_loopback(host):
+            raise ConfigError(
+                "http",
+                f"{self.address}: plain HTTP is for a loopback address only (127.0.0.1, ::1, localhost); "
+                "give --tls-cert and --tls-key for HTTPS",
+            )
         if not (isinstance(self.read_timeout, (int, float)) and self.read_timeout > 0):
             raise ConfigError("http_read_timeout", f"must be a positive number of seconds, not {self.read_timeout!r}")
         if not (isinstance(self.max_body, int) and self.max_body > 0):
@@ -162,99 +181,6 @@ def parse_http_address(address: str) -> tuple[str, int]:
     if not sep or not host or not port_s.isdigit() or int(port_s) > 65535:
         raise ConfigError("http", f"{address!r}: give HOST:PORT, e.g. 127.0.0.1:8080 (port 0 picks a free port)")
     return host, int(port_s)
-
-
-class _Conflict(ChannelError):
-    """An idempotency key committed with another body."""
-
-
-class _Ring:
-    """The idempotency keys of one channel: a ring of mark slots, rebuilt from the channel's marks.
-
-    Slot ``seq % size`` holds ``"<seq> <fingerprint> <key>"`` of the key committed
-    with sequence ``seq``; a new key overwrites the slot of the key ``size``
-    commits older, which is forgotten then. One request per key runs at a time
-    (striped locks), so a retry racing its original never commits twice.
-    """
-
-    def __init__(self, channel: FileChannel, size: int) -> None:
-        self.size = size
-        self.lock = threading.Lock()
-        self.by_key: dict[str, tuple[int, str]] = {}  # key -> (seq, fingerprint)
-        self.by_slot: dict[int, tuple[int, str]] = {}  # slot -> (seq, key)
-        self.next_seq = 0
-        self.stripes = [threading.Lock() for _ in range(256)]
-        for mark, value in channel.marks().items():
-            if not mark.startswith(MARK_PREFIX):
-                continue
-            try:
-                seq_s, fp, key = value.decode("ascii").split(" ", 2)
-                slot, seq = int(mark[len(MARK_PREFIX) :]), int(seq_s)
-            except (UnicodeDecodeError, ValueError):
-                logger.warning("ignoring mark %r: not an HTTP idempotency slot", mark)
-                continue
-            self._remember(slot, seq, key, fp)
-            self.next_seq = max(self.next_seq, seq + 1)
-
-    def _remember(self, slot: int, seq: int, key: str, fp: str) -> None:
-        old = self.by_slot.get(slot)
-        if old is not None:
-            if old[0] > seq:
-                return
-            if self.by_key.get(old[1], (None,))[0] == old[0]:
-                del self.by_key[old[1]]
-        self.by_slot[slot] = (seq, key)
-        self.by_key[key] = (seq, fp)
-
-    def put(
-        self,
-        channel: FileChannel,
-        key: str | None,
-        fingerprint: str,
-        bodies: list[bytes],
-        headers: list[dict[str, str] | None],
-    ) -> tuple[bool, float]:
-        """Commit the events (and the key) as one transaction; return (duplicate, seconds to commit).
-
-        Raises:
-            _Conflict: ``key`` was committed with another body.
-            ChannelError: From the channel (full, too large, failed, ...); nothing was put.
-        """
-        if key is None:
-            return False, _commit(channel, bodies, headers, None, b"")
-        with self.stripes[hash(key) % len(self.stripes)]:
-            with self.lock:
-                hit = self.by_key.get(key)
-                if hit is None:
-                    seq = self.next_seq
-                    self.next_seq += 1
-            if hit is not None:
-                if hit[1] != fingerprint:
-                    raise _Conflict(f"Idempotency-Key {key!r} was committed with another body; use a new key")
-                return True, 0.0
-            slot = seq % self.size
-            took = _commit(
-                channel,
-                bodies,
-                headers,
-                f"{MARK_PREFIX}{slot}",
-                b"%d %s %s" % (seq, fingerprint.encode(), key.encode()),
-            )
-            with self.lock:
-                self._remember(slot, seq, key, fingerprint)
-            return False, took
-
-
-def _commit(
-    channel: FileChannel, bodies: list[bytes], headers: list[dict[str, str] | None], mark: str | None, value: bytes
-) -> float:
-    t0 = time.monotonic()
-    with channel.transaction() as tx:
-        for b, h in zip(bodies, headers, strict=True):
-            tx.put(b, headers=h)
-        if mark is not None:
-            tx.mark(mark, value)
-    return time.monotonic() - t0
 
 
 class _BadRequest(Exception):
@@ -287,6 +213,8 @@ def parse_json_events(data: bytes) -> tuple[list[bytes], list[dict[str, str] | N
         raise _BadRequest(400, "the body is not UTF-8 JSON") from None
     except json.JSONDecodeError as exc:
         raise _BadRequest(400, f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except RecursionError:
+        raise _BadRequest(400, "the JSON is nested too deeply: the body is a list of flat event objects") from None
     if not isinstance(doc, list):
         raise _BadRequest(400, f"the body is a JSON list of events, not {type(doc).__name__}")
     bodies: list[bytes] = []
@@ -325,9 +253,8 @@ def parse_json_events(data: bytes) -> tuple[list[bytes], list[dict[str, str] | N
 
 
 def _data_dirs(ch: _Served) -> list[str]:
-    log = getattr(ch.channel, "_log", None)
-    dirs = getattr(log, "data_dirs", None)
-    return list(dirs) if dirs else [ch.directory]
+    dirs = ch.channel.data_dirs if ch.channel is not None else None
+    return dirs or [ch.directory]
 
 
 def readiness(agent: Agent) -> tuple[bool, dict[str, Any]]:
@@ -397,37 +324,35 @@ def channel_samples(agent: Agent) -> list[ChannelSample]:
     return samples
 
 
-def _ssl_context(tls_cert: str, tls_key: str, client_ca: str | None) -> ssl.SSLContext:
-    read_public_file(tls_cert, "tls_cert")
-    read_secret_file(tls_key, "tls_key")  # the mode and owner checks; ssl reads the file itself
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    try:
-        ctx.load_cert_chain(tls_cert, tls_key)
-    except (ssl.SSLError, OSError) as exc:
-        raise ConfigError(
-            "tls_cert",
-            f"{tls_cert} and {tls_key} are not a PEM certificate chain and its key ({exc.__class__.__name__})",
-        ) from None
-    if client_ca:
-        read_public_file(client_ca, "client_ca")
-        try:
-            ctx.load_verify_locations(cafile=client_ca)
-        except (ssl.SSLError, OSError):
-            raise ConfigError("client_ca", f"{client_ca} is not a PEM CA certificate") from None
-        ctx.verify_mode = ssl.CERT_REQUIRED
-    return ctx
+def check_names(channels: Iterable[tuple[str, str]]) -> None:
+    """Check the served channels' names, ``(name, directory)`` each: the HTTP URLs use them.
+
+    Raises:
+        ConfigError: A name that is not 1 to 100 of ``A-Z a-z 0-9 . _ -``, or one name twice.
+    """
+    seen: dict[str, str] = {}
+    for name, directory in channels:
+        if not NAME_RE.match(name):
+            raise ConfigError(
+                "directories", f"{directory}: the name {name!r} is not 1-100 of A-Z a-z 0-9 . _ -: give DIR=NAME"
+            )
+        if name in seen:
+            raise ConfigError("directories", f"{seen[name]} and {directory} are both named {name!r}: give DIR=NAME")
+        seen[name] = directory
+
+
+def ssl_context(config: Any) -> ssl.SSLContext:
+    """The HTTPS context of an agent's ``config`` (its ``tls_cert``, ``tls_key`` and ``client_ca``), checked.
+
+    Raises:
+        ConfigError: A file missing, unsafe, or not PEM of the right kind.
+    """
+    return _ssl_context(config.tls_cert, config.tls_key, config.client_ca)
 
 
 def _peer_name(request: web.Request) -> str | None:
     transport = request.transport
-    cert = transport.get_extra_info("peercert") if transport is not None else None
-    if not cert:
-        return None
-    for rdn in cert.get("subject", ()):
-        for k, v in rdn:
-            if k == "commonName":
-                return str(v)
-    return None
+    return certificate_name(transport.get_extra_info("peercert") if transport is not None else None)
 
 
 class HttpServer:
@@ -441,36 +366,16 @@ class HttpServer:
 
     def __init__(self, agent: Agent, settings: HttpSettings) -> None:
         config = agent.config
-        host, port = settings.check()
+        tls = bool(config.tls_cert and config.tls_key)
+        host, port = settings.check(tls)
         self._agent = agent
         self._settings = settings
-        self._ssl = (
-            _ssl_context(config.tls_cert, config.tls_key, config.client_ca)
-            if config.tls_cert and config.tls_key
-            else None
-        )
-        if self._ssl is None and not is_loopback(host):
-            raise ConfigError(
-                "http",
-                f"{settings.address}: plain HTTP is for a loopback address only (127.0.0.1, ::1, localhost); "
-                "give --tls-cert and --tls-key for HTTPS",
-            )
-        self._token = b"Bearer " + read_token(config.token_file, "token_file") if config.token_file else None
-        self._by_name: dict[str, _Served] = {}
-        for ch in agent.channels.values():
-            if not NAME_RE.match(ch.name):
-                raise ConfigError(
-                    "directories",
-                    f"{ch.directory}: the name {ch.name!r} is not 1-100 of A-Z a-z 0-9 . _ -: give DIR=NAME",
-                )
-            if ch.name in self._by_name:
-                raise ConfigError(
-                    "directories",
-                    f"{self._by_name[ch.name].directory} and {ch.directory} are both named {ch.name!r}: give DIR=NAME",
-                )
-            self._by_name[ch.name] = ch
+        self._ssl = ssl_context(config) if tls else None
+        self._token = read_token(config.token_file, "token_file") if config.token_file else None
+        check_names((ch.name, ch.directory) for ch in agent.channels.values())
+        self._by_name: dict[str, _Served] = {ch.name: ch for ch in agent.channels.values()}
         self._rings = {
-            ch.cid: _Ring(ch.channel, settings.idempotency_keys)
+            ch.cid: KeyRing(ch.channel, settings.idempotency_keys, MARK_PREFIX)
             for ch in agent.channels.values()
             if ch.channel is not None
         }
@@ -489,8 +394,13 @@ class HttpServer:
         scheme = "https" if self._ssl else "http"
         shown = f"[{host}]" if ":" in host else host
         self.url = f"{scheme}://{shown}:{self.port}"
-        if settings.port_file:
-            path = os.path.abspath(settings.port_file)
+        self._announced = False
+
+    def announce(self) -> None:
+        """Write the port file and log the URL (the agent calls it once every part has started)."""
+        self._announced = True
+        if self._settings.port_file:
+            path = os.path.abspath(self._settings.port_file)
             replace_durably(DEFAULT_FS, f"{path}.tmp-{os.getpid()}", path, b"%d\n" % self.port)
             DEFAULT_FS.fsync_dir(os.path.dirname(path))
         logger.info("HTTP source, /metrics and health checks on %s", self.url)
@@ -522,6 +432,7 @@ class HttpServer:
         app = web.Application(middlewares=[self._middleware], client_max_size=self._settings.max_body)
         app.router.add_get("/v1/channels", self._list, name="channels")
         app.router.add_post("/v1/channels/{name}/events", self._events, name="events")
+        app.router.add_post("/v1/logs", self._otlp_logs, name="otlp")
         app.router.add_get("/metrics", self._metrics, name="metrics")
         app.router.add_get("/healthz", self._healthz, name="healthz")
         app.router.add_get("/readyz", self._readyz, name="readyz")
@@ -557,7 +468,7 @@ class HttpServer:
             self._runner = None
         self._thread.join(30)
         self._pool.shutdown(wait=True)
-        if self._settings.port_file:
+        if self._settings.port_file and self._announced:
             try:
                 DEFAULT_FS.unlink(os.path.abspath(self._settings.port_file))
             except FileNotFoundError:
@@ -576,14 +487,14 @@ class HttpServer:
             channel = "" if endpoint != "events" else "?"  # unknown names share one label value
         try:
             if self._token is not None and endpoint not in ("healthz", "readyz"):
-                given = request.headers.get("Authorization")
-                if given is None:
+                problem = bearer_problem(self._token, request.headers.getall("Authorization", []))
+                if problem == "missing":
                     raise _BadRequest(
                         401,
                         "this agent requires a bearer token: send Authorization: Bearer <token>",
                         {"WWW-Authenticate": "Bearer"},
                     )
-                if not hmac.compare_digest(given.encode("utf-8", "replace"), self._token):
+                if problem is not None:
                     raise _BadRequest(
                         401, "the bearer token is wrong", {"WWW-Authenticate": 'Bearer error="invalid_token"'}
                     )
@@ -602,18 +513,33 @@ class HttpServer:
     async def _healthz(self, request: web.Request) -> web.StreamResponse:
         return _answer(200, {"status": "ok"})
 
+    def _visible(self, request: web.Request) -> set[str] | None:
+        """The channel names this request's certificate may use (None: every one; no ``--allow``)."""
+        allow = self._agent.config.allow
+        if not allow:
+            return None
+        peer = _peer_name(request)
+        return {name for name, ch in self._by_name.items() if allowed(allow, ch.cid, peer)}
+
     async def _readyz(self, request: web.Request) -> web.StreamResponse:
         ready, body = await self._loop.run_in_executor(self._pool, readiness, self._agent)
+        visible = self._visible(request)
+        if visible is not None:  # the verdict is the agent's; the details only of the caller's channels
+            body["channels"] = {n: v for n, v in body["channels"].items() if n in visible}
         return _answer(200 if ready else 503, body)
 
     async def _metrics(self, request: web.Request) -> web.StreamResponse:
-        data = await self._loop.run_in_executor(self._pool, self.metrics.render)
+        data = await self._loop.run_in_executor(self._pool, self.metrics.render, self._visible(request))
         return web.Response(body=data, headers={"Content-Type": CONTENT_TYPE})
 
     async def _list(self, request: web.Request) -> web.StreamResponse:
+        visible = self._visible(request)
+
         def go() -> list[dict[str, Any]]:
             out = []
             for name, ch in sorted(self._by_name.items()):
+                if visible is not None and name not in visible:
+                    continue
                 with ch.lock:
                     start, end = ch.view.available()
                 out.append(
@@ -627,17 +553,10 @@ class HttpServer:
         name = request.match_info["name"]
         ch = self._by_name.get(name)
         if ch is None:
-            raise _BadRequest(404, f"no channel named {name!r} here (served: {', '.join(sorted(self._by_name))})")
-        peer = _peer_name(request)
-        if not allowed(self._agent.config.allow, ch.cid, peer):
-            logger.warning("refused certificate name %r for channel %s over HTTP", peer, ch.cid)
-            raise _BadRequest(403, f"certificate name {peer!r} is not allowed to use channel {name} (--allow)")
-        if not may_write(self._agent.config.writers, peer):
-            logger.warning("refused certificate name %r a post to channel %s over HTTP", peer, ch.cid)
-            raise _BadRequest(403, f"certificate name {peer!r} may not write to channel {name} (--allow-writer)")
-        channel = ch.channel
-        if channel is None:
-            raise _BadRequest(403, f"channel {name} is served read-only: start the agent with --writable to post")
+            visible = self._visible(request)
+            shown = sorted(n for n in self._by_name if visible is None or n in visible)
+            raise _BadRequest(404, f"no channel named {name!r} here (served: {', '.join(shown) or 'none to you'})")
+        channel = self._writable(request, ch)
         if "Content-Type" not in request.headers:
             raise _BadRequest(
                 415, "give Content-Type: application/json (Flume's JSON events) or application/octet-stream"
@@ -673,13 +592,56 @@ class HttpServer:
         if len(bodies) > cap:
             raise _BadRequest(413, f"{len(bodies)} events in one request, over transaction_capacity={cap}: send fewer")
         fingerprint = hashlib.sha256(ctype.encode() + b"\0" + data).hexdigest()[:32]
+        duplicate, took = await self._put(ch, channel, key, fingerprint, bodies, headers)
+        if duplicate:
+            self.metrics.http_duplicates.labels(name).inc()
+        else:
+            self.metrics.http_events.labels(name).inc(len(bodies))
+            self.metrics.put_committed(name, "http", took)
+        return _answer(200, {"channel": name, "events": 0 if duplicate else len(bodies), "duplicate": duplicate})
+
+    def _writable(self, request: web.Request, ch: _Served) -> FileChannel:
+        """The channel to post to, once the client's certificate name may write to it.
+
+        Raises:
+            _BadRequest: 403 (not allowed, or the channel is read-only).
+        """
+        name = ch.name
+        peer = _peer_name(request)
+        if not allowed(self._agent.config.allow, ch.cid, peer):
+            logger.warning("refused certificate name %r for channel %s over HTTP", peer, ch.cid)
+            raise _BadRequest(403, f"certificate name {peer!r} is not allowed to use channel {name} (--allow)")
+        if not may_write(self._agent.config.writers, peer):
+            logger.warning("refused certificate name %r a post to channel %s over HTTP", peer, ch.cid)
+            raise _BadRequest(403, f"certificate name {peer!r} may not write to channel {name} (--allow-writer)")
+        channel = ch.channel
+        if channel is None:
+            raise _BadRequest(403, f"channel {name} is served read-only: start the agent with --writable to post")
+        return channel
+
+    async def _put(
+        self,
+        ch: _Served,
+        channel: FileChannel,
+        key: str | None,
+        fingerprint: str,
+        bodies: list[bytes],
+        headers: list[dict[str, str] | None],
+    ) -> tuple[bool, float]:
+        """Commit the events in the pool: (duplicate, seconds); a channel's refusal as its HTTP status.
+
+        Raises:
+            _BadRequest: 422 (a key's other body), 503 with Retry-After (full, no disk space, failed),
+                413 (too large), 400 (an invalid event), 500 (I/O).
+        """
+        name = ch.name
         ring = self._rings[ch.cid]
         try:
-            duplicate, took = await self._loop.run_in_executor(
+            return await self._loop.run_in_executor(  # type: ignore[no-any-return]
                 self._pool, ring.put, channel, key, fingerprint, bodies, headers
             )
-        except _Conflict as exc:
-            raise _BadRequest(422, str(exc)) from None
+        except _Conflict:
+            raise _BadRequest(422, f"Idempotency-Key {key!r} was committed with another body; use a new key") from None
         except ChannelFullError:
             raise _BadRequest(
                 503, f"channel {name} is full: retry later (nothing was put)", {"Retry-After": RETRY_AFTER_FULL}
@@ -701,12 +663,66 @@ class HttpServer:
         except OSError as exc:
             logger.error("a put to channel %s failed: %s", name, exc)
             raise _BadRequest(500, f"the put failed: {exc.strerror or type(exc).__name__} on the agent") from None
-        if duplicate:
-            self.metrics.http_duplicates.labels(name).inc()
-        else:
-            self.metrics.http_events.labels(name).inc(len(bodies))
-            self.metrics.put_committed(name, "http", took)
-        return _answer(200, {"channel": name, "events": 0 if duplicate else len(bodies), "duplicate": duplicate})
+
+    async def _otlp_logs(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/logs``: OTLP/HTTP logs (decoded by ``otlp.py``), one transaction per request.
+
+        Answers in the request's encoding: an ``ExportLogsServiceResponse`` (with
+        ``partial_success`` when records over ``max_event_size`` were left out), or
+        a ``google.rpc.Status`` with the status (503 and ``Retry-After`` when full).
+        """
+        is_json = request.content_type in JSON_TYPES
+        ctype = "application/json" if is_json else otlp.PROTOBUF_TYPE
+        try:
+            if request.content_type not in (otlp.PROTOBUF_TYPE, *JSON_TYPES):
+                raise _BadRequest(415, f"give Content-Type: {otlp.PROTOBUF_TYPE} or application/json, not {ctype}")
+            name = request.headers.get(CHANNEL_HEADER)
+            visible = self._visible(request)
+            shown = ", ".join(sorted(n for n in self._by_name if visible is None or n in visible)) or "none to you"
+            if name is None:
+                if len(self._by_name) != 1:
+                    raise _BadRequest(400, f"several channels are served ({shown}): send {CHANNEL_HEADER}")
+                name = next(iter(self._by_name))
+            ch = self._by_name.get(name)
+            if ch is None:
+                raise _BadRequest(404, f"no channel named {name!r} here (served: {shown})")
+            channel = self._writable(request, ch)
+            max_event = channel.config.max_event_size
+            if request.content_length is not None and request.content_length > self._settings.max_body:
+                raise _BadRequest(413, f"a body of {request.content_length} bytes is over --http-max-body", close=True)
+            data = await self._read_body(request, self._settings.max_body, max_event)
+            try:
+                events = (otlp.decode_logs_json if is_json else otlp.decode_logs_protobuf)(data)
+            except otlp.OtlpDecodeError as exc:
+                raise _BadRequest(400, f"not an OTLP ExportLogsServiceRequest: {exc}") from None
+            bodies: list[bytes] = []
+            headers: list[dict[str, str] | None] = []
+            for body, hdrs in events:
+                if encoded_event_size(body, hdrs) <= max_event:
+                    bodies.append(body)
+                    headers.append(hdrs)
+            rejected = len(events) - len(bodies)
+            cap = channel.config.transaction_capacity
+            if len(bodies) > cap:
+                raise _BadRequest(413, f"{len(bodies)} log records in one request, over transaction_capacity={cap}")
+            took = (await self._put(ch, channel, None, "", bodies, headers))[1] if bodies else 0.0
+        except _BadRequest as exc:
+            resp = web.Response(
+                status=exc.status,
+                body=otlp.encode_status(is_json, exc.status, exc.reason),
+                content_type=ctype,
+                headers=exc.headers,
+            )
+            if exc.close:
+                resp.force_close()
+            return resp
+        self.metrics.source_events.labels("otlp", name).inc(len(bodies))
+        if rejected:
+            self.metrics.source_refused.labels("otlp", name, "too_large").inc(rejected)
+        if bodies:
+            self.metrics.put_committed(name, "otlp", took)
+        message = f"{rejected} log record(s) over max_event_size={max_event} were left out" if rejected else ""
+        return web.Response(body=otlp.encode_response(is_json, rejected, message), content_type=ctype)
 
     async def _read_body(self, request: web.Request, limit: int, max_event: int) -> bytes:
         """The body, read in chunks up to ``limit`` bytes within the read deadline."""
