@@ -46,7 +46,7 @@ from . import format as fmt
 from ._queue import Columns, Entry
 from .errors import CorruptLogError
 
-__all__ = ["CHUNK", "HOT_POINTERS", "Locate", "Located", "Run", "RunQueue", "StoredRun"]
+__all__ = ["CHUNK", "HOT_POINTERS", "Locate", "Located", "Run", "RunQueue", "Scan", "StoredRun"]
 
 CHUNK = 8192
 """Events whose pointers one scan of a cold head run finds (at least: a take of more asks for more)."""
@@ -83,6 +83,16 @@ class StoredRun(NamedTuple):
     length: int
     file_id: int
     offset: int
+
+
+class Scan(NamedTuple):
+    """A scan a pop needs (:meth:`RunQueue.scans_needed`): ``locate(run.fid, offset, start, hi, want)``."""
+
+    run: Run
+    offset: int
+    start: int
+    hi: int
+    want: int
 
 
 class Run:
@@ -413,6 +423,40 @@ class RunQueue:
             r.offs, r.sizes = offs, sizes
         r.cols_lo = r.lo
         r.off = off
+        self._hot += len(r.offs) - old
+
+    def scans_needed(self, n: int) -> list[Scan]:
+        """The scans a pop of ``n`` would make, to run without the channel's lock (see :meth:`install`)."""
+        if self._returned or self._holes:
+            return []
+        out: list[Scan] = []
+        for r, upto in self._plan(n):
+            end = r.hot_end()
+            if r.offs is not None and end >= upto:
+                continue
+            start = end if r.offs is not None else r.lo
+            out.append(Scan(r, r.off, start, r.hi, max(self._chunk, upto - start)))
+        return out
+
+    def install(self, scan: Scan, got: Located) -> None:
+        """Give a run the pointers a scan found outside the lock, if the run is as the scan saw it."""
+        r = scan.run
+        start = r.hot_end() if r.offs is not None else r.lo
+        k = len(got.offsets)
+        if r.off != scan.offset or start != scan.start or r.lo >= r.hi or got.first != start or not k:
+            return  # the queue moved on meanwhile: the pop scans again under the lock
+        if len(got.sizes) != k:
+            return
+        old = len(r.offs) if r.offs is not None else 0
+        if r.offs is not None:
+            assert r.sizes is not None
+            keep = r.lo - r.cols_lo
+            r.offs = r.offs[keep:] + got.offsets
+            r.sizes = r.sizes[keep:] + got.sizes
+        else:
+            r.offs, r.sizes = array("q", got.offsets), array("q", got.sizes)
+        r.cols_lo = r.lo
+        r.off = got.next_offset
         self._hot += len(r.offs) - old
 
     def _plan(self, n: int) -> list[tuple[Run, int]]:

@@ -1018,7 +1018,19 @@ class FileChannel:
         Returns the entries as popped (column slices, or a list of entries while
         rolled-back takes are at the head), how many, their cached Events (None
         where not held; ``[]`` when the cache is empty) and how many were held.
+
+        A deep queue's head is found by walking its data file (``_runs``): that
+        walk runs first, outside the lock, so commits are not held behind it.
         """
+        with self._lock:
+            scans = self._queue.scans_needed(n) if self._log.failed is None else []
+        for sc in scans:
+            try:
+                found = self._log.locate_puts(sc.run.fid, sc.offset, sc.start, sc.hi, sc.want)
+            except (OSError, CorruptLogError):
+                break  # the pop below walks again under the lock and raises it there
+            with self._lock:
+                self._queue.install(sc, found)
         with self._lock:
             if self._closed or self._log.failed is not None:
                 self._check_open()

@@ -254,3 +254,22 @@ def test_from_stored_refuses_overlapping_runs_and_stray_holes() -> None:
         RunQueue.from_stored(log.locate, [StoredRun(0, 5, 0, 80)], holes=[7])
     with pytest.raises(ValueError, match="inside a run"):
         RunQueue.from_stored(log.locate, [StoredRun(0, 5, 0, 80)], entries=[(2, 0, 96, 32)])
+
+
+def test_a_scan_made_outside_the_lock_is_installed_only_if_the_run_did_not_move() -> None:
+    log = ModelLog()
+    offs = [log.add(0, 32, p) for p in range(100)]
+    q = RunQueue.from_stored(log.locate, [StoredRun(0, 100, 0, offs[0])], chunk=10)
+    (sc,) = q.scans_needed(25)
+    found = log.locate(sc.run.fid, sc.offset, sc.start, sc.hi, sc.want)
+    q.install(sc, found)
+    scans = log.scans
+    assert [e[0] for e in q.pop(25)] == list(range(25))
+    assert log.scans == scans  # the pop found every pointer installed: no scan under the lock
+    # A scan of a head that moved meanwhile is dropped; the pop scans again.
+    (sc,) = q.scans_needed(30)
+    stale = log.locate(sc.run.fid, sc.offset, sc.start, sc.hi, sc.want)
+    assert [e[0] for e in q.pop(5)] == list(range(25, 30))
+    q.install(sc, stale)
+    assert [e[0] for e in q.pop(70)] == list(range(30, 100))
+    assert len(q) == 0
