@@ -96,7 +96,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_LOCATE_WINDOW = 1 << 18  # bytes read per step of locate_puts (it grows while the walk needs more)
+_LOCATE_WINDOW = 1 << 22  # bytes read first by locate_puts (a large batch fits; it grows while the walk needs more)
 _LOCATE_MAX = 1 << 24  # bytes one locate_puts call reads at most (unless one record needs more)
 _LOST_REASON = "the queued event's record is missing or damaged: walking the file found no record for it"
 
