@@ -67,9 +67,7 @@ def test_an_earlier_checkpoint_opens_and_is_converted_on_the_next_checkpoint(tmp
     if version == 2:
         snap.marks = []
     snap.runs, snap.holes = None, []
-    snap.positions, snap.file_ids, snap.offsets, snap.sizes = (
-        array("q", [e[i] for e in entries]) for i in range(4)
-    )
+    snap.positions, snap.file_ids, snap.offsets, snap.sizes = (array("q", [e[i] for e in entries]) for i in range(4))
     store.write(snap, kind, mac=mac)
     assert _version(path) == version
     with filechannel.open(d, **opts) as ch:
