@@ -96,7 +96,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_LOCATE_WINDOW = 1 << 22  # bytes read first by locate_puts (a large batch fits; it grows while the walk needs more)
+_LOCATE_WINDOW = 1 << 20  # bytes read first by locate_puts (most batches fit; it grows while the walk needs more)
 _LOCATE_MAX = 1 << 24  # bytes one locate_puts call reads at most (unless one record needs more)
 _LOST_REASON = "the queued event's record is missing or damaged: walking the file found no record for it"
 
@@ -341,7 +341,7 @@ class Log(LogState):
             OSError: Reading failed.
         """
         fd = self._read_fd(file_id)
-        window = min(_LOCATE_MAX, max(_LOCATE_WINDOW, min(want, hi - lo) * 320))
+        window = min(_LOCATE_MAX, max(_LOCATE_WINDOW, min(want, hi - lo) * 200))
         while True:
             buf = self.fs.pread(fd, window, offset)
             try:
