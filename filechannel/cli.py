@@ -540,6 +540,11 @@ def cmd_stat(args: argparse.Namespace) -> int:
             "last_woid": log.last_woid,
             "files": files,
             "disk_bytes": st["disk_bytes"],
+            "data_bytes": st["data_bytes"],
+            "disk_free": st["disk_free"],
+            # The limits are options of the process that opens the channel (they are not
+            # stored): stat shows those given to it, to compare with what the data holds.
+            **{k: getattr(args, k) for k in ("max_bytes", "minimum_required_space") if getattr(args, k) is not None},
             "torn_tails": len(log.torn_tails),
             "key_ids_in_use": log.key_ids_in_use(),
             "checkpoint": _checkpoint_info(log),
@@ -596,6 +601,12 @@ def _stat_prometheus(directory: str, info: dict[str, Any]) -> str:
     s.values["channel_size"] = float(info["queue_size"])
     s.values["next_position"] = float(info["next_position"])
     s.values["disk_bytes"] = float(st["disk_bytes"])
+    s.values["data_bytes"] = float(st["data_bytes"])
+    if st["disk_free"] is not None:
+        s.values["disk_free_bytes"] = float(st["disk_free"])
+    for key, metric in (("max_bytes", "max_bytes"), ("minimum_required_space", "min_free_bytes")):
+        if info.get(key) is not None:
+            s.values[metric] = float(info[key])
     s.values["data_files"] = float(len(info["files"]))
     ckpt = info["checkpoint"]
     if ckpt is not None:
@@ -1056,9 +1067,39 @@ def cmd_wal_verify(args: argparse.Namespace) -> int:
 # -- parser -----------------------------------------------------------------------------------
 
 
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def _size(text: str) -> int:
+    """A size for ``--max-bytes`` and ``--min-free-bytes``: bytes, or a number with K, M, G or T (powers of 1024)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", text, re.I)
+    if m is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size: give bytes or a number with K, M, G or T (e.g. 10G)")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).upper()])
+
+
+def _room_args(sp: argparse.ArgumentParser, prefix: str = "") -> None:
+    """``--max-bytes`` and ``--min-free-bytes`` (the byte limit and the free-space floor) on ``sp``."""
+    sp.add_argument(
+        "--max-bytes",
+        type=_size,
+        metavar="SIZE",
+        help=f"{prefix}most bytes of data files the channel may hold, e.g. 10G (default: no limit)",
+    )
+    sp.add_argument(
+        "--min-free-bytes",
+        dest="minimum_required_space",
+        type=_size,
+        metavar="SIZE",
+        help=f"{prefix}refuse puts while the data directory's file system has less free space, e.g. 1G (default 64M)",
+    )
+
+
 # Channel options the command line can set, and the flag that sets each.
 _CONFIG_FLAGS = {
     "capacity": "--capacity",
+    "max_bytes": "--max-bytes",
+    "minimum_required_space": "--min-free-bytes",
     "transaction_capacity": "--transaction-capacity",
     "max_event_size": "--max-event-size",
     "fsync": "--fsync",
@@ -1141,6 +1182,8 @@ _SERVE_FLAGS = {
     "directories": "DIR",
     "on_corruption": "--on-corruption",
     "capacity": "--capacity",
+    "max_bytes": "--max-bytes",
+    "minimum_required_space": "--min-free-bytes",
     "transaction_capacity": "--transaction-capacity",
     "max_event_size": "--max-event-size",
     "fsync": "--fsync",
@@ -1213,7 +1256,14 @@ def _serve_syslog(args: argparse.Namespace) -> Any:
     )
 
 
-_SERVE_CHANNEL_FLAGS = ("capacity", "transaction_capacity", "max_event_size", "fsync")
+_SERVE_CHANNEL_FLAGS = (
+    "capacity",
+    "max_bytes",
+    "minimum_required_space",
+    "transaction_capacity",
+    "max_event_size",
+    "fsync",
+)
 
 
 def _serve_channel_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -1417,6 +1467,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--capacity", type=int, metavar="N", help="most events the channel may hold while putting (default 1000000)"
     )
     sp.add_argument("--transaction-capacity", type=int, metavar="N", help="most events per transaction (default 10000)")
+    _room_args(sp)
     sp.add_argument(
         "--json",
         action="store_true",
@@ -1475,6 +1526,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print the channel's metrics in the Prometheus text format (docs/agents.md#metrics)",
     )
+    _room_args(sp, "show the limit the channel's owner uses beside what it holds: ")
     _keystore_arg(sp)
     sp.set_defaults(func=cmd_stat)
 
@@ -1613,6 +1665,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-event-size", type=int, metavar="BYTES", help="with --writable: largest event (default 8 MiB)"
     )
     sp.add_argument("--fsync", choices=("commit", "interval"), help="with --writable: fsync mode (default commit)")
+    _room_args(sp, "with --writable: ")
     sp.add_argument(
         "--http",
         metavar="HOST:PORT",
@@ -1702,6 +1755,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.set_defaults(func=cmd_serve)
 
+    _top_args(
+        sub.add_parser("top", help="a live view of channels and agents: depth, rates, lag (q quits)", epilog=_epilog())
+    )
+
     sp = sub.add_parser(
         "wal",
         help="inspect a write-ahead log (filechannel.WriteAheadLog)",
@@ -1723,6 +1780,55 @@ def build_parser() -> argparse.ArgumentParser:
     _keystore_arg(wp)
     wp.set_defaults(func=cmd_wal_verify)
     return p
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    """A live view of channels and agents (``top_screen.py``; what it shows: ``top.py``)."""
+    from .top_screen import run
+    from .top_sources import DirSource, Source, is_agent_uri, open_agent
+
+    if not args.interval > 0:  # also refuses nan
+        raise ChannelError(f"--interval must be a number of seconds > 0, got {args.interval}")
+    if args.json and not args.once:
+        raise ChannelError("--json goes with --once (one JSON document for scripts)")
+    tls = {"tls_ca": args.tls_ca, "tls_cert": args.tls_cert, "tls_key": args.tls_key, "token_file": args.token_file}
+    sources: list[Source] = []
+    try:
+        for t in args.targets:
+            if is_agent_uri(t):
+                sources.append(open_agent(t, timeout=args.timeout, **tls))
+            else:
+                sources.append(DirSource(_existing(t), _encryption(args)))
+        if len(sources) == 1:
+            sources[0].check()  # one target: a problem is an error; with several, that target's row says it
+        screen = not args.once and sys.stdout.isatty() and sys.stdin.isatty()
+        with _Sigint():  # SIGTERM too unwinds through curses, which gives the terminal back
+            try:
+                return run(sources, args.interval, sys.stdout, once=args.once, as_json=args.json, screen=screen)
+            except KeyboardInterrupt as exc:
+                return _stopped_by(exc)[1]  # a normal way to leave: no message
+    finally:
+        for s in sources:
+            s.close()
+
+
+def _top_args(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument(
+        "targets",
+        nargs="+",
+        metavar="TARGET",
+        help="a channel directory, or an agent: grpc+tls://HOST:PORT (Flight) or http(s)://HOST:PORT (its /metrics)",
+    )
+    sp.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="refresh period (default 1)")
+    sp.add_argument("--once", action="store_true", help="print one view (two samples --interval apart) and exit")
+    sp.add_argument("--json", action="store_true", help="with --once: print one JSON document")
+    sp.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS", help="deadline of each agent call")
+    sp.add_argument("--tls-ca", metavar="FILE", help="CA of the agents' certificates (grpc+tls://)")
+    sp.add_argument("--tls-cert", metavar="FILE", help="this client's certificate, for agents with --client-ca")
+    sp.add_argument("--tls-key", metavar="FILE", help="the key of --tls-cert")
+    sp.add_argument("--token-file", metavar="FILE", help="a file holding the agents' bearer token (mode 0600)")
+    _keystore_arg(sp)
+    sp.set_defaults(func=cmd_top)
 
 
 def _flume_args(sp: argparse.ArgumentParser) -> None:

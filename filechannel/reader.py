@@ -26,6 +26,7 @@ import threading
 import time
 from array import array
 from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from types import TracebackType
@@ -780,6 +781,25 @@ class ChannelReader:
             for fd in fds.values():
                 self._fs.close(fd)
         return out
+
+    def record_bytes(self, starts: Sequence[int], end: int) -> list[int]:
+        """For each position in ``starts``: the record bytes of the events in ``[start, end)`` (depth, a lag).
+
+        ``end`` is what :meth:`available` said (at most the visible end). A
+        sum over the index this reader keeps: no data file is read.
+
+        Raises:
+            ValueError: ``end`` beyond what this reader has seen.
+        """
+        f = self._state()
+        with f.lock:
+            if end > f.visible_end:
+                raise ValueError(f"end {end} is beyond the visible end {f.visible_end}")
+            out = []
+            for start in starts:
+                i, j = f.index.span(start, end)
+                out.append(sum(f.index.size[i:j]) if j > i else 0)
+            return out
 
     def segments(
         self, start: int, end: int, max_bytes: int = DEFAULT_SEGMENT_BYTES, *, parts: int = 1, min_bytes: int = 0

@@ -610,6 +610,7 @@ class Writer:
                 self.synced = self.offset
             self._publish()
             log.file_end[self.file_id] = self.offset
+            log.file_sealed(self.file_id, self.offset)
             if self.tagger is not None:
                 log.file_tags[self.file_id] = self.prev_tag
             fs.close(self.fd)
@@ -640,7 +641,8 @@ class Writer:
             # The header lists every live file of the directory in 16 bits of length.
             raise ChannelFullError(
                 f"{len(self.live)} live data files in {self.path}: a new one cannot list them all; old events "
-                "(or a lagging consumer) pin them: take or acknowledge them, or raise max_file_size"
+                "(or a lagging consumer) pin them: take or acknowledge them, or raise max_file_size",
+                "live_files",
             )
         data = fmt.encode_file_header(header, cipher.key_check if cipher is not None else None)
         path = self.path_of(file_id)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The real clients the source tests drive (issue 35): util-linux's logger and rsyslog with omrelp.
+# The real clients the source tests drive (issue 35): util-linux's logger and rsyslog with omrelp;
+# and tmux, the real terminal `filechannel top` is driven in (issue 36).
 # Installs what is missing when apt-get is there and this runs as root; otherwise says what is
 # missing and goes on (the tests that need a missing client skip, naming it). Idempotent and quiet.
 # Usage: scripts/clients.sh
@@ -7,6 +8,7 @@ set -uo pipefail
 missing=()
 command -v logger >/dev/null 2>&1 || missing+=(bsdutils)
 command -v rsyslogd >/dev/null 2>&1 || missing+=(rsyslog)
+command -v tmux >/dev/null 2>&1 || missing+=(tmux)
 relp=no
 for f in /usr/lib/rsyslog/omrelp.so /usr/lib/*/rsyslog/omrelp.so; do
   [ -e "$f" ] && relp=yes

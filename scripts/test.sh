@@ -23,7 +23,7 @@ fi
 .venv/bin/ruff format --check filechannel tests bench examples
 .venv/bin/mypy
 export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
-# The real clients of the source tests (logger, rsyslog with RELP), installed when missing and possible.
+# The real clients of the tests (logger, rsyslog with RELP, tmux), installed when missing and possible.
 bash scripts/clients.sh
 if [ $# -gt 0 ]; then
   exec .venv/bin/python -m pytest "$@"

@@ -259,9 +259,12 @@ class AgentClient:
         return out
 
     def status(self) -> dict[str, Any]:
-        """The agent's state: ``{agent, version, channels: [{channel, name, start, end, consumers}]}``.
+        """The agent's state: ``{agent, version, channels: [...], connections}``.
 
-        ``consumers`` maps each registered consumer name to ``{identity, acked, lag}``.
+        Each channel: ``{channel, name, start, end, bytes, disk_free, consumers}`` and, for
+        a channel the agent owns, ``fsync_seconds_buckets``; ``consumers`` maps each
+        registered consumer name to ``{identity, acked, lag, lag_bytes}``. ``connections``:
+        per protocol, the client connections with a call in the last minute (docs/agents.md).
         """
         return self._action("status", {})
 

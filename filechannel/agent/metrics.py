@@ -63,6 +63,16 @@ CHANNEL_METRICS: tuple[tuple[str, str, str, str, str], ...] = (
     ("last_checkpoint_bytes", "gauge", "Size of the last checkpoint", "last_checkpoint_bytes", ""),
     ("last_checkpoint_timestamp_seconds", "gauge", "Unix time of the last checkpoint", "last_checkpoint_time", ""),
     ("disk_bytes", "gauge", "Bytes of the channel's data files on disk", "disk_bytes", ""),
+    ("data_bytes", "gauge", "Bytes the live data files hold, as max_bytes counts them", "data_bytes", ""),
+    ("max_bytes", "gauge", "The channel's byte limit (absent: none)", "max_bytes", ""),
+    ("min_free_bytes", "gauge", "The free-space floor (minimum_required_space)", "minimum_required_space", ""),
+    (
+        "space_refusals",
+        "counter",
+        "Puts refused for max_bytes, the free-space floor or a full disk",
+        "space_refusals",
+        "",
+    ),
     ("data_files", "gauge", "Data files of the channel", "files", ""),
     ("data_files_created", "counter", "Data files created", "files_created", ""),
     ("data_files_retired", "counter", "Data files retired (deleted once drained)", "files_retired", ""),
@@ -74,6 +84,9 @@ CHANNEL_METRICS: tuple[tuple[str, str, str, str, str], ...] = (
     ("corruptions_skipped", "counter", "Damaged records skipped (on_corruption=skip)", "corruptions_skipped", ""),
     ("damaged_events_dropped", "counter", "Events dropped as damaged", "damaged_events_dropped", ""),
     ("lost_positions", "gauge", "Positions reported lost to damage", "lost_positions", ""),
+    ("channel_bytes", "gauge", "Record bytes of the queued events (an agent's channels)", "", ""),
+    # Read afresh at each scrape by the agent (stats()["disk_free"] is the same reading, of every data directory).
+    ("disk_free_bytes", "gauge", "Bytes unprivileged writers may still use on the channel's file system", "", ""),
 )
 
 # (metric name, help, key of a consumer row) -- labels channel and consumer
@@ -175,6 +188,27 @@ class _ChannelCollector:
         return []  # values are read at scrape time only
 
 
+class _ConnectionsCollector:
+    """The agent's client connections with a call lately, by protocol, read at each scrape."""
+
+    def __init__(self, counts: Callable[[], dict[str, int]]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        g = GaugeMetricFamily(
+            PREFIX + "agent_connections",
+            "Client connections (address and port) with a call in the last minute, by protocol",
+            labels=["protocol"],
+        )
+        counts = {"flight": 0, "http": 0, **self._counts()}
+        for protocol, n in sorted(counts.items()):
+            g.add_metric([protocol], n)
+        yield g
+
+    def describe(self) -> list[Metric]:
+        return []
+
+
 def render_samples(samples: list[ChannelSample]) -> bytes:
     """The Prometheus text of ``samples`` alone (``filechannel stat --prometheus``)."""
     registry = CollectorRegistry(auto_describe=False)
@@ -190,10 +224,14 @@ class AgentMetrics:
     Flight handlers count into it.
     """
 
-    def __init__(self, samples: Callable[[], list[ChannelSample]]) -> None:
+    def __init__(
+        self, samples: Callable[[], list[ChannelSample]], connections: Callable[[], dict[str, int]] | None = None
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self._lock = threading.Lock()
         self.registry.register(_ChannelCollector(samples))  # type: ignore[arg-type]
+        if connections is not None:
+            self.registry.register(_ConnectionsCollector(connections))  # type: ignore[arg-type]
         info = Gauge(PREFIX + "agent_info", "The agent's version (always 1)", ["version"], registry=self.registry)
         info.labels(__version__).set(1)
         self.http_requests = Counter(
@@ -214,10 +252,16 @@ class AgentMetrics:
             ["channel"],
             registry=self.registry,
         )
-        # The push sources other than the HTTP one (OTLP, forward, ...): label source names which.
+        # The push sources other than the HTTP one (syslog, relp, forward, otlp): label source names which.
         self.source_events = Counter(
             PREFIX + "source_events",
-            "Events committed from a push source (otlp, forward, ...), by source and channel",
+            "Events committed from a push source (syslog, relp, forward, otlp), by source and channel",
+            ["source", "channel"],
+            registry=self.registry,
+        )
+        self.source_invalid = Counter(
+            PREFIX + "source_invalid_events",
+            "Events committed as they came, marked invalid (syslog.status=invalid; also in source_events)",
             ["source", "channel"],
             registry=self.registry,
         )
@@ -233,10 +277,23 @@ class AgentMetrics:
             ["source", "channel"],
             registry=self.registry,
         )
+        self.source_responses = Counter(
+            PREFIX + "source_responses",
+            "Answers a source sent for messages, by source, channel and code (relp: 200 after a durable commit, 500)",
+            ["source", "channel", "code"],
+            registry=self.registry,
+        )
         self.source_connections = Gauge(
             PREFIX + "source_connections",
             "Connections open to a stream source now, by source",
             ["source"],
+            registry=self.registry,
+        )
+        self.source_connection_outcomes = Counter(
+            PREFIX + "source_connection_outcomes",
+            "Connections to a stream source by transport (tcp, tls) and outcome (accepted, over_limit, tls_failed, "
+            "refused_certificate, timeout, protocol_error)",
+            ["source", "transport", "outcome"],
             registry=self.registry,
         )
         self.flight_calls = Counter(

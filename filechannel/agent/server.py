@@ -300,6 +300,28 @@ class _Served:
         }
         return {"channel": self.cid, "name": self.name, "start": start, "end": end, "consumers": consumers}
 
+    def status(self) -> dict[str, Any]:
+        """What ``status`` answers of this channel (``filechannel top`` shows it).
+
+        :meth:`describe`, plus the queued bytes (``bytes``, each consumer's
+        ``lag_bytes``), the file system's free bytes (``disk_free``) and, for an
+        owned channel, its fsync histogram (``fsync_seconds_buckets``).
+        """
+        out = self.describe()
+        start, end = out["start"], out["end"]
+        rows = sorted(out["consumers"].items())
+        sizes = self.view.record_bytes([start, *(max(start, c["acked"]) for _, c in rows)], end)
+        out["bytes"] = sizes[0]
+        for (_, c), b in zip(rows, sizes[1:], strict=True):
+            c["lag_bytes"] = b
+        try:
+            out["disk_free"] = DEFAULT_FS.free_space(self.directory)
+        except OSError:
+            out["disk_free"] = None
+        if self.channel is not None and not self.channel.closed:
+            out["fsync_seconds_buckets"] = self.channel.stats()["fsync_seconds_buckets"]
+        return out
+
 
 def _load(config: AgentConfig, d: str, encryption: Encryption | None) -> _Served:
     """Channel directory ``d`` of ``config``, read only: its id, channel file and name (the view not loaded)."""
@@ -561,6 +583,7 @@ class _FlightServer(fl.FlightServerBase):  # type: ignore[misc]
 
     def _run(self, what: str, context: Any, fn: Any) -> Any:
         metrics = self._agent.metrics
+        self._agent.connections.seen("flight", context.peer())
         try:
             result = fn()
         except fl.FlightError:
@@ -665,8 +688,13 @@ class _FlightServer(fl.FlightServerBase):  # type: ignore[misc]
                 out = []
                 for ch in chans:
                     with ch.lock:
-                        out.append(ch.describe())
-                return {"agent": self._agent.location, "version": __version__, "channels": out}
+                        out.append(ch.status())
+                return {
+                    "agent": self._agent.location,
+                    "version": __version__,
+                    "channels": out,
+                    "connections": self._agent.connections.counts(),
+                }
             if kind in proto.SINK_ACTIONS:
                 return self._sink_action(context, kind, req)
             if kind not in proto.ACTIONS:
@@ -912,6 +940,37 @@ def _segment_batch(schema: Any, s: Segment) -> Any:
     )
 
 
+class ConnectionTracker:
+    """The client connections (peer address and port) that made a call lately, by protocol: thread-safe.
+
+    A connection counts for ``window`` seconds after its last call, so a client
+    that keeps its connection and calls now and then counts once. ``status``
+    answers these counts as ``connections`` (``filechannel top`` shows them).
+    """
+
+    def __init__(self, window: float = 60.0) -> None:
+        self.window = window
+        self._lock = threading.Lock()
+        self._seen: dict[tuple[str, str], float] = {}
+
+    def seen(self, protocol: str, peer: str) -> None:
+        """Note a call from ``peer`` (as the transport names it, e.g. ``ipv4:10.0.0.5:53122``)."""
+        with self._lock:
+            self._seen[(protocol, peer)] = time.monotonic()
+
+    def counts(self) -> dict[str, int]:
+        """Connections per protocol with a call in the last ``window`` seconds (older ones are forgotten)."""
+        cutoff = time.monotonic() - self.window
+        out: dict[str, int] = {}
+        with self._lock:
+            for key, t in list(self._seen.items()):
+                if t < cutoff:
+                    del self._seen[key]
+                else:
+                    out[key[0]] = out.get(key[0], 0) + 1
+        return out
+
+
 class Agent:
     """A running agent (made by :func:`serve`): listening as soon as it exists.
 
@@ -939,6 +998,7 @@ class Agent:
         self.location = listen.location()
         self.http: Any = None  # the HttpServer (web.py) when config.http is set
         self.metrics: Any = None  # its AgentMetrics
+        self.connections = ConnectionTracker()  # client connections seen lately (status, filechannel top)
         self.tails: list[TailSource] = []  # the tail sources (tail.py) of config.tail
         self.forward: Any = None  # the ForwardSource (forward.py) when config.forward is set
         self.syslog: SyslogSources | None = None  # the syslog and RELP listeners (syslog_source.py)

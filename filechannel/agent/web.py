@@ -105,6 +105,9 @@ class Agent(Protocol):
     @property
     def config(self) -> Any: ...
 
+    @property
+    def connections(self) -> Any: ...  # a server.ConnectionTracker: seen(protocol, peer)
+
 
 __all__ = ["HttpServer", "HttpSettings", "channel_samples", "parse_http_address", "readiness"]
 
@@ -274,6 +277,8 @@ def readiness(agent: Agent) -> tuple[bool, dict[str, Any]]:
                         problems.append("the channel has failed (see the agent's log); restart the agent")
                     if st["queue_size"] >= st["capacity"]:
                         problems.append(f"the channel is full ({st['queue_size']} of {st['capacity']} events)")
+                    if st["max_bytes"] is not None and st["data_bytes"] >= st["max_bytes"]:
+                        problems.append(f"the channel is full ({st['data_bytes']} bytes, max_bytes={st['max_bytes']})")
                     need = c.config.minimum_required_space
                     for d in _data_dirs(ch):
                         free = DEFAULT_FS.free_space(d)
@@ -305,18 +310,17 @@ def channel_samples(agent: Agent) -> list[ChannelSample]:
                 s.values["next_position"] = float(end)
                 for cname, c in info["consumers"].items():
                     s.consumers[cname] = {"acked": float(c["acked"]), "lag_events": float(c["lag"])}
+            try:
+                s.values["disk_free_bytes"] = float(DEFAULT_FS.free_space(ch.directory))
+            except OSError:
+                pass
             with ch.lock:
                 start, end = ch.view.available()
-                for row in s.consumers.values():
-                    lo = max(int(row["acked"]), start)
-                    if lo >= end:
-                        row["lag_bytes"] = 0.0
-                        continue
-                    try:
-                        segs = ch.view.segments(lo, end, 1 << 62)
-                    except ChannelError:
-                        continue
-                    row["lag_bytes"] = float(sum(sum(seg.sizes) for seg in segs))
+                rows = list(s.consumers.values())
+                sizes = ch.view.record_bytes([start, *(max(int(r["acked"]), start) for r in rows)], end)
+            s.values["channel_bytes"] = float(sizes[0])
+            for row, b in zip(rows, sizes[1:], strict=True):
+                row["lag_bytes"] = float(b)
         except (ChannelError, OSError) as exc:
             logger.warning("metrics of channel %s (%s): %s", ch.name, ch.cid, exc)
             continue
@@ -379,7 +383,7 @@ class HttpServer:
             for ch in agent.channels.values()
             if ch.channel is not None
         }
-        self.metrics = AgentMetrics(lambda: channel_samples(agent))
+        self.metrics = AgentMetrics(lambda: channel_samples(agent), agent.connections.counts)
         self._pool = concurrent.futures.ThreadPoolExecutor(settings.workers, thread_name_prefix="filechannel-http")
         self._loop = asyncio.new_event_loop()
         self._runner: web.AppRunner | None = None
@@ -482,6 +486,9 @@ class HttpServer:
     ) -> web.StreamResponse:
         route = request.match_info.route
         endpoint = route.name if route.name else "other"
+        peer = request.transport.get_extra_info("peername") if request.transport is not None else None
+        if isinstance(peer, tuple) and len(peer) >= 2:
+            self._agent.connections.seen("http", f"{peer[0]}:{peer[1]}")
         channel = request.match_info.get("name", "") if endpoint == "events" else ""
         if channel not in self._by_name:
             channel = "" if endpoint != "events" else "?"  # unknown names share one label value
@@ -642,12 +649,13 @@ class HttpServer:
             )
         except _Conflict:
             raise _BadRequest(422, f"Idempotency-Key {key!r} was committed with another body; use a new key") from None
-        except ChannelFullError:
-            raise _BadRequest(
-                503, f"channel {name} is full: retry later (nothing was put)", {"Retry-After": RETRY_AFTER_FULL}
-            ) from None
-        except DiskSpaceError as exc:
+        except DiskSpaceError as exc:  # a full channel of the disk kind (min_free, disk_full)
             raise _BadRequest(503, f"{exc} (nothing was put)", {"Retry-After": RETRY_AFTER_DISK}) from None
+        except ChannelFullError as exc:
+            what = "its max_bytes is reached" if exc.reason == "max_bytes" else "it is full"
+            raise _BadRequest(
+                503, f"channel {name}: {what}; retry later (nothing was put)", {"Retry-After": RETRY_AFTER_FULL}
+            ) from None
         except EventTooLargeError as exc:
             raise _BadRequest(413, str(exc)) from None
         except TransactionCapacityError as exc:
