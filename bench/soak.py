@@ -29,7 +29,9 @@ On one machine, for N minutes of load:
   and, where the channel turns a full disk into back-pressure (its config has
   ``DiskFullError``, a ``ChannelFullError``; ``--disk-fault on`` forces it), a disk filling up under
   ``h3``'s channel: a size-limited tmpfs mounted in a private mount namespace
-  that the agent runs in, filled to the last 512 KiB, then emptied.
+  that the agent runs in, filled to the last 512 KiB, then emptied (the agent
+  runs with ``--min-free-bytes 0``, so its writes meet ENOSPC itself rather
+  than the free-space floor).
 
 At the end the producers stop (after finishing their batch), the query drains
 every channel, everything is stopped, and the table is checked: every
@@ -638,6 +640,9 @@ class Soak:
         argv += ["--client-ca", self.conf["ca"], "--http", f"127.0.0.1:{a['http']}", "--log-level", "WARNING"]
         argv += ["--tail", str(self.work / "hosts" / h / "files" / "*.log")]
         if h == DISK_HOST and self.disk:
+            if disk_fault_supported():
+                # no free-space floor: the filled disk makes real ENOSPC on the channel's writes
+                argv += ["--min-free-bytes", "0"]
             argv = self.ns(argv)
         deadline = time.monotonic() + timeout
         while True:
