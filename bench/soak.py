@@ -29,9 +29,9 @@ On one machine, for N minutes of load:
   and, where the channel turns a full disk into back-pressure (its config has
   ``DiskFullError``, a ``ChannelFullError``; ``--disk-fault on`` forces it), a disk filling up under
   ``h3``'s channel: a size-limited tmpfs mounted in a private mount namespace
-  that the agent runs in, filled to the last 512 KiB, then emptied (the agent
-  runs with ``--min-free-bytes 0``, so its writes meet ENOSPC itself rather
-  than the free-space floor).
+  that the agent runs in, filled to the last 512 KiB (far under the channel's
+  free-space floor, so its puts are refused while its other small writes
+  still fit), then emptied.
 
 At the end the producers stop (after finishing their batch), the query drains
 every channel, everything is stopped, and the table is checked: every
@@ -640,9 +640,6 @@ class Soak:
         argv += ["--client-ca", self.conf["ca"], "--http", f"127.0.0.1:{a['http']}", "--log-level", "WARNING"]
         argv += ["--tail", str(self.work / "hosts" / h / "files" / "*.log")]
         if h == DISK_HOST and self.disk:
-            if disk_fault_supported():
-                # no free-space floor: the filled disk makes real ENOSPC on the channel's writes
-                argv += ["--min-free-bytes", "0"]
             argv = self.ns(argv)
         deadline = time.monotonic() + timeout
         while True:
@@ -852,8 +849,9 @@ class Soak:
             if t - last_sample >= 2:
                 self.sample()
                 last_sample = t
-            if "faults" not in self.phases and t >= warm and (self.cl.committed(self.work) or t > load / 2):
-                # the faults begin once Spark committed its first micro-batch (at the latest half-way)
+            started = sum(self.cl.committed(self.work).values()) > 0 or t > load / 2
+            if "faults" not in self.phases and t >= warm and started:
+                # the faults begin once Spark committed its first events (at the latest half-way)
                 self.phases["faults"] = round(t, 1)
                 sched = self.schedule(t, load - 15)
                 log.info("fault schedule: %s", [(round(x), k) for x, k in sched])
@@ -874,6 +872,7 @@ class Soak:
         for f in self.faults:
             self.advance(f, force=True)
         load_end = self.now()
+        self.phases["load"] = round(load_end, 1)
         self.stopping = True
         for p in self.producers.values():
             with contextlib.suppress(ProcessLookupError):
@@ -973,6 +972,7 @@ class Soak:
             c = self.cl.committed(self.work)
             if time.monotonic() - since >= 6 and all(c.get(k, -1) >= e for k, e in ends.items()):
                 return True
+            self.sample()
             time.sleep(1)
         return False
 
@@ -1113,11 +1113,11 @@ class Soak:
         ts = [x["t"] for x in self.samples]
         for key in (*PATHS, "sink"):
             vals = [x[key] for x in self.samples]
-            if key != "sink":  # acknowledged events/s of the path, over 10 s
-                rate = [
-                    (vals[i] - vals[max(0, i - 5)]) / max(1e-6, ts[i] - ts[max(0, i - 5)]) for i in range(1, len(vals))
-                ]
-                ax.plot(ts[1:], rate, label=f"{key}: acknowledged events/s", linewidth=1.2)
+            # events/s over 10 s: acknowledged per path while the producers ran; into the table throughout
+            n = len(vals) if key == "sink" else sum(1 for t in ts if t <= self.phases.get("load", ts[-1]))
+            rate = [(vals[i] - vals[max(0, i - 5)]) / max(1e-6, ts[i] - ts[max(0, i - 5)]) for i in range(1, n)]
+            what = "into the table" if key == "sink" else "acknowledged"
+            ax.plot(ts[1:n], rate, label=f"{key}: {what}, events/s", linewidth=0.8 if key == "sink" else 1.2)
             cum.plot(ts, vals, label=f"{key}: {'in the table' if key == 'sink' else 'acknowledged'}", linewidth=1.2)
         colors = plt.get_cmap("tab20")
         seen: set[str] = set()
