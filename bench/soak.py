@@ -709,7 +709,7 @@ class Soak:
         """The fault schedule of the seed from ``start`` to ``end``: every kind once (shuffled), then random kinds.
 
         The first round is spread over the window (at most 7 s apart on average), so a short soak
-        still has every kind; then one every 4-10 s.
+        still has every kind; then one every 6-16 s.
         """
         rng = random.Random(self.args.seed)
         kinds = [k for k in KINDS if k != "disk_full" or self.disk]
@@ -720,7 +720,7 @@ class Soak:
         while t < end:
             kind = order.pop(0) if order else rng.choice(kinds)
             out.append((t, kind))
-            t += step * rng.uniform(0.7, 1.0) if order else rng.uniform(4, 10)
+            t += step * rng.uniform(0.7, 1.0) if order else rng.uniform(6, 16)
         return out
 
     def inject(self, kind: str) -> dict[str, Any] | None:
@@ -802,12 +802,14 @@ class Soak:
             f["resume_at"] = f["t"] + rng.uniform(8, 15)
         return f
 
-    def advance(self, f: dict[str, Any], force: bool = False) -> None:
-        """Finish a fault whose time has come (or at once with ``force``)."""
+    def advance(self, f: dict[str, Any], force: bool = False, restart: bool = True) -> None:
+        """Finish a fault whose time has come (or at once with ``force``; ``restart=False``: start nothing)."""
         if f["end"] is not None:
             return
         t = self.now()
         if "restart_at" in f and (force or t >= f["restart_at"]):
+            if not restart:
+                return
             tgt = f["target"]
             if f["kind"] == "agent_kill":
                 self.start_agent(tgt)
@@ -944,14 +946,19 @@ class Soak:
                 summary["png_skipped"] = f"no picture: {exc} (pip install 'filechannel[bench]')"
         return summary
 
-    def drain(self, timeout: float = 240.0) -> bool:
-        """Wait until every channel's end stayed put for 6 s (the tail sources put every line) and was committed."""
+    def drain(self, stall: float = 240.0, cap: float = 3600.0) -> bool:
+        """Wait until every channel's end stayed put for 6 s (the tail sources put every line) and was committed.
+
+        Gives up when the table gained nothing for ``stall`` seconds, or after ``cap``.
+        """
         from filechannel.agent import connect
 
-        deadline = time.monotonic() + timeout
+        end_by = time.monotonic() + cap
+        deadline = time.monotonic() + stall
         last: dict[str, int] = {}
         since = time.monotonic()
-        while time.monotonic() < deadline:
+        progress = -1
+        while time.monotonic() < min(deadline, end_by):
             self.supervise()
             ends: dict[str, int] = {}
             for h in HOSTS:
@@ -972,6 +979,8 @@ class Soak:
             c = self.cl.committed(self.work)
             if time.monotonic() - since >= 6 and all(c.get(k, -1) >= e for k, e in ends.items()):
                 return True
+            if sum(c.values()) > progress:
+                progress, deadline = sum(c.values()), time.monotonic() + stall
             self.sample()
             time.sleep(1)
         return False
@@ -1186,9 +1195,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = soak.run()
     except (KeyboardInterrupt, RuntimeError) as exc:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the sweep short
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         for f in soak.faults:
             with contextlib.suppress(Exception):
-                soak.advance(f, force=True)
+                soak.advance(f, force=True, restart=False)
         left = soak.sweep()
         print(json.dumps({"ok": False, "error": str(exc) or type(exc).__name__, "processes_left": left}))
         return 1
