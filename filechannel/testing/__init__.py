@@ -9,7 +9,10 @@
 * :func:`stream_test` and its actions: a StreamTest for PySpark queries that
   read a channel, with driver and producer crashes (:mod:`.stream`);
 * the pytest plugin (:mod:`.plugin`, loaded through the ``pytest11`` entry
-  point): fixtures ``fc_channel_dir``, ``fc_channel``, ``fc_crashable_channel``.
+  point): fixtures ``fc_channel_dir``, ``fc_channel``, ``fc_crashable_channel``;
+* :class:`filechannel.testing.pki.PKI`: a throwaway CA and certificates as files,
+  for mutual TLS between agents and clients in tests and soaks (needs
+  ``cryptography``, so it is imported from its module, not from here).
 
 Nothing here imports PySpark: :func:`stream_test` runs Spark in a subprocess.
 """
