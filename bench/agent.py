@@ -58,8 +58,10 @@ def in_process(directory: str, size: int, n: int) -> dict[str, Any]:
     return {"events_per_s": n / took, "seconds": took}
 
 
-class _Agent:
-    def __init__(self, directory: str) -> None:
+class BenchAgent:
+    """``filechannel serve DIR --writable --http 127.0.0.1:0`` (and ``extra`` arguments) in a child process."""
+
+    def __init__(self, directory: str, *extra: str) -> None:
         filechannel.open(directory, **OPTS).close()
         self.hpf = Path(directory + ".http-port")
         pf = Path(directory + ".port")
@@ -83,6 +85,7 @@ class _Agent:
                 str(self.hpf),
                 "--log-level",
                 "WARNING",
+                *extra,
             ],
             env=env,
             stdout=subprocess.DEVNULL,
@@ -129,7 +132,7 @@ def _client(port: int, payload: bytes, requests: int, key_prefix: str | None, la
 
 def over_http(directory: str, size: int, n: int, clients: int, key: bool) -> dict[str, Any]:
     payload = json.dumps([{"body": "x" * size}] * BATCH).encode()
-    agent = _Agent(directory)
+    agent = BenchAgent(directory)
     try:
         per_client = n // BATCH // clients
         lats: list[list[float]] = [[] for _ in range(clients)]
@@ -167,7 +170,7 @@ def over_flight(directory: str, size: int, n: int) -> dict[str, Any]:
     """Exactly-once Flight puts (``AgentClient.put_batch``) of 1000 events each, one producer, one at a time."""
     from filechannel.agent import connect
 
-    agent = _Agent(directory)
+    agent = BenchAgent(directory)
     bodies = [b"x" * size] * FLIGHT_BATCH
     try:
         with connect(f"grpc://127.0.0.1:{agent.flight_port}", timeout=60) as client:

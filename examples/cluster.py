@@ -5,7 +5,12 @@ on one machine, three "hosts" (``WORKDIR/hosts/h1..h3``), each with
 
 1. a **producer** (``examples/pipeline.py --role producer``: steady puts with
    rollbacks, a ledger of what it committed) owning its channel, and
-2. an **agent** (``filechannel serve``) serving that channel on a loopback port;
+2. an **agent** (``filechannel serve``) serving that channel on a loopback port,
+   over mutual TLS: its own certificate (``WORKDIR/pki/agent-hN.crt``), client
+   certificates of the run's CA only, the allow-list ``--allow spark`` and
+   ``--allow-consumer spark=cluster-table`` (the query's certificate name may read,
+   and only as its consumer), and a bearer token (``--insecure``: plain
+   ``grpc://127.0.0.1`` instead, no certificates);
 
 and a **Spark standalone master and worker** started from the pyspark
 package's ``bin/spark-class`` (UIs off). The worker runs under ``unshare
@@ -253,21 +258,116 @@ class StandaloneCluster:
         }
 
 
-class Agent:
-    """``filechannel serve DIR --listen grpc://127.0.0.1:PORT`` (restarted on the same port)."""
+CLIENT_NAME = "spark"  # the query's certificate name (the agents' allow-list)
 
-    def __init__(self, host: str, channel: Path, work: Path) -> None:
+
+def _write(path: Path, data: bytes, mode: int = 0o644) -> str:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.chmod(path, mode)
+    return str(path)
+
+
+def make_pki(where: Path, hosts: tuple[str, ...]) -> dict[str, str]:
+    """A CA of this run, a certificate per agent (for ``localhost``), the query's client certificate, a token.
+
+    File paths by role: ``ca``, ``agent-HOST.crt`` / ``.key``, ``client.crt`` / ``.key``, ``token``
+    (keys and token mode 0600). Made with the ``cryptography`` package (the crypto extra); the
+    same files as docs/agents.md's ``openssl`` recipe.
+    """
+    import datetime
+    import ipaddress
+    import secrets
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    where.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def name(cn: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    def pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+        return key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(name("filechannel cluster demo CA"))
+        .issuer_name(name("filechannel cluster demo CA"))
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=2))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    out = {"ca": _write(where / "ca.pem", ca.public_bytes(serialization.Encoding.PEM))}
+
+    def issue(cn: str, stem: str, server: bool) -> None:
+        key = ec.generate_private_key(ec.SECP256R1())
+        b = (
+            x509.CertificateBuilder()
+            .subject_name(name(cn))
+            .issuer_name(ca.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1))
+            .not_valid_after(now + datetime.timedelta(days=2))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        )
+        if server:
+            sans = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            b = b.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        cert = b.sign(ca_key, hashes.SHA256())
+        out[f"{stem}.crt"] = _write(where / f"{stem}.crt", cert.public_bytes(serialization.Encoding.PEM))
+        out[f"{stem}.key"] = _write(where / f"{stem}.key", pem_key(key), 0o600)
+
+    for h in hosts:
+        issue(f"agent-{h}", f"agent-{h}", server=True)
+    issue(CLIENT_NAME, "client", server=False)
+    out["token"] = _write(where / "token", secrets.token_hex(32).encode(), 0o600)
+    return out
+
+
+class Agent:
+    """``filechannel serve DIR --listen grpc+tls://127.0.0.1:PORT`` with mutual TLS (restarted on the same port).
+
+    ``pki`` None (``--insecure``): plain ``grpc://127.0.0.1:PORT``, no certificates or token.
+    """
+
+    def __init__(self, host: str, channel: Path, work: Path, pki: dict[str, str] | None) -> None:
         self.host = host
         self.channel = channel
         self.work = work
+        self.pki = pki
         self.port = free_port()
         self.proc: Proc | None = None
         self.starts = 0
 
     @property
     def uri(self) -> str:
-        """The agent's address."""
-        return f"grpc://127.0.0.1:{self.port}"
+        """The agent's address (``localhost``, the name in its certificate, under TLS)."""
+        if self.pki is None:
+            return f"grpc://127.0.0.1:{self.port}"
+        return f"grpc+tls://localhost:{self.port}"
+
+    def _listen(self) -> list[str]:
+        if self.pki is None:
+            return ["--listen", self.uri]
+        p = self.pki
+        return [
+            *("--listen", f"grpc+tls://127.0.0.1:{self.port}"),
+            *("--tls-cert", p[f"agent-{self.host}.crt"], "--tls-key", p[f"agent-{self.host}.key"]),
+            *("--client-ca", p["ca"], "--token-file", p["token"]),
+            *("--allow", CLIENT_NAME, "--allow-consumer", f"{CLIENT_NAME}={CONSUMER}"),
+        ]
 
     def start(self, timeout: float = 60.0) -> None:
         """Start the agent on its port; return once it listens."""
@@ -275,7 +375,7 @@ class Agent:
         port_file = self.work / f"agent-{self.host}.port"
         with contextlib.suppress(FileNotFoundError):
             port_file.unlink()
-        argv = [sys.executable, "-m", "filechannel", "serve", str(self.channel), "--listen", self.uri]
+        argv = [sys.executable, "-m", "filechannel", "serve", str(self.channel), *self._listen()]
         argv += ["--port-file", str(port_file)]
         deadline = time.monotonic() + timeout
         while True:
@@ -319,11 +419,14 @@ def run_query(args: argparse.Namespace) -> int:
     spark.sparkContext.setLogLevel("ERROR")
     filechannel.spark.register(spark)
     agents = (work / "agents").read_text().strip()
+    # The query's TLS files (paths: the executors read them on the worker), unless --insecure.
+    tls = json.loads((work / "tls.json").read_text())
     runs = 0
     while not stop.is_set():
         runs += 1
         q = (
             spark.readStream.format("filechannel")
+            .options(**tls)
             .option("agents", agents)
             .option("consumer", CONSUMER)
             .option("maxEventsPerTrigger", str(args.max_events))
@@ -511,8 +614,26 @@ class Run:
                 else "WITHOUT a mount namespace (`unshare --mount` is not allowed here): executors could see the files"
             )
         )
+        pki = None if a.insecure else make_pki(self.work / "pki", HOSTS)
+        tls = (
+            {}
+            if pki is None
+            else {
+                "tlsCa": pki["ca"],
+                "tlsCert": pki["client.crt"],
+                "tlsKey": pki["client.key"],
+                "tokenFile": pki["token"],
+            }
+        )
+        (self.work / "tls.json").write_text(json.dumps(tls))
+        _log(
+            "agents: plain grpc on loopback (--insecure): no certificates, no token"
+            if pki is None
+            else f"agents: mutual TLS with the run's CA ({self.work / 'pki'}), a certificate per agent, "
+            f"--allow {CLIENT_NAME} --allow-consumer {CLIENT_NAME}={CONSUMER}, a bearer token"
+        )
         for h in HOSTS:
-            self.agents[h] = Agent(h, hosts / h / "channel", self.work)
+            self.agents[h] = Agent(h, hosts / h / "channel", self.work, pki)
             self.agents[h].start()
             self.start_producer(h)
             _log(f"host {h}: channel {ids[h]}, producer pid {self.producers[h].pid}, agent {self.agents[h].uri}")
@@ -623,7 +744,7 @@ class Run:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=os.environ.get("FILECHANNEL_DEMO_PROG"), description=__doc__.split("\n\n")[0])
     p.add_argument("workdir", nargs="?", default="demo-cluster", help="wiped first (default: ./demo-cluster)")
     p.add_argument("--rate", type=int, default=1000, help="events per second per producer (1000)")
     p.add_argument("--batch", type=int, default=100, help="mean events per transaction (100)")
@@ -631,6 +752,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-events", type=int, default=6000, help="maxEventsPerTrigger (6000)")
     p.add_argument("--trigger", type=float, default=1.0, help="processing-time trigger, seconds (1)")
     p.add_argument("--phase-seconds", type=float, default=5.0, help="seconds of streaming after the last kill (5)")
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="agents on plain grpc://127.0.0.1 without certificates or token (default: mutual TLS)",
+    )
     p.add_argument("--role", choices=("query",), help=argparse.SUPPRESS)
     return p.parse_args(argv)
 

@@ -630,6 +630,7 @@ class Orchestrator:
         self.driver_runs = 0
         self.tty = sys.stderr.isatty()
         self._stop_progress = threading.Event()
+        self._progress_thread: threading.Thread | None = None
         self._say = threading.Lock()
 
     def say(self, msg: str, prefix: bool = True) -> None:
@@ -678,13 +679,22 @@ class Orchestrator:
         def relay() -> None:
             assert c.proc.stdout is not None
             for line in c.proc.stdout:
-                if line.startswith("[pipeline] final drain"):
-                    self.phase("checking the table")
-                self.say(line.rstrip("\n"), prefix=False)
+                self.relay_line(line)
 
         c.relay = threading.Thread(target=relay, daemon=True)
         c.relay.start()
         return c
+
+    def relay_line(self, line: str) -> None:
+        """Print a line of the driver's output; its final report ends the progress lines first.
+
+        The report (the check and the table) follows the final drain's line: no
+        progress line may fall between its lines.
+        """
+        if line.startswith("[pipeline] final drain"):
+            self.phase("checking the table")
+            self.stop_progress()
+        self.say(line.rstrip("\n"), prefix=False)
 
     def wait_for(self, cond: Any, timeout: float, what: str, *watch: Child) -> Any:
         """Poll ``cond`` until it is true; fail if a watched child exits or ``timeout`` passes."""
@@ -710,7 +720,26 @@ class Orchestrator:
             self.mon.poll()
             line = self.mon.line()
             with self._say:
+                if self._stop_progress.is_set():
+                    break  # stopped while it polled: the report may have begun
                 sys.stderr.write(f"\r{line}\x1b[K" if self.tty else line + "\n")
+                sys.stderr.flush()
+
+    def start_progress(self) -> None:
+        """Start the progress line (stderr), every second on a terminal, else every ``--progress`` seconds."""
+        self._progress_thread = threading.Thread(target=self._progress, daemon=True)
+        self._progress_thread.start()
+
+    def stop_progress(self) -> None:
+        """Stop the progress line for good (on a terminal, erase it): what is printed next stands alone."""
+        with self._say:
+            self._stop_progress.set()
+        t = self._progress_thread
+        if t is not None and t is not threading.current_thread():
+            t.join()
+        if self.tty:
+            with self._say:
+                sys.stderr.write("\r\x1b[K")
                 sys.stderr.flush()
 
     def phase(self, name: str) -> None:
@@ -741,18 +770,15 @@ class Orchestrator:
             f"{a.rollback:.0%} rolled back; "
             + ("not encrypted (--plaintext)" if a.plaintext else f"encrypted at rest (AES-256-GCM, {KEYSTORE})")
         )
-        progress = threading.Thread(target=self._progress, daemon=True)
-        progress.start()
+        self.start_progress()
         try:
             rc = self.scenario()
         except (RuntimeError, OSError) as exc:
+            self.stop_progress()
             self.say(f"FAIL: {exc}")
             rc = 1
         finally:
-            self._stop_progress.set()
-            progress.join()
-            if self.tty:
-                sys.stderr.write("\r\x1b[K")
+            self.stop_progress()
             for c in self.children:  # after a failure (or Ctrl-C): leave nothing running
                 if session_pids(c.pid):
                     with contextlib.suppress(ProcessLookupError):
@@ -830,7 +856,7 @@ class Orchestrator:
         assert driver.relay is not None
         driver.relay.join()
         left = driver.reap(10.0)
-        self._stop_progress.set()
+        self.stop_progress()
         if rc not in (0, CHECK_FAILED):
             raise RuntimeError(f"Spark driver #2 exited with {rc}:\n{driver.tail()}")
         stray = sum(len(session_pids(c.pid)) + c.stragglers for c in self.children) + left
@@ -857,7 +883,11 @@ def _first_line(path: Path, prefix: str) -> str | None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (the same options for the orchestrator and its children)."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog=os.environ.get("FILECHANNEL_DEMO_PROG"),  # scripts/demo.sh names itself; run directly: pipeline.py
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
     p.add_argument(
         "workdir", nargs="?", default="demo-work", help="wiped first if it holds an earlier run (default: ./demo-work)"
     )

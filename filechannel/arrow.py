@@ -83,7 +83,9 @@ def _pa() -> Any:
     try:
         import pyarrow
     except ImportError as exc:  # pragma: no cover - the extra is installed wherever the tests run
-        raise ImportError("the Arrow API needs pyarrow: pip install 'filechannel[spark]' (or pyarrow)") from exc
+        raise ImportError(
+            "the Arrow API needs pyarrow: pip install '.[spark]' in filechannel's clone (or pyarrow)"
+        ) from exc
     return pyarrow
 
 

@@ -2,9 +2,14 @@
 
 This module owns the channel's semantics: transactions and their state table,
 capacity and waiting, the in-memory queue rebuilt by replaying the log,
-serving takes (from a cache of recent puts or from disk), per-file reference
-counts and the retirement of data files nothing needs any more. It never
-performs I/O itself: every byte goes through ``Log``.
+publishing each commit (the queue, the take cache, the marks) and the
+``on_corruption`` policy at take. It never performs I/O itself: every byte
+goes through ``Log``. Its background jobs live in rooms of their own:
+checkpoints (``checkpointer``), acknowledgement polling (``acks``), the
+retirement of data files nothing needs any more (``retention``) and serving
+takes from the cache or from disk (``takes``). ``Event`` lives in ``events``
+and is re-exported here (pickles made before naming ``filechannel.channel``
+still load).
 
 Lock order: a writer's locks (inside ``Log``) may call back into the channel
 lock; code holding the channel lock never calls into ``Log``'s write path.
@@ -20,16 +25,17 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import fields
 from functools import partial
-from operator import itemgetter
 from types import TracebackType
-from typing import Any, Final, NamedTuple, NoReturn, cast
+from typing import Any, Final, cast
 
 from . import format as fmt
 from ._cache import TakeCache
 from ._fs import DEFAULT_FS, FS
 from ._queue import Columns, Entry, EventQueue, Taken
-from .checkpoint import CHECKPOINT_DIR, CheckpointStore, Snapshot
-from .config import MAX_CHECKPOINT_SPREAD, ChannelConfig
+from .acks import AckPoller, keep_acknowledged_positions
+from .checkpoint import CHECKPOINT_DIR, CheckpointStore
+from .checkpointer import Checkpointer
+from .config import ChannelConfig
 from .consumers import ConsumerStore
 from .errors import (
     ChannelClosedError,
@@ -43,10 +49,23 @@ from .errors import (
     TransactionCapacityError,
     TransactionStateError,
 )
+from .events import (
+    NO_HEADERS,
+    Event,
+    as_body,
+    bad_header_text,
+    check_headers,
+    coerce_event,
+)
+from .events import no_headers as _no_headers  # noqa: F401 - named by pickles of Events made before events.py
 from .log import CommitResult, CorruptionReport, Log, merge_ranges
 from .permissions import fs_for
 from .replay import replay_queue, spot_check
+from .retention import FileRefs, Retirer
 from .stats import ChannelStats
+from .takes import column_events, position_of, read_taken, take_runs, take_slots
+
+__all__ = ["MAX_MARKS", "Event", "FileChannel", "Transaction", "open_channel"]
 
 MAX_MARKS: Final = 4096
 """Distinct mark keys a channel holds at most (each is re-logged before the data file holding it retires)."""
@@ -55,88 +74,8 @@ _ACK_CHUNK = 1_000_000  # most events one take-only commit of acknowledgements h
 logger = logging.getLogger(__name__)
 
 
-class _NoHeaders(dict[str, str]):
-    """The headers of every Event without headers: one shared, empty, read-only ``dict``.
-
-    A ``dict`` (not a ``MappingProxyType``) so that ``json.dumps`` takes it and an
-    Event pickles; read-only because it is shared. Pickling and copying give the
-    same shared object back.
-    """
-
-    __slots__ = ()
-
-    def _read_only(self, *args: object, **kwargs: object) -> NoReturn:
-        raise TypeError("the headers of an Event without headers are shared and read-only: use dict(event.headers)")
-
-    __setitem__ = __delitem__ = __ior__ = _read_only
-    clear = pop = popitem = setdefault = update = _read_only  # type: ignore[assignment]
-
-    def __reduce__(self) -> tuple[Callable[[], _NoHeaders], tuple[()]]:
-        return _no_headers, ()
-
-
-def _no_headers() -> _NoHeaders:
-    """The shared empty headers (what an unpickled one becomes)."""
-    return _NO_HEADERS
-
-
-_NO_HEADERS: Final[_NoHeaders] = _NoHeaders()
-
-
-class Event(NamedTuple):
-    """An immutable event: a body, string headers and, once committed, a position.
-
-    ``position`` is the event's place in the channel (0, 1, 2, ... in commit
-    order), the same after any restart; it is ``None`` on an event built by
-    the caller and set on every event a take returns. ``headers`` of a taken
-    event is a ``dict`` (without headers, one shared empty dict that refuses
-    changes), so an Event pickles and its headers go to ``json.dumps``.
-
-    >>> Event(b"hello", {"source": "web-1"}).body
-    b'hello'
-    """
-
-    body: bytes
-    headers: Mapping[str, str] = _NO_HEADERS
-    position: int | None = None
-
-
-_as_event: Any = tuple.__new__  # _as_event(Event, (body, headers, position)), without Python-level __new__
-
-
-def _take_slots(
-    bodies: list[Any], headers: Sequence[Mapping[str, str]], a: int, m: int, first: int
-) -> tuple[list[Event], int]:
-    """A take's cache hits as Events: the channel's :data:`filechannel._cache.Take`.
-
-    Slots ``a .. a + m - 1`` of a cache run (positions ``first, first + 1, ...``)
-    become Events and are cleared; returns them with the bodies' total length.
-    With the accelerator, one C call does it (``_speedups.take_slots``: each body's
-    reference moves into its Event); this is its twin.
-    """
-    sp = fmt.speedups
-    if sp is not None and type(bodies) is list and type(headers) is list:
-        return sp.take_slots(Event, bodies, headers, a, m, first)  # type: ignore[no-any-return]
-    if a < 0 or m < 0 or a > len(bodies) - m or a > len(headers) - m:
-        raise ValueError("take_slots: the stretch is not inside the run")
-    seg = bodies[a : a + m]
-    nbytes = sum(map(len, seg))  # a cleared slot (None) raises here, before anything changes
-    events = [_as_event(Event, (b, h, first + i)) for i, (b, h) in enumerate(zip(seg, headers[a : a + m], strict=True))]
-    bodies[a : a + m] = [None] * m
-    return events, nbytes
-
-
 _PLAIN_PREFIX_LEN = len(fmt.EMPTY_HEADERS)
 
-
-def _column_events(col: fmt.PutColumn) -> tuple[list[bytes], list[Mapping[str, str]]]:
-    """The bodies and headers of a committed column (its events share ``col.head``), for the take cache."""
-    hdrs: Mapping[str, str] = _NO_HEADERS if col.head == fmt.EMPTY_HEADERS else fmt.decode_event(col.head)[1]
-    return col.payloads(), [hdrs] * len(col)
-
-
-_position = itemgetter(0)  # of an Entry (position, file_id, offset, size)
-_file_id = itemgetter(1)
 
 # -- transaction states, as a table ------------------------------------------------
 
@@ -158,62 +97,7 @@ _TRANSITIONS: dict[tuple[str, str], str] = {
 }
 
 
-def _coerce_event(body: object, headers: Mapping[str, str] | None) -> tuple[bytes, Mapping[str, str] | None]:
-    """Return ``(body, headers)`` for a put of an Event or a bytes-like body other than bytes."""
-    if isinstance(body, Event):
-        if headers is not None:
-            raise TypeError("pass headers inside the Event, not beside it")
-        headers = body.headers
-        body = body.body
-    if type(body) is bytes:
-        return body, headers
-    if isinstance(body, (bytearray, memoryview)):
-        return bytes(body), headers
-    raise TypeError(f"event body must be bytes-like, got {type(body).__name__}")
-
-
 _BYTES_ONLY = frozenset({bytes})
-
-
-def _as_body(b: object) -> bytes:
-    """One body given to ``put_many``, as ``bytes`` (other bytes-like objects are copied)."""
-    if type(b) is bytes:
-        return b
-    if isinstance(b, (bytearray, memoryview)):
-        return bytes(b)
-    what = "an Event: put Events one at a time with put()" if isinstance(b, Event) else type(b).__name__
-    raise TypeError(f"event body must be bytes-like, got {what}")
-
-
-def _check_headers(headers: object) -> Mapping[str, str]:
-    if headers is None:
-        return _NO_HEADERS
-    if not isinstance(headers, Mapping):
-        raise TypeError(f"headers must be a mapping of str to str, got {type(headers).__name__}")
-    for k, v in headers.items():
-        if not isinstance(k, str):
-            raise TypeError(f"header key {k!r} is {type(k).__name__}, not str")
-        if not isinstance(v, str):
-            raise TypeError(f"header {k!r} has a {type(v).__name__} value, not str")
-    return dict(headers)
-
-
-def _bad_header_text(headers: Mapping[str, str]) -> InvalidEventError:
-    """Return the error for headers that do not encode as strict UTF-8, naming the first bad one.
-
-    Only called after ``fmt.encode_event`` failed, so the common path pays nothing.
-    """
-    for k, v in headers.items():
-        for part, text in (("key", k), ("value", v)):
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError as exc:
-                return InvalidEventError(
-                    f"header {k!r}: its {part} is not valid UTF-8 text ({exc.reason} at index {exc.start}); "
-                    "header keys and values must be Unicode text without lone surrogates: decode bytes "
-                    "with errors='replace' (or base64), or carry them in the body"
-                )
-    return InvalidEventError("event headers are not valid UTF-8 text")  # pragma: no cover - encode failed above
 
 
 class Transaction:
@@ -270,13 +154,13 @@ class Transaction:
             ChannelClosedError: The channel is closed or has failed.
         """
         if type(body) is not bytes:
-            body, headers = _coerce_event(body, headers)
-        hdrs = _check_headers(headers) if headers else _NO_HEADERS
+            body, headers = coerce_event(body, headers)
+        hdrs = check_headers(headers) if headers else NO_HEADERS
         if hdrs:
             try:
                 payload = fmt.encode_event(body, hdrs)
             except UnicodeEncodeError as exc:
-                raise _bad_header_text(hdrs) from exc
+                raise bad_header_text(hdrs) from exc
             size = len(payload)
         else:
             payload = body
@@ -318,7 +202,7 @@ class Transaction:
         """Another kind of put joins put_arrow's column: from now on the puts are lists (returned)."""
         col = self._payloads
         assert type(col) is fmt.PutColumn
-        bodies, headers = _column_events(col)
+        bodies, headers = column_events(col)
         if col.head == fmt.EMPTY_HEADERS:
             self._payloads = out = bodies  # plain events: each payload is the body
             self._bodies = list(out)
@@ -357,13 +241,13 @@ class Transaction:
             return
         given = list(bodies)
         # All bytes (checked in C), or each body made bytes or refused, in order.
-        bl = [_as_body(b) for b in given] if set(map(type, given)) - _BYTES_ONLY else cast("list[bytes]", given)
-        hdrs = _check_headers(headers) if headers else _NO_HEADERS
+        bl = [as_body(b) for b in given] if set(map(type, given)) - _BYTES_ONLY else cast("list[bytes]", given)
+        hdrs = check_headers(headers) if headers else NO_HEADERS
         if hdrs:
             try:
                 payloads = [fmt.encode_event(b, hdrs) for b in bl]
             except UnicodeEncodeError as exc:
-                raise _bad_header_text(hdrs) from exc
+                raise bad_header_text(hdrs) from exc
             big = max(map(len, payloads), default=0)
         else:
             payloads = bl  # framed behind the empty header block (see _plain)
@@ -518,7 +402,7 @@ class Transaction:
             if run is not None:  # the usual take: one run of consecutive positions in one file
                 takes, self._runs = [(run[1], run[2])], [run]
             else:
-                takes, self._runs = _take_runs(self._taken.entries())
+                takes, self._runs = take_runs(self._taken.entries())
         try:
             puts = self._payloads
             prefix = puts.head if type(puts) is fmt.PutColumn else fmt.EMPTY_HEADERS if self._plain else b""
@@ -617,7 +501,7 @@ class Transaction:
         got = prepare_column(data) if not cur or plain_column else data
         if isinstance(got, tuple):
             return self._put_column(*got)
-        payloads, bodies, headers, any_headers = prepare_puts(got, _NO_HEADERS)
+        payloads, bodies, headers, any_headers = prepare_puts(got, NO_HEADERS)
         n = self._check_puts(
             len(payloads), max(map(len, payloads), default=0) + (0 if any_headers else _PLAIN_PREFIX_LEN)
         )
@@ -654,7 +538,7 @@ class Transaction:
                     cur.add(*chunk)
             else:
                 mine = cur if type(cur) is list else self._delist()
-                bodies, headers = _column_events(col)
+                bodies, headers = column_events(col)
                 if col.head == fmt.EMPTY_HEADERS and self._plain:
                     mine += bodies
                 else:
@@ -691,87 +575,15 @@ class Transaction:
         return n
 
 
-def _add_run(taken_from: dict[int, list[tuple[int, int]]], file_id: int, first: int, count: int) -> None:
-    """Record that positions ``first .. first + count - 1`` (in ``file_id``) were taken, coalescing runs."""
-    lst = taken_from.get(file_id)
-    if lst is None:
-        taken_from[file_id] = [(first, count)]
-        return
-    a, c = lst[-1]
-    if a + c == first:
-        lst[-1] = (a, c + count)
-    else:
-        lst.append((first, count))
-
-
-def _take_runs(entries: list[Entry]) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]]]:
-    """Group a transaction's takes for its commit: ``(ranges, file_runs)``.
-
-    ``ranges``: the sorted positions as ``(first, count)`` runs (the TAKE record's
-    payload); ``file_runs``: the entries as ``(file_id, first, count)`` runs of
-    consecutive positions in one file (what the commit releases per file). With
-    the accelerator, one C pass does both when the positions ascend, as they do
-    unless a rollback returned events mid-transaction (``_speedups.take_runs``);
-    these two functions are its twin.
-    """
-    sp = fmt.speedups
-    if sp is not None and type(entries) is list:
-        got = sp.take_runs(entries)
-        if got is not None:
-            return got  # type: ignore[no-any-return]
-    return _ranges(sorted(map(_position, entries))), _file_runs(entries)
-
-
-def _file_runs(entries: list[Entry]) -> list[tuple[int, int, int]]:
-    """Group entries into ``(file_id, first_position, count)`` runs of consecutive positions in one file."""
-    n = len(entries)
-    if n > 1:
-        p0, f0 = entries[0][0], entries[0][1]
-        # The usual take: consecutive positions of one file, one run (checked with C loops).
-        if (
-            entries[-1][1] == f0
-            and entries[-1][0] - p0 == n - 1
-            and list(map(_position, entries)) == list(range(p0, p0 + n))
-            and list(map(_file_id, entries)).count(f0) == n
-        ):
-            return [(f0, p0, n)]
-    out: list[tuple[int, int, int]] = []
-    f0 = first = end = -1
-    for p, f, _off, _size in entries:
-        if p == end and f == f0:
-            end += 1
-            continue
-        if end > first:
-            out.append((f0, first, end - first))
-        f0, first, end = f, p, p + 1
-    if end > first:
-        out.append((f0, first, end - first))
-    return out
-
-
-def _ranges(positions: list[int]) -> list[tuple[int, int]]:
-    """Compress sorted positions into ``(first, count)`` runs."""
-    n = len(positions)
-    if n > 1 and positions == list(range(positions[0], positions[0] + n)):  # the usual take: one run (C compare)
-        return [(positions[0], n)]
-    out: list[tuple[int, int]] = []
-    first = end = -1
-    for p in positions:
-        if p == end:
-            end += 1
-            continue
-        if end > first:
-            out.append((first, end - first))
-        first, end = p, p + 1
-    if end > first:
-        out.append((first, end - first))
-    return out
-
-
 class FileChannel:
     """A durable, transactional FIFO of events in a directory.
 
     Open one with :func:`filechannel.open`. See the README for semantics.
+
+    Its background jobs live in rooms of their own: checkpoints in
+    ``checkpointer.Checkpointer``, acknowledgement polling in
+    ``acks.AckPoller``, retirement in ``retention.Retirer`` and reading taken
+    events from disk in ``takes``.
 
     Args:
         directory: The channel directory (created if missing).
@@ -797,7 +609,6 @@ class FileChannel:
     ) -> None:
         self.directory = os.fspath(directory)
         self.config = config or ChannelConfig()
-        self._background = background
         self._progress = progress  # told which file recovery reads (the CLI on a terminal)
         self._lock = threading.Lock()
         self._not_empty = threading.Condition(self._lock)
@@ -806,35 +617,12 @@ class FileChannel:
         # someone waits (Condition.notify is Python code, paid on every commit otherwise).
         self._put_waiters = 0
         self._take_waiters = 0
-        self._gc_wanted = threading.Event()
-        self._gc_lock = threading.Lock()
-        self._gc_start_lock = threading.Lock()
-        self._gc_thread: threading.Thread | None = None
         self._closed = False
         self._inflight_puts = 0
         self._inflight_takes = 0
-        self._refs: dict[int, int] = {}
-        self._take_targets: dict[int, set[int]] = {}
-        self._taken_from: dict[int, list[tuple[int, int]]] = {}
         self._open_txns: dict[int, Transaction] = {}
         # The committed marks: key -> (value, woid of the COMMIT that set it, file holding its newest copy).
         self._marks: dict[str, tuple[bytes, int, int]] = {}
-        self._ckpt_lock = threading.Lock()
-        self._ckpt_thread: threading.Thread | None = None
-        self._ckpt_stop = threading.Event()
-        self._ckpt_hurry = threading.Event()  # set: a waiting checkpoint or close, no pacing
-        self._ack_lock = threading.Lock()
-        self._ack_thread: threading.Thread | None = None
-        self._ack_stop = threading.Event()
-        self._registry_problem: str | None = None
-        self._ckpt_stats: dict[str, Any] = {
-            "checkpoints_written": 0,
-            "checkpoint_failures": 0,
-            "last_checkpoint_woid": None,
-            "last_checkpoint_seconds": None,
-            "last_checkpoint_bytes": None,
-            "last_checkpoint_time": None,
-        }
         self._cache = TakeCache(self.config.cache_bytes)
         self._counters: dict[str, int] = dict.fromkeys(
             (
@@ -859,19 +647,27 @@ class FileChannel:
             self._fs, os.path.join(self.directory, CHECKPOINT_DIR), self.config.backup_checkpoint_dir
         )
         self._consumers = ConsumerStore(self._fs, self.directory, self.config.permissions)
-        self._log, self._queue = self._recover()
-        if self._log.meta_mac is not None:
-            self._consumers.mac = self._log.meta_mac
-            self._consumers.required = self._log.macs_required and not self._log.sealing_started
+        self._log, self._queue, refs = self._recover()
+        log = self._log
+        self._retirer = Retirer(log, self._lock, refs, self._marks, lambda: self._closed, background)
+        self._files = refs
+        self._checkpointer = Checkpointer(
+            log, self._store, self.config, self._lock, self._capture, self._queue.give_back, lambda: self._closed
+        )
+        self._ckpt_lock = self._checkpointer.lock
+        self._ckpt_stop = self._checkpointer.stop
+        self._acks = AckPoller(self._consumers, self.config.ack_interval, self._take_below, self._live)
+        if log.meta_mac is not None:
+            self._consumers.mac = log.meta_mac
+            self._consumers.seen, self._consumers.owner = log.consumer_acks, True  # older acks refused
+            self._consumers.required = log.macs_required and not log.sealing_started
             try:
                 self._consumers.seal_all()
-            except CorruptLogError as exc:  # refused acks pin the queue (see _apply_acks); the open goes on
+            except CorruptLogError as exc:  # refused acks pin the queue (see AckPoller.apply); the open goes on
                 logger.error("consumer acknowledgements not resealed: %s", exc)
-            self._consumers.required = self._log.macs_required
+            self._consumers.required = log.macs_required
         self.replay_seconds = time.monotonic() - t0
-        used = self._log.recovered_from
-        if used is not None:
-            self._ckpt_stats["last_checkpoint_woid"] = used.woid
+        used = log.recovered_from
         self._store.note_open(
             {
                 "time": time.time(),
@@ -884,25 +680,20 @@ class FileChannel:
             }
         )
         try:
-            self._keep_acknowledged_positions()
+            keep_acknowledged_positions(self._consumers, log)
             # Acknowledgements written while no owner ran take effect now.
-            self._apply_acks(strict=False)
+            self._acks.apply(strict=False)
         except BaseException:
-            self._log.close()
+            log.close()
             raise
-        if background and (self.config.checkpoint_interval > 0 or self._anchor_interval() > 0):
-            self._ckpt_thread = threading.Thread(target=self._ckpt_loop, name="filechannel-checkpoint", daemon=True)
-            self._ckpt_thread.start()
-        if background and self.config.ack_interval > 0:
-            self._ack_thread = threading.Thread(target=self._ack_loop, name="filechannel-acks", daemon=True)
-            self._ack_thread.start()
+        if background:
+            self._checkpointer.start()
+            self._acks.start()
         logger.info(
             "opened %s: %d events queued, replay took %.3f s", self.directory, len(self._queue), self.replay_seconds
         )
 
-    # -- recovery ---------------------------------------------------------------------
-
-    def _recover(self) -> tuple[Log, EventQueue]:
+    def _recover(self) -> tuple[Log, EventQueue, FileRefs]:
         """Open the log from the newest usable checkpoint and rebuild the queue.
 
         A checkpoint that decodes is trusted: data that disagrees with it is
@@ -910,14 +701,15 @@ class FileChannel:
         a reason to fall back to an older view that knows less.
         """
         log = Log(self.directory, self.config, fs=self._fs, checkpoints=self._store, progress=self._progress)
+        base = log.base_snapshot
+        unreplayed = set(base.files) if base is not None else set()
         try:
-            q, self._take_targets, self._taken_from = replay_queue(log, log.base_snapshot, self._marks)
+            q, take_targets, taken_from = replay_queue(log, base, self._marks)
             if log.recovered_from is not None and self.config.on_corruption != "skip":
                 spot_check(log, q)
         except BaseException:
             log.close()
             raise
-        self._refs = q.file_counts()
         self.checkpoint_fallbacks = list(log.checkpoint_fallbacks)
         if log.recovered_from is None:
             self.recovery_source = "full"
@@ -925,7 +717,7 @@ class FileChannel:
             self.recovery_source = "backup"
         else:
             self.recovery_source = "checkpoint"
-        return log, q
+        return log, q, FileRefs(q.file_counts(), take_targets, taken_from, unreplayed)
 
     # -- public API -----------------------------------------------------------------------
 
@@ -971,6 +763,11 @@ class FileChannel:
     def __bool__(self) -> bool:
         """Always true, like any open or closed channel object: ``len()`` is the queue, not the truth."""
         return True
+
+    @property
+    def data_dirs(self) -> list[str]:
+        """The channel's data directories, in the order of the ``data_dirs`` option (``DIR/data`` by default)."""
+        return list(self._log.data_dirs)
 
     def stats(self) -> ChannelStats:
         """Return counters: puts, takes, commits, rollbacks, fsyncs, bytes, files, and more.
@@ -1021,7 +818,7 @@ class FileChannel:
                 consumers=consumers,
                 consumers_problem=problem,
             )
-            out.update(self._ckpt_stats)
+            out.update(self._checkpointer.stats)
         out.update(self._log.stats())
         reports = list(self._log.corruption)
         out["lost_positions"] = [list(r) for r in merge_ranges([r for rep in reports for r in rep.lost_positions])]
@@ -1045,67 +842,11 @@ class FileChannel:
         are written again (durably) into the active file, so neither a replay
         from a checkpoint nor a full replay can bring those events back.
         """
-        with self._gc_lock:
-            with self._lock:
-                if self._closed or self._log.failed is not None:
-                    return 0
-                keep = self._log.newest_file_ids() | self._log.active_file_ids()
-                live = set(self._log.file_ids())
-                cand = {f for f in live if not self._refs.get(f) and f not in keep}
-                stay = live - cand
-                relog_files = set()
-                for f in cand:
-                    relog_files |= self._take_targets.get(f, set()) & stay
-                relog = sorted(r for g in relog_files for r in self._taken_from.get(g, ()))
-                # Marks whose newest copy is in a file that goes: written again first.
-                moving = [fmt.Mark(k, v, w) for k, (v, w, f) in self._marks.items() if f in cand]
-            if not cand:
-                return 0
-            if relog:
-                self._relog_takes(relog, relog_files)
-            if moving:
-                self._relog_marks(moving)
-            self._log.retire(sorted(cand))
-            with self._lock:
-                for f in cand:
-                    self._take_targets.pop(f, None)
-                    self._taken_from.pop(f, None)
-                    self._refs.pop(f, None)
-                for tset in self._take_targets.values():
-                    tset -= cand
-            return len(cand)
-
-    def _relog_takes(self, ranges: list[tuple[int, int]], files: set[int]) -> None:
-        """Write a take-only commit that repeats already committed takes (replay is idempotent)."""
-        merged: list[tuple[int, int]] = []
-        for a, c in ranges:
-            if merged and merged[-1][0] + merged[-1][1] >= a:
-                pa, pc = merged[-1]
-                merged[-1] = (pa, max(pa + pc, a + c) - pa)
-            else:
-                merged.append((a, c))
-
-        def note(res: CommitResult) -> None:
-            with self._lock:
-                self._take_targets.setdefault(res.file_id, set()).update(files)
-
-        self._log.commit(self._log.new_txn_id(), [], merged, note)
+        return self._retirer.retire_files()
 
     def _relog_marks(self, marks: list[fmt.Mark]) -> None:
-        """Commit a transaction of MARK records repeating ``marks`` with their woids (replay keeps the newest)."""
-
-        def note(res: CommitResult) -> None:
-            with self._lock:
-                for m in marks:
-                    cur = self._marks.get(m.key)
-                    if cur is not None and cur[1] == m.woid:
-                        self._marks[m.key] = (cur[0], cur[1], res.file_id)
-
-        step = fmt.MAX_MARKS_PER_RECORD
-        payloads = [fmt.encode_marks(marks[i : i + step]) for i in range(0, len(marks), step)]
-        self._log.commit(self._log.new_txn_id(), [], (), note, b"", payloads)
-
-    # -- external consumers ----------------------------------------------------------------
+        """Commit MARK records repeating ``marks`` with their woids (what a retirement does; see ``Retirer``)."""
+        self._retirer.relog_marks(marks)
 
     def apply_acks(self) -> int:
         """Turn the external consumers' acknowledgements into committed takes now.
@@ -1126,96 +867,28 @@ class FileChannel:
             OSError: The commit failed; the events stay queued.
         """
         self._check_open()
-        return self._apply_acks(strict=True)
+        return self._acks.apply(strict=True)
 
-    def _apply_acks(self, strict: bool) -> int:
-        """Take every queued event below the lowest acknowledgement; see :meth:`apply_acks`.
+    def _take_below(self, low: int) -> int:
+        """Take every queued event below position ``low`` in take-only commits; return how many (AckPoller's take)."""
+        total = 0
+        while True:
+            with self._lock:
+                if not self._queue.count_below(low):
+                    return total
+            tx = Transaction(self)
+            with self._lock:
+                # Like _pop: the entries join the transaction inside the lock (a checkpoint reads them).
+                entries = self._queue.pop(min(self._queue.count_below(low), _ACK_CHUNK))
+                tx._taken.add(entries)
+                self._inflight_takes += len(entries)
+                self._cache.pop([e[0] for e in entries])
+            tx.commit()  # a failure returns the entries to the queue and raises
+            total += len(entries)
+            self._count("acked_events_taken", len(entries))
 
-        ``strict=False`` (open, close, the background thread) logs an unreadable
-        registry once as an ERROR and takes nothing, instead of raising.
-
-        Raises:
-            CorruptLogError: ``strict`` and a consumer's ``.ack`` file does not decode.
-            OSError: The commit failed.
-        """
-        with self._ack_lock:
-            try:
-                registry = self._consumers.cached_list()
-            except CorruptLogError as exc:
-                if strict:
-                    raise
-                if str(exc) != self._registry_problem:
-                    logger.error("consumer acknowledgements not applied: %s", exc)
-                self._registry_problem = str(exc)
-                return 0
-            self._registry_problem = None
-            if not registry:
-                return 0
-            low = min(c.acked for c in registry.values())
-            total = 0
-            while True:
-                with self._lock:
-                    if not self._queue.count_below(low):
-                        break
-                tx = Transaction(self)
-                with self._lock:
-                    # Like _pop: the entries join the transaction inside the lock (a checkpoint reads them).
-                    entries = self._queue.pop(min(self._queue.count_below(low), _ACK_CHUNK))
-                    tx._taken.add(entries)
-                    self._inflight_takes += len(entries)
-                    self._cache.pop([e[0] for e in entries])
-                tx.commit()  # a failure returns the entries to the queue and raises
-                total += len(entries)
-                self._count("acked_events_taken", len(entries))
-            if total:
-                logger.debug("applied consumer acknowledgements below position %d: %d events taken", low, total)
-            return total
-
-    def _keep_acknowledged_positions(self) -> None:
-        """Never hand out again a position an external consumer acknowledged.
-
-        A reader can see a batch once its bytes verify in the file, before the
-        owner's fsync; if a power cut then loses the batch, recovery would assign
-        its positions again, and the consumer's durable mark (above them) would
-        make the owner take new events nobody read. So the next position starts
-        at or above every recorded acknowledgement: the lost positions become a
-        gap, like those of a failed commit.
-        """
-        try:
-            registry = self._consumers.cached_list()
-        except CorruptLogError:
-            return  # reported by _apply_acks; such a consumer pins everything anyway
-        if not registry:
-            return
-        top = max(registry.values(), key=lambda c: c.acked)
-        log = self._log
-        with log.seq_lock:
-            lost = log.next_position
-            if top.acked <= lost:
-                return
-            log.next_position = top.acked
-        logger.warning(
-            "consumer %s acknowledged positions up to %d, but the channel recovered positions below %d only "
-            "(a crash lost events the consumer had read before they were durable); positions [%d, %d) are "
-            "skipped so that no acknowledged position is assigned to a new event",
-            top.name,
-            top.acked,
-            lost,
-            lost,
-            top.acked,
-        )
-
-    def _ack_loop(self) -> None:
-        interval = self.config.ack_interval
-        while not self._ack_stop.wait(interval):
-            if self._closed or self._log.failed is not None:
-                return
-            try:
-                self._apply_acks(strict=False)
-            except Exception:  # the next interval tries again; the acknowledgements stay on disk
-                logger.exception("applying consumer acknowledgements failed")
-
-    # -- checkpoints ------------------------------------------------------------------------
+    def _live(self) -> bool:
+        return not self._closed and self._log.failed is None
 
     def checkpoint(self) -> dict[str, Any]:
         """Write a checkpoint now, so the next open replays only what follows it.
@@ -1231,110 +904,21 @@ class FileChannel:
             ChannelClosedError: The channel is closed or has failed.
             OSError: Writing the checkpoint failed (the previous ones are untouched).
         """
-        self._ckpt_hurry.set()  # a background checkpoint being written stops pacing itself
-        with self._ckpt_lock:
-            self._ckpt_hurry.clear()
-            self._check_open()
-            return self._write_checkpoint()
-
-    def _pacer(self, t0: float) -> Callable[[float], None] | None:
-        """Return what spreads a background checkpoint's writes (``checkpoint_spread``), or None."""
-        cfg = self.config
-        spread = min(cfg.checkpoint_spread * cfg.checkpoint_interval, MAX_CHECKPOINT_SPREAD)
-        if spread <= 0:
-            return None
-        hurry = self._ckpt_hurry
-
-        def pace(done: float) -> None:
-            # Sleep until the share of the spread this fraction of the write is due at;
-            # close() and checkpoint() cut the wait short (and every later one).
-            delay = t0 + spread * done - time.monotonic()
-            if delay > 0 and not hurry.is_set():
-                hurry.wait(delay)
-
-        return pace
+        return self._checkpointer.checkpoint(self._check_open)
 
     def _write_checkpoint(self, paced: bool = False) -> dict[str, Any]:
-        t0 = time.monotonic()
-        log = self._log
-        # Writers are held only for what is O(1) or small: the queue's columns are
-        # lent (not copied) to the checkpoint, which encodes and writes them in
-        # blocks after the writers and the channel lock are released.
-        with log.freeze() as files, self._lock:
-            woid, next_pos, next_txn, next_file = log.counters()
-            extra = [e for tx in self._open_txns.values() for e in tx._taken]
-            queue = self._queue
-            windows = queue.lend(extra)
-            taken = {f: list(r) for f, r in self._taken_from.items() if f in files}
-            file_dirs = log.file_dirs(files)
-            auth = log.frozen_auth_state(files) if log.meta_mac is not None else None
-            marks = [(k, v, w, f) for k, (v, w, f) in sorted(self._marks.items())]
-        snap = Snapshot(
-            woid,
-            next_pos,
-            next_txn,
-            next_file,
-            log.channel_id,
-            time.time_ns(),
-            files,
-            taken=taken,
-            parts=windows,
-            file_dirs=file_dirs,
-            auth=auth,
-            marks=marks,
-        )
-        try:
-            nbytes, _copies = self._store.write(snap, log.crc_kind, self._pacer(t0) if paced else None, log.meta_mac)
-            log.write_anchor(snap.auth, woid)
-        except OSError:
-            self._ckpt_stats["checkpoint_failures"] += 1
-            raise
-        finally:
-            with self._lock:
-                queue.give_back(windows)
-        took = time.monotonic() - t0
-        st = self._ckpt_stats
-        st["checkpoints_written"] += 1
-        st["last_checkpoint_woid"] = woid
-        st["last_checkpoint_seconds"] = round(took, 6)
-        st["last_checkpoint_bytes"] = nbytes
-        st["last_checkpoint_time"] = time.time()
-        logger.debug("checkpoint at woid %d: %d events, %d bytes, %.3f s", woid, len(snap), nbytes, took)
-        return {"woid": woid, "events": len(snap), "bytes": nbytes, "seconds": took}
+        """Write a checkpoint (the caller holds ``_ckpt_lock``); see ``Checkpointer.write``."""
+        return self._checkpointer.write(paced)
 
-    def _anchor_interval(self) -> float:
-        """Seconds between ANCHOR refreshes: ``anchor_interval`` for an encrypted channel, else 0 (never)."""
-        return self.config.anchor_interval if self._log.meta_mac is not None and not self._log.readonly else 0.0
-
-    def _ckpt_loop(self) -> None:
-        every = self.config.checkpoint_interval
-        anchor = self._anchor_interval()
-        tick = min(x for x in (every, anchor) if x > 0)
-        due = time.monotonic() + every if every > 0 else float("inf")
-        anchored = self._log.last_woid
-        while not self._ckpt_stop.wait(tick):
-            log = self._log
-            if self._closed or log.failed is not None:
-                return
-            if time.monotonic() >= due:
-                due = time.monotonic() + every
-                if self._ckpt_stats["last_checkpoint_woid"] == log.last_woid:
-                    continue
-                try:
-                    with self._ckpt_lock:
-                        if not self._closed:
-                            self._write_checkpoint(paced=True)
-                except Exception:  # the next interval tries again; recovery never needs this one
-                    logger.exception("background checkpoint failed")
-            elif anchor and log.last_woid != anchored:
-                # Not under the checkpoint lock: a paced checkpoint holds it for seconds, and the
-                # log keeps ANCHOR's writes in order (an older state is never written over a newer one).
-                try:
-                    woid = log.last_woid
-                    log.refresh_anchor()
-                    anchored = woid
-                except Exception:  # the next tick tries again; the next checkpoint writes ANCHOR too
-                    logger.exception("refreshing ANCHOR failed")
+    def _capture(
+        self, files: dict[int, int]
+    ) -> tuple[Any, dict[int, list[tuple[int, int]]], list[tuple[str, bytes, int, int]]]:
+        """What a checkpoint holds (under the lock, writers held): see ``checkpointer.Capture``."""
+        extra = [e for tx in self._open_txns.values() for e in tx._taken]
+        windows = self._queue.lend(extra)
+        taken = {f: list(r) for f, r in self._files.taken_from.items() if f in files}
+        marks = [(k, v, w, f) for k, (v, w, f) in sorted(self._marks.items())]
+        return windows, taken, marks
 
     def close(self) -> None:
         """Make everything durable and release the directory. Idempotent.
@@ -1342,34 +926,35 @@ class FileChannel:
         Open transactions are abandoned: their puts are dropped, their takes
         return to the queue on the next open.
         """
-        self._ckpt_stop.set()
-        self._ckpt_hurry.set()
-        self._ack_stop.set()
-        if self._ckpt_thread is not None:
-            self._ckpt_thread.join()
-        if self._ack_thread is not None:
-            self._ack_thread.join()
+        self._acks.signal_stop()
+        self._checkpointer.halt()
+        self._acks.join()
         with self._ckpt_lock:
             if self._closed:
                 return
             if self._log.failed is None:
                 try:
-                    self._apply_acks(strict=False)
+                    self._acks.apply(strict=False)
                 except (OSError, ChannelError) as exc:
                     logger.warning("applying consumer acknowledgements on close failed (%s); the next open does", exc)
-            unchanged = self._ckpt_stats["last_checkpoint_woid"] == self._log.last_woid and not self._open_txns
+                # An open that only took events wrote its takes into files that hold no event: no take
+                # freed a file, so nothing asked for a retirement. They go now (their takes re-logged
+                # first, durably), before the checkpoint, which then no longer lists them.
+                try:
+                    self._retirer.retire_files()
+                except (OSError, ChannelError) as exc:
+                    logger.warning("retiring data files on close failed (%s); the next close tries again", exc)
+            unchanged = self._checkpointer.unchanged() and not self._open_txns
             if self._log.failed is None and not unchanged:
                 try:
-                    self._write_checkpoint()
+                    self._checkpointer.write()
                 except (OSError, ChannelClosedError) as exc:
                     logger.warning("checkpoint on close failed (%s); the next open replays more of the log", exc)
             with self._lock:
                 self._closed = True
                 self._not_empty.notify_all()
                 self._not_full.notify_all()
-        self._gc_wanted.set()
-        if self._gc_thread is not None:
-            self._gc_thread.join()
+        self._retirer.stop()
         self._log.close()
 
     @property
@@ -1450,7 +1035,7 @@ class FileChannel:
             if popped is None:
                 popped = q.pop(n)
                 got = len(popped)
-                positions: Sequence[int] = list(map(_position, popped))
+                positions: Sequence[int] = list(map(position_of, popped))
             else:
                 positions = popped[0]
                 got = len(positions)
@@ -1459,39 +1044,19 @@ class FileChannel:
             cache = self._cache
             if not cache.events:
                 return popped, got, [], 0
-            cached = cache.pop(positions, _take_slots)
+            cached = cache.pop(positions, take_slots)
             return popped, got, cached, cache.last_hits
 
     def _load(
         self, tx: Transaction, popped: list[Entry] | Columns, n: int, cached: list[Event | None], hits: int
     ) -> list[Event]:
-        # The cache misses are read from disk in one call: one pread per run of adjacent
-        # records, verified and decoded together (Log.read_events); errors come back per entry.
-        if hits and hits == n:  # every event from the cache (built as Events by _take_slots)
-            self._counters["cache_hits"] += hits
-            return cast("list[Event]", cached)
-        entries = list(zip(*popped, strict=True)) if isinstance(popped, tuple) else popped
-        misses = [e for e, c in zip(entries, cached, strict=True) if c is None] if cached else entries
-        read = iter(self._log.read_events(misses))
-        out: list[Event] = []
-        damaged: list[tuple[Entry, CorruptLogError]] = []
-        for i, e in enumerate(entries):
-            c = cached[i] if cached else None
-            if c is None:
-                got = next(read)
-                if isinstance(got, CorruptLogError):
-                    damaged.append((e, got))
-                    continue
-                body, headers = got
-                out.append(Event(body, headers or _NO_HEADERS, e[0]))
-            else:
-                out.append(c)
-        hits = len(entries) - len(misses)
-        self._counters["cache_hits"] += hits
-        self._counters["disk_reads"] += len(entries) - hits
-        if damaged:
-            self._damaged_at_take(tx, entries, damaged)
-        return out
+        """The Events of a take (``takes.read_taken``); damaged records go to :meth:`_damaged_at_take`."""
+        got = read_taken(self._log, popped, cached, hits)
+        self._counters["cache_hits"] += got.hits
+        self._counters["disk_reads"] += got.disk_reads
+        if got.damaged:
+            self._damaged_at_take(tx, got.entries, got.damaged)
+        return got.events
 
     def _damaged_at_take(
         self, tx: Transaction, entries: list[Entry], damaged: list[tuple[Entry, CorruptLogError]]
@@ -1538,38 +1103,25 @@ class FileChannel:
         n = len(res.put_offsets)
         first = res.first_position
         fid = res.file_id
-        freed = False
         with self._lock:
+            n_taken = tx._taken.count
+            freed = self._files.committed(fid, n, tx._runs if n_taken else ())
             if n:
                 sizes = res.put_sizes
                 if n == 1:  # a one-event transaction: no columns to extend from
                     self._queue.append(first, fid, res.put_offsets[0], sizes[0])
                 else:
                     self._queue.append_run(first, fid, res.put_offsets, sizes)
-                self._refs[fid] = self._refs.get(fid, 0) + n
                 self._inflight_puts -= n
                 self._counters["puts_committed"] += n
                 puts = tx._payloads
                 if type(puts) is fmt.PutColumn:  # put_arrow's column: its Python objects only if taken
-                    self._cache.add_lazy(first, n, puts.nbytes, partial(_column_events, puts))
+                    self._cache.add_lazy(first, n, puts.nbytes, partial(column_events, puts))
                 else:
                     self._cache.add(first, tx._bodies, tx._headers)
                 if self._take_waiters:
                     self._not_empty.notify(n)
-            n_taken = tx._taken.count
             if n_taken:
-                refs = self._refs
-                tset = self._take_targets.setdefault(fid, set())
-                tfrom = self._taken_from
-                for f, first_taken, k in tx._runs:  # one update per run, not per event
-                    c = refs[f] - k
-                    if c:
-                        refs[f] = c
-                    else:
-                        del refs[f]
-                        freed = True
-                    tset.add(f)
-                    _add_run(tfrom, f, first_taken, k)
                 self._inflight_takes -= n_taken
                 self._counters["takes_committed"] += n_taken
                 if self._put_waiters:
@@ -1596,30 +1148,7 @@ class FileChannel:
                 self._not_full.notify(n_puts)
 
     def _want_gc(self) -> None:
-        if not self._background:
-            try:
-                self.retire_files()
-            except OSError:
-                logger.exception("retiring data files failed")
-            return
-        self._gc_wanted.set()
-        if self._gc_thread is None:
-            with self._gc_start_lock:
-                if self._gc_thread is None:
-                    t = threading.Thread(target=self._gc_loop, name="filechannel-retire", daemon=True)
-                    self._gc_thread = t
-                    t.start()
-
-    def _gc_loop(self) -> None:
-        while True:
-            self._gc_wanted.wait()
-            self._gc_wanted.clear()
-            if self._closed:
-                return
-            try:
-                self.retire_files()
-            except Exception:  # a failed retirement must not kill the thread
-                logger.exception("retiring data files failed")
+        self._retirer.want()
 
 
 def open_channel(

@@ -32,13 +32,14 @@ from .channel import FileChannel
 from .checkpoint import CHECKPOINT_DIR, CheckpointStore
 from .config import ChannelConfig
 from .consumers import ConsumerState, ConsumerStore, validate_name
-from .crypto import Encryption, check_key_id, could_be_key, keystore_json, load_keystore
+from .crypto import KEY_HINT, Encryption, check_key_id, could_be_key, keystore_json, load_keystore
 from .directory import CHANNEL_FILE, LOCK_FILE, WAL_FILE
-from .errors import ChannelError, ConfigError, CorruptLogError, DecryptionError, NotAChannelError
+from .errors import WRONG_KEY, ChannelError, ConfigError, CorruptLogError, DecryptionError, NotAChannelError
 from .log import Log, LogRecord, format_ranges
+from .logview import open_view
 from .reader import ChannelReader
 from .repair import channel_file_damaged, rebuild_channel_file
-from .replay import read_event, replay_queue
+from .replay import read_event
 from .verify import VerifyResult, verify_channel
 from .wal import dump_wal, verify_wal
 
@@ -46,6 +47,15 @@ _EPILOG = (
     "Exit status: 0 on success, 1 when verify finds problems or take's output closed early (its batch rolled back), "
     "2 on bad input or a channel error, 130 when interrupted (SIGINT), 143 when terminated (SIGTERM)."
 )
+_STOPPED = "130 when interrupted (SIGINT), 143 when terminated (SIGTERM)"
+
+
+def _epilog(one: str | None = None, stopped: str = _STOPPED) -> str:
+    """One command's exit-status paragraph: what applies to it only (``one``: when it exits 1)."""
+    codes = ["0 on success", *([f"1 {one}"] if one else []), "2 on bad input or a channel error", stopped]
+    return "Exit status: " + ", ".join(codes) + "."
+
+
 _TAKE_BATCH = 1000  # events per take transaction unless --transaction-capacity says otherwise
 
 
@@ -467,20 +477,13 @@ def _store(directory: str) -> CheckpointStore:
 def _readonly_channel_state(
     directory: str, encryption: Encryption | None = None
 ) -> tuple[Log, list[tuple[int, int, int, int]]]:
-    log = Log(
+    view = open_view(
         directory,
         ChannelConfig(encryption=encryption),
-        readonly=True,
-        checkpoints=_store(directory),
         progress=_progress if sys.stderr.isatty() else None,
         keyless_ok=True,
     )
-    try:
-        q, _, _ = replay_queue(log, log.base_snapshot)
-    except BaseException:
-        log.close()
-        raise
-    return log, list(q)
+    return view.log, view.entries()
 
 
 def cmd_peek(args: argparse.Namespace) -> int:
@@ -585,7 +588,9 @@ def _stat_prometheus(directory: str, info: dict[str, Any]) -> str:
     try:
         from .agent.metrics import ChannelSample, render_samples
     except ImportError as exc:
-        raise ChannelError(f"--prometheus needs prometheus_client ({exc}): pip install 'filechannel[agent]'") from None
+        raise ChannelError(
+            f"--prometheus needs prometheus_client ({exc}): pip install '.[agent]' in filechannel's clone"
+        ) from None
     st = info["stats"]
     s = ChannelSample(os.path.basename(os.path.normpath(directory)))
     s.values["channel_size"] = float(info["queue_size"])
@@ -659,7 +664,24 @@ def _consumer_rows(
 
 
 def cmd_consumers(args: argparse.Namespace) -> int:
-    """List the external consumers with their acknowledged positions and lag, or remove one."""
+    """List the external consumers with their acknowledged positions and lag, remove one, or reset one."""
+    if args.remove is not None:
+        resetting = [
+            flag
+            for flag, given in (
+                ("--reset", args.reset is not None),
+                ("--to-earliest", args.to_earliest),
+                ("--to-latest", args.to_latest),
+                ("--to-position", args.to_position is not None),
+                ("--dry-run", args.dry_run),
+            )
+            if given
+        ]
+        if resetting:
+            raise ChannelError(
+                f"--remove conflicts with {', '.join(resetting)}: remove a consumer or reset one, in separate runs "
+                "(nothing was changed)"
+            )
     _existing(args.dir)
     store = ConsumerStore(DEFAULT_FS, args.dir)
     if args.remove is not None:
@@ -714,23 +736,20 @@ def _reset_consumer(args: argparse.Namespace) -> int:
     if len(targets) != 1:
         raise ChannelError("--reset NAME needs exactly one of --to-earliest, --to-latest, --to-position N")
     enc = _encryption(args)
-    log = Log(
-        args.dir,
-        ChannelConfig(on_corruption="skip", encryption=enc),
-        readonly=True,
-        checkpoints=_store(args.dir),
-        keyless_ok=enc is None,
+    view = open_view(
+        args.dir, ChannelConfig(on_corruption="skip", encryption=enc), replay=False, keyless_ok=enc is None
     )
+    log = view.log
     try:
         if log.meta_mac is None and (log.key_ids_in_use() or os.path.exists(os.path.join(args.dir, "ANCHOR"))):
             raise ChannelError(
                 f"{args.dir} is encrypted: its acknowledgements carry a MAC; pass --keystore PATH to reset one"
             )
-        q, _, _ = replay_queue(log, log.base_snapshot)
+        q = view.replay()
         end = log.next_position
         first = q.first_position()
         head = end if first is None else first
-        store = ConsumerStore(DEFAULT_FS, args.dir, None, log.meta_mac, log.macs_required)
+        store = ConsumerStore(DEFAULT_FS, args.dir, None, log.meta_mac, log.macs_required, log.consumer_acks)
     finally:
         log.close()
     cur = store.get(name)
@@ -764,19 +783,8 @@ def _consumer_names(store: ConsumerStore) -> list[str]:
 
 def _lenient_channel_state(directory: str) -> tuple[Log, list[tuple[int, int, int, int]]]:
     """The channel's queue as its files say now (read-only, no key needed; lenient about damage)."""
-    log = Log(
-        directory,
-        ChannelConfig(on_corruption="skip"),
-        readonly=True,
-        checkpoints=_store(directory),
-        keyless_ok=True,
-    )
-    try:
-        q, _, _ = replay_queue(log, log.base_snapshot)
-    except BaseException:
-        log.close()
-        raise
-    return log, list(q)
+    view = open_view(directory, ChannelConfig(on_corruption="skip"), keyless_ok=True)
+    return view.log, view.entries()
 
 
 def _checkpoint_info(log: Log) -> dict[str, Any] | None:
@@ -809,7 +817,9 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
 def cmd_dump(args: argparse.Namespace) -> int:
     """Print every record as a JSON line."""
     _existing(args.dir)
-    log = Log(args.dir, ChannelConfig(encryption=_encryption(args)), readonly=True, keyless_ok=True)
+    log = open_view(
+        args.dir, ChannelConfig(encryption=_encryption(args)), checkpoints=False, replay=False, keyless_ok=True
+    ).log
     out = sys.stdout
 
     def emit(r: LogRecord, position: int | None = None) -> None:
@@ -940,7 +950,7 @@ def _salvage(src: str, res: VerifyResult, dest: str, encryption: Encryption | No
     """
     if encryption is None and res.undecrypted:
         raise ChannelError("--salvage of an encrypted channel needs --keystore (its events are copied encrypted)")
-    log = Log(src, ChannelConfig(on_corruption="skip", encryption=encryption), readonly=True, checkpoints=_store(src))
+    log = open_view(src, ChannelConfig(on_corruption="skip", encryption=encryption), replay=False).log
     n = 0
     try:
         cfg = ChannelConfig(checkpoint_interval=0, minimum_required_space=0, encryption=encryption)
@@ -1139,6 +1149,11 @@ _SERVE_FLAGS = {
     "http_max_body": "--http-max-body",
     "http_idempotency_keys": "--http-idempotency-keys",
     "tail": "--tail",
+    "forward": "--forward",
+    "syslog": "--syslog",
+    "relp": "--relp",
+    "syslog_read_timeout": "--syslog-read-timeout",
+    "syslog_max_connections": "--syslog-max-connections",
 }
 
 
@@ -1182,6 +1197,22 @@ def _serve_consumers(specs: Sequence[str] | None) -> dict[str, frozenset[str]]:
     return {k: frozenset(v) for k, v in out.items()}
 
 
+def _serve_syslog(args: argparse.Namespace) -> Any:
+    """``--syslog`` / ``--relp`` and their options as a ``SyslogSettings`` (``agent/syslog_source.py``), or None."""
+    if not args.syslog and not args.relp:
+        return None
+    if not args.writable:
+        raise ChannelError(f"{'--syslog' if args.syslog else '--relp'} puts into the channels: give --writable too")
+    from .agent.syslog_source import SyslogSettings
+
+    return SyslogSettings(
+        tuple(args.syslog or ()),
+        tuple(args.relp or ()),
+        read_timeout=args.syslog_read_timeout,
+        max_connections=args.syslog_max_connections,
+    )
+
+
 _SERVE_CHANNEL_FLAGS = ("capacity", "transaction_capacity", "max_event_size", "fsync")
 
 
@@ -1194,13 +1225,28 @@ def _serve_channel_options(args: argparse.Namespace) -> dict[str, Any]:
     return given
 
 
+def _serve_forward(args: argparse.Namespace) -> Any:
+    """The ``ForwardSettings`` of ``--forward`` (msgpack and ``--writable`` checked now), else None."""
+    if not args.forward:
+        return None
+    if not args.writable:
+        raise ChannelError("--forward puts into the channels: give --writable too")
+    try:
+        from .agent.forward import ForwardSettings
+    except ImportError as exc:
+        raise ChannelError(
+            f"--forward needs msgpack ({exc}): pip install '.[sources]' in filechannel's clone"
+        ) from None
+    return ForwardSettings(tuple(args.forward))
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve channels over Arrow Flight until SIGTERM or SIGINT (``--check``: print what it would serve)."""
     try:
         from .agent.server import AgentConfig, check, serve
     except ImportError as exc:
         raise ChannelError(
-            f"filechannel serve needs pyarrow with Arrow Flight ({exc}): pip install 'filechannel[agent]'"
+            f"filechannel serve needs pyarrow with Arrow Flight ({exc}): pip install '.[agent]' in filechannel's clone"
         ) from None
     dirs, names = _serve_dirs(args.dir)
     for d in dirs:
@@ -1211,7 +1257,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             from .agent.web import HttpSettings
         except ImportError as exc:
             raise ChannelError(
-                f"--http needs aiohttp and prometheus_client ({exc}): pip install 'filechannel[agent]'"
+                f"--http needs aiohttp and prometheus_client ({exc}): pip install '.[agent]' in filechannel's clone"
             ) from None
         http = HttpSettings(
             args.http,
@@ -1242,12 +1288,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
         insecure_allow_anyone=args.insecure_allow_anyone,
         tail=tuple(args.tail or ()),
         tail_options={"follow_symlinks": True} if args.tail_follow_symlinks else {},
+        forward=_serve_forward(args),
+        syslog=_serve_syslog(args),
     )
     if args.tail_follow_symlinks and not args.tail:
         raise ChannelError("--tail-follow-symlinks goes with --tail GLOB")
     if args.tail and not args.writable:
         raise ChannelError("--tail puts into the channels: give --writable too")
     try:
+        if config.syslog is not None:  # a bad value or a listener the agent's rules refuse: one line, first
+            from .agent.syslog_source import check_listener
+
+            for spec in config.syslog.specs():
+                check_listener(spec, config)
         if args.check:
             info, problems = check(config)
             for problem in problems:
@@ -1265,18 +1318,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 if on
             )
             print(f"would listen on {info['listen']} ({how or 'no TLS: loopback or unix socket only'})")
+            if config.forward is not None:
+                from .agent.forward import check_forward
+
+                for a in check_forward(config, [c["name"] for c in info["channels"]], config.forward):
+                    print(f"would take the forward protocol on {a.scheme}://{a.host}:{a.port} into {a.channel}")
             for ch in info["channels"]:
                 consumers = ", ".join(f"{n} (acked {c['acked']})" for n, c in sorted(ch["consumers"].items())) or "none"
                 print(
                     f"channel {ch['channel']} {ch['directory']}: positions [{ch['start']}, {ch['end']}), "
                     f"consumers: {consumers}"
                 )
+            for kind, specs in (("syslog", args.syslog), ("relp", args.relp)):
+                for spec in specs or ():
+                    print(f"would take {kind} on {spec}")
             return 0
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("filechannel serve: %(levelname)s: %(message)s"))
         pkg = logging.getLogger("filechannel")
         pkg.addHandler(handler)
-        pkg.setLevel(getattr(logging, args.log_level))
+        pkg.setLevel(_log_level(args) or logging.INFO)
         stop = threading.Event()
         old = {s: signal.signal(s, lambda signum, frame: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
@@ -1300,6 +1361,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 insecure_allow_anyone=config.insecure_allow_anyone,
                 tail=config.tail,
                 tail_options=config.tail_options,
+                forward=config.forward,
+                syslog=config.syslog,
             )
             try:
                 while not stop.wait(0.5):
@@ -1331,23 +1394,22 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="show the library's log on stderr: -v at INFO, -vv at DEBUG (default: warnings of put, take, checkpoint)",
     )
-    p.add_argument(
-        "--log-level",
-        type=str.lower,
-        choices=_LOG_LEVELS,
-        metavar="LEVEL",
-        help=f"show the library's log on stderr from LEVEL on ({', '.join(_LOG_LEVELS)}); overrides -v",
-    )
+    _log_level_arg(p, default=None)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
-    sp = sub.add_parser("put", help="put one event per stdin line, committed in batches", epilog=_EPILOG)
+    sp = sub.add_parser(
+        "put",
+        help="put one event per stdin line, committed in batches",
+        epilog=_epilog(stopped=_STOPPED + "; either way it says what was committed"),
+    )
     sp.add_argument("dir", help="channel directory (created if missing)")
     sp.add_argument("--header", action="append", metavar="KEY=VALUE", help="a header for every event (repeatable)")
     sp.add_argument(
         "--batch",
         type=int,
         default=1000,
+        metavar="N",
         help="events per transaction (default 1000; at most the transaction capacity)",
     )
     sp.add_argument("--fsync", choices=("commit", "interval"), help="fsync mode (default commit)")
@@ -1366,14 +1428,18 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="BYTES",
         help="largest event, a line plus its headers (default 8 MiB); a longer line stops the command",
     )
-    _keystore_arg(sp)
+    _keystore_arg(sp, writes=True)
     _flume_args(sp)
     sp.set_defaults(func=cmd_put)
 
-    sp = sub.add_parser("take", help="print and remove events (one per line)", epilog=_EPILOG)
+    sp = sub.add_parser(
+        "take",
+        help="print and remove events (one per line)",
+        epilog=_epilog("when its output closed early (the batch in progress is rolled back and stays queued)"),
+    )
     sp.add_argument("dir", help="channel directory")
-    sp.add_argument("-n", type=int, default=1, help="how many events to take (default 1)")
-    sp.add_argument("--wait", type=float, default=0.0, help="seconds to wait for events (default 0)")
+    sp.add_argument("-n", type=int, default=1, metavar="N", help="how many events to take (default 1)")
+    sp.add_argument("--wait", type=float, default=0.0, metavar="SECONDS", help="seconds to wait for events (default 0)")
     sp.add_argument("--json", action="store_true", help="print position, headers and body as JSON lines")
     sp.add_argument(
         "--transaction-capacity",
@@ -1389,19 +1455,19 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("fail", "skip"),
         help="fail (default) on damaged data, or skip it: drop what is damaged and report each loss on stderr",
     )
-    _keystore_arg(sp)
+    _keystore_arg(sp, writes=True)
     _flume_args(sp)
     sp.set_defaults(func=cmd_take)
 
-    sp = sub.add_parser("peek", help="print the oldest events without taking them (read-only)", epilog=_EPILOG)
+    sp = sub.add_parser("peek", help="print the oldest events without taking them (read-only)", epilog=_epilog())
     sp.add_argument("dir", help="channel directory")
-    sp.add_argument("-n", type=int, default=10, help="how many events (default 10)")
+    sp.add_argument("-n", type=int, default=10, metavar="N", help="how many events (default 10)")
     sp.add_argument("--start", type=int, metavar="POS", help="from position POS instead of the oldest")
     sp.add_argument("--json", action="store_true", help="one JSON object per event (body and body_encoding)")
     _keystore_arg(sp)
     sp.set_defaults(func=cmd_peek)
 
-    sp = sub.add_parser("stat", help="queue size, positions, files, bytes, last write-order id", epilog=_EPILOG)
+    sp = sub.add_parser("stat", help="queue size, positions, files, bytes, last write-order id", epilog=_epilog())
     sp.add_argument("dir", help="channel directory")
     sp.add_argument("--json", action="store_true", help="print one JSON object")
     sp.add_argument(
@@ -1413,7 +1479,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_stat)
 
     sp = sub.add_parser(
-        "consumers", help="list external consumers (acknowledged position, lag), or remove one", epilog=_EPILOG
+        "consumers",
+        help="list external consumers (acknowledged position, lag), remove one, or reset one's position",
+        epilog=_epilog(),
     )
     sp.add_argument("dir", help="channel directory")
     sp.add_argument("--json", action="store_true", help="print one JSON object (also with --remove)")
@@ -1434,23 +1502,25 @@ def build_parser() -> argparse.ArgumentParser:
     _keystore_arg(sp)
     sp.set_defaults(func=cmd_consumers)
 
-    sp = sub.add_parser("checkpoint", help="write a checkpoint now (fast restart)", epilog=_EPILOG)
+    sp = sub.add_parser("checkpoint", help="write a checkpoint now (fast restart)", epilog=_epilog())
     sp.add_argument("dir", help="channel directory")
     sp.add_argument(
         "--on-corruption",
         choices=("fail", "skip"),
         help="fail (default) on damaged data, or skip it: drop what is damaged and report each loss on stderr",
     )
-    _keystore_arg(sp)
+    _keystore_arg(sp, writes=True)
     sp.set_defaults(func=cmd_checkpoint)
 
-    sp = sub.add_parser("dump", help="print every log record as a JSON line", epilog=_EPILOG)
+    sp = sub.add_parser("dump", help="print every log record as a JSON line", epilog=_epilog())
     sp.add_argument("dir", help="channel directory")
     sp.add_argument("--bodies", action="store_true", help="include event headers and bodies")
     _keystore_arg(sp)
     sp.set_defaults(func=cmd_dump)
 
-    sp = sub.add_parser("verify", help="check every record and header; exit 1 on problems", epilog=_EPILOG)
+    sp = sub.add_parser(
+        "verify", help="check every record and header; exit 1 on problems", epilog=_epilog("when it finds problems")
+    )
     sp.add_argument("dir", help="channel directory")
     sp.add_argument("--json", action="store_true", help="print one JSON object (same exit status)")
     sp.add_argument(
@@ -1464,13 +1534,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser(
         "repair-channel-file",
         help="rebuild a damaged CHANNEL file from the channel id its data directories and data files agree on",
-        epilog=_EPILOG,
+        epilog=_epilog(),
     )
     sp.add_argument("dir", help="channel directory")
     sp.set_defaults(func=cmd_repair_channel_file)
 
     sp = sub.add_parser(
-        "keygen", help="create a keystore (mode 0600) with a new random key, or add one", epilog=_EPILOG
+        "keygen", help="create a keystore (mode 0600) with a new random key, or add one", epilog=_epilog()
     )
     sp.add_argument("keystore", metavar="KEYSTORE", help="keystore file (JSON: key id -> base64 key)")
     sp.add_argument("--id", metavar="ID", help="the new key's id (default: the UTC time, YYYY-MM-DD-HHMMSS)")
@@ -1479,7 +1549,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser(
         "serve",
         help="serve channels to other hosts over Arrow Flight (an agent; see docs/agents.md)",
-        epilog="Stops on SIGTERM or SIGINT (exit status 0). " + _EPILOG,
+        epilog=_epilog(stopped="0 also when stopped by SIGTERM or SIGINT (it stops gracefully)"),
     )
     sp.add_argument(
         "dir",
@@ -1526,9 +1596,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--keystore", metavar="PATH", help="keystore of encrypted channels (records still travel sealed)")
     sp.add_argument("--port-file", metavar="FILE", help="write the bound port here once listening (atomically)")
     sp.add_argument("--on-corruption", choices=("fail", "skip"), help="fail (default) on damaged data, or skip it")
-    sp.add_argument(
-        "--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), default="INFO", help="default INFO (on stderr)"
-    )
+    _log_level_arg(sp, default="info; -v and -vv also apply")
     sp.add_argument(
         "--writable",
         action="store_true",
@@ -1586,10 +1654,45 @@ def build_parser() -> argparse.ArgumentParser:
         "skipped with a warning, so a link to a key or a password file never becomes events)",
     )
     sp.add_argument(
+        "--forward",
+        action="append",
+        metavar="tcp://HOST:PORT[=CHANNEL]",
+        help="with --writable: take Fluent's forward protocol (Fluent Bit, Fluentd, fluent-logger) on this "
+        "address (tls:// with the agent's certificates) into CHANNEL (repeatable; docs/forward.md)",
+    )
+    sp.add_argument(
         "--insecure-allow-anyone",
         action="store_true",
         help="listen on an address other hosts reach without --client-ca or --token-file: anyone who can connect "
         "may then read, write and take over consumers (refused without this flag)",
+    )
+    sp.add_argument(
+        "--syslog",
+        action="append",
+        metavar="tcp://HOST:PORT[=CHANNEL]",
+        help="with --writable: a syslog source (RFC 5424/3164, RFC 6587 framing); also tls:// (the agent's "
+        "certificates) and udp:// (lossy) (repeatable; docs/syslog.md)",
+    )
+    sp.add_argument(
+        "--relp",
+        action="append",
+        metavar="tcp://HOST:PORT[=CHANNEL]",
+        help="with --writable: a RELP source, each message acknowledged after its durable commit; also tls:// "
+        "(repeatable; docs/syslog.md)",
+    )
+    sp.add_argument(
+        "--syslog-read-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="a syslog or RELP connection silent this long is closed (default 300)",
+    )
+    sp.add_argument(
+        "--syslog-max-connections",
+        type=int,
+        default=256,
+        metavar="N",
+        help="connections open at once per --syslog/--relp listener (default 256; more are closed)",
     )
     sp.add_argument(
         "--check",
@@ -1599,19 +1702,80 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.set_defaults(func=cmd_serve)
 
-    sp = sub.add_parser("wal", help="inspect a write-ahead log (filechannel.WriteAheadLog)", epilog=_EPILOG)
+    _top_args(
+        sub.add_parser("top", help="a live view of channels and agents: depth, rates, lag (q quits)", epilog=_epilog())
+    )
+
+    sp = sub.add_parser(
+        "wal",
+        help="inspect a write-ahead log (filechannel.WriteAheadLog)",
+        epilog=_epilog("when wal verify finds problems"),
+    )
     wsub = sp.add_subparsers(dest="wal_command", metavar="WAL_COMMAND", parser_class=_Parser)
     wsub.required = True
-    wp = wsub.add_parser("dump", help="print every record and time span as a JSON line", epilog=_EPILOG)
+    wp = wsub.add_parser("dump", help="print every record and time span as a JSON line", epilog=_epilog())
     wp.add_argument("dir", help="write-ahead log directory")
     wp.add_argument("--data", action="store_true", help="include each record's bytes")
     _keystore_arg(wp)
     wp.set_defaults(func=cmd_wal_dump)
-    wp = wsub.add_parser("verify", help="check every record, header and time span; exit 1 on problems", epilog=_EPILOG)
+    wp = wsub.add_parser(
+        "verify",
+        help="check every record, header and time span; exit 1 on problems",
+        epilog=_epilog("when it finds problems"),
+    )
     wp.add_argument("dir", help="write-ahead log directory")
     _keystore_arg(wp)
     wp.set_defaults(func=cmd_wal_verify)
     return p
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    """A live view of channels and agents (``top_screen.py``; what it shows: ``top.py``)."""
+    from .top_screen import run
+    from .top_sources import DirSource, Source, is_agent_uri, open_agent
+
+    if not args.interval > 0:  # also refuses nan
+        raise ChannelError(f"--interval must be a number of seconds > 0, got {args.interval}")
+    if args.json and not args.once:
+        raise ChannelError("--json goes with --once (one JSON document for scripts)")
+    tls = {"tls_ca": args.tls_ca, "tls_cert": args.tls_cert, "tls_key": args.tls_key, "token_file": args.token_file}
+    sources: list[Source] = []
+    try:
+        for t in args.targets:
+            if is_agent_uri(t):
+                sources.append(open_agent(t, timeout=args.timeout, **tls))
+            else:
+                sources.append(DirSource(_existing(t), _encryption(args)))
+        if len(sources) == 1:
+            sources[0].check()  # one target: a problem is an error; with several, that target's row says it
+        screen = not args.once and sys.stdout.isatty() and sys.stdin.isatty()
+        with _Sigint():  # SIGTERM too unwinds through curses, which gives the terminal back
+            try:
+                return run(sources, args.interval, sys.stdout, once=args.once, as_json=args.json, screen=screen)
+            except KeyboardInterrupt as exc:
+                return _stopped_by(exc)[1]  # a normal way to leave: no message
+    finally:
+        for s in sources:
+            s.close()
+
+
+def _top_args(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument(
+        "targets",
+        nargs="+",
+        metavar="TARGET",
+        help="a channel directory, or an agent: grpc+tls://HOST:PORT (Flight) or http(s)://HOST:PORT (its /metrics)",
+    )
+    sp.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="refresh period (default 1)")
+    sp.add_argument("--once", action="store_true", help="print one view (two samples --interval apart) and exit")
+    sp.add_argument("--json", action="store_true", help="with --once: print one JSON document")
+    sp.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS", help="deadline of each agent call")
+    sp.add_argument("--tls-ca", metavar="FILE", help="CA of the agents' certificates (grpc+tls://)")
+    sp.add_argument("--tls-cert", metavar="FILE", help="this client's certificate, for agents with --client-ca")
+    sp.add_argument("--tls-key", metavar="FILE", help="the key of --tls-cert")
+    sp.add_argument("--token-file", metavar="FILE", help="a file holding the agents' bearer token (mode 0600)")
+    _keystore_arg(sp)
+    sp.set_defaults(func=cmd_top)
 
 
 def _flume_args(sp: argparse.ArgumentParser) -> None:
@@ -1628,12 +1792,34 @@ def _flume_args(sp: argparse.ArgumentParser) -> None:
     )
 
 
-def _keystore_arg(sp: argparse.ArgumentParser) -> None:
+def _log_level_arg(p: argparse.ArgumentParser, default: str | None) -> None:
+    """``--log-level LEVEL``, one spelling wherever it is given: any case, shown in lower case.
+
+    ``serve`` repeats the global option (``serve DIR --log-level info`` reads naturally); its
+    copy sets nothing when absent, so ``filechannel --log-level debug serve DIR`` is not undone.
+    """
+    where = f"default {default}" if default else "overrides -v"
+    p.add_argument(
+        "--log-level",
+        type=str.lower,
+        choices=_LOG_LEVELS,
+        metavar="LEVEL",
+        default=argparse.SUPPRESS if default else None,
+        help=f"show the library's log on stderr from LEVEL on ({', '.join(_LOG_LEVELS)}, any case; {where})",
+    )
+
+
+def _keystore_arg(sp: argparse.ArgumentParser, *, writes: bool = False) -> None:
+    """``--keystore PATH``; ``writes``: the command writes data files (its last key then seals them)."""
+    what = (
+        "its last key encrypts new data files, every key it holds decrypts"
+        if writes
+        else "the keys it holds decrypt and check the channel's files"
+    )
     sp.add_argument(
         "--keystore",
         metavar="PATH",
-        help="keystore file of an encrypted channel (mode 0600; from `filechannel keygen`): its last key "
-        "encrypts new data files, every key it holds decrypts",
+        help=f"keystore file of an encrypted channel (mode 0600; from `filechannel keygen`): {what}",
     )
 
 
@@ -1658,7 +1844,7 @@ def _serve_config(argv: list[str], parser: argparse.ArgumentParser) -> list[str]
         try:
             import tomli as tomllib  # type: ignore[no-redef,import-not-found,unused-ignore]
         except ImportError:
-            parser.error("--config needs Python 3.11+ or the tomli package (pip install 'filechannel[agent]')")
+            parser.error("--config needs Python 3.11+ or the tomli package (the agent extra installs it)")
     try:
         with open(path, "rb") as f:
             conf = tomllib.load(f)
@@ -1687,6 +1873,21 @@ def _serve_config(argv: list[str], parser: argparse.ArgumentParser) -> list[str]
             else:
                 parser.error(f"--config {path}: {key} must be a string, a number, true/false or a list of them")
     return ["serve", *dirs, *out, *rest]
+
+
+def _key_problem(exc: DecryptionError, args: argparse.Namespace) -> str:
+    """The line for a key problem, with the command line's advice (``--keystore``) instead of the API's."""
+    if exc.wrong_key:
+        return (
+            f"{WRONG_KEY}: {exc.path}: {exc.reason}; give --keystore PATH with the keystore the channel was "
+            "written with (it holds that key id)"
+        )
+    if exc.hint == KEY_HINT and getattr(args, "keystore", None) is None:
+        return (
+            f"{exc.path}: the channel is encrypted (key id {exc.key_id!r}) and no --keystore was given: "
+            "give --keystore PATH with the keystore it was written with"
+        )
+    return str(exc)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1743,7 +1944,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ChannelError, OSError) as exc:
         msg = str(exc)
         if isinstance(exc, DecryptionError) and exc.key_id is not None:
-            pass  # a key problem: --on-corruption skip would not help
+            msg = _key_problem(exc, args)  # --on-corruption skip would not help
         elif isinstance(exc, CorruptLogError) and _damaged_channel_file(exc, args):
             # Neither verify nor --on-corruption skip get past it; the data files may be intact.
             msg = (

@@ -8,8 +8,14 @@ turns the lowest acknowledgement into a committed take (``FileChannel.apply_acks
 
 Each file is a checksummed one-line JSON object (:func:`filechannel.log.encode_meta`)::
 
-    {"acked":17,"identity":"query-1","name":"q","registered_ns":...,"version":1}
+    {"acked":17,"identity":"query-1","name":"q","registered_ns":...,"seq":4,"version":1}
     crc32:xxxxxxxx
+
+``seq`` counts the file's writes (absent in files written before it: 0). An
+encrypted channel's ``ANCHOR`` and checkpoints record, for each consumer, the
+newest ``(registered_ns, seq)`` its owner read; an ``.ack`` older than that was
+put back from the past and is refused (``CorruptLogError``), so its reader does
+not read acknowledged events again.
 
 Files and ``consumers/`` get the modes of the channel's ``permissions``, or
 in a process that does not know them (a reader) of the policy the channel
@@ -30,17 +36,19 @@ late ``ack`` changes nothing.
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import logging
 import os
 import re
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ._fs import FS, FileTooLarge, read_file, replace_durably
 from .directory import encode_meta, split_meta, verify_mac
 from .errors import ChannelError, ConfigError, ConsumerIdentityError, CorruptLogError, FormatError
+from .format import AckMark
 from .permissions import fs_for, policy_of
 
 if TYPE_CHECKING:
@@ -78,6 +86,7 @@ class ConsumerState:
     identity: str | None
     acked: int
     registered_ns: int
+    seq: int = field(default=0, compare=False)  # how many times the file was written (0: before the field)
 
 
 def validate_name(name: object) -> str:
@@ -137,8 +146,14 @@ class ConsumerStore:
         permissions: str | None = None,
         mac: MetaMac | None = None,
         required: bool = False,
+        seen: dict[str, AckMark] | None = None,
     ) -> None:
         self.fs = fs
+        # An encrypted channel's ANCHOR and checkpoints record how far the owner saw each
+        # ack go (registration time, write count): an older ack put back is refused. The
+        # owner (``owner``) keeps ``seen`` up to date with what it reads, for the next ANCHOR.
+        self.seen = seen
+        self.owner = False
         self.permissions = permissions
         # An encrypted channel's acks carry a MAC (``ack:<name>``); once the channel has
         # authenticated data files (``required``) an ack without one is refused too.
@@ -247,7 +262,26 @@ class ConsumerStore:
         problem = verify_mac(self.mac, self.required, path, _role(name), line, key_id, tag)
         if problem is not None:
             raise CorruptLogError(path, 0, f"consumer {name}: {problem}", _REMEDY.format(name=name))
+        if self.seen is not None and key_id is not None:
+            self._check_fresh(path, state)
         return state
+
+    def _check_fresh(self, path: str, state: ConsumerState) -> None:
+        """Refuse an ``.ack`` older than the one the owner last saw (see ``seen``); the owner notes a newer one."""
+        assert self.seen is not None
+        mark = self.seen.get(state.name)
+        if mark is not None and (state.registered_ns, state.seq) < (mark.registered_ns, mark.seq):
+            raise CorruptLogError(
+                path,
+                0,
+                f"consumer {state.name}: its .ack is older than the one the channel's owner recorded (write "
+                f"{state.seq} of registration {state.registered_ns}, the owner saw write {mark.seq} of "
+                f"registration {mark.registered_ns}): an older .ack was put back; its reader would read "
+                "acknowledged events again",
+                _REMEDY.format(name=state.name),
+            )
+        if self.owner and (mark is None or (state.registered_ns, state.seq) > (mark.registered_ns, mark.seq)):
+            self.seen[state.name] = AckMark(state.name, state.registered_ns, state.seq)
 
     def seal_all(self) -> int:
         """Rewrite every ack whose MAC is missing or made with another key than the active one; return how many.
@@ -307,8 +341,7 @@ class ConsumerStore:
             self._clean_temporaries(name, older_than_ns=_STALE_TMP_NS)
             cur = self._read(name)
             if cur is None:
-                state = ConsumerState(name, identity, start, time.time_ns())
-                self._write(state)
+                state = self._write(ConsumerState(name, identity, start, time.time_ns()))
                 logger.info("registered consumer %s (identity %r) at position %d", name, identity, start)
                 return state
             if identity is None or cur.identity == identity:
@@ -317,9 +350,7 @@ class ConsumerStore:
                 raise ConsumerIdentityError(name, cur.identity, identity)
             if cur.identity is not None:
                 logger.warning("consumer %s: identity %r replaced by %r (reset)", name, cur.identity, identity)
-            state = ConsumerState(name, identity, cur.acked, cur.registered_ns)
-            self._write(state)
-            return state
+            return self._write(ConsumerState(name, identity, cur.acked, cur.registered_ns, cur.seq))
 
     def ack(self, name: str, identity: str | None, end: int) -> int:
         """Record durably that consumer ``name`` has processed every position below ``end``.
@@ -356,7 +387,7 @@ class ConsumerStore:
                 raise ConsumerIdentityError(name, cur.identity, identity)
             if end <= cur.acked:
                 return cur.acked
-            self._write(ConsumerState(name, cur.identity or identity, end, cur.registered_ns))
+            self._write(ConsumerState(name, cur.identity or identity, end, cur.registered_ns, cur.seq))
             return end
 
     def reset(self, name: str, position: int) -> ConsumerState:
@@ -379,8 +410,7 @@ class ConsumerStore:
             cur = self._read(name)
             if cur is None:
                 raise ChannelError(f"consumer {name!r} is not registered on {self.directory}")
-            state = ConsumerState(name, cur.identity, position, cur.registered_ns)
-            self._write(state)
+            state = self._write(ConsumerState(name, cur.identity, position, cur.registered_ns, cur.seq))
             logger.info("consumer %s: acknowledged position reset from %d to %d", name, cur.acked, position)
             return state
 
@@ -402,7 +432,9 @@ class ConsumerStore:
             logger.info("unregistered consumer %s", name)
             return True
 
-    def _write(self, state: ConsumerState) -> None:
+    def _write(self, state: ConsumerState) -> ConsumerState:
+        """Write ``state`` as the next write of its file (``seq`` one more); return what was written."""
+        state = dataclasses.replace(state, seq=state.seq + 1)
         fs = self._writing_fs
         if fs is None:
             policy = self.permissions or policy_of(self.fs, self.directory)
@@ -416,6 +448,7 @@ class ConsumerStore:
                 "identity": state.identity,
                 "acked": state.acked,
                 "registered_ns": state.registered_ns,
+                "seq": state.seq,
                 "version": 1,
             },
             self.mac,
@@ -424,6 +457,7 @@ class ConsumerStore:
         tmp = os.path.join(self.path, f".{state.name}{ACK_SUFFIX}{_TMP_MARK}{os.getpid()}-{time.time_ns()}")
         replace_durably(fs, tmp, self.file_path(state.name), data)
         fs.fsync_dir(self.path)
+        return state
 
     def _clean_temporaries(self, name: str, older_than_ns: int = 0) -> None:
         """Delete temporary files a crash left behind while writing ``name``'s file.
@@ -465,7 +499,10 @@ def _state_of(name: str, obj: dict[str, Any]) -> ConsumerState:
     identity = obj.get("identity")
     if identity is not None and not isinstance(identity, str):
         raise FormatError(0, f"consumer {name}: identity is not a string")
-    return ConsumerState(name, identity, _count_field(obj, name, "acked"), _count_field(obj, name, "registered_ns"))
+    seq = _count_field(obj, name, "seq") if "seq" in obj else 0
+    return ConsumerState(
+        name, identity, _count_field(obj, name, "acked"), _count_field(obj, name, "registered_ns"), seq
+    )
 
 
 def _count_field(obj: dict[str, Any], name: str, key: str) -> int:

@@ -57,7 +57,7 @@ STAGING_INFO: Final = b"filechannel/v1 spark staging key"
 _CHECK_NONCE: Final = bytes(12)  # woid 0 is never a record's: the key check's nonce is free
 _NONCE_PAD: Final = bytes(4)
 _U64: Final = struct.Struct("<Q")
-INSTALL_HINT: Final = "encryption needs the cryptography package: pip install 'filechannel[crypto]'"
+INSTALL_HINT: Final = "encryption needs the cryptography package: pip install '.[crypto]' in filechannel's clone"
 
 KeySource = Mapping[str, bytes] | str | os.PathLike[str] | Callable[[str], bytes]
 
@@ -447,7 +447,11 @@ class Encryption:
         key = self.key(key_id)
         if key is None:
             raise DecryptionError(
-                path, 0, f"staged file is encrypted with key id {key_id!r}, which is not in the keystore", key_id
+                path,
+                0,
+                f"staged file is encrypted with key id {key_id!r}, which is not in the keystore",
+                key_id,
+                wrong_key=True,
             )
         return FileCipher(suite, key_id, salt, key, _name_id(name), 0, STAGING_INFO)
 
@@ -470,6 +474,7 @@ class Encryption:
                 f"data file is encrypted with key id {key_id!r}, which is not among the keys given",
                 key_id,
                 KEY_HINT,
+                wrong_key=True,
             )
         return FileCipher(suite, key_id, salt, key, channel_id, file_id)
 
@@ -550,6 +555,7 @@ def header_cipher(
             f"the key given for key id {header.key_id!r} is not the one this file was written with",
             header.key_id,
             KEY_HINT,
+            wrong_key=True,
         )
     return cipher
 
@@ -765,6 +771,7 @@ class MetaMac:
                 f"checkpoint marks are sealed with key id {key_id!r}, which is not among the keys given",
                 key_id,
                 KEY_HINT,
+                wrong_key=True,
             )
         hashes, aead, hkdf = _crypto()
         info = _MARKS_INFO + bytes([suite]) + self._channel_id
@@ -798,6 +805,7 @@ class MetaMac:
                 f"file is authenticated with key id {key_id!r}, which is not among the keys given",
                 key_id,
                 KEY_HINT,
+                wrong_key=True,
             )
         want = hmac.new(key, role.encode() + b"\0" + bytes(body), "sha256").digest()
         if not hmac.compare_digest(want, tag):

@@ -11,6 +11,7 @@ decides nothing about data files: that is ``recovery.py``'s job.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -569,14 +570,20 @@ class ChannelDirectory:
         return None
 
     def write_anchor(self, state: fmt.AuthState | None) -> None:
-        """Replace ``ANCHOR`` (MACed) with ``state``: after each checkpoint of an encrypted channel."""
+        """Replace ``ANCHOR`` (MACed) with ``state`` under the next generation (see :class:`format.AuthState`).
+
+        The generation a checkpoint records moves up only once the new ``ANCHOR``
+        is durable, so ``ANCHOR`` on disk is never older than a checkpoint says.
+        """
         st = self.st
         if st.meta_mac is None or state is None or st.readonly:
             return
-        body = fmt.encode_auth_state(state)
+        generation = st.anchor_generation + 1
+        body = fmt.encode_auth_state(dataclasses.replace(state, generation=generation))
         key_id, tag = st.meta_mac.tag(ANCHOR_FILE, body)
         self.write_small_file(os.path.join(st.directory, ANCHOR_FILE), fmt.encode_sealed(body, key_id, tag))
         st.fs.fsync_dir(st.directory)
+        st.anchor_generation = generation
 
     def _create(self, chan_path: str) -> None:
         st = self.st

@@ -137,6 +137,7 @@ class EventFormatError(FormatError):
 
 
 #: What a :class:`CorruptLogError` of a channel advises when its raiser gives no hint.
+WRONG_KEY = "wrong key for this channel"
 CHANNEL_HINT = (
     "run `filechannel verify DIR` for a full report; open with on_corruption='skip' to drop "
     "exactly what is damaged (each lost position is reported) and keep the rest"
@@ -156,13 +157,16 @@ class CorruptLogError(ChannelError):
         self.offset = offset
         self.reason = reason
         self.hint = hint or CHANNEL_HINT
-        super().__init__(f"{path} at byte {offset}: {reason} ({self.hint})")
+        super().__init__(self._text())
+
+    def _text(self) -> str:
+        return f"{self.path} at byte {self.offset}: {self.reason} ({self.hint})"
 
     def rehint(self, hint: str) -> None:
         """Replace the default channel advice with ``hint`` (a raiser's own hint is kept)."""
         if self.hint == CHANNEL_HINT:
             self.hint = hint
-            self.args = (f"{self.path} at byte {self.offset}: {self.reason} ({hint})",)
+            self.args = (self._text(),)
 
 
 class DecryptionError(CorruptLogError):
@@ -174,11 +178,31 @@ class DecryptionError(CorruptLogError):
     (tampering, or a record moved from elsewhere), with its path and offset,
     under the ``on_corruption`` policy like other damage. There is never a
     plaintext fallback.
+
+    ``wrong_key`` is true when the keys given are not the channel's (no key for
+    the file's key id, or a key that fails the file's key check): the message
+    then starts with "wrong key for this channel" and names no byte offset, since
+    nothing is damaged.
     """
 
-    def __init__(self, path: str, offset: int, reason: str, key_id: str | None = None, hint: str | None = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        offset: int,
+        reason: str,
+        key_id: str | None = None,
+        hint: str | None = None,
+        *,
+        wrong_key: bool = False,
+    ) -> None:
         self.key_id = key_id
+        self.wrong_key = wrong_key
         super().__init__(path, offset, reason, hint)
+
+    def _text(self) -> str:
+        if self.wrong_key:
+            return f"{WRONG_KEY}: {self.path}: {self.reason} ({self.hint})"
+        return super()._text()
 
 
 class NotAChannelError(ChannelError):

@@ -1070,6 +1070,21 @@ def encode_event(body: bytes, headers: Mapping[str, str] | None) -> bytes:
     return b"".join(parts)
 
 
+def encoded_event_size(body: bytes, headers: Mapping[str, str] | None) -> int:
+    """``len(encode_event(body, headers))`` without building it (a source's ``max_event_size`` check).
+
+    Raises:
+        UnicodeEncodeError: as :func:`encode_event`.
+    """
+    if not headers:
+        return len(EMPTY_HEADERS) + len(body)
+    return (
+        _U32.size
+        + len(body)
+        + sum(_KV_LEN.size + len(k.encode("utf-8")) + len(v.encode("utf-8")) for k, v in headers.items())
+    )
+
+
 def decode_event(payload: bytes) -> tuple[bytes, dict[str, str]]:
     """Decode a PUT payload into ``(body, headers)``.
 
@@ -1452,8 +1467,11 @@ def decode_wal_span(data: bytes) -> int:
 # Authenticated small files (encrypted channels): what a checkpoint and ANCHOR
 # record of each live data file, and the MAC trailer of a binary file.
 
-AUTH_MAGIC: Final = b"FCAUTH01"
+AUTH_MAGIC: Final = b"FCAUTH02"
+"""Written: the list carries a generation and a next position (``FCAUTH01``, still read, did not: 0 and 0)."""
+AUTH_MAGIC_V1: Final = b"FCAUTH01"
 _AUTH_HEAD: Final = struct.Struct("<8sQI")
+_AUTH_GEN: Final = struct.Struct("<QQ")
 _AUTH_ENTRY: Final = struct.Struct("<QQ16s16sI")
 SEAL_MAGIC: Final = b"FCMAC\x00\x00\x01"
 _SEAL_TAG_LEN: Final = 32
@@ -1479,11 +1497,45 @@ class AuthEntry:
 
 
 @dataclass(frozen=True)
+class AckMark:
+    """How far the owner has seen a consumer's ``.ack`` go: its registration time and its write count.
+
+    An ``.ack`` file whose ``(registered_ns, seq)`` is below this was put back
+    from the past (a newer registration of the name starts from a newer time).
+    """
+
+    name: str
+    registered_ns: int
+    seq: int
+
+
+_ACK_MARK: Final = struct.Struct("<QQB")
+MAX_ACK_MARKS: Final = 1 << 16
+
+
+@dataclass(frozen=True)
 class AuthState:
-    """The authenticated files of a channel at one moment: the first one, and each live one."""
+    """The authenticated files of a channel at one moment: the first one, and each live one.
+
+    ``generation`` orders ``ANCHOR``s: each one written gets the next (from 1),
+    and a checkpoint records the generation of the newest ``ANCHOR`` already
+    durable when it was frozen. ``ANCHOR`` on disk is therefore never older than
+    a checkpoint's generation; one that is was put back from the past (or taken
+    from a copy that wrote less). 0: not recorded (written before generations).
+
+    ``next_position`` is the channel's next position when the files were
+    frozen: positions below it were given out, and are never given out again
+    (batches cut since are reported lost up to it). 0: not recorded.
+
+    ``acks`` holds an :class:`AckMark` for each consumer whose ``.ack`` the
+    owner has read: an older ``.ack`` put back is refused.
+    """
 
     first_auth: int
     files: tuple[AuthEntry, ...]
+    generation: int = 0
+    next_position: int = 0
+    acks: tuple[AckMark, ...] = ()
 
     def by_id(self) -> dict[int, AuthEntry]:
         """The entries by file id."""
@@ -1492,11 +1544,15 @@ class AuthState:
 
 def encode_auth_state(s: AuthState) -> bytes:
     """Encode an :class:`AuthState` (it is MACed by whoever stores it)."""
-    out = [_AUTH_HEAD.pack(AUTH_MAGIC, s.first_auth, len(s.files))]
+    out = [_AUTH_HEAD.pack(AUTH_MAGIC, s.first_auth, len(s.files)), _AUTH_GEN.pack(s.generation, s.next_position)]
     for e in s.files:
         if len(e.key_check) != ENC_CHECK_LEN or len(e.tag) != BATCH_TAG_LEN:
             raise ValueError("an authenticated file entry holds a 16-byte key check and a 16-byte tag")
         out.append(_AUTH_ENTRY.pack(e.file_id, e.length, e.key_check, e.tag, e.dir_index))
+    out.append(_U32.pack(len(s.acks)))
+    for a in s.acks:
+        name = a.name.encode("ascii")
+        out.append(_ACK_MARK.pack(a.registered_ns, a.seq, len(name)) + name)
     return b"".join(out)
 
 
@@ -1509,19 +1565,42 @@ def decode_auth_state(buf: bytes | memoryview) -> AuthState:
     if len(buf) < _AUTH_HEAD.size:
         raise FormatError(0, "authenticated file list is truncated")
     magic, first, n = _AUTH_HEAD.unpack_from(buf, 0)
-    if magic != AUTH_MAGIC:
+    if magic not in (AUTH_MAGIC, AUTH_MAGIC_V1):
         raise FormatError(0, "bad authenticated file list magic")
-    if n > MAX_LIVE_FILES or len(buf) != _AUTH_HEAD.size + n * _AUTH_ENTRY.size:
+    pos = _AUTH_HEAD.size + (_AUTH_GEN.size if magic == AUTH_MAGIC else 0)
+    end = pos + n * _AUTH_ENTRY.size
+    if n > MAX_LIVE_FILES or (len(buf) != end if magic != AUTH_MAGIC else len(buf) < end + 4):
         raise FormatError(8, "authenticated file list size does not match its count")
+    generation, next_position = _AUTH_GEN.unpack_from(buf, _AUTH_HEAD.size) if magic == AUTH_MAGIC else (0, 0)
     files = []
-    pos = _AUTH_HEAD.size
     for _ in range(n):
         fid, length, check, tag, d = _AUTH_ENTRY.unpack_from(buf, pos)
         if length & 7 or length >= 1 << 62:
             raise FormatError(pos, f"authenticated length {length} of file {fid} is not a record boundary")
         files.append(AuthEntry(fid, length, bytes(check), bytes(tag), d))
         pos += _AUTH_ENTRY.size
-    return AuthState(first, tuple(files))
+    acks: list[AckMark] = []
+    if magic == AUTH_MAGIC:
+        (k,) = _U32.unpack_from(buf, pos)
+        pos += 4
+        if k > MAX_ACK_MARKS:
+            raise FormatError(pos - 4, "authenticated list holds too many consumers")
+        for _ in range(k):
+            if pos + _ACK_MARK.size > len(buf):
+                raise FormatError(pos, "authenticated consumer entry is truncated")
+            reg, seq, nlen = _ACK_MARK.unpack_from(buf, pos)
+            pos += _ACK_MARK.size
+            if not nlen or pos + nlen > len(buf):
+                raise FormatError(pos, "authenticated consumer name does not fit")
+            try:
+                name = bytes(buf[pos : pos + nlen]).decode("ascii")
+            except UnicodeDecodeError as exc:
+                raise FormatError(pos, "authenticated consumer name is not ASCII") from exc
+            acks.append(AckMark(name, reg, seq))
+            pos += nlen
+        if pos != len(buf):
+            raise FormatError(pos, "authenticated list has bytes after its end")
+    return AuthState(first, tuple(files), generation, next_position, tuple(acks))
 
 
 def encode_sealed(body: bytes, key_id: str, tag: bytes) -> bytes:

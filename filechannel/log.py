@@ -6,7 +6,9 @@ recovers it (``recovery.py``: which checkpoint to trust, what to keep, what to
 cut), hands the records recovery kept to replay, builds one ``Writer`` per data
 directory (``writer.py``: group commit, the fsync policy, rolling files),
 retires files (``retention.py``), reads queued events back, holds writers still
-for a checkpoint, and reports counters. What these share (counters, the FAILED
+for a checkpoint, and reports counters. Its writers (``writers``) and
+:meth:`Log.submit` are public for the WAL, which writes through them; a
+read-only ``Log`` and its replay are ``logview.open_view``. What these share (counters, the FAILED
 state, the live-file table, recovery's findings) is the
 :class:`~filechannel.logstate.LogState` that ``Log`` extends. It knows nothing
 of queues or capacity: ``channel.py`` builds those from the records it replays.
@@ -44,7 +46,7 @@ from .directory import (
     encode_channel_file,
     encode_meta,
 )
-from .errors import ChannelClosedError, CorruptLogError, DecryptionError, DiskSpaceError, EventFormatError, FormatError
+from .errors import CorruptLogError, DecryptionError, DiskSpaceError, EventFormatError, FormatError
 from .logstate import DEFAULT_DATA_DIR, FSYNC_BUCKETS, LogState
 from .recovery import Recovery
 from .retention import retire_files
@@ -158,9 +160,19 @@ class Log(LogState):
                 if (
                     anchor is None
                     or anchor.first_auth != self.first_auth
+                    or anchor.generation < self.anchor_generation  # older than a checkpoint (skip mode)
                     or self._dir.anchor_key_id != self.meta_mac.key_id
                 ):
-                    self._dir.write_anchor(fmt.AuthState(self.first_auth, anchor.files if anchor is not None else ()))
+                    # What ANCHOR vouched for stays vouched for (never what this open only read: it
+                    # may not be durable yet); the marks of the acks include the checkpoint's.
+                    self._dir.write_anchor(
+                        fmt.AuthState(
+                            self.first_auth,
+                            anchor.files if anchor is not None else (),
+                            next_position=recovery.vouched_next_position,
+                            acks=self.ack_marks(),
+                        )
+                    )
                 self.sealing_started = not self.macs_required  # the small files get their MACs now
                 self.macs_required = True
         except BaseException:
@@ -268,6 +280,15 @@ class Log(LogState):
         )
         self._writers[txn_id % len(self._writers)].submit(item)
         return item.result
+
+    @property
+    def writers(self) -> list[Writer]:
+        """The writers, one per data directory, in the order of ``data_dirs``."""
+        return self._writers
+
+    def submit(self, item: Item, index: int = 0) -> None:
+        """Hand ``item`` to the writer of data directory ``index`` (what the WAL writes through)."""
+        self._writers[index].submit(item)
 
     def rollback(self, txn_id: int, n_puts: int, n_takes: int) -> None:
         """Note a rollback in the log; it is written with the next write, never waited for."""
@@ -434,7 +455,7 @@ class Log(LogState):
                         try:
                             self.fs.fdatasync(w.fd)
                         except OSError as exc:
-                            self.fail(exc, f"fdatasync of {w._path(w.file_id)} failed")
+                            self.fail(exc, f"fdatasync of {w.path_of(w.file_id)} failed")
                             raise
                         self.fsyncs += 1
                         w.synced = w.offset
@@ -591,29 +612,7 @@ class Log(LogState):
         self.closing = True
         if not self.readonly:
             for w in self._writers:
-                with w.io_lock:
-                    with w.lock:
-                        pending = w.pending
-                        w.pending = []
-                    if w.fd is None and all(it.kind == fmt.ROLLBACK for it in pending):
-                        # Rollback notes are informational: not worth a new data file.
-                        pending = []
-                    if pending:
-                        try:
-                            w._write_batch_locked(pending, closing=True)
-                        except (OSError, ChannelClosedError) as exc:
-                            err = err or (exc if isinstance(exc, OSError) else None)
-                            for it in pending:
-                                if it.error is None and not it.published:
-                                    it.error = exc
-                with w.lock:  # release committers whose items close wrote (or failed)
-                    for it in pending:
-                        it.done = True
-                        w._wake(it)
-                try:
-                    w.close()
-                except OSError as exc:
-                    err = err or exc
+                err = err or w.drain_on_close()
         self.closed = True
         self._release()
         if err is not None:

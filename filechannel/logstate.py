@@ -104,6 +104,12 @@ class LogState:
         self.key_checks: dict[int, bytes] = {}
         self.file_tags: dict[int, bytes] = {}
         self.first_auth = fmt.NO_AUTH_FILE  # the channel's first authenticated data file
+        # The generation of the newest ANCHOR durable on disk (see format.AuthState): a
+        # checkpoint records it, the next ANCHOR written gets one more.
+        self.anchor_generation = 0
+        # How far the owner has seen each consumer's .ack go (ANCHOR and checkpoints record
+        # it): an older .ack put back is refused (see consumers.ConsumerStore).
+        self.consumer_acks: dict[str, fmt.AckMark] = {}
         # The MAC of the small files (checkpoints, acks, DATA_DIRS, DATADIR, ANCHOR) of an
         # encrypted channel; required once the channel has an authenticated data file.
         self.meta_mac: MetaMac | None = None
@@ -196,6 +202,13 @@ class LogState:
         self.fsync_seconds += seconds
         self.fsync_buckets[bisect_left(FSYNC_BUCKETS, seconds)] += 1
 
+    def note_acks(self, marks: tuple[fmt.AckMark, ...]) -> None:
+        """Keep the newest of each consumer's recorded :class:`~filechannel.format.AckMark` (ANCHOR, checkpoint)."""
+        for a in marks:
+            cur = self.consumer_acks.get(a.name)
+            if cur is None or (a.registered_ns, a.seq) > (cur.registered_ns, cur.seq):
+                self.consumer_acks[a.name] = a
+
     def auth_state(self, files: dict[int, int], tags: dict[int, bytes]) -> fmt.AuthState | None:
         """What a checkpoint and ANCHOR record of the authenticated live files (None: none is).
 
@@ -213,7 +226,16 @@ class LogState:
             entries.append(fmt.AuthEntry(fid, files[fid], check, tag, index))
         if not entries and self.first_auth == fmt.NO_AUTH_FILE:
             return None
-        return fmt.AuthState(self.first_auth, tuple(entries))
+        return fmt.AuthState(
+            self.first_auth, tuple(entries), self.anchor_generation, self.next_position, self.ack_marks()
+        )
+
+    def ack_marks(self) -> tuple[fmt.AckMark, ...]:
+        """The consumers' ack marks an authenticated record holds (see :meth:`note_acks`), by name."""
+        marks = list(self.consumer_acks.values())
+        if len(marks) > fmt.MAX_ACK_MARKS:  # names removed long ago go first
+            marks = sorted(marks, key=lambda a: a.registered_ns)[-fmt.MAX_ACK_MARKS :]
+        return tuple(sorted(marks, key=lambda a: a.name))
 
     def forget_file(self, file_id: int) -> str:
         """Drop a retired data file from the live table; return its path (its read descriptor is closed)."""

@@ -2,7 +2,7 @@
 
 This module owns the read-only, cross-process view of a channel: it loads the
 newest checkpoint and replays the log after it (the same recovery, read-only,
-that an open performs), then follows the data files as the owner appends,
+that an open performs: ``logview.open_view``), then follows the data files as the owner appends,
 rolls and retires them, scanning only the bytes that are new with the one
 parser in ``scan.py``. It never writes, truncates or moves a data file or a
 checkpoint and takes no lock; the only files it writes are its consumer's
@@ -26,6 +26,7 @@ import threading
 import time
 from array import array
 from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from types import TracebackType
@@ -33,8 +34,6 @@ from typing import Any
 
 from . import format as fmt
 from ._fs import DEFAULT_FS, FS
-from .channel import Event
-from .checkpoint import CHECKPOINT_DIR, CheckpointStore
 from .config import CORRUPTION_POLICIES, ChannelConfig
 from .consumers import ConsumerStore, validate_name
 from .crypto import (
@@ -55,8 +54,8 @@ from .errors import (
     DecryptionError,
     FormatError,
 )
-from .log import Log
-from .replay import replay_queue
+from .events import Event
+from .logview import open_view
 from .scan import SEG_RE, CorruptionReport, LogRecord, Scanner, segment_name
 
 logger = logging.getLogger(__name__)
@@ -241,8 +240,8 @@ class _Follower:
         self.encryption = as_encryption(reader.encryption)
         self._reported: set[tuple[str, int, str]] = set()
         self.config = ChannelConfig(on_corruption=reader.on_corruption, encryption=self.encryption)
-        store = CheckpointStore(self.fs, os.path.join(self.directory, CHECKPOINT_DIR))
-        log = Log(self.directory, self.config, fs=self.fs, readonly=True, checkpoints=store)
+        view = open_view(self.directory, self.config, fs=self.fs, replay=False)
+        log = view.log
         try:
             self.data_dirs = list(log.data_dirs)
             # Per data directory, a write-order id no record written there from now on can be at
@@ -254,11 +253,12 @@ class _Follower:
                 self.frontier[d] = max(self.frontier[d], scan.last_woid)
                 if scan.last_tag:
                     tags[scan.file_id] = scan.last_tag
-            q, _, _ = replay_queue(log, log.base_snapshot)
+            q = view.replay()
             self.channel_id = log.channel_id
             self.crc_kind = log.crc_kind
             self.meta_mac = log.meta_mac  # an encrypted channel's acks are MACed
             self.macs_required = log.macs_required
+            self.consumer_acks = log.consumer_acks  # how far the owner saw each ack go (ANCHOR, checkpoint)
             self.max_payload = log.max_payload
             self.corruption: list[CorruptionReport] = list(log.corruption)
             self.index = _Index()
@@ -606,7 +606,7 @@ class ChannelReader:
             assert f is not None
             self._follower = f
             if self.consumer is not None:
-                store = ConsumerStore(self._fs, self.directory, None, f.meta_mac, f.macs_required)
+                store = ConsumerStore(self._fs, self.directory, None, f.meta_mac, f.macs_required, f.consumer_acks)
                 start = f.index.head()
                 st = store.register(
                     self.consumer, self.identity, f.visible_end if start is None else start, reset=self.reset
@@ -782,6 +782,25 @@ class ChannelReader:
                 self._fs.close(fd)
         return out
 
+    def record_bytes(self, starts: Sequence[int], end: int) -> list[int]:
+        """For each position in ``starts``: the record bytes of the events in ``[start, end)`` (depth, a lag).
+
+        ``end`` is what :meth:`available` said (at most the visible end). A
+        sum over the index this reader keeps: no data file is read.
+
+        Raises:
+            ValueError: ``end`` beyond what this reader has seen.
+        """
+        f = self._state()
+        with f.lock:
+            if end > f.visible_end:
+                raise ValueError(f"end {end} is beyond the visible end {f.visible_end}")
+            out = []
+            for start in starts:
+                i, j = f.index.span(start, end)
+                out.append(sum(f.index.size[i:j]) if j > i else 0)
+            return out
+
     def segments(
         self, start: int, end: int, max_bytes: int = DEFAULT_SEGMENT_BYTES, *, parts: int = 1, min_bytes: int = 0
     ) -> list[Segment]:
@@ -895,7 +914,7 @@ class ChannelReader:
             f.refresh()
             if end > f.visible_end:
                 raise AckRangeError(end, f.visible_end)
-        self._acked = ConsumerStore(self._fs, self.directory, None, f.meta_mac, f.macs_required).ack(
+        self._acked = ConsumerStore(self._fs, self.directory, None, f.meta_mac, f.macs_required, f.consumer_acks).ack(
             self.consumer, self.identity, end
         )
         return self._acked

@@ -30,6 +30,7 @@ from . import format as fmt
 from ._fs import map_file, truncate_durably
 from .checkpoint import CheckpointStore, Snapshot
 from .crypto import header_cipher
+from .directory import ANCHOR_FILE
 from .errors import CorruptLogError, FormatError
 from .logstate import LogState
 from .scan import (
@@ -88,11 +89,18 @@ class Recovery:
         anchor: fmt.AuthState | None = None,
     ) -> None:
         self.st = st
-        # What ANCHOR (and, once one is chosen, the checkpoint) vouch for of each
+        # What ANCHOR and (once one is chosen) the checkpoint vouch for of each
         # authenticated file: its key check, and the batch tag at a length it reached.
+        # Both are checked against the file, each on its own: they are MACed apart, and
+        # one swapped in from a copy of the channel is valid alone (never "the longer wins").
         self._anchor = anchor.by_id() if anchor is not None else {}
         self._anchor_first = anchor.first_auth if anchor is not None else fmt.NO_AUTH_FILE
-        self._ref: dict[int, fmt.AuthEntry] = dict(self._anchor)
+        self._ckpt_auth: dict[int, fmt.AuthEntry] = {}
+        self._anchor_gen = anchor.generation if anchor is not None else 0
+        # Positions an authenticated record (ANCHOR, a checkpoint) says were given out: never again.
+        self.vouched_next_position = anchor.next_position if anchor is not None else 0
+        self._anchor_acks = anchor.acks if anchor is not None else ()
+        self._gen_checked = False
         self.checkpoints = checkpoints
         self._progress = progress
         self._woid_floor = 0
@@ -110,6 +118,9 @@ class Recovery:
             DecryptionError: An encrypted file's key is missing or wrong.
         """
         self._first_auth = min(oldest_authenticated(self.st.fs, self.st.data_dirs), self._anchor_first)
+        self.st.anchor_generation = self._anchor_gen
+        if self._anchor_acks:
+            self.st.note_acks(self._anchor_acks)
         self._recover()
         self.first_auth = self._first_auth
         if self._plaintext:
@@ -139,7 +150,7 @@ class Recovery:
             except (FormatError, OSError) as exc:
                 self._checkpoint_fallback(c.path, str(exc))
                 continue
-            self._use_auth(snap.auth)
+            self._use_auth(snap.auth, c.path)
             self.st.voucher = snap
             self.st.voucher_path = c.path
             if self.st.config.replay == "checkpoint":
@@ -155,16 +166,29 @@ class Recovery:
             break
         self._recover_with(None)
 
-    def _use_auth(self, auth: fmt.AuthState | None) -> None:
-        """Check the data files against ANCHOR and this checkpoint's authenticated files (the longer wins)."""
-        self._ref = dict(self._anchor)
+    def _use_auth(self, auth: fmt.AuthState | None, path: str) -> None:
+        """Check the data files against ANCHOR and against this checkpoint's authenticated files, each."""
+        self._ckpt_auth = auth.by_id() if auth is not None else {}
         if auth is None:
             return
         self._first_auth = min(self._first_auth, auth.first_auth)
-        for e in auth.files:
-            cur = self._ref.get(e.file_id)
-            if cur is None or e.length > cur.length:
-                self._ref[e.file_id] = e
+        self.st.anchor_generation = max(self.st.anchor_generation, auth.generation)
+        self.vouched_next_position = max(self.vouched_next_position, auth.next_position)
+        self.st.note_acks(auth.acks)
+        if not self._gen_checked and self.st.meta_mac is not None:
+            self._gen_checked = True  # the newest checkpoint that decodes judges (an older one is older)
+            if auth.generation > self._anchor_gen:
+                anchor_path = os.path.join(self.st.directory, ANCHOR_FILE)
+                reason = (
+                    f"ANCHOR is older than checkpoint {os.path.basename(path)} (generation {self._anchor_gen}, "
+                    f"the checkpoint saw {auth.generation}): an older ANCHOR (or a copy's) was put in its place, "
+                    "so batches cut since cannot be checked"
+                )
+                self._refuse(anchor_path, 0, reason, 0)
+
+    def _refs(self, fid: int) -> list[fmt.AuthEntry]:
+        """What ANCHOR and the checkpoint each recorded of a file (none, one or two entries)."""
+        return [e for e in (self._anchor.get(fid), self._ckpt_auth.get(fid)) if e is not None]
 
     def _refuse(self, path: str, offset: int, reason: str, fid: int, size: int = 0) -> None:
         """Authenticated data that disagrees with ANCHOR or the checkpoint: refused, or reported in skip mode."""
@@ -173,27 +197,34 @@ class Recovery:
         self.st.report_corruption(CorruptionReport(path, offset, reason, size, None, [], fid))
 
     def _check_tag(self, path: str, fid: int, end: int, h: fmt.FileHeader) -> None:
-        """The batch chain of an authenticated file must pass through the tag recorded at its vouched length."""
-        e = self._ref.get(fid)
-        if e is None or fid not in self.st.ciphers or end < e.length:
+        """The batch chain of an authenticated file must pass through the tag recorded at each vouched length."""
+        if fid not in self.st.ciphers:
             return
-        if e.length <= h.header_len:
-            got = h.key_check  # no batch yet: the chain starts at the header's key check
-        else:
-            fs = self.st.fs
-            fd = fs.open_read(path)
-            try:
-                got = fs.pread(fd, fmt.BATCH_TAG_LEN, e.length - fmt.BATCH_TAG_LEN)
-            finally:
-                fs.close(fd)
-        if got != e.tag:
-            self._refuse(
-                path,
-                e.length,
-                f"the batches up to offset {e.length} are not the ones the channel wrote (their last tag differs "
-                "from the one ANCHOR or the checkpoint recorded): replaced by a copy's, or forged",
-                fid,
-            )
+        for e in self._refs(fid):
+            if end < e.length:
+                continue  # cut short of it: the scan reported the loss
+            if e.length <= h.header_len:
+                got = h.key_check  # no batch yet: the chain starts at the header's key check
+            else:
+                fs = self.st.fs
+                fd = fs.open_read(path)
+                try:
+                    got = fs.pread(fd, fmt.BATCH_TAG_LEN, e.length - fmt.BATCH_TAG_LEN)
+                finally:
+                    fs.close(fd)
+            if got != e.tag:
+                self._refuse(
+                    path,
+                    e.length,
+                    f"the batches up to offset {e.length} are not the ones the channel wrote (their last tag differs "
+                    f"from the one {self._who(fid, e)} recorded): replaced by a copy's, or forged",
+                    fid,
+                )
+                return
+
+    def _who(self, fid: int, e: fmt.AuthEntry) -> str:
+        """Which authenticated record an entry came from, for a message."""
+        return "ANCHOR" if self._anchor.get(fid) is e else "the checkpoint"
 
     def _finish_auth(self, path: str, fid: int, s: FileScan) -> None:
         """Check an authenticated file against its recorded tag; keep the tag at its end (the next ANCHOR's)."""
@@ -214,7 +245,8 @@ class Recovery:
     def _anchored_gone(self, index: int, d: str, ids: list[int]) -> None:
         """Authenticated files that ANCHOR or the checkpoint recorded newer than any file left: cut whole."""
         newest = ids[-1] if ids else 0
-        for e in sorted(self._ref.values(), key=lambda e: e.file_id):
+        recorded = {**self._ckpt_auth, **self._anchor}
+        for e in sorted(recorded.values(), key=lambda e: e.file_id):
             if e.dir_index != index or e.file_id <= newest or e.file_id in self.st.discarded:
                 continue
             path = os.path.join(d, segment_name(e.file_id))
@@ -283,6 +315,7 @@ class Recovery:
             max_txn = max(max_txn, snap.next_txn_id - 1)
             max_woid = max(max_woid, snap.woid)
             max_file_id = max(max_file_id, snap.next_file_id - 1)
+        max_next_pos = max(max_next_pos, self.vouched_next_position)
         if self.st.voucher is not None:
             max_next_pos = max(max_next_pos, self.st.voucher.next_position)
             self._classify_vanished(retired, newest_by_dir)
@@ -356,8 +389,9 @@ class Recovery:
         """The length the newest checkpoint (or, encrypted, ANCHOR) recorded for a file (0: nothing)."""
         v = self.st.voucher
         got = v.files.get(fid, 0) if v is not None else 0
-        e = self._ref.get(fid)
-        return max(got, e.length) if e is not None and fid in self.st.ciphers else got
+        if fid not in self.st.ciphers:
+            return got
+        return max([got, *(e.length for e in self._refs(fid))])
 
     def _read_data_file(self, path: str, fid: int, snap: Snapshot | None) -> tuple[Any, int]:
         """Read a data file, only its header when a checkpoint covers all of it; return it and its size."""
@@ -593,11 +627,12 @@ class Recovery:
         if not h.cipher and self.st.config.encryption is not None:
             self._plaintext.append(path)
         self._setup_cipher(path, fid, h, buf)
-        e = self._ref.get(fid)
-        if e is not None and h.authenticated and fid in self.st.ciphers and e.key_check != h.key_check:
+        wrong = [e for e in self._refs(fid) if e.key_check != h.key_check]
+        if wrong and h.authenticated and fid in self.st.ciphers:
             reason = (
-                "data file is not the one this channel wrote (its key check differs from the one ANCHOR or the "
-                "checkpoint recorded): a file from a copy of the channel, or forged; it is not read"
+                "data file is not the one this channel wrote (its key check differs from the one "
+                f"{' and '.join(self._who(fid, e) for e in wrong)} recorded): a file from a copy of the channel, "
+                "or forged; it is not read"
             )
             self._refuse(path, 0, reason, fid, len(buf))
             self.st.discarded.add(fid)

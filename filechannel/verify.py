@@ -1,7 +1,7 @@
 """``verify_channel``: check a channel without changing it.
 
 This module owns the read-only check behind ``filechannel verify``: the
-recovery an open performs (in skip mode, taking no lock, writing nothing),
+recovery an open performs (``logview.open_view`` in skip mode: no lock, nothing written),
 every queued event read back, the acknowledgements' MACs of an encrypted
 channel, and the damage a checkpoint hides (latent).
 """
@@ -15,12 +15,12 @@ from typing import Any
 
 from ._fs import DEFAULT_FS, FS
 from ._queue import Entry
-from .checkpoint import CHECKPOINT_DIR, CheckpointStore
 from .config import ChannelConfig
 from .consumers import ConsumerStore
 from .errors import CorruptLogError
-from .log import CorruptionReport, Log, merge_ranges
-from .replay import read_event, replay_queue
+from .log import CorruptionReport, merge_ranges
+from .logview import open_view
+from .replay import read_event
 
 __all__ = ["VerifyResult", "verify_channel"]
 
@@ -78,12 +78,12 @@ def verify_channel(
     """
     fs = fs or DEFAULT_FS
     directory = os.fspath(directory)
-    store = CheckpointStore(fs, os.path.join(directory, CHECKPOINT_DIR), backup_checkpoint_dir)
     cfg = ChannelConfig(on_corruption="skip", backup_checkpoint_dir=backup_checkpoint_dir, encryption=encryption)
-    log = Log(directory, cfg, fs=fs, readonly=True, checkpoints=store, progress=progress, keyless_ok=True)
+    view = open_view(directory, cfg, fs=fs, progress=progress, keyless_ok=True)
+    log = view.log
     undecrypted = 0
     try:
-        q, _, _ = replay_queue(log, log.base_snapshot)
+        q = view.replay()
         intact: list[Entry] = []
         for i, e in enumerate(q):
             if progress is not None and i and i % 100_000 == 0:
@@ -106,7 +106,7 @@ def verify_channel(
         key_ids = tuple(log.key_ids_in_use())
         if log.meta_mac is not None:
             # An encrypted channel's acknowledgements: a forged one would make the owner take unread events.
-            acks = ConsumerStore(fs, directory, None, log.meta_mac, log.macs_required)
+            acks = ConsumerStore(fs, directory, None, log.meta_mac, log.macs_required, log.consumer_acks)
             for name in acks.names():
                 try:
                     acks.get(name)
@@ -118,14 +118,14 @@ def verify_channel(
     if log.recovered_from is not None:
         # Read what the checkpoint let recovery skip: damage there costs nothing now.
         seen = {(r.path, r.offset) for r in log.corruption}
-        full = Log(
+        full = open_view(
             directory,
             ChannelConfig(on_corruption="skip", replay="full", encryption=encryption),
             fs=fs,
-            readonly=True,
-            checkpoints=None,
+            checkpoints=False,
+            replay=False,
             keyless_ok=True,
-        )
+        ).log
         try:
             for rep in full.corruption:
                 if (rep.path, rep.offset) not in seen and rep.woid_span is not None:

@@ -52,6 +52,7 @@ from .errors import (
     RecordTooLargeError,
 )
 from .log import Log
+from .logview import open_view
 from .permissions import fs_for
 from .recovery import first_record
 from .scan import CorruptionReport, PutRun, Scanner
@@ -453,7 +454,7 @@ class WriteAheadLog:
             with _in_wal_words():
                 self._load_spans()
             self._policy = _TimePolicy(self._log, round(self.rolling_interval * _NS), self._spans)
-            for w in self._log._writers:
+            for w in self._log.writers:
                 w.policy = self._policy
         except BaseException:
             self._log.close()
@@ -555,7 +556,7 @@ class WriteAheadLog:
         log = self._log
         log.check_space(0)
         item = _WalItem(log.new_txn_id(), payloads, t, log.seal_overhead)
-        log._writers[0].submit(item)
+        log.submit(item)
         res = item.result
         woid = res.woid - len(payloads)  # the COMMIT follows the PUTs
         ts = t / _NS
@@ -681,7 +682,7 @@ class WriteAheadLog:
     def _written_end(self, fid: int) -> int | None:
         """How far file ``fid`` holds written records (None: unknown, e.g. a file not of this log)."""
         log = self._log
-        for w in log._writers:
+        for w in log.writers:
             with w.io_lock:
                 if fid == w.file_id and w.fd is not None:
                     return int(w.offset)
@@ -699,7 +700,7 @@ class WriteAheadLog:
         """Every live file with the length written and verified so far, opened for reading."""
         log = self._log
         files: list[tuple[int, str, int]] = []
-        for w in log._writers:
+        for w in log.writers:
             with w.io_lock:  # a consistent (file, end) list: no batch is half written meanwhile
                 for fid in log.file_ids():
                     end = w.offset if fid == w.file_id and w.fd is not None else _sealed_end(log, fid)
@@ -913,10 +914,9 @@ class WalReport:
 
 
 def _open_readonly(directory: str | os.PathLike[str], fs: FS | None, encryption: Any) -> Log:
-    store = CheckpointStore(fs or DEFAULT_FS, os.path.join(os.fspath(directory), CHECKPOINT_DIR))
     config = ChannelConfig(on_corruption="skip", replay="full", encryption=encryption)
     with _in_wal_words():
-        return Log(directory, config, fs=fs, readonly=True, checkpoints=store, keyless_ok=True, wal=True)
+        return open_view(directory, config, fs=fs, replay=False, keyless_ok=True, wal=True).log
 
 
 def _walk(log: Log, ctx: _ScanContext) -> Iterator[_Entry]:

@@ -29,7 +29,7 @@ from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import format as fmt
-from .errors import ChannelFullError
+from .errors import ChannelClosedError, ChannelFullError
 from .scan import BATCH_END_SIZE, segment_name
 
 if TYPE_CHECKING:
@@ -533,7 +533,7 @@ class Writer:
         try:
             log.fs.fdatasync(self.fd)
         except OSError as exc:
-            log.fail(exc, f"fdatasync of {self._path(self.file_id)} failed")
+            log.fail(exc, f"fdatasync of {self.path_of(self.file_id)} failed")
             self._unpublished.clear()
             raise
         log.note_fsync(time.monotonic() - t0)
@@ -564,7 +564,7 @@ class Writer:
                 try:
                     log.fs.truncate(self.fd, end)
                 except OSError as exc2:
-                    log.fail(exc2, f"truncate after failed zero-fill of {self._path(self.file_id)} failed")
+                    log.fail(exc2, f"truncate after failed zero-fill of {self.path_of(self.file_id)} failed")
                     raise
                 self.phys_end = end
                 return
@@ -581,12 +581,13 @@ class Writer:
         try:
             log.fs.truncate(self.fd, start)
         except OSError as exc2:
-            log.fail(exc2, f"truncate after failed write to {self._path(self.file_id)} failed")
+            log.fail(exc2, f"truncate after failed write to {self.path_of(self.file_id)} failed")
             return
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-            log.fail(exc, f"write to {self._path(self.file_id)} failed")
+            log.fail(exc, f"write to {self.path_of(self.file_id)} failed")
 
-    def _path(self, file_id: int) -> str:
+    def path_of(self, file_id: int) -> str:
+        """The path of data file ``file_id`` in this writer's directory."""
         return os.path.join(self.path, segment_name(file_id))
 
     def _roll(self) -> None:
@@ -603,7 +604,7 @@ class Writer:
                         self.phys_end = self.offset
                     fs.fdatasync(self.fd)
                 except OSError as exc:
-                    log.fail(exc, f"sealing {self._path(self.file_id)} failed")
+                    log.fail(exc, f"sealing {self.path_of(self.file_id)} failed")
                     raise
                 log.fsyncs += 1
                 self.synced = self.offset
@@ -642,7 +643,7 @@ class Writer:
                 "(or a lagging consumer) pin them: take or acknowledge them, or raise max_file_size"
             )
         data = fmt.encode_file_header(header, cipher.key_check if cipher is not None else None)
-        path = self._path(file_id)
+        path = self.path_of(file_id)
         fd = fs.create(path)
         syncing = False
         try:
@@ -699,10 +700,43 @@ class Writer:
             try:
                 self.log.fs.fdatasync(self.fd)
             except OSError as exc:
-                self.log.fail(exc, f"background fdatasync of {self._path(self.file_id)} failed")
+                self.log.fail(exc, f"background fdatasync of {self.path_of(self.file_id)} failed")
                 return
             self.log.fsyncs += 1
             self.synced = self.offset
+
+    def drain_on_close(self) -> OSError | None:
+        """The log closes: write what is pending, release its committers, then :meth:`close`.
+
+        New commits are refused already (``log.closing``). A failed write fails the
+        pending items (their committers see the error); returns the first
+        ``OSError`` of the write or the close, for the log's close to raise.
+        """
+        err: OSError | None = None
+        with self.io_lock:
+            with self.lock:
+                pending = self.pending
+                self.pending = []
+            if self.fd is None and all(it.kind == fmt.ROLLBACK for it in pending):
+                # Rollback notes are informational: not worth a new data file.
+                pending = []
+            if pending:
+                try:
+                    self._write_batch_locked(pending, closing=True)
+                except (OSError, ChannelClosedError) as exc:
+                    err = exc if isinstance(exc, OSError) else None
+                    for it in pending:
+                        if it.error is None and not it.published:
+                            it.error = exc
+            with self.lock:  # release committers whose items close wrote (or failed)
+                for it in pending:
+                    it.done = True
+                    self._wake(it)
+        try:
+            self.close()
+        except OSError as exc:
+            err = err or exc
+        return err
 
     def close(self) -> None:
         """Trim the zero-filled tail, make the file durable and close it (the log's close)."""

@@ -9,13 +9,18 @@
 # Usage: scripts/demo.sh [WORKDIR] [examples/pipeline.py options]
 #        (WORKDIR default: ./demo-work, wiped first if it holds an earlier run; options: --help)
 #        scripts/demo.sh --cluster [WORKDIR] [examples/cluster.py options]
-#        three "hosts" (a producer, its channel and an agent each), a Spark standalone master and
-#        worker whose executors cannot see the channel files, kills of an agent, the driver and a
-#        producer, the exactly-once check per channel (WORKDIR default: ./demo-cluster)
+#        three "hosts" (a producer, its channel and an agent each, the agents over mutual TLS with a
+#        certificate each, an allow-list and a token; --insecure: plain grpc on loopback), a Spark
+#        standalone master and worker whose executors cannot see the channel files, kills of an agent,
+#        the driver and a producer, the exactly-once check per channel (WORKDIR default: ./demo-cluster)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
+help=0
+for arg in "$@"; do
+  case "$arg" in -h | --help) help=1 ;; esac
+done
 java="java"
 if [ -n "${JAVA_HOME:-}" ] && [ -x "$JAVA_HOME/bin/java" ]; then
   java="$JAVA_HOME/bin/java"
@@ -29,7 +34,7 @@ fi
 case "$major" in
   '' | *[!0-9]*) major=0 ;;
 esac
-if [ "$major" -lt 17 ]; then
+if [ "$major" -lt 17 ] && [ "$help" = 0 ]; then
   echo "filechannel demo: Spark needs Java 17+; install a JDK 17 (e.g. apt install openjdk-17-jre-headless) and run again" >&2
   exit 2
 fi
@@ -49,6 +54,6 @@ if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then
   shift
 fi
 if [ "$cluster" = 1 ]; then
-  exec .venv/bin/python examples/cluster.py "$workdir" "$@"
+  FILECHANNEL_DEMO_PROG="scripts/demo.sh --cluster" exec .venv/bin/python examples/cluster.py "$workdir" "$@"
 fi
-exec .venv/bin/python examples/pipeline.py "$workdir" "$@"
+FILECHANNEL_DEMO_PROG="scripts/demo.sh" exec .venv/bin/python examples/pipeline.py "$workdir" "$@"

@@ -17,6 +17,19 @@ from filechannel import format as fmt
 from filechannel.log import CHANNEL_FILE, decode_channel_file
 
 
+def _no_accelerator() -> str:
+    from filechannel._accel import PURE_PYTHON_ENV
+
+    if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
+        return f"the pure-Python rerun ({PURE_PYTHON_ENV}=1): no C accelerator to compare with here"
+    return "the C accelerator is not built"
+
+
+NO_ACCELERATOR = _no_accelerator()
+"""Why a test that needs the C accelerator skips: the pure-Python rerun, or no compiler at install."""
+needs_c = pytest.mark.skipif(fmt.speedups is None, reason=NO_ACCELERATOR)
+
+
 def contents(ch: filechannel.FileChannel) -> list[tuple[int, bytes]]:
     """The queue as ``(position, body)`` pairs, read by taking everything and rolling back."""
     tx = ch.transaction()

@@ -69,6 +69,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "client": ca.issue("spark-exec"),
         "client2": ca.issue("intruder"),
         "foreign": other.issue("spark-exec"),
+        "other_ca": other.ca,
     }
 
 
@@ -209,7 +210,9 @@ def test_acks_are_durable_cumulative_and_idempotent(chan: str) -> None:
         assert c.ack(cid, "q", 30, "query-1") == 30  # idempotent
         assert c.available(cid, "q", "query-1") == (30, 100)
         st = c.status()
-        assert st["channels"][0]["consumers"]["q"] == {"identity": "query-1", "acked": 30, "lag": 70}
+        row = st["channels"][0]["consumers"]["q"]
+        assert row.pop("lag_bytes") > 0  # the bytes of those 70 events (filechannel top shows them)
+        assert row == {"identity": "query-1", "acked": 30, "lag": 70}
     finally:
         agent.stop()
     # On disk, through the channel's own registry: the owner sees the ack.
@@ -324,7 +327,7 @@ def test_mutual_tls_refuses_clients_without_a_trusted_certificate(pki: dict[str,
         with pytest.raises(AgentUnavailableError, match="give tls_cert and tls_key"):
             connect(uri, tls_ca=pki["ca"], timeout=5).channels()
         fcert, fkey = pki["foreign"]  # same name, another CA
-        with pytest.raises(AgentUnavailableError):
+        with pytest.raises(AgentUnavailableError, match=r"does not accept this client's certificate \(tls_cert "):
             connect(uri, tls_ca=pki["ca"], tls_cert=fcert, tls_key=fkey, timeout=5).channels()
         ccert, ckey = pki["client"]
         ok = connect(uri, tls_ca=pki["ca"], tls_cert=ccert, tls_key=ckey, timeout=5)
@@ -335,10 +338,55 @@ def test_mutual_tls_refuses_clients_without_a_trusted_certificate(pki: dict[str,
 def test_a_client_that_does_not_trust_the_agent_is_refused(pki: dict[str, Any], chan: str) -> None:
     cert, key = pki["server"]
     with serve([chan], "grpc+tls://127.0.0.1:0", tls_cert=cert, tls_key=key) as agent:
-        with pytest.raises(AgentUnavailableError):
+        with pytest.raises(AgentUnavailableError, match=r"does not trust the agent's certificate.*no tls_ca was given"):
             connect(f"grpc+tls://localhost:{agent.port}", timeout=5).channels()  # the system roots
+        with pytest.raises(AgentUnavailableError, match=f"not signed by the CA in tls_ca \\({pki['other_ca']}\\)"):
+            connect(f"grpc+tls://localhost:{agent.port}", tls_ca=pki["other_ca"], timeout=5).channels()
         ok = connect(f"grpc+tls://localhost:{agent.port}", tls_ca=pki["ca"], timeout=5)
         assert list(ok.channels()) == [cid_of(chan)]
+
+
+def test_a_tls_client_to_a_plain_agent_is_told_so(pki: dict[str, Any], chan: str) -> None:
+    with (
+        serve([chan], "grpc://127.0.0.1:0") as agent,
+        pytest.raises(AgentUnavailableError, match="does not speak TLS at this address"),
+    ):
+        connect(f"grpc+tls://localhost:{agent.port}", tls_ca=pki["ca"], timeout=5).channels()
+
+
+_CLIENT_CHILD = """
+import logging, sys
+from filechannel.agent import connect
+if sys.argv[2] == "info":
+    logging.getLogger("filechannel").setLevel(logging.INFO)
+try:
+    connect(sys.argv[1], timeout=5).channels()
+except Exception as exc:
+    print(type(exc).__name__)
+"""
+
+
+@pytest.mark.parametrize(
+    ("env", "level", "grpc_lines"),
+    [({}, "warning", False), ({"GRPC_VERBOSITY": "INFO"}, "warning", True), ({}, "info", True)],
+)
+def test_grpc_logs_nothing_in_a_client_unless_asked(
+    pki: dict[str, Any], chan: str, env: dict[str, str], level: str, grpc_lines: bool
+) -> None:
+    import subprocess
+    import sys
+
+    cert, key = pki["server"]
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith("GRPC_")}
+    child_env.update(env)
+    with serve([chan], "grpc+tls://127.0.0.1:0", tls_cert=cert, tls_key=key) as agent:
+        uri = f"grpc+tls://localhost:{agent.port}"  # no tls_ca: the handshake fails at the client
+        r = subprocess.run(
+            [sys.executable, "-c", _CLIENT_CHILD, uri, level], capture_output=True, text=True, timeout=60, env=child_env
+        )
+    assert r.stdout.strip() == "AgentUnavailableError", r.stderr
+    shown = "Handshake failed" in r.stderr or "absl::InitializeLog" in r.stderr
+    assert shown == grpc_lines, r.stderr
 
 
 def test_the_allow_list_narrows_channels_by_certificate_name(pki: dict[str, Any], tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("cryptography", reason="the crypto extra (pip install 'filechannel[crypto]') is not installed")
+pytest.importorskip("cryptography", reason="the crypto extra is not installed (README, Installing)")
 
 from helpers import batch_ends, data_files
 

@@ -11,7 +11,7 @@ import pytest
 
 PKG = Path(__file__).resolve().parent.parent / "filechannel"
 MODULES = sorted(PKG.rglob("*.py"))  # the subpackages (agent, spark, testing) too
-PURE = ("format.py", "_queue.py")
+PURE = ("format.py", "_queue.py", "agent/syslog_wire.py")
 BANNED_IMPORTS = {"os", "io", "time", "logging"}
 DURABILITY_CALLS = {
     ("os", "fsync"),
@@ -167,7 +167,7 @@ def test_print_only_in_cli(path: Path) -> None:
 def test_import_does_not_load_optional_dependencies() -> None:
     code = (
         "import sys, filechannel\n"
-        "opt = ('pyspark', 'cryptography', 'pyarrow', 'aiohttp', 'prometheus_client')\n"
+        "opt = ('pyspark', 'cryptography', 'pyarrow', 'aiohttp', 'prometheus_client', 'msgpack', 'google')\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in opt)\n"
         "print(','.join(bad))\n"
     )
@@ -194,7 +194,7 @@ def test_filechannel_spark_without_pyspark_says_what_to_install() -> None:
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    assert "pip install 'filechannel[spark]'" in r.stdout
+    assert "pip install '.[spark]' in filechannel's clone" in r.stdout
 
 
 def test_encryption_without_cryptography_says_what_to_install() -> None:
@@ -214,4 +214,26 @@ def test_encryption_without_cryptography_says_what_to_install() -> None:
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    assert "pip install 'filechannel[crypto]'" in r.stdout
+    assert "pip install '.[crypto]' in filechannel's clone" in r.stdout
+
+
+def _closure(start: str) -> set[str]:
+    """Every filechannel module ``start`` loads, directly or through others (its packages' ``__init__`` aside)."""
+    graph = {_module_name(p): _imports(p) for p in MODULES if p.name != "__init__.py"}
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        m = todo.pop()
+        for t in graph.get(m, ()):
+            if t in graph and t not in seen:
+                seen.add(t)
+                todo.append(t)
+    return seen
+
+
+def test_event_stands_below_the_write_stack() -> None:
+    """``Event`` is reached without the channel, the log or the writer: the read side does not stand on them."""
+    write_stack = {"filechannel.channel", "filechannel.log", "filechannel.writer"}
+    assert not _closure("filechannel.events") & write_stack
+    assert "filechannel.channel" not in _closure("filechannel.reader")
+    assert "filechannel.channel" not in _closure("filechannel.agent.client")

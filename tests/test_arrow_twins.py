@@ -20,6 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from helpers import NO_ACCELERATOR
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -30,7 +31,7 @@ from filechannel.crypto import Encryption
 from filechannel.reader import ChannelReader, Segment, read_segment
 
 C = fmt.speedups
-needs_c = pytest.mark.skipif(C is None, reason="the C accelerator is not built or FILECHANNEL_PURE_PYTHON is set")
+needs_c = pytest.mark.skipif(C is None, reason=NO_ACCELERATOR)
 TWIN = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture], deadline=None, max_examples=150
 )

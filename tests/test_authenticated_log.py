@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("cryptography", reason="the crypto extra (pip install 'filechannel[crypto]') is not installed")
+pytest.importorskip("cryptography", reason="the crypto extra is not installed (README, Installing)")
 
 import filechannel
 from filechannel import format as fmt

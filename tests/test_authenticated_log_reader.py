@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("cryptography", reason="the crypto extra (pip install 'filechannel[crypto]') is not installed")
+pytest.importorskip("cryptography", reason="the crypto extra is not installed (README, Installing)")
 
 from test_authenticated_log import OPTS, append_forged_batch, batches, enc, header, make, segs
 

@@ -80,3 +80,17 @@ def test_quick_wal_bench_prints_json_lines() -> None:
     assert {"wal write x1", "wal write x16 threads", "wal write_many x100", "raw per record"} <= systems
     assert {r["event_size"] for r in results} == {100, 4096}
     assert any(r.get("type") == "run" for r in lines)
+
+
+@pytest.mark.slow
+def test_quick_sources_bench_prints_json_lines() -> None:
+    pytest.importorskip("msgpack", reason="the sources extra is not installed")
+    pytest.importorskip("aiohttp", reason="the agent extra is not installed")
+    lines, results = run_bench("bench.sources", "--quick")
+    systems = {r["system"] for r in results}
+    assert {"tcp discard (ceiling)", "otlp protobuf", "forward + chunk", "http json", "flight put_batch"} <= systems
+    assert {r["clients"] for r in results} == {1, 8}
+    assert "otlp protobuf / http json" in systems
+    for r in results:
+        assert r["min"] <= r["median"] <= r["max"]
+    assert any(r.get("type") == "run" for r in lines)

@@ -929,3 +929,31 @@ def _ranges(ps: list[int]) -> list[tuple[int, int]]:
         else:
             out.append((p, p + 1))
     return out
+
+
+def test_short_lived_opens_that_only_take_leave_no_take_only_files_behind(tmp_path: Path) -> None:
+    """Open, take 10, commit, close, 30 times, on a channel whose head file still holds events.
+
+    Each open writes its takes into a new data file that holds no event (only TAKE
+    records), so no take ever frees a file and no background checkpoint runs in such
+    a short life: the files piled up (31 of them) until a later ``retire_files()``
+    removed 29 at once. They must retire as the channel closes.
+    """
+    d = str(tmp_path / "ch")
+    opts = {"minimum_required_space": 0}
+    with filechannel.open(d, **opts) as ch, ch.transaction() as tx:
+        tx.put_many([b"e%d" % i for i in range(400)])
+    for _ in range(30):
+        with filechannel.open(d, **opts) as ch, ch.transaction() as tx:
+            assert len(tx.take_batch(10)) == 10
+    data = [f for f in os.listdir(os.path.join(d, "data")) if f.startswith("seg-")]
+    assert len(data) <= 3, sorted(data)
+    with filechannel.open(d, **opts) as ch:
+        assert ch.retire_files() == 0
+        with ch.transaction() as tx:
+            evs = tx.take_batch(100)
+            tx.rollback()
+    assert [(e.body, e.position) for e in evs] == [(b"e%d" % i, i) for i in range(300, 400)]
+    shutil.rmtree(os.path.join(d, "checkpoints"))
+    with filechannel.open(d, replay="full", **opts) as ch:
+        assert ch.size == 100

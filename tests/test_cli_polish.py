@@ -204,3 +204,114 @@ def test_a_refused_open_leaves_no_lock_behind(tmp_path: Path) -> None:
     assert r.returncode == 2
     assert "no CHANNEL file" in one_line(r.stderr)
     assert sorted(os.listdir(d)) == ["cat.jpg"]
+
+
+def _serve_log(tmp_path: Path, *flags: str, pre: tuple[str, ...] = ()) -> tuple[int, str]:
+    """Run ``serve`` until it listens, stop it with SIGTERM; return its exit status and stderr."""
+    import signal
+    import time
+
+    d = str(tmp_path / "served")
+    if not os.path.exists(d):
+        filechannel.open(d, minimum_required_space=0).close()
+    port = tmp_path / "port"
+    if port.exists():
+        port.unlink()
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    argv = [*pre, "serve", d, "--listen", "grpc://127.0.0.1:0", "--port-file", str(port), *flags]
+    proc = subprocess.Popen([sys.executable, "-m", "filechannel", *argv], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not port.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return proc.returncode, err
+
+
+@pytest.mark.parametrize("level", ["info", "INFO", "Info"])
+def test_serve_log_level_is_case_insensitive_and_logs_each_line_once(tmp_path: Path, level: str) -> None:
+    rc, err = _serve_log(tmp_path, "--log-level", level)
+    assert rc == 0, err
+    serving = [line for line in err.splitlines() if "serving 1 channel(s)" in line]
+    assert len(serving) == 1, err  # one handler, not the global one as well
+
+
+def test_serve_log_level_warning_hides_info_and_a_bad_level_is_one_line(tmp_path: Path) -> None:
+    rc, err = _serve_log(tmp_path, "--log-level", "WARNING")
+    assert rc == 0, err
+    assert "serving" not in err
+    rc, err = _serve_log(tmp_path, "--log-level", "loud")
+    assert rc == 2
+    assert len(err.strip().splitlines()) == 1
+    assert "invalid choice: 'loud'" in err
+    assert "'debug', 'info', 'warning', 'error'" in err  # the same spelling as the global option
+
+
+def test_the_global_log_level_reaches_serve(tmp_path: Path) -> None:
+    rc, err = _serve_log(tmp_path, pre=("--log-level", "error"))  # not undone by serve's own default
+    assert rc == 0, err
+    assert "serving" not in err
+    rc, err = _serve_log(tmp_path, pre=("-v",))
+    assert rc == 0
+    assert "serving" in err
+
+
+def _help(*command: str) -> str:
+    r = fc(*command, "--help")
+    assert r.returncode == 0, r.stderr
+    return " ".join(r.stdout.decode().split())  # argparse wraps lines
+
+
+@pytest.mark.parametrize(
+    ("command", "one"),
+    [
+        (("stat",), None),
+        (("keygen",), None),
+        (("peek",), None),
+        (("consumers",), None),
+        (("serve",), None),
+        (("put",), None),
+        (("take",), "1 when its output closed early"),
+        (("verify",), "1 when it finds problems"),
+        (("wal", "verify"), "1 when it finds problems"),
+    ],
+)
+def test_each_command_states_only_its_own_exit_statuses(command: tuple[str, ...], one: str | None) -> None:
+    text = _help(*command)
+    epilog = text.split("Exit status:", 1)[1]
+    assert text.count("Exit status:") == 1
+    assert "0 on success" in epilog
+    assert "2 on bad input" in epilog
+    if one is None:
+        assert " 1 " not in epilog, epilog
+    else:
+        assert one in epilog, epilog
+    for phrase in ("take's output", "verify finds"):  # another command's status
+        assert phrase not in epilog, (command, epilog)
+    if command == ("serve",):
+        assert "0 also when stopped by SIGTERM or SIGINT" in epilog
+        assert "130" not in epilog
+
+
+@pytest.mark.parametrize("command", ["stat", "peek", "dump", "verify", "consumers"])
+def test_keystore_help_of_a_read_only_command_says_nothing_of_new_files(command: str) -> None:
+    text = _help(command)
+    assert "--keystore PATH" in text
+    assert "encrypts new data files" not in text
+
+
+def test_metavars_are_one_style_and_the_summary_of_consumers_mentions_reset() -> None:
+    assert "--batch N" in _help("put")
+    assert "-n N" in _help("take")
+    assert "--wait SECONDS" in _help("take")
+    assert "-n N" in _help("peek")
+    top = _help()
+    consumers = top.split("consumers", 1)[1].split("checkpoint", 1)[0]
+    assert "reset" in consumers

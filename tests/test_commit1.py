@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from helpers import NO_ACCELERATOR
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,7 +23,7 @@ from filechannel import writer
 from filechannel.writer import Writer
 
 C = fmt.speedups
-needs_c = pytest.mark.skipif(C is None, reason="the C accelerator is not built or FILECHANNEL_PURE_PYTHON is set")
+needs_c = pytest.mark.skipif(C is None, reason=NO_ACCELERATOR)
 U64 = st.integers(0, 2**64 - 3)
 
 
@@ -72,7 +73,7 @@ def test_frame_commit1_refuses_what_does_not_fit_and_so_does_the_twin(args: tupl
 @pytest.mark.parametrize("accel", [True, False], ids=["c", "pure"])
 def test_one_event_commits_read_back_on_both_paths(tmp_path: Any, accel: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     if accel and C is None:
-        pytest.skip("the C accelerator is not built")
+        pytest.skip(NO_ACCELERATOR)
     if not accel:
         monkeypatch.setattr(fmt, "speedups", None)
     lone: list[int] = []

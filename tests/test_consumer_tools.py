@@ -141,3 +141,21 @@ def test_a_long_open_says_which_file_it_reads(tmp_path: Path, monkeypatch: pytes
     slow("reading f2")
     assert printed[0].startswith("filechannel: the open is recovering")
     assert printed[1:] == ["filechannel: reading f1", "filechannel: reading f2"]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["--reset", "r1", "--to-latest"], ["--to-latest"], ["--reset", "r1", "--dry-run", "--to-earliest"]],
+)
+def test_remove_with_reset_options_is_refused_and_changes_nothing(tmp_path: Path, extra: list[str]) -> None:
+    d = filled(tmp_path)
+    with filechannel.ChannelReader(d, "r1") as r:
+        r.ack(4)
+    r = run_module("consumers", d, "--remove", "r1", *extra)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert "--remove conflicts with" in lines[0]
+    assert extra[0] in lines[0]
+    assert r.stdout == ""
+    assert filechannel.ChannelReader(d, "r1").acked == 4  # neither removed nor reset

@@ -72,7 +72,9 @@ def test_register_round_trip(sim: SimFS) -> None:
     assert store.get("q") == st
     assert store.list() == {"q": st}
     raw = decode_meta(sim.read(SIM_DIR + "/consumers/q.ack"), "ack")
-    assert raw == {"name": "q", "identity": "query-1", "acked": 5, "registered_ns": st.registered_ns, "version": 1}
+    assert raw == {
+        "name": "q", "identity": "query-1", "acked": 5, "registered_ns": st.registered_ns, "seq": 1, "version": 1
+    }  # fmt: skip
     # Registering again returns the recorded state: start applies only to a new consumer.
     assert store.register("q", "query-1", 99) == st
     assert store.register("q", None, 99) == st

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("cryptography", reason="the crypto extra (pip install 'filechannel[crypto]') is not installed")
+pytest.importorskip("cryptography", reason="the crypto extra is not installed (README, Installing)")
 
 from helpers import records
 
@@ -589,6 +589,37 @@ def test_cli_keystore_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     code, _, err = cli(capsys, "stat", d, "--keystore", other)
     assert code == 2
     assert "key id 'k1', which is not among the keys" in err
+
+
+def test_a_wrong_keystore_says_wrong_key_first_and_the_cli_names_keystore(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    d = str(tmp_path / "ch")
+    ks = write_keystore(tmp_path / "k1.json", {"k1": K1})
+    assert cli(capsys, "put", d, "--keystore", ks, stdin=b"x\n")[0] == 0
+    other_id = write_keystore(tmp_path / "other.json", {"k9": K2})  # no key for the channel's key id
+    other_key = write_keystore(tmp_path / "wrong.json", {"k1": K2})  # that id, another key
+    for wrong in (other_id, other_key):
+        for command in ("take", "stat", "peek", "verify", "checkpoint", "put"):
+            code, _, err = cli(capsys, command, d, "--keystore", wrong, stdin=b"y\n")
+            assert code == 2, (command, err)
+            assert err.startswith("filechannel: error: wrong key for this channel: "), (command, err)
+            assert "at byte" not in err  # nothing is damaged
+            assert "--keystore PATH" in err
+            assert "filechannel.open" not in err
+            assert "Encryption(" not in err
+            assert len(err.strip().splitlines()) == 1
+    # No keystore at all: the CLI asks for one, not for encryption=.
+    code, _, err = cli(capsys, "take", d)
+    assert code == 2
+    assert "no --keystore was given: give --keystore PATH" in err
+    assert "encryption=" not in err
+    # The Python API keeps its own advice, after the same first words.
+    with pytest.raises(filechannel.DecryptionError) as ei:
+        filechannel.open(d, encryption=Encryption(keys=other_id), **OPTS)
+    assert str(ei.value).startswith(f"wrong key for this channel: {d}")
+    assert ei.value.wrong_key
+    assert "encryption=filechannel.Encryption(keys=...)" in str(ei.value)
 
 
 def test_a_damaged_header_of_an_encrypted_file_loses_its_events_never_guesses(chan_dir: str) -> None:

@@ -13,6 +13,7 @@ import pickle
 from pathlib import Path
 
 import pytest
+from helpers import NO_ACCELERATOR
 
 import filechannel
 from filechannel import Event
@@ -69,7 +70,7 @@ def test_taken_events_pickle_and_their_headers_are_json(
     if path == "pure":
         monkeypatch.setattr(fmt, "speedups", None)
     elif fmt.speedups is None:
-        pytest.skip("the C accelerator is not built or FILECHANNEL_PURE_PYTHON is set")
+        pytest.skip(NO_ACCELERATOR)
     d = str(tmp_path / "ch")
     ch = filechannel.open(d)
     try:

@@ -22,6 +22,7 @@ from helpers import contents, put
 from simfs import SimFS
 
 import filechannel
+from filechannel.crypto import Encryption
 
 DIR = "/sim/ch"
 SEG1 = "/sim/ch/data/seg-0000000000000001.wal"
@@ -197,6 +198,33 @@ def test_enospc_mid_batch_leaves_no_partial_record(short: int | None, err: int) 
         got = reopen_state(crashed)
         assert [b for _, b in got] == [b"first", b"second"]
         assert [p for p, _ in got] == positions
+
+
+@pytest.mark.parametrize("short", [None, 333])
+def test_encrypted_enospc_mid_batch_then_a_power_cut_reopens_with_every_commit(short: int | None) -> None:
+    """An undone batch must not advance the batch-tag chain (issue 32, item 19).
+
+    If the writer kept the failed batch's tag, the next batch would chain to a
+    tag that is not in the file: after a power cut (no close, no checkpoint to
+    cover it) the reopen would refuse the channel or cut the batch as torn.
+    """
+    encryption = Encryption(keys={"k1": bytes(range(32))}, active_key="k1")
+    fs = SimFS()
+    ch = open_ch(fs, max_file_size=64 * 1024, encryption=encryption, checkpoint_interval=0, anchor_interval=0)
+    put(ch, b"first")
+    inject(fs, "pwrite_all", 1, errno.ENOSPC, short=short)
+    with pytest.raises(OSError) as ei:
+        put(ch, *(bytes([65 + i]) * 900 for i in range(5)))
+    assert ei.value.errno == errno.ENOSPC
+    put(ch, b"second")
+    put(ch, b"third")
+    positions = [p for p, _ in drain(ch)]
+    for seed, mode in ((0, "drop"), (1, "keep"), (5, "random")):
+        crashed = fs.crash(seed, mode)  # the power cut: no close
+        got = reopen_state(crashed, encryption=encryption)
+        assert [b for _, b in got] == [b"first", b"second", b"third"]
+        assert [p for p, _ in got] == positions
+    ch.close()
 
 
 def test_disk_full_then_space_returns() -> None:

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import NO_ACCELERATOR
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -257,7 +258,7 @@ def test_scanner_on_mutated_files_raises_only_documented_errors(at: int, junk: b
 # the C accelerator against its pure-Python twin, through the atheris target tests/fuzz/fuzz_twins.py
 
 
-@pytest.mark.skipif(fmt.speedups is None, reason="the C accelerator is not built or FILECHANNEL_PURE_PYTHON is set")
+@pytest.mark.skipif(fmt.speedups is None, reason=NO_ACCELERATOR)
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(min_size=4, max_size=300))
 @example(b"\x00\x00\x00\x00")

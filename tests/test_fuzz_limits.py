@@ -5,7 +5,7 @@ field claims or rescan what an offset points back to: frames claiming payloads
 to the end of the file, BATCH_ENDs that verify on their own and each claim a
 batch from the header to themselves (repeated for a MiB), TAKE frames whose
 range count matches a huge length, checkpoint entries of 2**40 bytes or at
-negative offsets, counts near the format's maxima, ``.ack`` files nested or
+negative offsets, counts near the format's maxima, an ``ANCHOR`` larger than memory, ``.ack`` files nested or
 numbered to break a JSON parser, and every one of them truncated.
 
 They run in one subprocess (``tests/fuzz/limits_worker.py``) whose address
@@ -34,7 +34,7 @@ import filechannel
 from filechannel import checkpoint
 from filechannel import format as fmt
 
-pytest.importorskip("cryptography", reason="the crypto extra (pip install 'filechannel[crypto]') is not installed")
+pytest.importorskip("cryptography", reason="the crypto extra is not installed (README, Installing)")
 
 from filechannel.crypto import Encryption
 
@@ -162,6 +162,19 @@ def sparse_cases(root: Path) -> list[dict[str, Any]]:
             label = f"data sparse {SPARSE >> 20} MiB {'encrypted' if encrypted else 'plain'} {target}"
             key = KEY.hex() if encrypted else ""
             cases.append({"name": label, "target": target, "path": d, "key": key, "budget": budget(SPARSE)})
+    return cases
+
+
+def anchor_cases(root: Path) -> list[dict[str, Any]]:
+    """An encrypted channel's ``ANCHOR`` far larger than its bound (sparse): refused as damaged, never read whole."""
+    d = str(root / "anchor-sparse")
+    make_channel(d, True)
+    with open(os.path.join(d, "ANCHOR"), "r+b") as f:
+        f.truncate(SPARSE)
+    cases: list[dict[str, Any]] = []
+    for target, policy in (("verify", "fail"), ("reader", "fail"), ("open", "fail"), ("open", "skip")):
+        label = f"ANCHOR sparse {SPARSE >> 20} MiB {target} {policy}"
+        cases.append({"name": label, "target": target, "path": d, "key": KEY.hex(), "budget": 10.0, "policy": policy})
     return cases
 
 
@@ -316,6 +329,14 @@ def test_data_files_larger_than_memory(tmp_path: Path) -> None:
     itself (an ``OSError`` ENOMEM from ``mmap``) rather than test what is read.
     """
     check(run_worker(sparse_cases(tmp_path), "DATA"))
+
+
+def test_an_anchor_larger_than_its_bound(tmp_path: Path) -> None:
+    """Issue 32, item 20: without the bound on ``ANCHOR``'s size, its read is a ``MemoryError``."""
+    results = run_worker(anchor_cases(tmp_path), "DATA")
+    outcomes = check(results)
+    assert "CorruptLogError" in outcomes  # refused where the policy is "fail": ANCHOR is damaged
+    assert all(r["outcome"] == "ok" for r in results if r["name"].endswith("skip"))  # skip: reported, opened
 
 
 def test_checkpoints(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import data_files, records
+from helpers import NO_ACCELERATOR, data_files, records
 
 import filechannel
 from filechannel import checkpoint as ckpt
@@ -142,7 +142,7 @@ def test_a_mark_frame_of_a_length_out_of_bounds_is_refused_before_its_checksum(a
     from filechannel import scan
 
     if accel and fmt.speedups is None:
-        pytest.skip("the C accelerator is not built")
+        pytest.skip(NO_ACCELERATOR)
     seed, kind = 5, fmt.CRC32C
     saved = fmt.speedups
     fmt.speedups = saved if accel else None

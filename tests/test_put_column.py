@@ -31,6 +31,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from helpers import NO_ACCELERATOR
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -39,7 +40,7 @@ from filechannel import arrow, writer
 from filechannel import format as fmt
 
 C = fmt.speedups
-needs_c = pytest.mark.skipif(C is None, reason="the C accelerator is not built or FILECHANNEL_PURE_PYTHON is set")
+needs_c = pytest.mark.skipif(C is None, reason=NO_ACCELERATOR)
 TWIN = settings(suppress_health_check=[HealthCheck.too_slow], deadline=None, max_examples=200)
 KEY = {"k1": bytes(range(32))}
 OPTS: dict[str, Any] = {"minimum_required_space": 0, "checkpoint_interval": 0}

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import data_files, records
+from helpers import NO_ACCELERATOR, data_files, records
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -361,7 +361,7 @@ def _scan(accel: bool, data: bytes, kind: int, mode: str, compact: bool) -> tupl
     return (list(scan.expand_runs(fs.records)), fs.end, fs.last_woid, ctx.reports)
 
 
-needs_c = pytest.mark.skipif(C is None, reason="the C accelerator is not built or FILECHANNEL_PURE_PYTHON is set")
+needs_c = pytest.mark.skipif(C is None, reason=NO_ACCELERATOR)
 
 
 @needs_c
@@ -409,7 +409,7 @@ def _batch_end(data: bytes) -> int:
 def test_a_sealed_mark_frame_has_the_plaintext_bounds_plus_its_tag(accel: bool) -> None:
     """Both frame checks (format.decode_record and the C twins) move a sealed MARK's bounds up by the tag."""
     if accel and C is None:
-        pytest.skip("the C accelerator is not built")
+        pytest.skip(NO_ACCELERATOR)
     seed, kind = 5, fmt.CRC32C
     lo, hi = fmt.mark_len_bounds(True)
     assert (lo, hi) == (fmt.MARK_MIN_PAYLOAD + fmt.ENC_TAG_LEN, fmt.MARK_MAX_PAYLOAD + fmt.ENC_TAG_LEN)

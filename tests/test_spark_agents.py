@@ -462,16 +462,20 @@ def test_min_events_per_trigger_waits_through_agents_then_gives_up_after_the_del
     reader = AgentStreamReader(SourceOptions.parse(opts, streaming=True), schema)
     try:
         start = reader.initialOffset()
+        limit = reader.getDefaultReadLimit()  # what Spark passes, except under trigger(once=True)
         assert start["positions"] == {cid(d): 0, cid(d2): 0}
         # 3 events in all, fewer than 5: no micro-batch yet, on either channel.
-        assert reader.latestOffset(start, ReadAllAvailable())["positions"] == {cid(d): 0, cid(d2): 0}
+        assert reader.latestOffset(start, limit)["positions"] == {cid(d): 0, cid(d2): 0}
         put(ch2, "b", 1, 1)
-        assert reader.latestOffset(start, ReadAllAvailable())["positions"] == {cid(d): 0, cid(d2): 0}
+        assert reader.latestOffset(start, limit)["positions"] == {cid(d): 0, cid(d2): 0}
         time.sleep(0.45)  # waited maxTriggerDelay since events first waited: go with what there is
-        end = reader.latestOffset(start, ReadAllAvailable())
+        end = reader.latestOffset(start, limit)
         assert end["positions"] == {cid(d): 2, cid(d2): 2}
         put(ch, "a", 2, 6)
-        assert reader.latestOffset(end, ReadAllAvailable())["positions"] == {cid(d): 8, cid(d2): 2}  # 6 >= 5: at once
+        assert reader.latestOffset(end, limit)["positions"] == {cid(d): 8, cid(d2): 2}  # 6 >= 5: at once
+        put(ch, "a", 8, 1)
+        # trigger(once=True): Spark passes ReadAllAvailable, and the remainder below the minimum goes at once.
+        assert reader.latestOffset(end, ReadAllAvailable())["positions"] == {cid(d): 9, cid(d2): 2}
     finally:
         reader.stop()
         agent.stop()
@@ -505,6 +509,8 @@ def test_starting_and_ending_positions_through_agents(tmp_path: Path) -> None:
         assert snapshot(startingPosition="3", endingPosition="6") == [3, 4, 5]
         assert snapshot(startingPosition=json.dumps({cid(d): 8})) == [8, 9]
         assert snapshot(startingPosition="latest") == []
+        with pytest.raises(ConfigError, match=f"endingPosition.*'0123'.*it reads {cid(d)} \\(agent "):
+            snapshot(endingPosition='{"0123": 5}')  # a key naming no channel read: refused, not ignored
         with pytest.raises(ConfigError, match="beyond what channel"):
             snapshot(endingPosition="11")
         with pytest.raises(ConfigError, match="before startingPosition"):
@@ -524,6 +530,10 @@ def test_starting_and_ending_positions_through_agents(tmp_path: Path) -> None:
         ]
         assert rows == [7, 8, 9]
         reader.stop()
+        typo = {**opts, "consumer": "typo", "startingPosition": json.dumps({cid(d)[:-1] + "x": 8})}
+        with pytest.raises(ConfigError, match=r"startingPosition.*not one this query reads"):
+            AgentStreamReader(SourceOptions.parse(typo, streaming=True), schema).initialOffset()
+        assert "typo" not in ConsumerStore(DEFAULT_FS, d).list()  # refused before registering anything
         # A known consumer keeps its own position: the option is for new ones only.
         again = AgentStreamReader(SourceOptions.parse({**opts, "startingPosition": "earliest"}, streaming=True), schema)
         assert again.initialOffset()["positions"] == {cid(d): 7}

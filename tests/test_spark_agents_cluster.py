@@ -61,6 +61,8 @@ def test_three_agents_a_blind_worker_and_kills_deliver_each_channel_exactly_once
         )
         assert m, out
         assert int(m.group(1)) == int(m.group(2)) > 0
+    assert "agents: mutual TLS with the run's CA" in out  # the secure path, end to end
+    assert "agent grpc+tls://localhost:" in out
     assert "SIGKILL of agent h2 mid-batch" in out
     assert "SIGKILL of the driver's session mid-batch" in out
     assert "SIGKILL of producer h3" in out

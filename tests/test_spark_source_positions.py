@@ -14,15 +14,18 @@ import pytest
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
-from pyspark.sql.streaming.datasource import ReadAllAvailable
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, ReadMinRows
 from pyspark.sql.types import BinaryType, LongType, MapType, StringType, StructField, StructType
 
 import filechannel
+from filechannel._fs import DEFAULT_FS
+from filechannel.consumers import ConsumerStore
 from filechannel.errors import ConfigError, DataLossError
 from filechannel.spark.source import (
     FileChannelBatchReader,
     FileChannelStreamReader,
     SourceOptions,
+    _channel_id,
     _parse_offset,
 )
 
@@ -111,13 +114,89 @@ def test_min_events_wait_then_give_up_after_the_delay(tmp_path: Path) -> None:
     d = channel(tmp_path, 3)
     r = stream(d, minEventsPerTrigger="5", maxTriggerDelay="300ms")
     start = r.initialOffset()
-    end: dict[str, Any] = r.latestOffset(start, ReadAllAvailable())
+    limit = r.getDefaultReadLimit()  # what Spark passes to latestOffset, except under trigger(once=True)
+    assert limit == ReadMinRows(5)
+    end: dict[str, Any] = r.latestOffset(start, limit)
     assert _parse_offset(end)[0] == _parse_offset(start)[0]  # 3 < 5: wait (no micro-batch)
     time.sleep(0.35)
-    end = r.latestOffset(start, ReadAllAvailable())
+    end = r.latestOffset(start, limit)
     assert list(_parse_offset(end)[0].values()) == [3]  # waited maxTriggerDelay: go with what there is
     with filechannel.open(d, minimum_required_space=0, background=False) as ch, ch.transaction() as tx:
         tx.put_many([b"x"] * 6)
     r2 = stream(d, "q2", minEventsPerTrigger="5")
     s2 = r2.initialOffset()
-    assert list(_parse_offset(r2.latestOffset(s2, ReadAllAvailable()))[0].values()) == [9]  # 9 >= 5: at once
+    assert list(_parse_offset(r2.latestOffset(s2, r2.getDefaultReadLimit()))[0].values()) == [9]  # 9 >= 5: at once
+
+
+def test_min_events_with_max_events_caps_each_micro_batch(tmp_path: Path) -> None:
+    d = channel(tmp_path, 12)
+    r = stream(d, minEventsPerTrigger="3", maxEventsPerTrigger="5")
+    start = r.initialOffset()
+    end = r.latestOffset(start, r.getDefaultReadLimit())
+    assert list(_parse_offset(end)[0].values()) == [5]  # the minimum is met; the maximum still caps the batch
+    assert list(_parse_offset(r.latestOffset(end, ReadMaxRows(2)))[0].values()) == [7]
+
+
+def test_trigger_once_ignores_min_events(tmp_path: Path) -> None:
+    # Under trigger(once=True) Spark passes ReadAllAvailable instead of the source's default
+    # limit: a scheduled run delivers the remainder below the minimum, as the Kafka source does.
+    d = channel(tmp_path, 5)
+    r = stream(d, minEventsPerTrigger="10", maxEventsPerTrigger="10")
+    start = r.initialOffset()
+    assert list(_parse_offset(r.latestOffset(start, ReadAllAvailable()))[0].values()) == [5]
+
+
+def test_min_events_above_max_events_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"minEventsPerTrigger.*10 is above maxEventsPerTrigger 5"):
+        stream(str(tmp_path), minEventsPerTrigger="10", maxEventsPerTrigger="5")
+    stream(str(tmp_path), minEventsPerTrigger="5", maxEventsPerTrigger="5")  # equal is fine
+
+
+def test_a_per_channel_key_naming_no_channel_read_is_refused(tmp_path: Path) -> None:
+    d = channel(tmp_path, 10)
+    cid = _channel_id(d)
+    typo = cid[:-1] + ("0" if cid[-1] != "0" else "1")
+    with pytest.raises(ConfigError, match=f"endingPosition.*{typo!r}.*it reads {cid} \\({d}\\)"):
+        batch(d, endingPosition=f'{{"{typo}": 9}}').partitions()
+    with pytest.raises(ConfigError, match=f"startingPosition.*{typo!r}"):
+        batch(d, startingPosition=f'{{"{typo}": 8}}').partitions()
+    with pytest.raises(ConfigError, match=r"startingPosition.*'ch'"):  # a relative path is not the channel's key
+        batch(d, startingPosition='{"ch": 8}').partitions()
+    assert positions(batch(d, startingPosition=f'{{"{cid}": 8}}')) == [(8, 10)]
+    # A stream refuses it before registering the consumer.
+    with pytest.raises(ConfigError, match=f"startingPosition.*{typo!r}"):
+        stream(d, startingPosition=f'{{"{typo}": 8}}').initialOffset()
+    assert ConsumerStore(DEFAULT_FS, d).list() == {}
+
+
+@pytest.mark.parametrize("value", ["true", "TRUE", " true "])
+def test_fail_on_data_loss_true_is_what_the_source_does(tmp_path: Path, value: str) -> None:
+    stream(str(tmp_path), failOnDataLoss=value)
+    SourceOptions.parse({"path": str(tmp_path), "failOnDataLoss": value}, streaming=False)
+
+
+@pytest.mark.parametrize(
+    ("value", "msg"), [("false", "false is not supported.*resetConsumer"), ("maybe", "must be true")]
+)
+def test_fail_on_data_loss_false_is_refused_with_the_reason(tmp_path: Path, value: str, msg: str) -> None:
+    with pytest.raises(ConfigError, match=f"failOnDataLoss.*{msg}"):
+        stream(str(tmp_path), failOnDataLoss=value)
+
+
+def test_trigger_once_delivers_a_remainder_below_min_events(spark: Any, tmp_path: Path) -> None:
+    d = channel(tmp_path, 5)
+    seen: list[int] = []
+    q = (
+        spark.readStream.format("filechannel")
+        .option("consumer", "once")
+        .option("minEventsPerTrigger", "10")
+        .option("maxTriggerDelay", "1s")
+        .load(d)
+        .writeStream.foreachBatch(lambda df, _id: seen.extend(r.position for r in df.collect()))
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(once=True)
+        .start()
+    )
+    assert q.awaitTermination(120)
+    assert q.exception() is None
+    assert sorted(seen) == [0, 1, 2, 3, 4]

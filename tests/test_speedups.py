@@ -29,7 +29,7 @@ from typing import Any
 
 import google_crc32c
 import pytest
-from helpers import decode_puts_outcome, payload_fits
+from helpers import NO_ACCELERATOR, decode_puts_outcome, payload_fits
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -39,7 +39,7 @@ from filechannel.config import ChannelConfig
 from filechannel.errors import CorruptLogError, FormatError
 
 C = fmt.speedups
-needs_c = pytest.mark.skipif(C is None, reason="the C accelerator is not built or FILECHANNEL_PURE_PYTHON is set")
+needs_c = pytest.mark.skipif(C is None, reason=NO_ACCELERATOR)
 KINDS = [fmt.CRC32C, fmt.CRC32_ZLIB]
 CID = b"\x07" * 16
 TWIN = settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -49,7 +49,7 @@ TWIN = settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.functio
 def crc_impl(request: pytest.FixtureRequest) -> Iterator[str]:
     """Run a test under each CRC-32C the extension can use."""
     if C is None:
-        pytest.skip("the C accelerator is not built or FILECHANNEL_PURE_PYTHON is set")
+        pytest.skip(NO_ACCELERATOR)
     was = C.crc32c_impl()
     if request.param != "google-crc32c":
         C.unbind_crc32c()
@@ -478,7 +478,7 @@ def test_a_floor_above_the_records_at_start_is_reported_and_the_scan_ends(accel:
     import threading
 
     if accel and C is None:
-        pytest.skip("the C accelerator is not built or FILECHANNEL_PURE_PYTHON is set")
+        pytest.skip(NO_ACCELERATOR)
     data, ends = _file(fmt.CRC32C)
     base = ends[2]
     floor = _woid_before(fmt.CRC32C, ends[5])  # the records of batches 3 and 4 are at or below it
@@ -529,7 +529,7 @@ def test_a_compact_scan_keeps_one_run_per_transaction_stretch(accel: bool) -> No
     """Runs: one per stretch of a transaction's PUTs inside one batch, in write order, over one
     pair of columns holding every verified PUT's pointer; other records stay records."""
     if accel and C is None:
-        pytest.skip("the C accelerator is not built or FILECHANNEL_PURE_PYTHON is set")
+        pytest.skip(NO_ACCELERATOR)
     data, _ends = _file(fmt.CRC32C)
     plain = _scan(accel, data, fmt.CRC32C, 0, True, "fail", "commit", 0, 0)[0]
     compact = _scan(accel, data, fmt.CRC32C, 0, True, "fail", "commit", 0, 0, compact=True)[0]
@@ -550,7 +550,7 @@ def test_a_compact_scan_keeps_one_run_per_transaction_stretch(accel: bool) -> No
 def test_runs_end_where_their_transaction_does(accel: bool) -> None:
     """PUTs of several transactions in one batch: a run per stretch of one transaction."""
     if accel and C is None:
-        pytest.skip("the C accelerator is not built or FILECHANNEL_PURE_PYTHON is set")
+        pytest.skip(NO_ACCELERATOR)
     data, ends = _interleaved_file(fmt.CRC32C)
     assert len(ends) == 4
     plain = _scan(accel, data, fmt.CRC32C, 0, True, "fail", "commit", 0, 0)[0]
@@ -943,7 +943,7 @@ def test_decode_puts_survives_an_error_type_that_shrinks_the_offsets() -> None:
 def _take_both(bodies: list[Any], headers: list[Any], a: int, m: int, first: int) -> Any:
     """Run ``channel._take_slots`` on copies of the run through each path; both must agree on
     everything: the Events (and their type), the byte count, what is left in the run, or the error."""
-    from filechannel.channel import _take_slots
+    from filechannel.takes import take_slots as _take_slots
 
     saved = fmt.speedups
     out = []

@@ -37,7 +37,7 @@ def path_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     if request.param == "python":
         monkeypatch.setattr(fmt, "speedups", None)
     elif fmt.speedups is None:
-        pytest.skip("the C accelerator is not built or FILECHANNEL_PURE_PYTHON is set")
+        pytest.skip(helpers.NO_ACCELERATOR)
     return request.param
 
 

@@ -9,7 +9,9 @@ from hypothesis import strategies as st
 
 from filechannel import format as fmt
 from filechannel._queue import EventQueue, Taken
-from filechannel.channel import _file_runs, _ranges, _take_runs
+from filechannel.takes import file_runs as _file_runs
+from filechannel.takes import ranges as _ranges
+from filechannel.takes import take_runs as _take_runs
 
 
 def _ranges_by_loop(positions: list[int]) -> list[tuple[int, int]]:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import struct
 from pathlib import Path
 
 import pytest
+from simfs import SimFS
 
-pytest.importorskip("cryptography", reason="the crypto extra (pip install 'filechannel[crypto]') is not installed")
+pytest.importorskip("cryptography", reason="the crypto extra is not installed (README, Installing)")
 
 import filechannel
 from filechannel import format as fmt
@@ -143,3 +145,23 @@ def test_cli_and_inspection_with_and_without_the_key(tmp_path: Path, capsys: pyt
     os.chmod(other, 0o600)
     assert cli_main(["wal", "verify", d, "--keystore", str(other)]) == 2
     assert "k1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("short", [None, 10])
+def test_enospc_then_more_writes_then_a_power_cut_reopens_with_every_record(short: int | None) -> None:
+    """An undone batch must not advance the batch-tag chain (issue 32, item 19); the power cut comes before a close."""
+    fs = SimFS()
+    d = "/sim/wal"
+    w = filechannel.WriteAheadLog(d, fs=fs, encryption=enc())
+    w.write(b"one")
+    fs.inject("pwrite_all", 1, errno.ENOSPC, short=short, path="seg-")
+    with pytest.raises(OSError) as info:
+        w.write(b"two" * 50)
+    assert info.value.errno == errno.ENOSPC
+    w.write(b"three")
+    w.write_many([b"four", b"five"])
+    assert list(w.read_all()) == [b"one", b"three", b"four", b"five"]
+    for seed, mode in ((0, "drop"), (1, "keep"), (5, "random")):
+        with filechannel.WriteAheadLog(d, fs=fs.crash(seed, mode), encryption=enc()) as w2:
+            assert list(w2.read_all()) == [b"one", b"three", b"four", b"five"]
+    w.close()

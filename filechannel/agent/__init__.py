@@ -6,7 +6,7 @@ This package owns the network side of a channel (see ``docs/agents.md``):
 - :func:`connect` returns an :class:`AgentClient` (discovery, consumers,
   acknowledgements, verified reads); :class:`AgentSettings` is its picklable form.
 
-Both need pyarrow (``pip install 'filechannel[agent]'``), imported only when
+Both need pyarrow (``pip install '.[agent]' in filechannel's clone``), imported only when
 one of them is first used; the exceptions in :mod:`filechannel.agent.errors`
 need nothing optional.
 """
@@ -67,7 +67,7 @@ def __getattr__(name: str) -> Any:
         import pyarrow.flight  # noqa: F401
     except ImportError as exc:
         raise ImportError(
-            f"filechannel.agent.{name} needs pyarrow with Arrow Flight: pip install 'filechannel[agent]'"
+            f"filechannel.agent.{name} needs pyarrow with Arrow Flight: pip install '.[agent]' in filechannel's clone"
         ) from exc
     from importlib import import_module
 

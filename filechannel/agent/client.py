@@ -31,9 +31,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from filechannel.channel import Event
 from filechannel.crypto import Encryption, as_encryption
 from filechannel.errors import ChannelError, ConfigError
+from filechannel.events import Event
 from filechannel.reader import Segment, decode_segment
 from filechannel.scan import segment_name
 
@@ -203,6 +203,7 @@ class AgentClient:
 
     def _flight(self) -> Any:
         if self._client is None:
+            quiet_grpc()
             try:
                 self._client = fl.FlightClient(self.uri, **self._kwargs)
             except (fl.FlightError, ValueError) as exc:
@@ -217,12 +218,7 @@ class AgentClient:
         if isinstance(exc, fl.FlightTimedOutError):
             return AgentTimeoutError(self.uri, f"{what}: no answer within {self.settings.timeout:g} s (the deadline)")
         if isinstance(exc, fl.FlightUnavailableError):
-            hint = ""
-            if parse_uri(self.uri, "uri").tls and not self.settings.tls_cert:
-                hint = (
-                    "; if the agent requires client certificates (--client-ca), give tls_cert and tls_key "
-                    "(the Spark options tlsCert and tlsKey)"
-                )
+            hint = tls_hint(msg, self.settings) if parse_uri(self.uri, "uri").tls else ""
             return AgentUnavailableError(self.uri, f"{what}: cannot reach the agent ({msg}){hint}")
         if isinstance(exc, (fl.FlightUnauthenticatedError, fl.FlightUnauthorizedError)):
             return AgentAuthError(self.uri, f"{what} refused: {msg}")
@@ -263,9 +259,12 @@ class AgentClient:
         return out
 
     def status(self) -> dict[str, Any]:
-        """The agent's state: ``{agent, version, channels: [{channel, name, start, end, consumers}]}``.
+        """The agent's state: ``{agent, version, channels: [...], connections}``.
 
-        ``consumers`` maps each registered consumer name to ``{identity, acked, lag}``.
+        Each channel: ``{channel, name, start, end, bytes, disk_free, consumers}`` and, for
+        a channel the agent owns, ``fsync_seconds_buckets``; ``consumers`` maps each
+        registered consumer name to ``{identity, acked, lag, lag_bytes}``. ``connections``:
+        per protocol, the client connections with a call in the last minute (docs/agents.md).
         """
         return self._action("status", {})
 
@@ -598,6 +597,60 @@ class AgentClient:
 
 def _put_batch(schema: Any, bodies: list[bytes], maps: list[Any]) -> Any:
     return pa.record_batch([pa.array(bodies, pa.binary()), pa.array(maps, schema.field("headers").type)], schema=schema)
+
+
+def tls_hint(msg: str, settings: AgentSettings) -> str:
+    """Which side's certificate or CA a failed TLS connection most likely points at (``""``: no idea).
+
+    From what gRPC tells the client: the client's own check of the agent's
+    certificate fails with a reason; an agent that refuses the client's
+    certificate just closes the connection during the handshake.
+    """
+    if "wrong version number" in msg:
+        return (
+            "; the agent does not speak TLS at this address: is it listening on grpc:// rather than grpc+tls://? "
+            "(give the URI it listens on)"
+        )
+    if "certificate verify failed" in msg:
+        ca = (
+            f"the CA in tls_ca ({settings.tls_ca})"
+            if settings.tls_ca
+            else "the system's CAs (no tls_ca was given: give the CA that signed the agent's certificate)"
+        )
+        return (
+            f"; this client does not trust the agent's certificate: it is not signed by {ca}. The agent's side: "
+            "its --tls-cert; this side: tls_ca (the Spark option tlsCa)"
+        )
+    if "not in peer certificate" in msg or "Peer name" in msg:
+        return (
+            "; the agent's certificate does not name the host in the URI: connect by a name (or IP) its "
+            "certificate lists, or give override_hostname"
+        )
+    if "Socket closed" in msg or "Connection reset" in msg:
+        if settings.tls_cert:
+            return (
+                "; the agent closed the connection during the TLS handshake: most likely it does not accept this "
+                f"client's certificate (tls_cert {settings.tls_cert} must be signed by the CA the agent was given "
+                "with --client-ca), or the agent is stopping"
+            )
+        return (
+            "; if the agent requires client certificates (--client-ca), give tls_cert and tls_key "
+            "(the Spark options tlsCert and tlsKey)"
+        )
+    return ""
+
+
+def quiet_grpc() -> None:
+    """Silence gRPC's own log lines on stderr (``Handshake failed``, ``absl::InitializeLog``) in a client.
+
+    Called before this process makes its first connection, which is when gRPC
+    reads ``GRPC_VERBOSITY``. Left as it is when the user set ``GRPC_VERBOSITY``,
+    or when the ``filechannel`` log shows INFO (``filechannel -v``): then gRPC
+    logs as it would. What failed is in the error this client raises either way.
+    """
+    if "GRPC_VERBOSITY" in os.environ or logging.getLogger("filechannel").isEnabledFor(logging.INFO):
+        return
+    os.environ["GRPC_VERBOSITY"] = "NONE"
 
 
 def _first_line(exc: BaseException) -> str:

@@ -74,6 +74,8 @@ CHANNEL_METRICS: tuple[tuple[str, str, str, str, str], ...] = (
     ("corruptions_skipped", "counter", "Damaged records skipped (on_corruption=skip)", "corruptions_skipped", ""),
     ("damaged_events_dropped", "counter", "Events dropped as damaged", "damaged_events_dropped", ""),
     ("lost_positions", "gauge", "Positions reported lost to damage", "lost_positions", ""),
+    ("channel_bytes", "gauge", "Record bytes of the queued events (an agent's channels)", "", ""),
+    ("disk_free_bytes", "gauge", "Bytes unprivileged writers may still use on the channel's file system", "", ""),
 )
 
 # (metric name, help, key of a consumer row) -- labels channel and consumer
@@ -175,6 +177,27 @@ class _ChannelCollector:
         return []  # values are read at scrape time only
 
 
+class _ConnectionsCollector:
+    """The agent's client connections with a call lately, by protocol, read at each scrape."""
+
+    def __init__(self, counts: Callable[[], dict[str, int]]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        g = GaugeMetricFamily(
+            PREFIX + "agent_connections",
+            "Client connections (address and port) with a call in the last minute, by protocol",
+            labels=["protocol"],
+        )
+        counts = {"flight": 0, "http": 0, **self._counts()}
+        for protocol, n in sorted(counts.items()):
+            g.add_metric([protocol], n)
+        yield g
+
+    def describe(self) -> list[Metric]:
+        return []
+
+
 def render_samples(samples: list[ChannelSample]) -> bytes:
     """The Prometheus text of ``samples`` alone (``filechannel stat --prometheus``)."""
     registry = CollectorRegistry(auto_describe=False)
@@ -190,10 +213,14 @@ class AgentMetrics:
     Flight handlers count into it.
     """
 
-    def __init__(self, samples: Callable[[], list[ChannelSample]]) -> None:
+    def __init__(
+        self, samples: Callable[[], list[ChannelSample]], connections: Callable[[], dict[str, int]] | None = None
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self._lock = threading.Lock()
         self.registry.register(_ChannelCollector(samples))  # type: ignore[arg-type]
+        if connections is not None:
+            self.registry.register(_ConnectionsCollector(connections))  # type: ignore[arg-type]
         info = Gauge(PREFIX + "agent_info", "The agent's version (always 1)", ["version"], registry=self.registry)
         info.labels(__version__).set(1)
         self.http_requests = Counter(
@@ -212,6 +239,31 @@ class AgentMetrics:
             PREFIX + "http_duplicate_requests",
             "HTTP requests answered from a committed Idempotency-Key (nothing put)",
             ["channel"],
+            registry=self.registry,
+        )
+        # The push sources other than the HTTP one (OTLP, forward, ...): label source names which.
+        self.source_events = Counter(
+            PREFIX + "source_events",
+            "Events committed from a push source (otlp, forward, ...), by source and channel",
+            ["source", "channel"],
+            registry=self.registry,
+        )
+        self.source_refused = Counter(
+            PREFIX + "source_refused",
+            "Events or messages a push source refused or left out, by source, channel and reason",
+            ["source", "channel", "reason"],
+            registry=self.registry,
+        )
+        self.source_duplicates = Counter(
+            PREFIX + "source_duplicates",
+            "Retried chunks answered from a committed key (nothing put), by source and channel",
+            ["source", "channel"],
+            registry=self.registry,
+        )
+        self.source_connections = Gauge(
+            PREFIX + "source_connections",
+            "Connections open to a stream source now, by source",
+            ["source"],
             registry=self.registry,
         )
         self.flight_calls = Counter(

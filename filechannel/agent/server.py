@@ -85,6 +85,7 @@ from .auth import (
 )
 from .errors import AgentError, AgentProtocolError, UnknownChannelError
 from .staging import AgentSink, StageRequest
+from .syslog_source import SyslogSources, resolve, start_syslog
 from .tail import TailSource, make_tails
 
 __all__ = ["Agent", "AgentConfig", "check", "serve"]
@@ -123,6 +124,10 @@ class AgentConfig:
             (neither ``client_ca`` nor ``token_file``); refused unless this is set.
         tail: Follow files into the channels (``--tail GLOB`` / ``NAME=GLOB``; ``tail.py``); needs ``writable``.
         tail_options: Options of the tail sources (``TailSource``'s keyword arguments, e.g. ``follow_symlinks``).
+        forward: Take Fluent's forward protocol (``--forward``; ``forward.py``, needs msgpack) with these
+            settings (a ``ForwardSettings``); needs ``writable``.
+        syslog: The syslog and RELP sources (``--syslog``, ``--relp``): a ``syslog_source.SyslogSettings``;
+            needs ``writable``.
     """
 
     directories: tuple[str, ...]
@@ -144,6 +149,8 @@ class AgentConfig:
     insecure_allow_anyone: bool = False
     tail: tuple[str, ...] = ()
     tail_options: Mapping[str, Any] = field(default_factory=dict)
+    forward: Any = None
+    syslog: Any = None
 
     def parsed_listen(self) -> Listen:
         """The listen URI, checked together with the TLS options.
@@ -293,6 +300,28 @@ class _Served:
         }
         return {"channel": self.cid, "name": self.name, "start": start, "end": end, "consumers": consumers}
 
+    def status(self) -> dict[str, Any]:
+        """What ``status`` answers of this channel (``filechannel top`` shows it).
+
+        :meth:`describe`, plus the queued bytes (``bytes``, each consumer's
+        ``lag_bytes``), the file system's free bytes (``disk_free``) and, for an
+        owned channel, its fsync histogram (``fsync_seconds_buckets``).
+        """
+        out = self.describe()
+        start, end = out["start"], out["end"]
+        rows = sorted(out["consumers"].items())
+        sizes = self.view.record_bytes([start, *(max(start, c["acked"]) for _, c in rows)], end)
+        out["bytes"] = sizes[0]
+        for (_, c), b in zip(rows, sizes[1:], strict=True):
+            c["lag_bytes"] = b
+        try:
+            out["disk_free"] = DEFAULT_FS.free_space(self.directory)
+        except OSError:
+            out["disk_free"] = None
+        if self.channel is not None and not self.channel.closed:
+            out["fsync_seconds_buckets"] = self.channel.stats()["fsync_seconds_buckets"]
+        return out
+
 
 def _load(config: AgentConfig, d: str, encryption: Encryption | None) -> _Served:
     """Channel directory ``d`` of ``config``, read only: its id, channel file and name (the view not loaded)."""
@@ -371,7 +400,8 @@ def _http_module() -> Any:
         from . import web
     except ImportError as exc:
         raise ConfigError(
-            "http", f"the HTTP port needs aiohttp and prometheus_client ({exc}): pip install 'filechannel[agent]'"
+            "http",
+            f"the HTTP port needs aiohttp and prometheus_client ({exc}): pip install '.[agent]' in filechannel's clone",
         ) from None
     return web
 
@@ -425,15 +455,19 @@ def check(config: AgentConfig) -> tuple[dict[str, Any], list[Exception]]:
             attempt(lambda d=d: one(d))
     if config.http is not None:
         attempt(lambda: _http_module().check_names((ch.name, ch.directory) for ch in served.values()))
-    if config.tail and len(served) == len(config.directories):
+    if (config.tail or config.syslog is not None) and len(served) == len(config.directories):
         # The tail sources are made (not started) as a start makes them, each over a stand-in of the
-        # channel it would own: its options, nothing opened.
+        # channel it would own: its options, nothing opened; the syslog listeners checked on them too.
         stand_ins = [
             SimpleNamespace(name=ch.name, channel=SimpleNamespace(config=options) if options is not None else None)
             for ch in served.values()
         ]
-        if not config.writable or options is not None:
+        if config.tail and (not config.writable or options is not None):
             attempt(lambda: make_tails(stand_ins, config.tail, **config.tail_options))
+        if config.syslog is not None and (not config.writable or options is not None):
+            attempt(lambda: resolve(config.syslog, config, stand_ins))
+    if config.forward is not None and len(served) == len(config.directories):
+        attempt(lambda: _forward_module().check_forward(config, [ch.name for ch in served.values()], config.forward))
     summary = {
         "listen": listen.location() if listen is not None else config.listen,
         "tls": bool(listen is not None and listen.tls),
@@ -445,6 +479,17 @@ def check(config: AgentConfig) -> tuple[dict[str, Any], list[Exception]]:
         "channels": channels,
     }
     return summary, problems
+
+
+def _forward_module() -> Any:
+    """``forward.py`` (it needs msgpack, imported only for ``--forward``)."""
+    try:
+        from . import forward
+    except ImportError as exc:
+        raise ConfigError(
+            "forward", f"needs msgpack ({exc}): pip install '.[sources]' in filechannel's clone"
+        ) from None
+    return forward
 
 
 def _tls_material(config: AgentConfig) -> tuple[list[Any], bytes | None]:
@@ -538,6 +583,7 @@ class _FlightServer(fl.FlightServerBase):  # type: ignore[misc]
 
     def _run(self, what: str, context: Any, fn: Any) -> Any:
         metrics = self._agent.metrics
+        self._agent.connections.seen("flight", context.peer())
         try:
             result = fn()
         except fl.FlightError:
@@ -642,8 +688,13 @@ class _FlightServer(fl.FlightServerBase):  # type: ignore[misc]
                 out = []
                 for ch in chans:
                     with ch.lock:
-                        out.append(ch.describe())
-                return {"agent": self._agent.location, "version": __version__, "channels": out}
+                        out.append(ch.status())
+                return {
+                    "agent": self._agent.location,
+                    "version": __version__,
+                    "channels": out,
+                    "connections": self._agent.connections.counts(),
+                }
             if kind in proto.SINK_ACTIONS:
                 return self._sink_action(context, kind, req)
             if kind not in proto.ACTIONS:
@@ -889,6 +940,37 @@ def _segment_batch(schema: Any, s: Segment) -> Any:
     )
 
 
+class ConnectionTracker:
+    """The client connections (peer address and port) that made a call lately, by protocol: thread-safe.
+
+    A connection counts for ``window`` seconds after its last call, so a client
+    that keeps its connection and calls now and then counts once. ``status``
+    answers these counts as ``connections`` (``filechannel top`` shows them).
+    """
+
+    def __init__(self, window: float = 60.0) -> None:
+        self.window = window
+        self._lock = threading.Lock()
+        self._seen: dict[tuple[str, str], float] = {}
+
+    def seen(self, protocol: str, peer: str) -> None:
+        """Note a call from ``peer`` (as the transport names it, e.g. ``ipv4:10.0.0.5:53122``)."""
+        with self._lock:
+            self._seen[(protocol, peer)] = time.monotonic()
+
+    def counts(self) -> dict[str, int]:
+        """Connections per protocol with a call in the last ``window`` seconds (older ones are forgotten)."""
+        cutoff = time.monotonic() - self.window
+        out: dict[str, int] = {}
+        with self._lock:
+            for key, t in list(self._seen.items()):
+                if t < cutoff:
+                    del self._seen[key]
+                else:
+                    out[key[0]] = out.get(key[0], 0) + 1
+        return out
+
+
 class Agent:
     """A running agent (made by :func:`serve`): listening as soon as it exists.
 
@@ -916,11 +998,15 @@ class Agent:
         self.location = listen.location()
         self.http: Any = None  # the HttpServer (web.py) when config.http is set
         self.metrics: Any = None  # its AgentMetrics
+        self.connections = ConnectionTracker()  # client connections seen lately (status, filechannel top)
         self.tails: list[TailSource] = []  # the tail sources (tail.py) of config.tail
+        self.forward: Any = None  # the ForwardSource (forward.py) when config.forward is set
+        self.syslog: SyslogSources | None = None  # the syslog and RELP listeners (syslog_source.py)
         self._server: Any = None
         self._socket: tuple[str, int] | None = None  # a grpc+unix socket's path and inode, removed at stop
-        # Every part starts (Flight, HTTP, the tail sources) before anything is announced (the port
-        # files, the "serving" line): an agent that cannot start every part stops them all and raises.
+        # Every part starts (Flight, HTTP, the syslog listeners, the tail sources) before anything is
+        # announced (the port files, the "serving" line): an agent that cannot start every part stops
+        # them all and raises.
         try:
             if config.tail:
                 self.tails = make_tails(self.channels.values(), config.tail, **config.tail_options)
@@ -936,6 +1022,10 @@ class Agent:
             self.location = listen.location(self.port if listen.scheme != "grpc+unix" else None)
             if config.http is not None:
                 self._start_http()
+            if config.forward is not None:
+                self._start_forward()
+            if config.syslog is not None:
+                self.syslog = start_syslog(self, settings=config.syslog)
             for src in self.tails:
                 src.start()
                 logger.info("tailing %s into %s", ", ".join(src.patterns), src.channel.directory)
@@ -958,6 +1048,9 @@ class Agent:
             ", certificate allow-list" if config.allow else "",
             ", ".join(f"{c.cid} ({c.name})" for c in self.channels.values()),
         )
+
+    def _start_forward(self) -> None:
+        self.forward = _forward_module().ForwardSource(self, self.config.forward)
 
     def _start_http(self) -> None:
         self.http = _http_module().HttpServer(self, self.config.http)
@@ -987,8 +1080,12 @@ class Agent:
         """Stop every part started (the tail sources first: they put), then close the channels."""
         self._stopped = True
         try:
+            if self.syslog is not None:
+                self.syslog.stop()
             for src in self.tails:
                 src.stop()
+            if self.forward is not None:
+                self.forward.stop()
             if self.http is not None:
                 self.http.stop()
             if self._server is not None:
@@ -1034,13 +1131,18 @@ def serve(
     insecure_allow_anyone: bool = False,
     tail: Sequence[str] = (),
     tail_options: Mapping[str, Any] | None = None,
+    forward: Any = None,
+    syslog: Any = None,
 ) -> Agent:
     """Start an agent serving ``directories`` on ``listen`` and return it (stop it with ``.stop()``).
 
     See :class:`AgentConfig` for the arguments (``http``: an ``HttpSettings`` of
     ``filechannel.agent.web``, or ``"HOST:PORT"``). The agent listens on return;
     with port 0 its ``.port`` (and ``port_file``) tells which port was bound, and
-    ``.http.port`` the HTTP one. With ``tail``, its tail sources run (``.tails``) on return.
+    ``.http.port`` the HTTP one. With ``tail``, its tail sources run (``.tails``) on return; with
+    ``syslog`` (a ``SyslogSettings``), its syslog and RELP listeners (``.syslog``).
+    ``forward`` (a ``ForwardSettings`` of ``filechannel.agent.forward``, or its addresses, e.g.
+    ``["tcp://127.0.0.1:24224"]``) starts the forward source (``.forward``, its ``.ports``).
     Nothing is announced (the port files, the "serving" log line) until every part has started.
 
     Raises:
@@ -1053,6 +1155,10 @@ def serve(
         from .web import HttpSettings
 
         http = HttpSettings(http)
+    if forward is not None and not hasattr(forward, "addresses"):  # addresses, not ForwardSettings
+        from .forward import ForwardSettings
+
+        forward = ForwardSettings((forward,) if isinstance(forward, str) else tuple(forward))
     config = AgentConfig(
         tuple(os.fspath(d) for d in dirs),
         listen,
@@ -1073,5 +1179,7 @@ def serve(
         insecure_allow_anyone=insecure_allow_anyone,
         tail=tuple(tail),
         tail_options=dict(tail_options or {}),
+        forward=forward,
+        syslog=syslog,
     )
     return Agent(config)

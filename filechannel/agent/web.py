@@ -9,9 +9,11 @@ loop in a thread of its own:
   channel transaction, answered ``200`` only after its durable commit. An
   ``Idempotency-Key`` header makes retries exactly-once: the key commits in
   the same transaction as the events, as a mark in a ring of
-  ``idempotency_keys`` slots per channel (``http:<slot>`` = ``"<seq> <body
+  ``idempotency_keys`` slots per channel (``idempotency.py``; ``http:<slot>`` = ``"<seq> <body
   hash> <key>"``; marks cannot be deleted, so the ring bounds them); a retry
   whose key is among the ring's keys is answered ``200`` again, nothing put.
+- ``POST /v1/logs``: OTLP/HTTP logs (decoded by ``otlp.py``; ``docs/otlp.md``),
+  one transaction per request, the channel from ``X-Filechannel-Channel``.
 - ``GET /v1/channels``: the served channels by name.
 - ``GET /metrics``: Prometheus text (``metrics.py``).
 - ``GET /healthz`` (the process answers) and ``GET /readyz`` (every channel
@@ -39,7 +41,6 @@ import os
 import re
 import ssl
 import threading
-import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -58,18 +59,22 @@ from filechannel.errors import (
     InvalidEventError,
     TransactionCapacityError,
 )
+from filechannel.format import encoded_event_size
 
+from . import otlp
 from .auth import (
     allowed,
     bearer_problem,
     certificate_name,
     is_loopback,
     may_write,
-    read_public_file,
-    read_secret_file,
     read_token,
 )
+from .idempotency import KeyConflictError as _Conflict
+from .idempotency import KeyRing
 from .metrics import CONTENT_TYPE, AgentMetrics, ChannelSample, sample_from_stats
+from .sources import CHANNEL_HEADER
+from .sources import server_ssl_context as _ssl_context
 
 if TYPE_CHECKING:
     import threading
@@ -99,6 +104,9 @@ class Agent(Protocol):
 
     @property
     def config(self) -> Any: ...
+
+    @property
+    def connections(self) -> Any: ...  # a server.ConnectionTracker: seen(protocol, peer)
 
 
 __all__ = ["HttpServer", "HttpSettings", "channel_samples", "parse_http_address", "readiness"]
@@ -178,99 +186,6 @@ def parse_http_address(address: str) -> tuple[str, int]:
     return host, int(port_s)
 
 
-class _Conflict(ChannelError):
-    """An idempotency key committed with another body."""
-
-
-class _Ring:
-    """The idempotency keys of one channel: a ring of mark slots, rebuilt from the channel's marks.
-
-    Slot ``seq % size`` holds ``"<seq> <fingerprint> <key>"`` of the key committed
-    with sequence ``seq``; a new key overwrites the slot of the key ``size``
-    commits older, which is forgotten then. One request per key runs at a time
-    (striped locks), so a retry racing its original never commits twice.
-    """
-
-    def __init__(self, channel: FileChannel, size: int) -> None:
-        self.size = size
-        self.lock = threading.Lock()
-        self.by_key: dict[str, tuple[int, str]] = {}  # key -> (seq, fingerprint)
-        self.by_slot: dict[int, tuple[int, str]] = {}  # slot -> (seq, key)
-        self.next_seq = 0
-        self.stripes = [threading.Lock() for _ in range(256)]
-        for mark, value in channel.marks().items():
-            if not mark.startswith(MARK_PREFIX):
-                continue
-            try:
-                seq_s, fp, key = value.decode("ascii").split(" ", 2)
-                slot, seq = int(mark[len(MARK_PREFIX) :]), int(seq_s)
-            except (UnicodeDecodeError, ValueError):
-                logger.warning("ignoring mark %r: not an HTTP idempotency slot", mark)
-                continue
-            self._remember(slot, seq, key, fp)
-            self.next_seq = max(self.next_seq, seq + 1)
-
-    def _remember(self, slot: int, seq: int, key: str, fp: str) -> None:
-        old = self.by_slot.get(slot)
-        if old is not None:
-            if old[0] > seq:
-                return
-            if self.by_key.get(old[1], (None,))[0] == old[0]:
-                del self.by_key[old[1]]
-        self.by_slot[slot] = (seq, key)
-        self.by_key[key] = (seq, fp)
-
-    def put(
-        self,
-        channel: FileChannel,
-        key: str | None,
-        fingerprint: str,
-        bodies: list[bytes],
-        headers: list[dict[str, str] | None],
-    ) -> tuple[bool, float]:
-        """Commit the events (and the key) as one transaction; return (duplicate, seconds to commit).
-
-        Raises:
-            _Conflict: ``key`` was committed with another body.
-            ChannelError: From the channel (full, too large, failed, ...); nothing was put.
-        """
-        if key is None:
-            return False, _commit(channel, bodies, headers, None, b"")
-        with self.stripes[hash(key) % len(self.stripes)]:
-            with self.lock:
-                hit = self.by_key.get(key)
-                if hit is None:
-                    seq = self.next_seq
-                    self.next_seq += 1
-            if hit is not None:
-                if hit[1] != fingerprint:
-                    raise _Conflict(f"Idempotency-Key {key!r} was committed with another body; use a new key")
-                return True, 0.0
-            slot = seq % self.size
-            took = _commit(
-                channel,
-                bodies,
-                headers,
-                f"{MARK_PREFIX}{slot}",
-                b"%d %s %s" % (seq, fingerprint.encode(), key.encode()),
-            )
-            with self.lock:
-                self._remember(slot, seq, key, fingerprint)
-            return False, took
-
-
-def _commit(
-    channel: FileChannel, bodies: list[bytes], headers: list[dict[str, str] | None], mark: str | None, value: bytes
-) -> float:
-    t0 = time.monotonic()
-    with channel.transaction() as tx:
-        for b, h in zip(bodies, headers, strict=True):
-            tx.put(b, headers=h)
-        if mark is not None:
-            tx.mark(mark, value)
-    return time.monotonic() - t0
-
-
 class _BadRequest(Exception):
     def __init__(self, status: int, reason: str, headers: dict[str, str] | None = None, close: bool = False) -> None:
         super().__init__(reason)
@@ -341,9 +256,8 @@ def parse_json_events(data: bytes) -> tuple[list[bytes], list[dict[str, str] | N
 
 
 def _data_dirs(ch: _Served) -> list[str]:
-    log = getattr(ch.channel, "_log", None)
-    dirs = getattr(log, "data_dirs", None)
-    return list(dirs) if dirs else [ch.directory]
+    dirs = ch.channel.data_dirs if ch.channel is not None else None
+    return dirs or [ch.directory]
 
 
 def readiness(agent: Agent) -> tuple[bool, dict[str, Any]]:
@@ -394,18 +308,17 @@ def channel_samples(agent: Agent) -> list[ChannelSample]:
                 s.values["next_position"] = float(end)
                 for cname, c in info["consumers"].items():
                     s.consumers[cname] = {"acked": float(c["acked"]), "lag_events": float(c["lag"])}
+            try:
+                s.values["disk_free_bytes"] = float(DEFAULT_FS.free_space(ch.directory))
+            except OSError:
+                pass
             with ch.lock:
                 start, end = ch.view.available()
-                for row in s.consumers.values():
-                    lo = max(int(row["acked"]), start)
-                    if lo >= end:
-                        row["lag_bytes"] = 0.0
-                        continue
-                    try:
-                        segs = ch.view.segments(lo, end, 1 << 62)
-                    except ChannelError:
-                        continue
-                    row["lag_bytes"] = float(sum(sum(seg.sizes) for seg in segs))
+                rows = list(s.consumers.values())
+                sizes = ch.view.record_bytes([start, *(max(int(r["acked"]), start) for r in rows)], end)
+            s.values["channel_bytes"] = float(sizes[0])
+            for row, b in zip(rows, sizes[1:], strict=True):
+                row["lag_bytes"] = float(b)
         except (ChannelError, OSError) as exc:
             logger.warning("metrics of channel %s (%s): %s", ch.name, ch.cid, exc)
             continue
@@ -439,27 +352,6 @@ def ssl_context(config: Any) -> ssl.SSLContext:
     return _ssl_context(config.tls_cert, config.tls_key, config.client_ca)
 
 
-def _ssl_context(tls_cert: str, tls_key: str, client_ca: str | None) -> ssl.SSLContext:
-    read_public_file(tls_cert, "tls_cert")
-    read_secret_file(tls_key, "tls_key")  # the mode and owner checks; ssl reads the file itself
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    try:
-        ctx.load_cert_chain(tls_cert, tls_key)
-    except (ssl.SSLError, OSError) as exc:
-        raise ConfigError(
-            "tls_cert",
-            f"{tls_cert} and {tls_key} are not a PEM certificate chain and its key ({exc.__class__.__name__})",
-        ) from None
-    if client_ca:
-        read_public_file(client_ca, "client_ca")
-        try:
-            ctx.load_verify_locations(cafile=client_ca)
-        except (ssl.SSLError, OSError):
-            raise ConfigError("client_ca", f"{client_ca} is not a PEM CA certificate") from None
-        ctx.verify_mode = ssl.CERT_REQUIRED
-    return ctx
-
-
 def _peer_name(request: web.Request) -> str | None:
     transport = request.transport
     return certificate_name(transport.get_extra_info("peercert") if transport is not None else None)
@@ -485,11 +377,11 @@ class HttpServer:
         check_names((ch.name, ch.directory) for ch in agent.channels.values())
         self._by_name: dict[str, _Served] = {ch.name: ch for ch in agent.channels.values()}
         self._rings = {
-            ch.cid: _Ring(ch.channel, settings.idempotency_keys)
+            ch.cid: KeyRing(ch.channel, settings.idempotency_keys, MARK_PREFIX)
             for ch in agent.channels.values()
             if ch.channel is not None
         }
-        self.metrics = AgentMetrics(lambda: channel_samples(agent))
+        self.metrics = AgentMetrics(lambda: channel_samples(agent), agent.connections.counts)
         self._pool = concurrent.futures.ThreadPoolExecutor(settings.workers, thread_name_prefix="filechannel-http")
         self._loop = asyncio.new_event_loop()
         self._runner: web.AppRunner | None = None
@@ -542,6 +434,7 @@ class HttpServer:
         app = web.Application(middlewares=[self._middleware], client_max_size=self._settings.max_body)
         app.router.add_get("/v1/channels", self._list, name="channels")
         app.router.add_post("/v1/channels/{name}/events", self._events, name="events")
+        app.router.add_post("/v1/logs", self._otlp_logs, name="otlp")
         app.router.add_get("/metrics", self._metrics, name="metrics")
         app.router.add_get("/healthz", self._healthz, name="healthz")
         app.router.add_get("/readyz", self._readyz, name="readyz")
@@ -591,6 +484,9 @@ class HttpServer:
     ) -> web.StreamResponse:
         route = request.match_info.route
         endpoint = route.name if route.name else "other"
+        peer = request.transport.get_extra_info("peername") if request.transport is not None else None
+        if isinstance(peer, tuple) and len(peer) >= 2:
+            self._agent.connections.seen("http", f"{peer[0]}:{peer[1]}")
         channel = request.match_info.get("name", "") if endpoint == "events" else ""
         if channel not in self._by_name:
             channel = "" if endpoint != "events" else "?"  # unknown names share one label value
@@ -665,16 +561,7 @@ class HttpServer:
             visible = self._visible(request)
             shown = sorted(n for n in self._by_name if visible is None or n in visible)
             raise _BadRequest(404, f"no channel named {name!r} here (served: {', '.join(shown) or 'none to you'})")
-        peer = _peer_name(request)
-        if not allowed(self._agent.config.allow, ch.cid, peer):
-            logger.warning("refused certificate name %r for channel %s over HTTP", peer, ch.cid)
-            raise _BadRequest(403, f"certificate name {peer!r} is not allowed to use channel {name} (--allow)")
-        if not may_write(self._agent.config.writers, peer):
-            logger.warning("refused certificate name %r a post to channel %s over HTTP", peer, ch.cid)
-            raise _BadRequest(403, f"certificate name {peer!r} may not write to channel {name} (--allow-writer)")
-        channel = ch.channel
-        if channel is None:
-            raise _BadRequest(403, f"channel {name} is served read-only: start the agent with --writable to post")
+        channel = self._writable(request, ch)
         if "Content-Type" not in request.headers:
             raise _BadRequest(
                 415, "give Content-Type: application/json (Flume's JSON events) or application/octet-stream"
@@ -710,13 +597,56 @@ class HttpServer:
         if len(bodies) > cap:
             raise _BadRequest(413, f"{len(bodies)} events in one request, over transaction_capacity={cap}: send fewer")
         fingerprint = hashlib.sha256(ctype.encode() + b"\0" + data).hexdigest()[:32]
+        duplicate, took = await self._put(ch, channel, key, fingerprint, bodies, headers)
+        if duplicate:
+            self.metrics.http_duplicates.labels(name).inc()
+        else:
+            self.metrics.http_events.labels(name).inc(len(bodies))
+            self.metrics.put_committed(name, "http", took)
+        return _answer(200, {"channel": name, "events": 0 if duplicate else len(bodies), "duplicate": duplicate})
+
+    def _writable(self, request: web.Request, ch: _Served) -> FileChannel:
+        """The channel to post to, once the client's certificate name may write to it.
+
+        Raises:
+            _BadRequest: 403 (not allowed, or the channel is read-only).
+        """
+        name = ch.name
+        peer = _peer_name(request)
+        if not allowed(self._agent.config.allow, ch.cid, peer):
+            logger.warning("refused certificate name %r for channel %s over HTTP", peer, ch.cid)
+            raise _BadRequest(403, f"certificate name {peer!r} is not allowed to use channel {name} (--allow)")
+        if not may_write(self._agent.config.writers, peer):
+            logger.warning("refused certificate name %r a post to channel %s over HTTP", peer, ch.cid)
+            raise _BadRequest(403, f"certificate name {peer!r} may not write to channel {name} (--allow-writer)")
+        channel = ch.channel
+        if channel is None:
+            raise _BadRequest(403, f"channel {name} is served read-only: start the agent with --writable to post")
+        return channel
+
+    async def _put(
+        self,
+        ch: _Served,
+        channel: FileChannel,
+        key: str | None,
+        fingerprint: str,
+        bodies: list[bytes],
+        headers: list[dict[str, str] | None],
+    ) -> tuple[bool, float]:
+        """Commit the events in the pool: (duplicate, seconds); a channel's refusal as its HTTP status.
+
+        Raises:
+            _BadRequest: 422 (a key's other body), 503 with Retry-After (full, no disk space, failed),
+                413 (too large), 400 (an invalid event), 500 (I/O).
+        """
+        name = ch.name
         ring = self._rings[ch.cid]
         try:
-            duplicate, took = await self._loop.run_in_executor(
+            return await self._loop.run_in_executor(  # type: ignore[no-any-return]
                 self._pool, ring.put, channel, key, fingerprint, bodies, headers
             )
-        except _Conflict as exc:
-            raise _BadRequest(422, str(exc)) from None
+        except _Conflict:
+            raise _BadRequest(422, f"Idempotency-Key {key!r} was committed with another body; use a new key") from None
         except ChannelFullError:
             raise _BadRequest(
                 503, f"channel {name} is full: retry later (nothing was put)", {"Retry-After": RETRY_AFTER_FULL}
@@ -738,12 +668,66 @@ class HttpServer:
         except OSError as exc:
             logger.error("a put to channel %s failed: %s", name, exc)
             raise _BadRequest(500, f"the put failed: {exc.strerror or type(exc).__name__} on the agent") from None
-        if duplicate:
-            self.metrics.http_duplicates.labels(name).inc()
-        else:
-            self.metrics.http_events.labels(name).inc(len(bodies))
-            self.metrics.put_committed(name, "http", took)
-        return _answer(200, {"channel": name, "events": 0 if duplicate else len(bodies), "duplicate": duplicate})
+
+    async def _otlp_logs(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/logs``: OTLP/HTTP logs (decoded by ``otlp.py``), one transaction per request.
+
+        Answers in the request's encoding: an ``ExportLogsServiceResponse`` (with
+        ``partial_success`` when records over ``max_event_size`` were left out), or
+        a ``google.rpc.Status`` with the status (503 and ``Retry-After`` when full).
+        """
+        is_json = request.content_type in JSON_TYPES
+        ctype = "application/json" if is_json else otlp.PROTOBUF_TYPE
+        try:
+            if request.content_type not in (otlp.PROTOBUF_TYPE, *JSON_TYPES):
+                raise _BadRequest(415, f"give Content-Type: {otlp.PROTOBUF_TYPE} or application/json, not {ctype}")
+            name = request.headers.get(CHANNEL_HEADER)
+            visible = self._visible(request)
+            shown = ", ".join(sorted(n for n in self._by_name if visible is None or n in visible)) or "none to you"
+            if name is None:
+                if len(self._by_name) != 1:
+                    raise _BadRequest(400, f"several channels are served ({shown}): send {CHANNEL_HEADER}")
+                name = next(iter(self._by_name))
+            ch = self._by_name.get(name)
+            if ch is None:
+                raise _BadRequest(404, f"no channel named {name!r} here (served: {shown})")
+            channel = self._writable(request, ch)
+            max_event = channel.config.max_event_size
+            if request.content_length is not None and request.content_length > self._settings.max_body:
+                raise _BadRequest(413, f"a body of {request.content_length} bytes is over --http-max-body", close=True)
+            data = await self._read_body(request, self._settings.max_body, max_event)
+            try:
+                events = (otlp.decode_logs_json if is_json else otlp.decode_logs_protobuf)(data)
+            except otlp.OtlpDecodeError as exc:
+                raise _BadRequest(400, f"not an OTLP ExportLogsServiceRequest: {exc}") from None
+            bodies: list[bytes] = []
+            headers: list[dict[str, str] | None] = []
+            for body, hdrs in events:
+                if encoded_event_size(body, hdrs) <= max_event:
+                    bodies.append(body)
+                    headers.append(hdrs)
+            rejected = len(events) - len(bodies)
+            cap = channel.config.transaction_capacity
+            if len(bodies) > cap:
+                raise _BadRequest(413, f"{len(bodies)} log records in one request, over transaction_capacity={cap}")
+            took = (await self._put(ch, channel, None, "", bodies, headers))[1] if bodies else 0.0
+        except _BadRequest as exc:
+            resp = web.Response(
+                status=exc.status,
+                body=otlp.encode_status(is_json, exc.status, exc.reason),
+                content_type=ctype,
+                headers=exc.headers,
+            )
+            if exc.close:
+                resp.force_close()
+            return resp
+        self.metrics.source_events.labels("otlp", name).inc(len(bodies))
+        if rejected:
+            self.metrics.source_refused.labels("otlp", name, "too_large").inc(rejected)
+        if bodies:
+            self.metrics.put_committed(name, "otlp", took)
+        message = f"{rejected} log record(s) over max_event_size={max_event} were left out" if rejected else ""
+        return web.Response(body=otlp.encode_response(is_json, rejected, message), content_type=ctype)
 
     async def _read_body(self, request: web.Request, limit: int, max_event: int) -> bytes:
         """The body, read in chunks up to ``limit`` bytes within the read deadline."""

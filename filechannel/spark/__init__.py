@@ -9,7 +9,7 @@ imports it only when its data source is first used (``register``)::
           .option("consumer", "orders-to-parquet")
           .load("/var/lib/myapp/channel"))
 
-Needs ``pip install 'filechannel[spark]'`` (PySpark 4.2+ and pyarrow) in the
+Needs ``pip install '.[spark]' in filechannel's clone`` (PySpark 4.2+ and pyarrow) in the
 driver and in the Python workers (``PYSPARK_PYTHON``), and Java 17+.
 The source and its options are described in :mod:`filechannel.spark.source`.
 """
@@ -41,7 +41,7 @@ def __getattr__(name: str) -> Any:
         import pyspark  # noqa: F401
     except ImportError as exc:  # pragma: no cover - depends on the installation
         raise ImportError(
-            f"filechannel.spark needs PySpark 4.2+ and pyarrow ({exc}): pip install 'filechannel[spark]'"
+            f"filechannel.spark needs PySpark 4.2+ and pyarrow ({exc}): pip install '.[spark]' in filechannel's clone"
         ) from exc
     from . import datasource, source
 

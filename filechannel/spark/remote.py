@@ -40,10 +40,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import InputPartition
-from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows
+from pyspark.sql.streaming.datasource import ReadLimit
 
 from filechannel.agent.client import AgentClient, AgentSettings, ClientCache
-from filechannel.channel import Event
 from filechannel.crypto import as_encryption
 from filechannel.errors import (
     AgentUnavailableError,
@@ -53,6 +52,7 @@ from filechannel.errors import (
     DataLossError,
     UnknownChannelError,
 )
+from filechannel.events import Event
 from filechannel.reader import ChannelReader
 
 from .source import (
@@ -65,7 +65,7 @@ from .source import (
     _lost,
     _offset,
     _parse_offset,
-    _share,
+    check_position_keys,
     resolve_position,
 )
 
@@ -226,13 +226,18 @@ def snapshot_partitions(options: SourceOptions, taken: Mapping[str, str]) -> lis
     """
     agents = agent_settings(options)
     served: dict[str, str] = {}
+    channels = {s.uri: _client(s).channels() for s in agents}
+    for uri, chans in channels.items():
+        for cid in sorted(chans):
+            _refuse_twice(cid, uri, served, taken)
+            served[cid] = uri
+    read = {**taken, **{cid: f"agent {uri}" for cid, uri in served.items()}}
+    check_position_keys(options.starting, "startingPosition", read)
+    check_position_keys(options.ending, "endingPosition", read)
     out: list[InputPartition] = []
-    for s in agents:
-        client = _client(s)
-        for cid, info in sorted(client.channels().items()):
-            _refuse_twice(cid, s.uri, served, taken)
-            served[cid] = s.uri
-            where = f"{cid} (agent {s.uri})"
+    for uri, chans in channels.items():
+        for cid, info in sorted(chans.items()):
+            where = f"{cid} (agent {uri})"
             a = resolve_position(options.starting, "startingPosition", cid, where, info.start, info.end, "earliest")
             b = resolve_position(options.ending, "endingPosition", cid, where, info.start, info.end, "latest")
             if b < a:
@@ -403,10 +408,13 @@ class AgentStreamReader(FileChannelStreamReader):
         query = self._new_query or self._query or uuid.uuid4().hex[:16]
         self._new_query = query
         positions: dict[str, int] = {}
-        if self.options.paths:
-            positions.update(_parse_offset(super().initialOffset())[0])
         served, down = self._discover()
         self._hold(down, {})
+        if not down:  # an unreachable agent's channels are unknown: a key may name one of them
+            read = {**self._paths(), **{cid: f"agent {uri}" for cid, uri in served.items()}}
+            check_position_keys(self.options.starting, "startingPosition", read)
+        if self.options.paths:
+            positions.update(_parse_offset(super().initialOffset())[0])
         for uri in sorted(set(served.values())):
             status = self._client(uri).status()
             consumers = {c["channel"]: c.get("consumers", {}) for c in status.get("channels", [])}
@@ -486,9 +494,7 @@ class AgentStreamReader(FileChannelStreamReader):
                     "are then never delivered)"
                 )
         self._hold(down, held)
-        take = _share(avail, limit.max_rows) if isinstance(limit, ReadMaxRows) else avail
-        if self._too_few(sum(take.values())):
-            take = dict.fromkeys(take, 0)  # minEventsPerTrigger: every channel waits (joins still register)
+        take = self._admit(avail, limit)  # minEventsPerTrigger: every channel waits (joins still register)
         for cid, s in positions.items():
             if cid in take:
                 ends[cid] = s + take[cid]

@@ -22,6 +22,15 @@ Options (case-insensitive):
     checkpoint location or query id, so the name cannot be derived from them.
 ``maxEventsPerTrigger`` (streaming)
     No micro-batch holds more events (``ReadMaxRows``). Default: no limit.
+``minEventsPerTrigger``, ``maxTriggerDelay`` (streaming)
+    A micro-batch waits for at least this many events (the default read limit
+    ``ReadMinRows``), no longer than the delay; not above ``maxEventsPerTrigger``.
+    Ignored under ``trigger(once=True)`` (Spark passes ``ReadAllAvailable``) and ``availableNow``.
+``startingPosition``, ``endingPosition``
+    ``earliest``, ``latest``, a position, or per channel (JSON keyed by channel id
+    or directory; a key naming no channel read is refused).
+``failOnDataLoss``
+    ``true`` only (what the source always does: a loss fails the query); ``false`` is refused.
 ``minPartitions``
     About how many partitions (Spark tasks) a micro-batch, or a snapshot, is
     cut into, of about equal bytes, so each core gets about one task per
@@ -80,7 +89,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    ReadMinRows,
+    SupportsTriggerAvailableNow,
+)
 
 from filechannel._fs import DEFAULT_FS, read_file
 from filechannel.consumers import ConsumerStore, validate_name
@@ -130,6 +145,7 @@ _STREAM_ONLY = (
     "retirechannels",
     "mineventspertrigger",
     "maxtriggerdelay",
+    "failondataloss",
 )
 _AGENT = ("agents", "tlsca", "tlscert", "tlskey", "tokenfile", "agenttimeoutms", "maxeventsperpartition")
 _KNOWN = {
@@ -207,8 +223,10 @@ class SourceOptions:
                 unknown[0],
                 "the filechannel source has no such option (it knows path, agents, consumer, maxEventsPerTrigger, "
                 "maxPartitionBytes, minPartitions, maxEventsPerPartition, resetConsumer, keystore, tlsCa, tlsCert, "
-                "tlsKey, tokenFile, agentTimeoutMs, onAgentUnavailable, agentHoldMs, retireChannels)",
+                "tlsKey, tokenFile, agentTimeoutMs, onAgentUnavailable, agentHoldMs, retireChannels, "
+                "startingPosition, endingPosition, minEventsPerTrigger, maxTriggerDelay, failOnDataLoss)",
             )
+        _fail_on_data_loss(opts)
         raw: list[str] = []
         if "paths" in opts:  # DataFrameReader.load([a, b]) passes a JSON list
             try:
@@ -258,16 +276,24 @@ class SourceOptions:
         reset = opts.get("resetconsumer", "false").lower()
         if reset not in ("true", "false"):
             raise ConfigError("resetConsumer", f"must be true or false, got {opts['resetconsumer']!r}")
+        max_events = _positive(opts, "maxEventsPerTrigger", None)
+        min_events = _positive(opts, "minEventsPerTrigger", None)
+        if min_events is not None and max_events is not None and min_events > max_events:
+            raise ConfigError(
+                "minEventsPerTrigger",
+                f"{min_events} is above maxEventsPerTrigger {max_events}: no micro-batch could reach the minimum, "
+                "so each would wait the full maxTriggerDelay; lower minEventsPerTrigger or raise maxEventsPerTrigger",
+            )
         return cls(
             tuple(paths),
             consumer=validate_name(opts["consumer"]),
-            max_events=_positive(opts, "maxEventsPerTrigger", None),
+            max_events=max_events,
             partition_bytes=_positive(opts, "maxPartitionBytes", DEFAULT_PARTITION_BYTES),
             min_partitions=min_partitions,
             reset=reset == "true",
             keystore=keystore,
             starting=starting,
-            min_events=_positive(opts, "minEventsPerTrigger", None),
+            min_events=min_events,
             max_trigger_delay=_duration(opts, "maxTriggerDelay", DEFAULT_MAX_TRIGGER_DELAY),
             **remote,
             **_stream_agent_options(opts),
@@ -294,6 +320,45 @@ def _position_option(opts: Mapping[str, str], name: str) -> str | None:
     for v in per.values():
         _one_position(name, v)
     return json.dumps(per, sort_keys=True)
+
+
+def check_position_keys(option: str | None, name: str, channels: Mapping[str, str]) -> None:
+    """Refuse a per-channel key of ``startingPosition`` / ``endingPosition`` that names no channel being read.
+
+    ``channels`` maps the id of each channel read to its directory (or, for an
+    agent's channel, a label); a key is a channel id, a directory, or ``*``.
+
+    Raises:
+        ConfigError: A key names none of them (a typo would otherwise read the default range).
+    """
+    if option is None:
+        return
+    known = {"*", *channels}
+    known.update(where for where in channels.values() if os.path.isabs(where))  # as resolve_position matches
+    for key in sorted(json.loads(option)):
+        if key not in known:
+            read = ", ".join(f"{cid} ({where})" for cid, where in sorted(channels.items())) or "none"
+            raise ConfigError(
+                name,
+                f"names channel {key!r}, which is not one this query reads (it reads {read}): "
+                "key each position by a channel id or directory read",
+            )
+
+
+def _fail_on_data_loss(opts: Mapping[str, str]) -> None:
+    """``failOnDataLoss``: accepted as ``true`` (what the source always does), refused as ``false``."""
+    raw = opts.get("failondataloss")
+    if raw is None or raw.strip().lower() == "true":
+        return
+    if raw.strip().lower() == "false":
+        raise ConfigError(
+            "failOnDataLoss",
+            "false is not supported: the filechannel source never skips events it cannot deliver (a checkpoint "
+            "ahead of the channel, or behind its consumer's acknowledgement, fails with DataLossError naming the "
+            "positions); to accept such a loss, start the query on a new checkpoint, or take a lost checkpoint's "
+            "consumer over with option('resetConsumer', 'true')",
+        )
+    raise ConfigError("failOnDataLoss", f"must be true (false is not supported), got {raw!r}")
 
 
 def _one_position(name: str, v: object) -> str | int:
@@ -608,6 +673,9 @@ class FileChannelBatchReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         """Plan the snapshot: about ``minPartitions`` segments per channel (runs in the planner process)."""
         out: list[InputPartition] = []
+        if not self.options.agents:  # with agents, snapshot_partitions checks against every channel read
+            for name, option in (("startingPosition", self.options.starting), ("endingPosition", self.options.ending)):
+                check_position_keys(option, name, self._path_ids())
         for path in self.options.paths:
             _channel_id(path)  # a clear error for a missing directory
             with ChannelReader(path, encryption=self.options.keystore) as view:
@@ -725,6 +793,8 @@ class FileChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         """Start a new query at each channel's acknowledged position (the head for a new consumer)."""
         query = self._new_query or self._query or uuid.uuid4().hex[:16]
         self._new_query = query
+        if not self.options.agents:  # with agents, AgentStreamReader checks against every channel read
+            check_position_keys(self.options.starting, "startingPosition", self._channels())
         positions: dict[str, int] = {}
         for cid, path in self._channels().items():
             r = self._readers.get(cid)
@@ -747,10 +817,39 @@ class FileChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         return _offset(positions, query)
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        """``ReadMaxRows(maxEventsPerTrigger)`` if the option is set, else ``ReadAllAvailable``."""
-        if self.options.max_events is None:
-            return ReadAllAvailable()
-        return ReadMaxRows(self.options.max_events)
+        """``ReadMinRows(minEventsPerTrigger)``, else ``ReadMaxRows(maxEventsPerTrigger)``, else ``ReadAllAvailable``.
+
+        Spark passes this limit to :meth:`latestOffset`, except under ``trigger(once=True)``,
+        where it passes ``ReadAllAvailable``: both options are then ignored, as by the
+        Kafka source (a scheduled run delivers a remainder below the minimum). PySpark has
+        no composite limit, so with both options set the limit says the minimum and the
+        maximum comes from the options.
+        """
+        if self.options.min_events is not None:
+            return ReadMinRows(self.options.min_events)
+        if self.options.max_events is not None:
+            return ReadMaxRows(self.options.max_events)
+        return ReadAllAvailable()
+
+    def _admit(self, avail: Mapping[str, int], limit: ReadLimit) -> dict[str, int]:
+        """How many events of each channel the next micro-batch takes, of ``avail``, under ``limit``.
+
+        ``ReadMaxRows`` caps the total (shared fairly); ``ReadMinRows`` (see
+        :meth:`getDefaultReadLimit`) caps it at ``maxEventsPerTrigger`` and takes nothing
+        while fewer than the minimum are there (:meth:`_too_few`); ``ReadAllAvailable``
+        (``trigger(once=True)``) takes everything.
+        """
+        cap = (
+            limit.max_rows
+            if isinstance(limit, ReadMaxRows)
+            else self.options.max_events
+            if isinstance(limit, ReadMinRows)
+            else None
+        )
+        take = _share(avail, cap) if cap is not None else dict(avail)
+        if isinstance(limit, ReadMinRows) and self._too_few(sum(take.values()), limit.min_rows):
+            return dict.fromkeys(take, 0)
+        return take
 
     def prepareForTriggerAvailableNow(self) -> None:
         """Record each channel's committed end now: an ``availableNow`` query stops there."""
@@ -771,9 +870,7 @@ class FileChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         avail: dict[str, int] = {}
         for cid, s in positions.items():
             avail[cid] = self._path_available(cid, ids[cid], s, query)
-        take = _share(avail, limit.max_rows) if isinstance(limit, ReadMaxRows) else avail
-        if self._too_few(sum(take.values())):
-            return _offset(dict(positions), query)
+        take = self._admit(avail, limit)
         return _offset({cid: s + take[cid] for cid, s in positions.items()}, query)
 
     def _path_available(self, cid: str, path: str, s: int, query: str) -> int:
@@ -801,14 +898,13 @@ class FileChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
             end = min(end, self._target.get(cid, s))
         return max(0, end - s)
 
-    def _too_few(self, n: int) -> bool:
-        """``minEventsPerTrigger``: whether a micro-batch of ``n`` events waits for more.
+    def _too_few(self, n: int, least: int) -> bool:
+        """``minEventsPerTrigger`` = ``least``: whether a micro-batch of ``n`` events waits for more.
 
         It waits no longer than ``maxTriggerDelay`` since events first waited; an
         ``availableNow`` query never waits.
         """
-        least = self.options.min_events
-        if least is not None and self._target is None and 0 < n < least:
+        if self._target is None and 0 < n < least:
             now = time.monotonic()
             if self._waiting_since is None:
                 self._waiting_since = now

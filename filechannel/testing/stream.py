@@ -52,8 +52,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from filechannel.channel import Event
 from filechannel.errors import ConfigError
+from filechannel.events import Event
 
 from .checks import _identity, compare, show
 

@@ -111,6 +111,12 @@ def _targets() -> dict[str, tuple[Callable[[dict[str, Any]], None], tuple[type[B
             for _ in w.read_all():
                 pass
 
+    def channel_open(case: dict[str, Any]) -> None:
+        # The owner's open (recovery, ANCHOR, checkpoints): a copy, made before the clock starts (see main()).
+        opts = {"encryption": encryption(case), "on_corruption": case.get("policy", "fail"), "background": False}
+        with filechannel.open(case["copy"], minimum_required_space=0, **opts) as ch:
+            ch.stats()
+
     corrupt = (CorruptLogError,)
     return {
         "verify": (verify, corrupt),
@@ -121,6 +127,7 @@ def _targets() -> dict[str, tuple[Callable[[dict[str, Any]], None], tuple[type[B
         "acks": (acks, corrupt),
         "wal_verify": (wal_verify, corrupt),
         "wal_open": (wal_open, corrupt),
+        "open": (channel_open, corrupt),
     }
 
 
@@ -133,7 +140,7 @@ def main() -> None:
     signal.signal(signal.SIGALRM, _alarm)
     for case in cases:
         fn, allowed = targets[case["target"]]
-        if case["target"] == "wal_open":
+        if case["target"] in ("wal_open", "open"):
             case["copy"] = case["path"] + ".copy"
             shutil.rmtree(case["copy"], ignore_errors=True)
             shutil.copytree(case["path"], case["copy"])
