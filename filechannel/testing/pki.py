@@ -27,16 +27,21 @@ def _name(cn: str) -> x509.Name:
 
 
 def write_file(path: Path, data: bytes, mode: int = 0o644) -> str:
-    """Write ``data`` to ``path`` with ``mode``; return the path as a string."""
-    path.write_bytes(data)
-    os.chmod(path, mode)
+    """Write ``data`` to ``path``, created with ``mode`` (a key is never readable by others, even briefly)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.chmod(path, mode)  # an existing file keeps its mode through O_CREAT, and the umask narrows a new one
     return str(path)
 
 
 class PKI:
-    """A throwaway CA with certificates written as files under ``root`` (keys mode 0600)."""
+    """A throwaway CA with certificates written as files under ``root`` (keys mode 0600).
 
-    def __init__(self, root: Path, cn: str = "test-ca") -> None:
+    ``self.ca`` is the CA certificate's path (``root/<ca_file or cn>.pem``).
+    """
+
+    def __init__(self, root: Path, cn: str = "test-ca", *, ca_file: str | None = None) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         self.key = ec.generate_private_key(ec.SECP256R1())
@@ -52,12 +57,17 @@ class PKI:
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
             .sign(self.key, hashes.SHA256())
         )
-        self.ca = write_file(root / f"{cn}.pem", self.cert.public_bytes(serialization.Encoding.PEM))
+        self.ca = write_file(root / f"{ca_file or cn}.pem", self.cert.public_bytes(serialization.Encoding.PEM))
 
     def issue(
-        self, cn: str, *, server: bool = False, san: str | list[x509.GeneralName] | None = None
+        self,
+        cn: str,
+        *,
+        server: bool = False,
+        san: str | list[x509.GeneralName] | None = None,
+        stem: str | None = None,
     ) -> tuple[str, str]:
-        """Write ``cn``'s certificate and key; return their paths.
+        """Write ``cn``'s certificate and key (``root/<stem or cn>.crt`` and ``.key``); return their paths.
 
         ``server``: subjectAltNames ``localhost`` and ``127.0.0.1`` (a loopback server's names).
         ``san``: subjectAltNames too (a string: one DNS name).
@@ -88,7 +98,8 @@ class PKI:
         pem_key = key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         )
+        stem = stem or cn
         return (
-            write_file(self.root / f"{cn}.crt", cert.public_bytes(serialization.Encoding.PEM)),
-            write_file(self.root / f"{cn}.key", pem_key, 0o600),
+            write_file(self.root / f"{stem}.crt", cert.public_bytes(serialization.Encoding.PEM)),
+            write_file(self.root / f"{stem}.key", pem_key, 0o600),
         )
