@@ -936,7 +936,9 @@ class Soak:
             {k: (round(v, 2) if isinstance(v, float) else v) for k, v in f.items() if k not in ("pids",)}
             for f in self.faults
         ]
-        (self.work / "samples.json").write_text(json.dumps({"samples": self.samples, "faults": summary["log"]}))
+        (self.work / "samples.json").write_text(
+            json.dumps({"samples": self.samples, "faults": summary["log"], "resources": self.resources})
+        )
         if a.png:
             try:
                 self.plot(Path(a.png), summary)
@@ -1118,15 +1120,14 @@ class Soak:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, (ax, cum) = plt.subplots(2, 1, figsize=(12, 7), sharex=True, height_ratios=(3, 2))
+        fig, (ax, cum, mem) = plt.subplots(3, 1, figsize=(12, 9), sharex=True, height_ratios=(3, 2, 2))
         ts = [x["t"] for x in self.samples]
         for key in (*PATHS, "sink"):
             vals = [x[key] for x in self.samples]
-            # events/s over 10 s: acknowledged per path while the producers ran; into the table throughout
-            n = len(vals) if key == "sink" else sum(1 for t in ts if t <= self.phases.get("load", ts[-1]))
-            rate = [(vals[i] - vals[max(0, i - 5)]) / max(1e-6, ts[i] - ts[max(0, i - 5)]) for i in range(1, n)]
-            what = "into the table" if key == "sink" else "acknowledged"
-            ax.plot(ts[1:n], rate, label=f"{key}: {what}, events/s", linewidth=0.8 if key == "sink" else 1.2)
+            if key != "sink":  # acknowledged events/s per path over 10 s, while the producers ran
+                n = sum(1 for t in ts if t <= self.phases.get("load", ts[-1]))
+                rate = [(vals[i] - vals[max(0, i - 5)]) / max(1e-6, ts[i] - ts[max(0, i - 5)]) for i in range(1, n)]
+                ax.plot(ts[1:n], rate, label=f"{key}: acknowledged, events/s", linewidth=1.2)
             cum.plot(ts, vals, label=f"{key}: {'in the table' if key == 'sink' else 'acknowledged'}", linewidth=1.2)
         colors = plt.get_cmap("tab20")
         seen: set[str] = set()
@@ -1144,7 +1145,21 @@ class Soak:
             seen.add(f["kind"])
         cum.set_ylabel("events (cumulative)")
         cum.legend(loc="upper left", fontsize=8)
-        cum.set_xlabel("seconds since the producers started")
+        for h, series in self.resources.items():  # RSS per agent process (a gap: killed and restarted)
+            by_pid: dict[int, list[tuple[float, int]]] = {}
+            for t, pid, rss, _ in series:
+                by_pid.setdefault(pid, []).append((t, rss))
+            for j, pts in enumerate(by_pid.values()):
+                mem.plot(
+                    [t for t, _ in pts],
+                    [r / 2**20 for _, r in pts],
+                    color=f"C{HOSTS.index(h)}",
+                    linewidth=1.0,
+                    label=f"agent {h}" if j == 0 else None,
+                )
+        mem.set_ylabel("agent RSS (MiB)")
+        mem.legend(loc="upper left", fontsize=8)
+        mem.set_xlabel("seconds since the producers started")
         ax.set_ylabel("events per second")
         ax.set_title(
             f"soak seed {summary['seed']}: {summary['acked']} acknowledged events, lost {summary['lost']}, "
