@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -71,7 +72,11 @@ def test_a_three_minute_soak_with_every_fault_kind_loses_and_duplicates_nothing(
     for path in ("http", "flight", "tail"):
         assert s["paths"][path]["acked"] > 0, report
         assert s["paths"][path]["delivered"] == s["paths"][path]["acked"], report
-    disk = disk_fault_supported() and subprocess.run(["unshare", "--mount", "true"]).returncode == 0
+    disk = (
+        disk_fault_supported()
+        and shutil.which("nsenter") is not None
+        and subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode == 0
+    )
     assert s["disk_fault"] == disk, report
     for kind in KINDS:
         if kind != "disk_full" or disk:
