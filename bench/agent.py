@@ -24,14 +24,12 @@ summarised as median and min-max over the repeats.
 
 from __future__ import annotations
 
-import argparse
 import http.client
 import json
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -39,7 +37,7 @@ from typing import Any
 
 import filechannel
 
-from .run import machine_info, spread
+from .run import bench_start, rate_rows, run_record, spread_cells, table_head
 
 BATCH = 100
 SIZES = (100, 1024)
@@ -208,18 +206,9 @@ SYSTEMS: dict[str, Any] = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.agent", description=__doc__.splitlines()[0])
-    p.add_argument("--n", type=int, default=20_000, help="events per case (default 20 000)")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--quick", action="store_true", help="n=800, one repeat")
-    p.add_argument("--data-dir", help="where the channels go (default: a temporary directory)")
-    args = p.parse_args(argv)
-    n, repeats = (800, 1) if args.quick else (args.n, args.repeats)
+    st = bench_start("agent", __doc__ or "", argv, quick_n=800)
+    n, repeats, root = st.n, st.repeats, st.root
     n = max(BATCH * 4, n // (BATCH * 4) * BATCH * 4)
-    root = tempfile.mkdtemp(prefix="bench-agent-", dir=args.data_dir)
-    machine = machine_info(root)
-    load_before = os.getloadavg()
-    t_start = time.time()
     runs: dict[tuple[int, str], list[dict[str, Any]]] = {}
     ratios: dict[tuple[int, str], list[dict[str, Any]]] = {}
     try:
@@ -241,39 +230,14 @@ def main(argv: list[str] | None = None) -> int:
                         )
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    rows = []
-    for (size, system), ms in runs.items():
-        rec = {"machine": machine["host"], "fsync": "commit", "event_size": size, "workload": "put x100"}
-        rec.update(system=system, metric="events_per_s", unit="events/s", **spread(ms, "events_per_s"))
-        rows.append(rec)
-    for (size, system), ms in ratios.items():
-        rec = {"machine": machine["host"], "fsync": "commit", "event_size": size, "workload": "put x100"}
-        rec.update(system=system, metric="ratio", unit="x", **spread(ms, "ratio"))
-        rows.append(rec)
-    for rec in rows:
-        print(json.dumps(rec), flush=True)
-    cmd = "python -m bench.agent " + " ".join(argv if argv is not None else sys.argv[1:])
-    run = {
-        "machine": machine,
-        "type": "run",
-        "command": cmd,
-        "n": n,
-        "repeats": repeats,
-        "seconds": round(time.time() - t_start, 1),
-        "loadavg_before": load_before,
-        "loadavg_after": os.getloadavg(),
-    }
-    print(json.dumps(run), flush=True)
-    lines = [f"`{cmd}`: n={n}, repeats={repeats}, {run['seconds']:.0f} s", ""]
-    lines.append("| size | system | median | min | max | p50 ms | p99 ms | agent CPU µs/event |")
-    lines.append("|---|---|---|---|---|---|---|---|")
+    common = {"machine": st.machine["host"], "fsync": "commit", "workload": "put x100"}
+    rows = rate_rows(runs, ratios, ("event_size", "system"), **common)
+    cmd, run = run_record("agent", argv, st.machine, st.t_start, st.load_before, n=n, repeats=repeats)
+    lines = table_head(cmd, run, ["size", "system", "median", "min", "max", "p50 ms", "p99 ms", "agent CPU µs/event"])
     for r in sorted(rows, key=lambda r: (r["event_size"], r["unit"], r["system"])):
-        f = (lambda v: f"{v:.3f}") if r["unit"] == "x" else (lambda v: f"{v:,.0f}")
         ex = r.get("extra", {})
         extra = " | ".join(f"{ex[k]:.2f}" if k in ex else "" for k in ("p50_ms", "p99_ms", "agent_cpu_us_per_event"))
-        lines.append(
-            f"| {r['event_size']} | {r['system']} | {f(r['median'])} | {f(r['min'])} | {f(r['max'])} | {extra} |"
-        )
+        lines.append(f"| {r['event_size']} | {r['system']} | {spread_cells(r)} | {extra} |")
     print("\n".join(lines), file=sys.stderr)
     return 0
 

@@ -37,7 +37,7 @@ from typing import Any
 import filechannel
 from filechannel import Encryption
 
-from .run import machine_info, spread
+from .run import machine_info, run_record, spread, spread_cells, table_head
 
 BATCH = 100
 SIZES = (100, 4096)
@@ -242,28 +242,10 @@ def main(argv: list[str] | None = None) -> int:
             ),
             flush=True,
         )
-    cmd = "python -m bench.encryption " + " ".join(argv if argv is not None else sys.argv[1:])
-    run = {
-        "machine": machine,
-        "type": "run",
-        "command": cmd,
-        "n": n,
-        "repeats": repeats,
-        "sizes": sizes,
-        "seconds": round(time.time() - t_start, 1),
-        "loadavg_before": load_before,
-        "loadavg_after": os.getloadavg(),
-    }
-    print(json.dumps(run), flush=True)
-    lines = [f"`{cmd}`: n={n}, repeats={repeats}, {run['seconds']:.0f} s", ""]
-    lines.append("| workload | size | system | median | min | max |")
-    lines.append("|---|---|---|---|---|---|")
+    cmd, run = run_record("encryption", argv, machine, t_start, load_before, n=n, repeats=repeats, sizes=sizes)
+    lines = table_head(cmd, run, ["workload", "size", "system", "median", "min", "max"])
     for r in sorted(rows, key=lambda r: (r["workload"], r["event_size"], r["unit"], r["system"])):
-        f = (lambda v: f"{v:.3f}") if r["unit"] in ("x", "us") else (lambda v: f"{v:,.0f}")
-        lines.append(
-            f"| {r['workload']} | {r['event_size']} | {r['system']} | {f(r['median'])} | {f(r['min'])} | "
-            f"{f(r['max'])} |"
-        )
+        lines.append(f"| {r['workload']} | {r['event_size']} | {r['system']} | {spread_cells(r)} |")
     print("\n".join(lines), file=sys.stderr)
     return 0
 

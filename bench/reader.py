@@ -51,7 +51,7 @@ from filechannel._fs import DEFAULT_FS
 from filechannel.consumers import ConsumerStore
 from filechannel.scan import SEG_RE
 
-from .run import machine_info, spread
+from .run import machine_info, run_record, spread
 
 BATCH = 100
 SIZES = (100, 4096)
@@ -642,20 +642,17 @@ def main(argv: list[str] | None = None) -> int:
         owner.close()
         shutil.rmtree(root, ignore_errors=True)
     res.emit_all()
-    cmd = "python -m bench.reader " + " ".join(argv if argv is not None else sys.argv[1:])
-    run = {
-        "machine": machine,
-        "type": "run",
-        "command": cmd,
-        "n": n,
-        "repeats": repeats,
-        "calls": calls,
-        "seconds": round(time.time() - t_start, 1),
-        "loadavg_before": load_before,
-        "loadavg_after": os.getloadavg(),
-        "steal_pct": _steal_pct(ticks, _cpu_ticks()),
-    }
-    print(json.dumps(run), flush=True)
+    cmd, run = run_record(
+        "reader",
+        argv,
+        machine,
+        t_start,
+        load_before,
+        n=n,
+        repeats=repeats,
+        calls=calls,
+        steal_pct=_steal_pct(ticks, _cpu_ticks()),
+    )
     print(
         f"\n`{cmd}`: n={n}, repeats={repeats}, {run['seconds']:.0f} s, load average "
         f"{load_before[0]:.2f} before, {run['loadavg_after'][0]:.2f} after (1 min), CPU steal "

@@ -526,6 +526,94 @@ def spread(runs: list[dict[str, Any]], metric: str) -> dict[str, Any]:
     }
 
 
+@dataclass
+class BenchStart:
+    """What an events/s bench starts with: its options, its data directory, the machine and the clock."""
+
+    n: int
+    repeats: int
+    root: str  # a new temporary directory for the channels (the bench removes it)
+    machine: dict[str, Any]
+    load_before: tuple[float, float, float]
+    t_start: float
+
+
+def bench_start(module: str, doc: str, argv: list[str] | None, quick_n: int) -> BenchStart:
+    """Parse the options of an events/s bench (``--n``, ``--repeats``, ``--quick``, ``--data-dir``) and start it."""
+    p = argparse.ArgumentParser(prog=f"python -m bench.{module}", description=doc.splitlines()[0])
+    p.add_argument("--n", type=int, default=20_000, help="events per case (default 20 000)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--quick", action="store_true", help=f"n={quick_n}, one repeat")
+    p.add_argument("--data-dir", help="where the channels go (default: a temporary directory)")
+    args = p.parse_args(argv)
+    n, repeats = (quick_n, 1) if args.quick else (args.n, args.repeats)
+    root = tempfile.mkdtemp(prefix=f"bench-{module}-", dir=args.data_dir)
+    return BenchStart(n, repeats, root, machine_info(root), os.getloadavg(), time.time())
+
+
+def rate_rows(
+    runs: dict[tuple[Any, ...], list[dict[str, Any]]],
+    ratios: dict[tuple[Any, ...], list[dict[str, Any]]],
+    key_fields: tuple[str, ...],
+    **common: Any,
+) -> list[dict[str, Any]]:
+    """The records of events/s ``runs`` and their ``ratios``, each printed as a JSON line.
+
+    A key of ``runs``/``ratios`` gives the fields ``key_fields`` (e.g. clients, system); ``common``
+    the fields of every record (machine, fsync, workload, ...).
+    """
+    rows = [
+        {**common, **dict(zip(key_fields, k, strict=True)), "metric": "events_per_s", "unit": "events/s"}
+        | spread(ms, "events_per_s")
+        for k, ms in runs.items()
+    ]
+    rows += [
+        {**common, **dict(zip(key_fields, k, strict=True)), "metric": "ratio", "unit": "x"} | spread(ms, "ratio")
+        for k, ms in ratios.items()
+    ]
+    for rec in rows:
+        print(json.dumps(rec), flush=True)
+    return rows
+
+
+def table_head(cmd: str, run: dict[str, Any], columns: list[str]) -> list[str]:
+    """The first lines of a bench's summary table on stderr: the command and run, the header, the rule."""
+    return [
+        f"`{cmd}`: n={run['n']}, repeats={run['repeats']}, {run['seconds']:.0f} s",
+        "",
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
+    ]
+
+
+def spread_cells(r: dict[str, Any]) -> str:
+    """A result's median, min and max as table cells."""
+    return " | ".join(cell(r[k], r["unit"]) for k in ("median", "min", "max"))
+
+
+def run_record(
+    module: str, argv: list[str] | None, machine: dict[str, Any], t_start: float, load_before: Any, **fields: Any
+) -> tuple[str, dict[str, Any]]:
+    """Print the closing ``"type": "run"`` record of ``python -m bench.MODULE``: (its command, the record)."""
+    cmd = f"python -m bench.{module} " + " ".join(argv if argv is not None else sys.argv[1:])
+    run = {
+        "machine": machine,
+        "type": "run",
+        "command": cmd,
+        **fields,
+        "seconds": round(time.time() - t_start, 1),
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+    }
+    print(json.dumps(run), flush=True)
+    return cmd, run
+
+
+def cell(value: float, unit: str) -> str:
+    """A summary table's number: three decimals for ratios (``x``) and microseconds, else grouped thousands."""
+    return f"{value:.3f}" if unit in ("x", "us") else f"{value:,.0f}"
+
+
 def _fmt(v: float, metric: str) -> str:
     if metric == "seconds":
         return f"{v:.3f} s"

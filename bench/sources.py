@@ -1,4 +1,4 @@
-"""The agent's push sources (OTLP/HTTP logs, Fluent forward) against the HTTP source, Flight puts and a bare socket.
+"""The agent's push sources (syslog, RELP, OTLP, forward) against the HTTP source, Flight puts and a bare socket.
 
     .venv/bin/python -m bench.sources [--n N] [--repeats R] [--quick] [--data-dir DIR]
 
@@ -16,10 +16,15 @@ count, returning events/s):
   here): what the loopback and the client side alone allow;
 - ``otlp protobuf``: ``POST /v1/logs`` with an ``ExportLogsServiceRequest`` of 100 records;
 - ``forward + chunk``: Forward mode messages of 100 entries with the ``chunk`` option, each waiting for its ack;
+- ``syslog tcp octet``: RFC 5424 frames with a 100-byte MSG, octet-counted, 100 to a ``send``; syslog over
+  TCP answers nothing, so the clock stops when the agent's ``filechannel_source_events_total{source="syslog"}``
+  counts every frame committed;
+- ``relp``: 100 RELP ``syslog`` commands (the same frames) per ``send``, each batch waiting for its 100
+  ``rsp 200`` (answered after the commit; rsyslog's ``omrelp`` keeps up to 128 in flight);
 - ``http json``: the HTTP source, Flume JSON bodies of 100 events;
 - ``flight put_batch``: exactly-once Flight puts of 100 events.
 
-One agent (``filechannel serve --writable --http --forward``, a child process)
+One agent (``filechannel serve --writable --http --forward --syslog --relp``, a child process)
 serves every case of a repeat, one case after the other. Ratios within a
 repeat: each system against ``http json`` and against the ceiling, at the same
 client count; summarised as median and min-max over the repeats.
@@ -27,21 +32,19 @@ client count; summarised as median and min-max over the repeats.
 
 from __future__ import annotations
 
-import argparse
 import http.client
 import json
 import os
 import shutil
 import socket
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from .agent import BenchAgent
-from .run import machine_info, spread
+from .run import bench_start, rate_rows, run_record, spread_cells, table_head
 
 BATCH = 100
 SIZE = 100
@@ -214,6 +217,100 @@ def forward_chunk(agent: Any, size: int, per_client: int, clients: int) -> float
     return _parallel(clients, work)
 
 
+def syslog_frame(size: int, i: int) -> bytes:
+    """An RFC 5424 message with a ``size``-byte MSG."""
+    msg = b"x" * (size - 8) + b"%08d" % (i % 10**8)
+    return b"<13>1 2023-11-14T22:13:20Z bench app - - - " + msg
+
+
+def _source_events(agent: Any, source: str) -> float:
+    """The agent's ``filechannel_source_events_total`` of ``source`` (summed over channels) from ``/metrics``."""
+    conn = http.client.HTTPConnection("127.0.0.1", agent.port, timeout=60)
+    try:
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+    finally:
+        conn.close()
+    prefix = "filechannel_source_events_total{"
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(prefix) and f'source="{source}"' in line
+    )
+
+
+def syslog_tcp(agent: Any, size: int, per_client: int, clients: int) -> float:
+    batches = per_client // BATCH
+    payload = b"".join(b"%d %s" % (len(f), f) for f in (syslog_frame(size, i) for i in range(BATCH)))
+    before = _source_events(agent, "syslog")
+    t0 = time.perf_counter()
+
+    def work(k: int) -> int:
+        with socket.create_connection(("127.0.0.1", agent.syslog_port), timeout=60) as s:
+            for _ in range(batches):
+                s.sendall(payload)
+        return batches * BATCH
+
+    _parallel(clients, work)
+    want = before + clients * batches * BATCH
+    deadline = time.monotonic() + 120
+    while _source_events(agent, "syslog") < want:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the agent did not commit every syslog frame within 120 s")
+        time.sleep(0.002)
+    return clients * batches * BATCH / (time.perf_counter() - t0)
+
+
+def _relp_read(s: socket.socket, buf: bytearray, answers: int) -> None:
+    """Read until ``answers`` RELP ``rsp`` frames arrived (each must be ``200``); leave the rest in ``buf``."""
+    got = 0
+    while got < answers:
+        head = buf.split(b" ", 3)  # TXNR SP COMMAND SP DATALEN [SP DATA] LF
+        end = -1
+        if len(head) >= 3:
+            size = head[2].split(b"\n", 1)[0]
+            start = len(head[0]) + len(head[1]) + len(size) + 3  # past "TXNR rsp LEN" and a space or the LF
+            end = start + int(size) if size.isdigit() else -1
+            if int(size or b"0") == 0:
+                end = start - 1
+        if end < 0 or len(buf) <= end:
+            data = s.recv(1 << 16)
+            if not data:
+                raise RuntimeError("the agent closed the RELP session")
+            buf += data
+            continue
+        frame = bytes(buf[: end + 1])
+        del buf[: end + 1]
+        if head[1] != b"rsp" or (int(head[2].split(b"\n", 1)[0]) and not frame.split(b" ", 3)[3].startswith(b"200")):
+            raise RuntimeError(f"RELP: {frame[:80]!r}")
+        got += 1
+
+
+def _relp_cmd(txnr: int, command: bytes, data: bytes) -> bytes:
+    return b"%d %s %d %s\n" % (txnr, command, len(data), data) if data else b"%d %s 0\n" % (txnr, command)
+
+
+def relp(agent: Any, size: int, per_client: int, clients: int) -> float:
+    batches = per_client // BATCH
+    frames = [syslog_frame(size, i) for i in range(BATCH)]
+
+    def work(k: int) -> int:
+        with socket.create_connection(("127.0.0.1", agent.relp_port), timeout=60) as s:
+            buf = bytearray()
+            s.sendall(_relp_cmd(1, b"open", b"relp_version=0\nrelp_software=bench\ncommands=syslog"))
+            _relp_read(s, buf, 1)
+            txnr = 2
+            for _ in range(batches):
+                s.sendall(b"".join(_relp_cmd(txnr + i, b"syslog", f) for i, f in enumerate(frames)))
+                txnr += BATCH
+                _relp_read(s, buf, BATCH)
+            s.sendall(_relp_cmd(txnr, b"close", b""))
+            _relp_read(s, buf, 1)
+        return batches * BATCH
+
+    return _parallel(clients, work)
+
+
 def flight_put_batch(agent: Any, size: int, per_client: int, clients: int) -> float:
     from filechannel.agent import connect
 
@@ -236,6 +333,8 @@ SYSTEMS: dict[str, Callable[[Any, int, int, int], float]] = {
     "tcp discard (ceiling)": tcp_discard,
     "otlp protobuf": otlp_protobuf,
     "forward + chunk": forward_chunk,
+    "syslog tcp octet": syslog_tcp,
+    "relp": relp,
     "http json": http_json,
     "flight put_batch": flight_put_batch,
 }
@@ -243,26 +342,23 @@ BASELINES = ("http json", "tcp discard (ceiling)")
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.sources", description=__doc__.splitlines()[0])
-    p.add_argument("--n", type=int, default=20_000, help="events per case (default 20 000)")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--quick", action="store_true", help="n=1600, one repeat")
-    p.add_argument("--data-dir", help="where the channels go (default: a temporary directory)")
-    args = p.parse_args(argv)
-    n, repeats = (1600, 1) if args.quick else (args.n, args.repeats)
-    root = tempfile.mkdtemp(prefix="bench-sources-", dir=args.data_dir)
-    machine = machine_info(root)
-    load_before = os.getloadavg()
-    t_start = time.time()
+    st = bench_start("sources", __doc__ or "", argv, quick_n=1600)
+    n, repeats, root = st.n, st.repeats, st.root
     runs: dict[tuple[int, str], list[dict[str, Any]]] = {}
     ratios: dict[tuple[int, str], list[dict[str, Any]]] = {}
     try:
         for rep in range(repeats):
             d = os.path.join(root, f"r{rep}", "c")
             os.makedirs(os.path.dirname(d))
-            fport = _free_port()
-            agent = BenchAgent(d, "--forward", f"tcp://127.0.0.1:{fport}", "--capacity", "10000000")
+            fport, sport, rport = _free_port(), _free_port(), _free_port()
+            agent = BenchAgent(
+                d,
+                *("--forward", f"tcp://127.0.0.1:{fport}", "--syslog", f"tcp://127.0.0.1:{sport}"),
+                *("--relp", f"tcp://127.0.0.1:{rport}", "--capacity", "10000000"),
+            )
             agent.forward_port = fport  # type: ignore[attr-defined]
+            agent.syslog_port = sport  # type: ignore[attr-defined]
+            agent.relp_port = rport  # type: ignore[attr-defined]
             try:
                 for clients in CLIENTS:
                     per_client = max(BATCH, n // clients // BATCH * BATCH)
@@ -279,36 +375,12 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(os.path.dirname(d), ignore_errors=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    rows = []
-    for (clients, system), ms in runs.items():
-        rec = {"machine": machine["host"], "fsync": "commit", "event_size": SIZE, "clients": clients}
-        rec.update(workload=f"put x{BATCH}", system=system, metric="events_per_s", unit="events/s")
-        rec.update(spread(ms, "events_per_s"))
-        rows.append(rec)
-    for (clients, system), ms in ratios.items():
-        rec = {"machine": machine["host"], "fsync": "commit", "event_size": SIZE, "clients": clients}
-        rec.update(workload=f"put x{BATCH}", system=system, metric="ratio", unit="x", **spread(ms, "ratio"))
-        rows.append(rec)
-    for rec in rows:
-        print(json.dumps(rec), flush=True)
-    cmd = "python -m bench.sources " + " ".join(argv if argv is not None else sys.argv[1:])
-    run = {
-        "machine": machine,
-        "type": "run",
-        "command": cmd,
-        "n": n,
-        "repeats": repeats,
-        "seconds": round(time.time() - t_start, 1),
-        "loadavg_before": load_before,
-        "loadavg_after": os.getloadavg(),
-    }
-    print(json.dumps(run), flush=True)
-    lines = [f"`{cmd}`: n={n}, repeats={repeats}, {run['seconds']:.0f} s", ""]
-    lines.append("| clients | system | median | min | max |")
-    lines.append("|---|---|---|---|---|")
+    common = {"machine": st.machine["host"], "fsync": "commit", "event_size": SIZE, "workload": f"put x{BATCH}"}
+    rows = rate_rows(runs, ratios, ("clients", "system"), **common)
+    cmd, run = run_record("sources", argv, st.machine, st.t_start, st.load_before, n=n, repeats=repeats)
+    lines = table_head(cmd, run, ["clients", "system", "median", "min", "max"])
     for r in sorted(rows, key=lambda r: (r["clients"], r["unit"], r["system"])):
-        f = (lambda v: f"{v:.3f}") if r["unit"] == "x" else (lambda v: f"{v:,.0f}")
-        lines.append(f"| {r['clients']} | {r['system']} | {f(r['median'])} | {f(r['min'])} | {f(r['max'])} |")
+        lines.append(f"| {r['clients']} | {r['system']} | {spread_cells(r)} |")
     print("\n".join(lines), file=sys.stderr)
     return 0
 

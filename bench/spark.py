@@ -1,7 +1,8 @@
 """Spark: channel to Parquet through the filechannel source, against Spark's rate source; the sink (issue 9).
 
-    .venv/bin/python -m bench.spark [--n N] [--repeats R] [--quick] [--source-only]
+    .venv/bin/python -m bench.spark [--n N] [--repeats R] [--quick] [--source-only | --headers-only]
     .venv/bin/python -m bench.spark --agents [--n N] [--repeats R] [--quick]
+    .venv/bin/python -m bench.spark --agent-decode [--n N] [--repeats R]
 
 One local SparkSession (``local[2]``, shuffle partitions 1, UI off, as in
 tests/spark_session.py) for the whole run; its start-up is excluded from every rate.
@@ -32,6 +33,18 @@ issue measured it: Parquet dictionary-encodes it and writes almost none of its
 bytes, while the sink writes (and fsyncs) every row. ``distinct bodies`` runs the
 same pair on bodies that differ in every row and do not compress (concatenated
 SHA-256 digests of the row id), so Parquet writes every byte too.
+
+``headers map`` (issue 33): a cached DataFrame of N rows, ``body`` of the event
+size and a two-entry ``headers`` map (``source`` a constant, ``row`` the row id,
+so every row's headers differ), written by the sink with its headers and, as
+``no headers``, its ``body`` column alone; each against the floor sink (a Python
+Arrow writer that receives the same rows and keeps nothing: PySpark's own cost).
+``sink / floor, headers`` and ``headers / no headers`` are the ratios.
+
+``--agent-decode`` (issue 33, no Spark): an in-process agent on loopback serves a
+channel of N events; one executor-side read of the whole range, as the agent
+source did before (``read_raw``, an ``Event`` per row, ``pa.array`` of lists) and
+as it does now (``AgentClient.read_arrow``), alternating, each repeat.
 
 ``--agents`` (issue 24): the same ``source`` measurement, three ways, per repeat:
 today's source on ``local[2]`` reading a local channel; the agent source
@@ -216,6 +229,62 @@ def run_sink(
     if got is not None and got != n:
         raise RuntimeError(f"sink channel holds {got} events, expected {n}")
     return {"events_per_s": n / t_sink}, {"events_per_s": n / t_pq}
+
+
+def _floor_source() -> Any:
+    """The floor of PySpark's Python sink path: an Arrow writer that receives every row and keeps nothing.
+
+    Made inside a function so that cloudpickle ships the classes by value (the
+    Python workers need not import this module).
+    """
+    from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
+
+    class FloorWriter(DataSourceArrowWriter):  # type: ignore[misc]
+        def write(self, iterator: Any) -> Any:
+            for _ in iterator:
+                pass
+            return WriterCommitMessage()
+
+    class FloorSink(DataSource):  # type: ignore[misc]
+        @classmethod
+        def name(cls) -> str:
+            return "fcfloor"
+
+        def writer(self, schema: Any, overwrite: bool) -> Any:
+            return FloorWriter()
+
+    return FloorSink
+
+
+def run_sink_headers(spark: Any, root: str, n: int, size: int, tag: str) -> dict[str, dict[str, Any]]:
+    """The sink with and without a two-entry ``headers`` map (one value differs per row), against the floor sink.
+
+    One cached DataFrame of ``body`` and ``headers`` (``source`` = a constant,
+    ``row`` = the row id); each case is one write of it (or of its ``body``
+    column alone), wall time.
+    """
+    from pyspark.sql import functions as F
+
+    headers = F.create_map(F.lit("source"), F.lit("bench"), F.lit("row"), F.col("id").cast("string"))
+    df = spark.range(n, numPartitions=2).select(F.lit(os.urandom(size)).alias("body"), headers.alias("headers"))
+    df = df.cache()
+    df.count()
+    out: dict[str, dict[str, Any]] = {}
+    for case, frame in (("headers", df), ("no headers", df.select("body"))):
+        t0 = time.perf_counter()
+        (
+            frame.write.format("filechannel")
+            .option("channel.capacity", str(max(n * 2, 1000)))
+            .option("channel.transaction_capacity", str(max(n, 1000)))
+            .mode("append")
+            .save(os.path.join(root, f"hsink-{case.replace(' ', '')}-{tag}"))
+        )
+        out[f"filechannel sink, {case}"] = {"events_per_s": n / (time.perf_counter() - t0)}
+        t0 = time.perf_counter()
+        frame.write.format("fcfloor").mode("append").save()
+        out[f"floor sink, {case}"] = {"events_per_s": n / (time.perf_counter() - t0)}
+    df.unpersist()
+    return out
 
 
 class Results:
@@ -441,6 +510,55 @@ def main_agents(args: argparse.Namespace, n: int, repeats: int) -> int:
     return 0
 
 
+def main_decode(args: argparse.Namespace, n: int, repeats: int) -> int:
+    """``--agent-decode``: an executor's decode of one agent range, Events then arrays against ``read_arrow``."""
+    import pyarrow as pa
+
+    from filechannel.agent import connect, serve
+    from filechannel.arrow import schema
+
+    res = Results(machine_info(args.data_dir or tempfile.gettempdir()))
+    root = tempfile.mkdtemp(prefix="fc-spark-decode-", dir=args.data_dir)
+    headers = schema().field("headers").type
+
+    def events_then_arrays(c: Any, cid: str) -> int:  # the agent source's decode before issue 33
+        rows = 0
+        for seg in c.read_raw(cid, 0, n):
+            evs = seg.events(None)
+            cols = [
+                pa.array([e.position for e in evs], pa.int64()),
+                pa.array([e.body for e in evs], pa.binary()),
+                pa.array([list(e.headers.items()) for e in evs], headers),
+            ]
+            rows += pa.RecordBatch.from_arrays(cols, schema=schema()).num_rows
+        return rows
+
+    try:
+        for size in SIZES:
+            d = os.path.join(root, f"c{size}")
+            _fill(d, n, size)
+            with serve([d], "grpc://127.0.0.1:0") as agent, connect(agent.location, timeout=120) as c:
+                cid = next(iter(c.channels()))
+                for _ in range(repeats):
+                    rates = {}
+                    for system, fn in (
+                        ("Events, then arrays", lambda c=c, cid=cid: events_then_arrays(c, cid)),
+                        ("read_arrow", lambda c=c, cid=cid: c.read_arrow(cid, 0, n).num_rows),
+                    ):
+                        t0 = time.perf_counter()
+                        if fn() != n:
+                            raise RuntimeError(f"{system} read the wrong number of events")
+                        rates[system] = n / (time.perf_counter() - t0)
+                        res.add("agent decode", size, system, {"events_per_s": rates[system]})
+                    ratio = rates["read_arrow"] / rates["Events, then arrays"]
+                    res.add("agent decode", size, "read_arrow / before", {"ratio": ratio})
+        res.emit_all(args.quick)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    print(f"\n`python -m bench.spark --agent-decode`: n={n}\n\n{summary(res.rows)}", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.spark", description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, help="events per run (default 200000, quick 5000)")
@@ -451,11 +569,19 @@ def main(argv: list[str] | None = None) -> int:
         "--agents", action="store_true", help="the agent source on a standalone cluster against local[2] (issue 24)"
     )
     ap.add_argument("--source-only", action="store_true", help="the source cases only (no sink runs)")
+    ap.add_argument(
+        "--agent-decode", action="store_true", help="an executor's decode of one agent range (no Spark, issue 33)"
+    )
+    ap.add_argument(
+        "--headers-only", action="store_true", help="the sink's headers-map cases only (with and without, floor sink)"
+    )
     args = ap.parse_args(argv)
     n = args.n or (5000 if args.quick else 200_000)
     repeats = args.repeats or (1 if args.quick else 3)
     if args.agents:
         return main_agents(args, n, repeats)
+    if args.agent_decode:
+        return main_decode(args, n, repeats)
     machine = machine_info(args.data_dir or tempfile.gettempdir())
     res = Results(machine)
     root = tempfile.mkdtemp(prefix="fc-spark-", dir=args.data_dir)
@@ -467,9 +593,29 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # Warm-up (untimed): the first sink write of a session starts its Python workers.
         run_sink(spark, root, 1000, 100, "warmup")
+        spark.dataSource.register(_floor_source())
         for rep in range(repeats):
             for size in SIZES:
                 tag = f"{size}-{rep}"
+                if not args.source_only:
+                    h = run_sink_headers(spark, root, n, size, tag)
+                    for system, m in h.items():
+                        res.add("headers map", size, system, m)
+                    with_h, without = h["filechannel sink, headers"], h["filechannel sink, no headers"]
+                    res.add(
+                        "headers map",
+                        size,
+                        "sink / floor, headers",
+                        {"ratio": with_h["events_per_s"] / h["floor sink, headers"]["events_per_s"]},
+                    )
+                    res.add(
+                        "headers map",
+                        size,
+                        "headers / no headers",
+                        {"ratio": with_h["events_per_s"] / without["events_per_s"]},
+                    )
+                if args.headers_only:
+                    continue
                 src = run_source(spark, root, n, size, tag)
                 rate = run_rate(spark, root, n, size, tag)
                 res.add("to parquet", size, "filechannel source", src)
@@ -489,7 +635,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         spark.stop()
         shutil.rmtree(root, ignore_errors=True)
-    cmd = "python -m bench.spark" + (" --quick" if args.quick else "") + (" --source-only" if args.source_only else "")
+    cmd = (
+        "python -m bench.spark"
+        + (" --quick" if args.quick else "")
+        + (" --source-only" if args.source_only else "")
+        + (" --headers-only" if args.headers_only else "")
+    )
     run = {
         "type": "run",
         "bench": "spark",

@@ -26,7 +26,7 @@ import tempfile
 import time
 
 import filechannel
-from filechannel.agent.tail import TailSource
+from filechannel.sources.tail import TailSource
 
 OPTS = {"capacity": 10_000_000, "transaction_capacity": 10_000, "checkpoint_interval": 0}
 

@@ -410,7 +410,11 @@ def truncate_durably(fs: FS, path: str, size: int) -> None:
 
 
 def replace_durably(fs: FS, tmp: str, path: str, data: bytes) -> None:
-    """Write ``data`` to ``tmp``, fsync it, and rename it over ``path`` (the caller fsyncs the directory)."""
+    """Write ``data`` to ``tmp``, fsync it, rename it over ``path`` and fsync ``path``'s directory.
+
+    ``tmp`` must be in that directory. When this returns, ``path`` holds ``data``
+    durably; after a crash before that, it holds its old contents or ``data``.
+    """
     fd = fs.create(tmp)
     try:
         fs.pwrite_all(fd, data, 0)
@@ -418,6 +422,7 @@ def replace_durably(fs: FS, tmp: str, path: str, data: bytes) -> None:
     finally:
         fs.close(fd)
     fs.replace(tmp, path)
+    fs.fsync_dir(os.path.dirname(path) or ".")
 
 
 DEFAULT_FS: OsFS = OsFS()

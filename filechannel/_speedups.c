@@ -29,7 +29,7 @@
  *   put_column, column_frames_size, encode_column
  *       a transaction's puts as a column (one data buffer, int64 offsets: Transaction.put_arrow)
  *       and their PUT frames, the bytes of encode_puts, without a Python object per payload.
- *   arrow_verify, arrow_events, arrow_puts
+ *   arrow_verify, arrow_events, arrow_puts, arrow_payload_column, merge_headers
  *       the Arrow read and put paths (filechannel/arrow.py holds their callers and
  *       their pure-Python twins): a segment's PUT records checked, its event payloads
  *       decoded straight into the buffers of Arrow arrays, and an Arrow body column
@@ -1367,7 +1367,7 @@ fail:
 }
 
 /* take_slots(cls, bodies, headers, a, m, first) -> (events, nbytes): take a stretch of a cache run,
-   the twin of channel._take_slots. Builds cls((bodies[a + i], headers[a + i], first + i)) for i < m,
+   the twin of takes.take_slots. Builds cls((bodies[a + i], headers[a + i], first + i)) for i < m,
    clears bodies[a .. a + m) to None (each body's reference moves into its event) and returns the
    events with the sum of the bodies' lengths. Checks everything before changing anything: a stretch
    past either list's end is a ValueError, a slot already cleared a TypeError (len(None), as in
@@ -1784,7 +1784,11 @@ sp_arrow_verify(PyObject *self, PyObject *args)
                 reason = payload_len_reason(op, plen);
             else if (bad_len == 2)
                 reason = PyUnicode_FromFormat("take payload length %lu does not hold whole ranges", (unsigned long)plen);
-            else if (avail < rsize)
+            else if (bad_len == 3) {
+                int grow = flags == FLAG_SEALED ? ENC_TAG_LEN : 0;
+                reason = PyUnicode_FromFormat("mark payload length %lu is not between %d and %d", (unsigned long)plen,
+                                              MARK_MIN + grow, MARK_MAX + grow);
+            } else if (avail < rsize)
                 reason = PyUnicode_FromString("no PUT record of the expected size there");
             else if (take_count_bad(op, h + HEADER_LEN, plen))
                 reason = PyUnicode_FromFormat("take payload length %lu does not match its range count %lu",
@@ -2340,6 +2344,395 @@ done:
     return out;
 }
 
+static int column_offsets(const Py_buffer *ob, Py_ssize_t data_len, const char *who, Py_ssize_t *n);
+
+/* ------------------------------------------------------------------------ */
+/* Payload columns with headers (the Spark sink's rows with headers): no Python object per row.
+   arrow.py holds the twin of arrow_payload_column, staged.py that of merge_headers.
+
+   arrow_payload_column(offsets, data, n, offset, wide, headers) -> (data, offsets, max_len) or (index, reason)
+       arrow_puts' payloads of a column with ``headers`` (the same 6-tuple) as one column: their
+       bytes joined, n + 1 native int64 offsets from 0, the longest payload's length; (index,
+       "key" | "value") for the first header that is not strict UTF-8, as arrow_puts.
+   merge_headers(data, offsets, extra, plain) -> (data, offsets, max_len) or None
+       each row of a column (n + 1 native int64 offsets into data) re-encoded as
+       format.encode_event(body, {**headers, **extra}) where ``extra`` is the header block of the
+       extra headers (format.encode_event(b"", extra)); ``plain``: the rows are bodies without
+       headers. None when a row is not one this rule covers exactly (a payload that does not
+       decode, a header that is not strict UTF-8, a key repeated in one row): the caller decodes
+       such rows in Python. */
+
+/* A growing bytes object: written in place, sized to its contents at the end (no copy when
+   the first size given is enough). */
+typedef struct {
+    PyObject *obj;
+    unsigned char *p;
+    Py_ssize_t len, cap;
+} gbuf;
+
+static int
+gbuf_init(gbuf *g, Py_ssize_t cap)
+{
+    g->len = 0;
+    g->cap = cap > 8 ? cap : 8;
+    g->obj = PyBytes_FromStringAndSize(NULL, g->cap);
+    if (g->obj == NULL)
+        return -1;
+    g->p = (unsigned char *)PyBytes_AS_STRING(g->obj);
+    return 0;
+}
+
+static int
+gbuf_reserve(gbuf *g, Py_ssize_t more)
+{
+    if (more < 0 || g->len > PY_SSIZE_T_MAX - more) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (g->len + more <= g->cap)
+        return 0;
+    Py_ssize_t cap = g->cap;
+    while (cap < g->len + more) {
+        if (cap > PY_SSIZE_T_MAX / 2) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        cap *= 2;
+    }
+    if (_PyBytes_Resize(&g->obj, cap) < 0)
+        return -1; /* g->obj is NULL now */
+    g->p = (unsigned char *)PyBytes_AS_STRING(g->obj);
+    g->cap = cap;
+    return 0;
+}
+
+/* The bytes written (a new reference; g is spent). */
+static PyObject *
+gbuf_finish(gbuf *g)
+{
+    if (g->len != g->cap && _PyBytes_Resize(&g->obj, g->len) < 0)
+        return NULL;
+    PyObject *out = g->obj;
+    g->obj = NULL;
+    return out;
+}
+
+typedef struct {
+    const unsigned char *k, *v;
+    Py_ssize_t kl, vl;
+} hentry;
+
+typedef struct {
+    hentry *e;
+    Py_ssize_t n, cap;
+} hlist;
+
+static int
+hlist_push(hlist *h, const unsigned char *k, Py_ssize_t kl, const unsigned char *v, Py_ssize_t vl)
+{
+    if (h->n == h->cap) {
+        Py_ssize_t cap = h->cap ? 2 * h->cap : 16;
+        hentry *e = PyMem_Realloc(h->e, (size_t)cap * sizeof(hentry));
+        if (e == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        h->e = e;
+        h->cap = cap;
+    }
+    h->e[h->n].k = k;
+    h->e[h->n].kl = kl;
+    h->e[h->n].v = v;
+    h->e[h->n].vl = vl;
+    h->n++;
+    return 0;
+}
+
+/* The index of key (k, kl) among the first n entries of h, or -1. */
+static Py_ssize_t
+hlist_find(const hlist *h, Py_ssize_t n, const unsigned char *k, Py_ssize_t kl)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (h->e[i].kl == kl && memcmp(h->e[i].k, k, (size_t)kl) == 0)
+            return i;
+    return -1;
+}
+
+static int
+strict_utf8(const unsigned char *s, Py_ssize_t n)
+{
+    int sur = 0;
+    return utf8_check(s, (size_t)n, &sur) == 0 && !sur;
+}
+
+/* Append format.encode_event(body, entries) to out and its end to offs; track the longest. */
+static int
+write_event(gbuf *out, gbuf *offs, const hlist *h, const unsigned char *body, Py_ssize_t blen, Py_ssize_t *longest)
+{
+    Py_ssize_t size = 4 + blen;
+    for (Py_ssize_t i = 0; i < h->n; i++)
+        size += 8 + h->e[i].kl + h->e[i].vl;
+    if (h->n > 0xFFFFFFFF || gbuf_reserve(out, size) < 0 || gbuf_reserve(offs, 8) < 0)
+        return -1;
+    unsigned char *p = out->p + out->len;
+    put_u32(p, (uint32_t)h->n);
+    p += 4;
+    for (Py_ssize_t i = 0; i < h->n; i++) {
+        const hentry *e = &h->e[i];
+        put_u32(p, (uint32_t)e->kl);
+        put_u32(p + 4, (uint32_t)e->vl);
+        memcpy(p + 8, e->k, (size_t)e->kl);
+        memcpy(p + 8 + e->kl, e->v, (size_t)e->vl);
+        p += 8 + e->kl + e->vl;
+    }
+    if (blen)
+        memcpy(p, body, (size_t)blen);
+    out->len += size;
+    int64_t end = (int64_t)out->len;
+    memcpy(offs->p + offs->len, &end, 8);
+    offs->len += 8;
+    if (size > *longest)
+        *longest = size;
+    return 0;
+}
+
+/* (data, offsets, longest) of the column in out/offs (both spent). */
+static PyObject *
+column_result(gbuf *out, gbuf *offs, Py_ssize_t longest)
+{
+    PyObject *d = gbuf_finish(out), *o = d != NULL ? gbuf_finish(offs) : NULL;
+    if (o == NULL) {
+        Py_XDECREF(d);
+        return NULL;
+    }
+    return Py_BuildValue("(NNn)", d, o, longest);
+}
+
+/* out sized for ``data_bound`` bytes, offs for n + 1 offsets, the first 0. */
+static int
+column_start(gbuf *out, gbuf *offs, Py_ssize_t data_bound, Py_ssize_t n)
+{
+    if (gbuf_init(out, data_bound) < 0 || gbuf_init(offs, 8 * (n + 1)) < 0)
+        return -1;
+    memset(offs->p, 0, 8);
+    offs->len = 8;
+    return 0;
+}
+
+static PyObject *
+sp_arrow_payload_column(PyObject *self, PyObject *args)
+{
+    Py_buffer offs, data;
+    Py_ssize_t n, offset;
+    int wide;
+    PyObject *headers;
+    if (!PyArg_ParseTuple(args, "y*y*nnpO", &offs, &data, &n, &offset, &wide, &headers))
+        return NULL;
+    PyObject *result = NULL;
+    Py_buffer hb[6];
+    int nhb = 0;
+    gbuf out = {NULL, NULL, 0, 0}, co = {NULL, NULL, 0, 0};
+    hlist h = {NULL, 0, 0};
+    Py_ssize_t longest = 0, width = wide ? 8 : 4;
+    if (n < 0 || offset < 0 || offs.len / width < offset + n + 1) {
+        PyErr_SetString(PyExc_ValueError, "arrow_puts: the offsets buffer is shorter than the column");
+        goto done;
+    }
+    if (!PyTuple_Check(headers) || PyTuple_GET_SIZE(headers) != 6) {
+        PyErr_SetString(PyExc_TypeError, "arrow_puts: headers must be a 6-tuple of buffers or None");
+        goto done;
+    }
+    for (; nhb < 5; nhb++)
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(headers, nhb), &hb[nhb], PyBUF_SIMPLE) < 0)
+            goto done;
+    PyObject *valid_obj = PyTuple_GET_ITEM(headers, 5);
+    if (valid_obj != Py_None) {
+        if (PyObject_GetBuffer(valid_obj, &hb[5], PyBUF_SIMPLE) < 0)
+            goto done;
+        nhb = 6;
+        if (hb[5].len * 8 < n) {
+            PyErr_SetString(PyExc_ValueError, "arrow_puts: the validity bitmap is shorter than the column");
+            goto done;
+        }
+    }
+    if (hb[0].len / 4 < n + 1) {
+        PyErr_SetString(PyExc_ValueError, "arrow_puts: the map offsets are shorter than the column");
+        goto done;
+    }
+    const unsigned char *ob = (const unsigned char *)offs.buf + width * offset;
+    const unsigned char *db = (const unsigned char *)data.buf;
+    const unsigned char *mo = hb[0].buf, *valid = nhb == 6 ? hb[5].buf : NULL;
+    const unsigned char *kd = hb[2].buf, *vd = hb[4].buf;
+    Py_ssize_t n_keys = hb[1].len / 4 - 1, n_vals = hb[3].len / 4 - 1;
+    {
+        /* enough for every payload: the rows' bodies, a count each, every entry of the map column */
+        int32_t m_first, m_last;
+        memcpy(&m_first, mo, 4);
+        memcpy(&m_last, mo + 4 * n, 4);
+        Py_ssize_t entries = m_last > m_first ? (Py_ssize_t)(m_last - m_first) : 0;
+        if (column_start(&out, &co, data.len + 4 * n + 8 * entries + hb[2].len + hb[4].len, n) < 0)
+            goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t a, b;
+        if (arrow_slice(ob, wide, i, data.len, &a, &b) < 0)
+            goto done;
+        int32_t x, y;
+        memcpy(&x, mo + 4 * i, 4);
+        memcpy(&y, mo + 4 * (i + 1), 4);
+        if (valid != NULL && !(valid[i >> 3] >> (i & 7) & 1))
+            y = x; /* a null map: no headers */
+        if (x < 0 || y < x || y > n_keys || y > n_vals) {
+            PyErr_SetString(PyExc_ValueError, "arrow_puts: a map offset lies outside its entries");
+            goto done;
+        }
+        h.n = 0;
+        for (Py_ssize_t j = x; j < y; j++) { /* as a dict: a repeated key keeps its first place, last value */
+            Py_ssize_t ka, kb, va, vb;
+            if (arrow_slice(hb[1].buf, 0, j, hb[2].len, &ka, &kb) < 0 ||
+                arrow_slice(hb[3].buf, 0, j, hb[4].len, &va, &vb) < 0)
+                goto done;
+            if (!strict_utf8(kd + ka, kb - ka)) {
+                result = Py_BuildValue("(ns)", i, "key");
+                goto done;
+            }
+            if (!strict_utf8(vd + va, vb - va)) {
+                result = Py_BuildValue("(ns)", i, "value");
+                goto done;
+            }
+            Py_ssize_t at = hlist_find(&h, h.n, kd + ka, kb - ka);
+            if (at >= 0) {
+                h.e[at].v = vd + va;
+                h.e[at].vl = vb - va;
+            } else if (hlist_push(&h, kd + ka, kb - ka, vd + va, vb - va) < 0) {
+                goto done;
+            }
+        }
+        if (write_event(&out, &co, &h, db + a, b - a, &longest) < 0)
+            goto done;
+    }
+    result = column_result(&out, &co, longest);
+done:
+    for (int k = 0; k < nhb; k++)
+        PyBuffer_Release(&hb[k]);
+    Py_XDECREF(out.obj);
+    Py_XDECREF(co.obj);
+    PyMem_Free(h.e);
+    PyBuffer_Release(&offs);
+    PyBuffer_Release(&data);
+    return result;
+}
+
+/* Parse a header block at p (len bytes available) into h (appended); the bytes it takes, or -1
+   when it does not decode, or holds a header that is not strict UTF-8 or a repeated key. */
+static Py_ssize_t
+parse_headers(const unsigned char *p, Py_ssize_t len, hlist *h)
+{
+    if (len < 4)
+        return -1;
+    uint32_t count = get_u32(p);
+    if (count > (uint64_t)(len - 4) / 8)
+        return -1;
+    Py_ssize_t pos = 4, first = h->n;
+    for (uint32_t c = 0; c < count; c++) {
+        if (len - pos < 8)
+            return -1;
+        Py_ssize_t kl = get_u32(p + pos), vl = get_u32(p + pos + 4);
+        pos += 8;
+        if (kl > len - pos || vl > len - pos - kl)
+            return -1;
+        const unsigned char *k = p + pos, *v = p + pos + kl;
+        if (!strict_utf8(k, kl) || !strict_utf8(v, vl))
+            return -1;
+        for (Py_ssize_t i = first; i < h->n; i++)
+            if (h->e[i].kl == kl && memcmp(h->e[i].k, k, (size_t)kl) == 0)
+                return -1;
+        if (hlist_push(h, k, kl, v, vl) < 0)
+            return -2;
+        pos += kl + vl;
+    }
+    return pos;
+}
+
+static PyObject *
+sp_merge_headers(PyObject *self, PyObject *args)
+{
+    Py_buffer data, offs, extra;
+    int plain;
+    if (!PyArg_ParseTuple(args, "y*y*y*p", &data, &offs, &extra, &plain))
+        return NULL;
+    PyObject *result = NULL;
+    gbuf out = {NULL, NULL, 0, 0}, co = {NULL, NULL, 0, 0};
+    hlist ex = {NULL, 0, 0}, h = {NULL, 0, 0};
+    char *used = NULL;
+    Py_ssize_t n, longest = 0;
+    if (column_offsets(&offs, data.len, "merge_headers", &n) < 0)
+        goto done;
+    Py_ssize_t got = parse_headers(extra.buf, extra.len, &ex);
+    if (got == -2)
+        goto done;
+    if (got != extra.len) {
+        PyErr_SetString(PyExc_ValueError, "merge_headers: extra is not one header block");
+        goto done;
+    }
+    if ((used = PyMem_Malloc((size_t)ex.n + 1)) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* enough for every row: its bytes, a count (plain rows), every extra entry (added, or replacing a value) */
+    Py_ssize_t per_row = extra.len + 4, bound = data.len;
+    if (n && per_row <= (PY_SSIZE_T_MAX / 2 - data.len) / n)
+        bound += n * per_row;
+    if (column_start(&out, &co, bound, n) < 0)
+        goto done;
+    const unsigned char *db = data.buf;
+    const unsigned char *ob = offs.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t a, b;
+        memcpy(&a, ob + 8 * i, 8);
+        memcpy(&b, ob + 8 * (i + 1), 8);
+        const unsigned char *row = db + a;
+        Py_ssize_t len = (Py_ssize_t)(b - a), hlen = 0;
+        h.n = 0;
+        if (!plain) {
+            hlen = parse_headers(row, len, &h);
+            if (hlen == -2)
+                goto done;
+            if (hlen < 0) {
+                Py_INCREF(Py_None);
+                result = Py_None;
+                goto done;
+            }
+        }
+        Py_ssize_t own = h.n;
+        memset(used, 0, (size_t)ex.n + 1);
+        for (Py_ssize_t j = 0; j < own; j++) {
+            Py_ssize_t at = hlist_find(&ex, ex.n, h.e[j].k, h.e[j].kl);
+            if (at >= 0) {
+                h.e[j].v = ex.e[at].v;
+                h.e[j].vl = ex.e[at].vl;
+                used[at] = 1;
+            }
+        }
+        for (Py_ssize_t j = 0; j < ex.n; j++)
+            if (!used[j] && hlist_push(&h, ex.e[j].k, ex.e[j].kl, ex.e[j].v, ex.e[j].vl) < 0)
+                goto done;
+        if (write_event(&out, &co, &h, row + hlen, len - hlen, &longest) < 0)
+            goto done;
+    }
+    result = column_result(&out, &co, longest);
+done:
+    Py_XDECREF(out.obj);
+    Py_XDECREF(co.obj);
+    PyMem_Free(ex.e);
+    PyMem_Free(h.e);
+    PyMem_Free(used);
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&offs);
+    PyBuffer_Release(&extra);
+    return result;
+}
+
 /* ------------------------------------------------------------------------ */
 /* PUT columns: a transaction's puts as one data buffer and native int64 offsets (payload i is
    data[offsets[i]:offsets[i + 1]]), framed without a Python object per payload. format.py holds
@@ -2707,7 +3100,7 @@ static PyMethodDef sp_methods[] = {
      "decode_puts(buf, offsets, sizes, seed, kind, max_payload, decode, frame_error, event_error)"
      " -> list: per record (body, headers), its payload bytes, or an error instance (format.decode_puts)."},
     {"take_runs", sp_take_runs, METH_O,
-     "take_runs(entries) -> (ranges, file_runs) or None: a transaction's takes grouped (channel._take_runs)."},
+     "take_runs(entries) -> (ranges, file_runs) or None: a transaction's takes grouped (takes.take_runs)."},
     {"close_batch", sp_close_batch, METH_VARARGS,
      "close_batch(seed, kind, parts, start, first_woid, woid) -> bytes: the BATCH_END frame closing parts."},
     {"frame_commit1", sp_frame_commit1, METH_VARARGS,
@@ -2719,7 +3112,7 @@ static PyMethodDef sp_methods[] = {
      "int64_range(first, n) -> bytes: first .. first + n - 1 as native int64s (for array('q').frombytes)."},
     {"take_slots", sp_take_slots, METH_VARARGS,
      "take_slots(cls, bodies, headers, a, m, first) -> (events, nbytes): take a stretch of a cache run"
-     " (channel._take_slots)."},
+     " (takes.take_slots)."},
     {"trim_heap", sp_trim_heap, METH_NOARGS, "trim_heap() -> bool: glibc malloc_trim(0); False elsewhere."},
     {"scan_batches", sp_scan_batches, METH_VARARGS,
      "scan_batches(buf, pos, seed, kind, max_payload, batch_last_woid, base, file_id, record_type, records[, run_type, offsets, sizes]) -> (end_of_verified_prefix, last_woid)."},
@@ -2732,6 +3125,12 @@ static PyMethodDef sp_methods[] = {
     {"arrow_puts", sp_arrow_puts, METH_VARARGS,
      "arrow_puts(offsets, data, n, offset, wide, no_headers, headers) -> the PUT payloads of an Arrow column"
      " (filechannel.arrow)."},
+    {"arrow_payload_column", sp_arrow_payload_column, METH_VARARGS,
+     "arrow_payload_column(offsets, data, n, offset, wide, headers) -> (data, offsets, max_len) or (index, reason):"
+     " arrow_puts' payloads as one column (filechannel.arrow)."},
+    {"merge_headers", sp_merge_headers, METH_VARARGS,
+     "merge_headers(data, offsets, extra, plain) -> (data, offsets, max_len) or None: a column's events with"
+     " extra headers merged (filechannel.staged)."},
     {"put_column", sp_put_column, METH_VARARGS,
      "put_column(offsets, data, n, offset, wide) -> (data, offsets, max_len): an Arrow binary column's rows"
      " copied into a PUT column (format.PutColumn)."},

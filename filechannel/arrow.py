@@ -8,15 +8,18 @@ or write path:
   ``position int64, body binary, headers map<string, string>``, doing every
   check :func:`~filechannel.reader.read_segment` does, with the same errors;
 - :func:`read_arrow` (``ChannelReader.read_arrow``) does it for a range of
-  positions;
+  positions, and :func:`read_received` for segments whose bytes an agent sent;
 - :func:`prepare_column` (``Transaction.put_arrow``) copies the rows of a ``body``
   column without headers into a ``format.PutColumn`` (one buffer, int64 offsets),
   which the writer frames without a Python object per row;
 - :func:`prepare_puts` turns the rows of a ``body`` column (and an optional
-  ``headers`` map column) into PUT payloads, one ``bytes`` each (rows with headers).
+  ``headers`` map column) into PUT payloads, one ``bytes`` each (rows with headers);
+- :func:`payload_columns` makes the same payloads as one buffer and its offsets
+  per chunk (the Spark sink stages them).
 
 With the C accelerator the per-event loops are C calls
-(``_speedups.arrow_verify``, ``arrow_events``, ``put_column``, ``arrow_puts``) that fill plain
+(``_speedups.arrow_verify``, ``arrow_events``, ``put_column``, ``arrow_puts``,
+``arrow_payload_column``) that fill plain
 bytes buffers; pyarrow wraps them (``pa.py_buffer``, ``Array.from_buffers``),
 so no Python object is made per event on the read path. The functions whose
 names end in ``_py`` are their pure-Python twins (the reference,
@@ -30,7 +33,8 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from itertools import accumulate
+from typing import TYPE_CHECKING, Any, cast
 
 from . import format as fmt
 from ._fs import DEFAULT_FS, FS
@@ -43,8 +47,10 @@ if TYPE_CHECKING:
 __all__ = [
     "ArrowTextError",
     "events_to_batch",
+    "payload_columns",
     "prepare_column",
     "prepare_puts",
+    "read_received",
     "read_runs",
     "read_segment_arrow",
     "schema",
@@ -374,6 +380,47 @@ def read_segment_arrow(
     return read_runs([run], fs or DEFAULT_FS)
 
 
+class _Received:
+    """A read-only stand-in for the ``fs`` seam holding runs' bytes received from elsewhere (an agent's read).
+
+    :func:`read_runs` opens its runs once each, in order: the n-th open is the n-th run's bytes.
+    """
+
+    def __init__(self, runs: Sequence[tuple[Run, bytes | memoryview]]) -> None:
+        self._runs = runs
+        self._opened = 0
+
+    def open_read(self, path: str) -> int:
+        self._opened += 1
+        return self._opened - 1
+
+    def pread(self, fd: int, n: int, offset: int) -> bytes | memoryview:
+        run, data = self._runs[fd]
+        if len(data) != n or offset != run.offset:
+            raise CorruptLogError(run.path, offset, f"the segment is {n} bytes, {len(data)} were received")
+        return data
+
+    def close(self, fd: int) -> None:
+        return None
+
+
+def read_received(runs: Sequence[tuple[Run, bytes | memoryview]]) -> pa.RecordBatch:
+    """Runs whose bytes came from elsewhere (an agent), each with its bytes, as one RecordBatch.
+
+    The bytes go through :func:`read_runs` itself (as a local segment's do in
+    :func:`read_segment_arrow`): every record's checksum, size and kind, and an
+    encrypted record's tag, checked here, with the same errors; ``Run.path`` is a
+    label for messages. ``Run.length`` must be the length of its bytes.
+
+    Raises:
+        CorruptLogError: A run's bytes are not ``length`` long, or a record does not verify.
+        DecryptionError: A sealed record without a key, or a tag that fails.
+        ArrowTextError: A header holds an encoded lone surrogate (old records only).
+    """
+    fs: Any = _Received(runs)
+    return read_runs([r for r, _ in runs], fs)
+
+
 def events_to_batch(events: Sequence[Any]) -> pa.RecordBatch:
     """The batch of :func:`read_segment_arrow` built from Events (``read()``'s answer), in Python."""
     pa = _pa()
@@ -604,6 +651,68 @@ def prepare_column(data: Any) -> tuple[fmt.PutColumn, int] | Chunks:
         col.add(cdata, coffs, n)
         longest = max(longest, big)
     return col, longest
+
+
+def _payload_column(
+    offsets: Any, data: Any, n: int, offset: int, wide: bool, headers: tuple[Any, ...]
+) -> tuple[bytes, bytes, int] | tuple[int, str]:
+    """The PUT payloads of rows with ``headers`` as one column: ``(data, offsets, longest)`` or ``(row, part)``.
+
+    The payloads of ``arrow_puts`` joined (``offsets``: ``n + 1`` native int64s from 0),
+    in one C call and no Python object per row (``_speedups.arrow_payload_column``);
+    ``(row, "key" | "value")`` names the first header that is not strict UTF-8.
+    """
+    sp = fmt.speedups
+    if sp is not None:
+        return sp.arrow_payload_column(offsets, data, n, offset, wide, headers)  # type: ignore[no-any-return]
+    return _payload_column_py(offsets, data, n, offset, wide, headers)
+
+
+def _payload_column_py(
+    offsets: Any, data: Any, n: int, offset: int, wide: bool, headers: tuple[Any, ...]
+) -> tuple[bytes, bytes, int] | tuple[int, str]:
+    """The pure-Python :func:`_payload_column` (the reference): ``_puts_py``'s payloads, joined."""
+    got = _puts_py(offsets, data, n, offset, wide, None, headers)
+    if len(got) == 2:
+        return cast("tuple[int, str]", got)
+    payloads: list[bytes] = got[0]
+    ends = array("q", [0])
+    ends.extend(accumulate(map(len, payloads)))
+    return b"".join(payloads), ends.tobytes(), max(map(len, payloads), default=0)
+
+
+PayloadChunk = tuple[bool, bytes, bytes, int, int]
+"""A chunk of rows ready to stage: ``(with headers, data, offsets, rows, longest)`` (int64 offsets from 0).
+
+With headers, each row is a whole PUT payload; without, each row is a body.
+"""
+
+
+def payload_columns(data: Any) -> list[PayloadChunk]:
+    """The rows of Arrow ``data`` (or :func:`prepare_column`'s chunks) as columns, with no Python object per row.
+
+    A chunk without headers is its bodies (``put_column``); a chunk with headers is its
+    rows' whole PUT payloads, the bytes :func:`prepare_puts` makes (``arrow_payload_column``).
+    The Spark sink stages these.
+
+    Raises:
+        As :func:`prepare_puts`.
+    """
+    out: list[PayloadChunk] = []
+    for offs, bdata, n, offset, wide, hbufs, row in data if isinstance(data, Chunks) else _chunks(data):
+        if hbufs is None:
+            cdata, coffs, longest = _column(offs, bdata, n, offset, wide)
+            out.append((False, cdata, coffs, n, longest))
+            continue
+        got = _payload_column(offs, bdata, n, offset, wide, hbufs)
+        if len(got) == 2:
+            i, part = got
+            raise InvalidEventError(
+                f"put_arrow: row {row + i}: a header {part} is not valid UTF-8 text (Arrow strings must be UTF-8)"
+            )
+        cdata, coffs, longest = got
+        out.append((True, cdata, coffs, n, longest))
+    return out
 
 
 def prepare_puts(data: Any, no_headers: Any) -> PutRows:

@@ -148,8 +148,8 @@ class Transaction:
             EventTooLargeError: The event is larger than ``max_event_size`` (a ``ValueError``).
             InvalidEventError: A header key or value is not valid UTF-8 text (a ``ValueError``).
             TransactionCapacityError: More than ``transaction_capacity`` puts.
-            ChannelFullError: The channel stayed full for ``keep_alive`` seconds.
-            DiskSpaceError: Free space is under ``minimum_required_space``.
+            ChannelFullError: The channel stayed full (``capacity``, ``max_bytes``) for ``keep_alive`` seconds.
+            DiskSpaceError: Free space stayed under ``minimum_required_space`` for ``keep_alive`` seconds.
             TransactionStateError: The transaction is no longer open.
             ChannelClosedError: The channel is closed or has failed.
         """
@@ -179,9 +179,9 @@ class Transaction:
         if ch._closed or self._log.failed is not None:
             ch._check_open()
         if not self._payloads:
-            # Free space is checked at the first put and again at commit, before
-            # anything is written (puts write nothing; the check costs ~0.5 us).
-            self._log.check_space(self._dir)
+            # Room (free space, max_bytes) is checked at the first put and again at commit,
+            # before anything is written (puts write nothing; the check costs ~0.5 us).
+            self._log.wait_for_room(self._dir)
         ch._reserve_put()
         payloads = self._payloads
         if type(payloads) is not list:
@@ -207,7 +207,7 @@ class Transaction:
             self._payloads = out = bodies  # plain events: each payload is the body
             self._bodies = list(out)
         else:
-            self._payloads = out = [col.head + b for b in bodies]
+            self._payloads = out = col.payloads() if not col.head else [col.head + b for b in bodies]
             self._plain = False
             self._bodies = bodies
         self._headers = headers
@@ -232,7 +232,7 @@ class Transaction:
             InvalidEventError: A header key or value is not valid UTF-8 text (a ``ValueError``).
             TransactionCapacityError: The transaction would hold more than ``transaction_capacity`` puts.
             ChannelFullError: No room for all of them appeared within ``keep_alive`` seconds.
-            DiskSpaceError: Free space is under ``minimum_required_space``.
+            DiskSpaceError: Free space stayed under ``minimum_required_space`` for ``keep_alive`` seconds.
             TransactionStateError: The transaction is no longer open.
             ChannelClosedError: The channel is closed or has failed.
         """
@@ -381,8 +381,12 @@ class Transaction:
 
         Raises:
             OSError: Writing or syncing failed; the transaction is undone.
-            DiskSpaceError: Free space is under ``minimum_required_space`` (puts only;
-                the transaction stays open).
+            ChannelFullError: Puts only: the data files stayed at ``max_bytes``, or
+                (``DiskSpaceError``) free space stayed under ``minimum_required_space``
+                plus what the commit writes, for ``keep_alive`` seconds; nothing was
+                written and the transaction stays open. Or the write itself ran out
+                of space (``DiskSpaceError``, ``reason="disk_full"``): it was cut
+                back and the transaction is undone; the channel goes on.
             TransactionStateError: The transaction is no longer open.
             ChannelClosedError: The channel is closed or has failed.
         """
@@ -395,7 +399,7 @@ class Transaction:
             ch._open_txns.pop(self.txn_id, None)
             return
         if self._payloads:
-            self._log.check_space(self._dir)
+            self._log.wait_for_room(self._dir, self._payloads)
         takes: list[tuple[int, int]] = []
         if self._taken.count:
             run = self._taken.one_run()
@@ -544,7 +548,7 @@ class Transaction:
                 else:
                     if self._plain:
                         mine = self._unplain()
-                    mine += [col.head + b for b in bodies]
+                    mine += col.payloads() if not col.head else [col.head + b for b in bodies]
                 self._bodies += bodies
                 self._headers += headers
         return n
@@ -570,7 +574,7 @@ class Transaction:
         if ch._closed or self._log.failed is not None:
             ch._check_open()
         if not self._payloads:
-            self._log.check_space(self._dir)
+            self._log.wait_for_room(self._dir)
         ch._reserve_put(n)
         return n
 

@@ -57,7 +57,20 @@ class ChannelConfig:
         fsync: ``"commit"`` (durable when commit returns) or ``"interval"``.
         fsync_interval: Seconds between background fsyncs when ``fsync="interval"``.
         keep_alive: Seconds a put waits for room in a full channel.
-        minimum_required_space: Bytes that must stay free on each data directory.
+        max_bytes: Most bytes of data files the channel may hold (Vector's ``max_size``),
+            or ``None`` (the default): no limit but ``capacity`` and the disk. Counted
+            as the length of the live data files (not the zero-filled space written
+            ahead of the writer, at most 1 MiB per data directory); a put that would
+            pass it waits up to ``keep_alive`` for files to retire, then raises
+            ``ChannelFullError`` with ``reason="max_bytes"``. At least twice
+            ``max_file_size`` per data directory (the file being written never
+            retires). A file retires only once every event in it is taken and every
+            consumer has passed it.
+        minimum_required_space: The free-space floor: bytes that must stay free on each
+            data directory's file system. A put below it (or whose commit would take
+            free space below it) waits up to ``keep_alive`` for space, then raises
+            ``DiskSpaceError`` (a ``ChannelFullError``, ``reason="min_free"``). Takes,
+            acknowledgements and retirements are never refused for space.
         on_corruption: ``"fail"`` (refuse to open) or ``"skip"`` (drop and report).
         data_dirs: Data directories (one per disk); default ``<dir>/data``.
         cache_bytes: Bytes of recently put events kept in memory to serve takes.
@@ -100,6 +113,7 @@ class ChannelConfig:
     fsync_interval: float = 5.0
     keep_alive: float = 3.0
     minimum_required_space: int = 64 * MiB
+    max_bytes: int | None = None
     on_corruption: str = "fail"
     data_dirs: tuple[str, ...] | None = None
     cache_bytes: int = 16 * MiB
@@ -133,6 +147,20 @@ class ChannelConfig:
             v = getattr(self, name)
             if not _is_int(v) or v < 0:
                 raise ConfigError(name, f"must be an int >= 0, got {v!r}")
+        if self.max_bytes is not None:
+            if not _is_int(self.max_bytes) or self.max_bytes <= 0:
+                raise ConfigError(
+                    "max_bytes", f"must be a positive number of bytes, or None for no limit, got {self.max_bytes!r}"
+                )
+            ndirs = len(self.data_dirs) if isinstance(self.data_dirs, (tuple, list)) and self.data_dirs else 1
+            least = 2 * self.max_file_size * ndirs
+            if self.max_bytes < least:
+                raise ConfigError(
+                    "max_bytes",
+                    f"{self.max_bytes} is under twice max_file_size={self.max_file_size} per data directory "
+                    f"({least}): the file being written never retires, so the channel could fill up for good; "
+                    "raise max_bytes or lower max_file_size",
+                )
         if self.transaction_capacity > self.capacity:
             raise ConfigError(
                 "transaction_capacity",
@@ -229,6 +257,7 @@ class ChannelOptions(TypedDict, total=False):
     fsync_interval: float
     keep_alive: float
     minimum_required_space: int
+    max_bytes: int | None
     on_corruption: Literal["fail", "skip"]
     data_dirs: Sequence[str | os.PathLike[str]] | None
     cache_bytes: int

@@ -456,7 +456,6 @@ class ConsumerStore:
         )
         tmp = os.path.join(self.path, f".{state.name}{ACK_SUFFIX}{_TMP_MARK}{os.getpid()}-{time.time_ns()}")
         replace_durably(fs, tmp, self.file_path(state.name), data)
-        fs.fsync_dir(self.path)
         return state
 
     def _clean_temporaries(self, name: str, older_than_ns: int = 0) -> None:

@@ -359,7 +359,6 @@ class ChannelDirectory:
             f"DATADIR:{index}",
         )
         self.write_small_file(os.path.join(d, DATA_DIR_ID_FILE), data)
-        st.fs.fsync_dir(d)
 
     def write_data_dirs(self) -> None:
         """Record the data directories: relative inside the channel directory, absolute outside it."""
@@ -372,7 +371,6 @@ class ChannelDirectory:
             os.path.join(st.directory, DATA_DIRS_FILE),
             encode_meta({"data_dirs": entries, "version": 2}, st.meta_mac, DATA_DIRS_FILE),
         )
-        st.fs.fsync_dir(st.directory)
         self.legacy_dirs = False
 
     def _lock_path(self, path: str) -> int | None:
@@ -398,7 +396,7 @@ class ChannelDirectory:
         self.lock_handle = self._lock_path(os.path.join(top, LOCK_FILE))
 
     def write_small_file(self, path: str, data: bytes) -> None:
-        """Write a file atomically: a temporary file, fsync, rename over (the caller fsyncs the directory)."""
+        """Write a file atomically and durably: a temporary file, fsync, rename over, fsync of the directory."""
         fs = self.st.fs
         tmp = path + ".tmp"
         if fs.exists(tmp):
@@ -582,7 +580,6 @@ class ChannelDirectory:
         body = fmt.encode_auth_state(dataclasses.replace(state, generation=generation))
         key_id, tag = st.meta_mac.tag(ANCHOR_FILE, body)
         self.write_small_file(os.path.join(st.directory, ANCHOR_FILE), fmt.encode_sealed(body, key_id, tag))
-        st.fs.fsync_dir(st.directory)
         st.anchor_generation = generation
 
     def _create(self, chan_path: str) -> None:
@@ -619,7 +616,6 @@ class ChannelDirectory:
             self.write_identity(i)
         data = encode_channel_file(st.channel_id, fmt.default_crc_kind(), time.time_ns())
         self.write_small_file(chan_path, data)
-        fs.fsync_dir(top)
         if not existed:
             parent = os.path.dirname(os.path.abspath(top))
             fs.fsync_dir(parent)

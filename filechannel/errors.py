@@ -9,6 +9,8 @@ re-raised unchanged as the ``__cause__`` of nothing: they propagate as
 
 from __future__ import annotations
 
+import os
+
 
 class ChannelError(Exception):
     """Root of every error raised by filechannel."""
@@ -44,7 +46,19 @@ class ChannelLockedError(ChannelError):
 
 
 class ChannelFullError(ChannelError):
-    """A put would exceed ``capacity`` and no room appeared within ``keep_alive``."""
+    """A put found no room within ``keep_alive``: nothing of it was written.
+
+    ``.reason`` names the limit that was reached: ``"capacity"`` (events),
+    ``"max_bytes"`` (bytes of data files), ``"min_free"`` (the file system's
+    free space is under ``minimum_required_space``) or ``"disk_full"`` (the
+    file system refused a write with ENOSPC or EDQUOT; the write was undone).
+    Take events (or acknowledge them) so that data files retire, free disk
+    space, or raise the limit; puts resume by themselves, no restart needed.
+    """
+
+    def __init__(self, message: str, reason: str = "capacity") -> None:
+        self.reason = reason
+        super().__init__(message)
 
 
 class TransactionCapacityError(ChannelError):
@@ -85,17 +99,53 @@ class TransactionStateError(ChannelError, RuntimeError):
     """A transaction was used after it committed, rolled back or failed."""
 
 
-class DiskSpaceError(ChannelError):
-    """Free space on a data directory is under ``minimum_required_space``."""
+class DiskSpaceError(ChannelFullError):
+    """No room on a data directory's file system: a full channel, of the ``"min_free"`` or ``"disk_full"`` kind.
 
-    def __init__(self, path: str, free: int, required: int) -> None:
+    ``"min_free"``: free space stayed under ``minimum_required_space`` (plus
+    what the commit writes) for ``keep_alive`` seconds; nothing was written
+    and the transaction stays open. ``"disk_full"``: the write itself ran out
+    of space (:class:`DiskFullError`). Neither fails the channel.
+    """
+
+    def __init__(self, path: str, free: int, required: int, reason: str = "min_free", needed: int = 0) -> None:
         self.path = path
         self.free = free
         self.required = required
-        super().__init__(
-            f"only {free} bytes free on {path}, minimum_required_space={required}; "
-            "free disk space or take events to drain the channel"
+        if needed > required:
+            msg = (
+                f"only {free} bytes free on {path}: under minimum_required_space={required} plus the "
+                f"{needed - required} bytes this commit writes; free disk space or take events to drain the channel"
+            )
+        else:
+            msg = (
+                f"only {free} bytes free on {path}, minimum_required_space={required}; "
+                "free disk space or take events to drain the channel"
+            )
+        super().__init__(msg, reason)
+
+
+class DiskFullError(DiskSpaceError, OSError):
+    """A put's write ran out of space (ENOSPC or EDQUOT): a full channel (``reason="disk_full"``), and an ``OSError``.
+
+    The write was cut back to where its batch began, so nothing of it stays in
+    the file and the channel goes on; the transaction is undone (put it again
+    later). ``errno`` is the file system's, so callers that catch ``OSError``
+    see it as before.
+    """
+
+    def __init__(self, path: str, err: int, required: int) -> None:
+        super().__init__(path, 0, required, "disk_full")
+        self.args = (
+            f"no space left on {path} ({os.strerror(err)}): the write was undone and nothing was put; "
+            "free disk space or take events so that data files retire, then put again",
         )
+        self.errno = err
+        self.strerror = os.strerror(err)
+        self.filename = path
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class UnsafePermissionsError(ChannelError):

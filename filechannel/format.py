@@ -1,36 +1,68 @@
-"""The on-disk format, as pure functions: bytes in, values out.
+"""The record frame, the PUT payload and their accelerated encoders; the public face of the on-disk format.
 
-This module owns every byte layout of filechannel's data files: the file
-header, the record frame, and the payload of each record kind. It performs no
-I/O, keeps no state and never logs; it is what ``docs/format.md`` describes and
-what the fuzz targets exercise. It promises one thing to callers: decoding
-arbitrary bytes either returns a value, returns :data:`INCOMPLETE` (more bytes
-are needed) or raises :class:`~filechannel.errors.FormatError`. Nothing else.
+This module owns how a record is framed (op, flags, length, write-order id,
+transaction id, checksum, payload, padding: :func:`encode_record`,
+:func:`decode_record`, :func:`record_length_at`), the PUT payload (an event's
+headers and body: :func:`encode_event`, :func:`decode_puts`), and the encoders
+the writer frames whole batches with: :func:`record_encoder`'s stateful
+encoders (a reused frame buffer, a per-file seed), :class:`PutColumn`'s
+:func:`encode_column` and :func:`frame_commit1`. Each runs in the optional C
+accelerator (``_speedups.c``, chosen once by ``_accel.py`` and kept here as
+:data:`speedups`) or in its pure-Python twin, the reference the C code is
+tested against byte for byte; FILECHANNEL_PURE_PYTHON=1 forces the twin.
 
-Policy (a torn tail versus corruption, skipping damage) lives in ``log.py``.
+Everything here is bytes in, values out: no I/O and no logging. The only state
+is an encoder's, owned by the writer that made it. Decoding arbitrary bytes
+either returns a value, returns :data:`INCOMPLETE` (more bytes are needed) or
+raises :class:`~filechannel.errors.FormatError`. Nothing else. Policy (a torn
+tail versus corruption, skipping damage) is ``scan.py``'s.
 
-All integers are little-endian. Records are 8-byte aligned. Every record's
-CRC is seeded with a per-file seed derived from the channel id and file id, so
-a record copied from another file or another channel does not verify.
+The other layouts are pure codecs in rooms of their own, re-exported here so
+``filechannel.format`` stays the one name callers use (it is what
+``docs/format.md`` describes and what the fuzz targets exercise): the
+constants, checksums, file header and the other payloads in ``codec.py``; the
+authenticated small files (ANCHOR, checkpoint lists, MAC trailers) in
+``authfiles.py``.
 """
 
 from __future__ import annotations
 
 import struct
-import zlib
 from collections.abc import Callable, Iterable, Mapping, MutableSequence, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, overload
 
 from . import _accel
+from .authfiles import *  # noqa: F403 - re-exported: filechannel.format is the format's one public name
+from .codec import *  # noqa: F403 - re-exported, as above
+from .codec import (
+    BATCH_END,
+    BATCH_TAG_LEN,
+    COMMIT,
+    CRC32_ZLIB,
+    CRC32C,
+    EMPTY_HEADERS,
+    ENC_TAG_LEN,
+    FIXED_PAYLOAD_SIZES,
+    FLAG_SEALED,
+    INCOMPLETE,
+    MARK,
+    OP_NAMES,
+    PUT,
+    SEALABLE_OPS,
+    TAKE,
+    TAKE_RANGE_LEN,
+    BatchEnd,
+    Incomplete,
+    crc,
+    crc_extender,
+    encode_batch_end,
+    encode_commit,
+    mark_len_bounds,
+    mark_len_error,
+    payload_len_error,
+)
 from .errors import EventFormatError, FormatError
-
-_gcrc: Any
-try:  # the C implementation; the pure-Python fallback is far too slow to use
-    import google_crc32c as _gcrc
-except ImportError:  # pragma: no cover - exercised only without the wheel
-    _gcrc = None
-HAVE_CRC32C: Final = _gcrc is not None and _gcrc.implementation == "c"
 
 # The optional C accelerator (``_speedups.c``, chosen by ``_accel.py``): batch
 # framing and verified-batch scanning. The Python code in this module and in
@@ -44,161 +76,29 @@ def accelerator() -> str:
     return "c" if speedups is not None else "python"
 
 
-MAGIC: Final = b"\x89FCW\r\n\x1a\n"
-FORMAT_VERSION: Final = 1
-AUTH_VERSION: Final = 2
-"""The data file version of an authenticated file: encrypted, and every BATCH_END carries a batch tag.
-
-A version 2 file's BATCH_END payload is 48 bytes: the 32 of version 1, then a
-16-byte tag (an AEAD tag over nothing, under the file's batch key) whose
-associated data is :func:`batch_auth_data`: the previous batch's tag (the first
-batch's: the header's key check), every byte of the batch, and the BATCH_END's
-own fields. Removing, reordering, editing or forging a batch breaks the chain.
-Version 1 files (plaintext, and encrypted files of earlier releases) are still read.
-"""
-BATCH_TAG_LEN: Final = 16
-
-# Checksum algorithms, recorded in the low 4 bits of a file header's flags.
-# A file is written with one algorithm; polynomials are never mixed in a file.
-CRC32C: Final = 1
-CRC32_ZLIB: Final = 2
-_CRC_MASK: Final = 0x0F
-ENCRYPTED: Final = 0x10
-"""Header flag: PUT payloads are encrypted; an encryption extension follows the live file ids."""
-_KNOWN_FLAGS: Final = _CRC_MASK | ENCRYPTED
-
-# The encryption extension of a file header (flag ENCRYPTED): cipher suite u8,
-# key id length u8, 6 reserved zero bytes, a 32-byte salt, the key id (ASCII)
-# padded to 8, then a 16-byte key check (an AEAD tag over the header before it).
-_ENC_EXT: Final = struct.Struct("<BB6s32s")
-ENC_SALT_LEN: Final = 32
-ENC_CHECK_LEN: Final = 16
-ENC_TAG_LEN: Final = 16
-"""Bytes an encrypted PUT (or MARK) payload adds to its plaintext (the AEAD tag)."""
-# Record flags (the frame's second byte). A PUT or MARK whose payload is sealed (encrypted)
-# says so itself, so a reader that cannot see its file's header (damaged) still never decodes
-# the ciphertext as an event or a mark. No other bit, and no flag on another op, is defined.
-FLAG_SEALED: Final = 0x01
-
-# Record kinds. 0 is never valid: zero-filled or never-written space must not
-# parse as a record (Flume's OP_NOOP == 0 did exactly that).
-PUT: Final = 1
-TAKE: Final = 2
-COMMIT: Final = 3
-ROLLBACK: Final = 4
-BATCH_END: Final = 5
-RETIRE: Final = 6
-MARK: Final = 7
-SEALABLE_OPS: Final = frozenset((PUT, MARK))
-"""The ops whose frames may carry :data:`FLAG_SEALED`: PUT and MARK."""
-OP_NAMES: Final = {
-    PUT: "put",
-    TAKE: "take",
-    COMMIT: "commit",
-    ROLLBACK: "rollback",
-    BATCH_END: "batch_end",
-    RETIRE: "retire",
-    MARK: "mark",
-}
-
-# File header: fixed part, then ``n_live`` u64 file ids, then a u32 CRC, then
-# zero padding to a multiple of 8 (``header_len`` counts all of it).
-_FILE_HEADER: Final = struct.Struct("<8sHHI16sQQQQQI")
-FILE_HEADER_FIXED: Final = _FILE_HEADER.size  # 76
-MAX_LIVE_FILES: Final = 1 << 16
-MAX_HEADER_LEN: Final = FILE_HEADER_FIXED + 8 * MAX_LIVE_FILES + 8 + 312  # 312: the largest encryption extension
-
 # Record frame: op u8, flags u8, reserved u16, payload_len u32, woid u64,
 # txn_id u64 | crc u32, reserved u32 | payload | zero pad to 8.
 _REC_HEAD: Final = struct.Struct("<BBHIQQ")
 _REC_CRC: Final = struct.Struct("<II")
 RECORD_HEADER_LEN: Final = 32
 _PAD: Final = (b"", b"\0" * 7, b"\0" * 6, b"\0" * 5, b"\0" * 4, b"\0" * 3, b"\0" * 2, b"\0")
-
 _U32: Final = struct.Struct("<I")
-_U64: Final = struct.Struct("<Q")
 _KV_LEN: Final = struct.Struct("<II")
-_COMMIT: Final = struct.Struct("<QII")
-_RANGE: Final = struct.Struct("<QQ")
-_TAKE_ONE: Final = struct.Struct("<IQQ")  # a TAKE payload of one range: its count (1), then the range
-_ROLLBACK: Final = struct.Struct("<II")
-_BATCH_END: Final = struct.Struct("<QIIQQ")
-BATCH_END_SIZES: Final = (_BATCH_END.size, _BATCH_END.size + 16)  # version 1; version 2 (the tag last)
-"""The payload lengths a BATCH_END may have (extend here, and ``batch_end_sizes`` in ``_speedups.c``)."""
-FIXED_PAYLOAD_SIZES: Final[dict[int, tuple[int, ...]]] = {
-    COMMIT: (_COMMIT.size,),
-    ROLLBACK: (_ROLLBACK.size,),
-    BATCH_END: BATCH_END_SIZES,
-    RETIRE: (_U64.size,),
-}
-"""Every op but PUT and TAKE has a payload of a fixed length, checked before any byte of it is read."""
-TAKE_RANGE_LEN: Final = _RANGE.size
-
-# MARK (a transaction's key -> value marks): u32 count, u32 reserved (0), then per mark
-# u64 origin woid, u16 key length, u16 value length, the key (UTF-8), the value.
-MAX_MARK_KEY: Final = 128
-"""Bytes of a mark's key (UTF-8), at most."""
-MAX_MARK_VALUE: Final = 1024
-"""Bytes of a mark's value, at most."""
-MAX_MARKS_PER_RECORD: Final = 64
-"""Marks in one MARK record (and in one transaction), at most."""
-_MARK_HEAD: Final = struct.Struct("<II")
-_MARK_ENTRY: Final = struct.Struct("<QHH")
-MARK_MIN_PAYLOAD: Final = _MARK_HEAD.size + _MARK_ENTRY.size + 1
-MARK_MAX_PAYLOAD: Final = _MARK_HEAD.size + MAX_MARKS_PER_RECORD * (_MARK_ENTRY.size + MAX_MARK_KEY + MAX_MARK_VALUE)
-"""The payload lengths a MARK may have (``mark_min``/``mark_max`` in ``_speedups.c``: change both).
-
-A sealed MARK (flag :data:`FLAG_SEALED`) is :data:`ENC_TAG_LEN` bytes longer: both bounds move up by it."""
-EMPTY_HEADERS: Final = b"\0\0\0\0"
-"""The PUT payload prefix of an event without headers (its body follows)."""
-
-
-class _Incomplete:
-    """Type of :data:`INCOMPLETE`."""
-
-    _instance: _Incomplete | None = None
-
-    def __repr__(self) -> str:
-        return "INCOMPLETE"
-
-
-INCOMPLETE: Final = _Incomplete()
-"""Returned by decoders when the buffer ends before the value does."""
-
-
-# --------------------------------------------------------------------------
-# checksums
-
-
-def crc(kind: int, data: bytes | bytearray | memoryview, seed: int = 0) -> int:
-    """Return the checksum of ``data`` under algorithm ``kind``, extending ``seed``."""
-    if kind == CRC32C:
-        if _gcrc is None:  # pragma: no cover
-            raise FormatError(0, "file uses CRC-32C but google-crc32c is not installed")
-        return int(_gcrc.extend(seed, bytes(data) if isinstance(data, memoryview) else data))
-    if kind == CRC32_ZLIB:
-        return zlib.crc32(data, seed)
-    raise FormatError(0, f"unknown checksum algorithm {kind}")
-
-
-def default_crc_kind() -> int:
-    """Return the checksum algorithm new channels use: CRC-32C when the C version exists."""
-    return CRC32C if HAVE_CRC32C else CRC32_ZLIB
-
-
-def file_seed(kind: int, channel_id: bytes, file_id: int) -> int:
-    """Return the CRC seed of one data file: a checksum of the channel id and file id."""
-    return crc(kind, channel_id + _U64.pack(file_id))
-
-
-def pad_len(n: int) -> int:
-    """Return how many zero bytes follow ``n`` bytes to reach 8-byte alignment."""
-    return -n & 7
 
 
 def record_size(payload_len: int) -> int:
     """Return the bytes a record with ``payload_len`` bytes of payload occupies."""
     return RECORD_HEADER_LEN + payload_len + (-payload_len & 7)
+
+
+def record_length_at(buf: bytes | bytearray | memoryview, offset: int) -> int:
+    """The payload length the frame at ``offset`` declares (its u32 length field), unchecked.
+
+    ``record_size`` of it is the frame's size, as far as the frame says; only
+    :func:`decode_record` tells whether the frame is a record. The frame's 8
+    bytes from ``offset`` must be in ``buf``.
+    """
+    return int(_U32.unpack_from(buf, offset + 4)[0])
 
 
 def frames_size(payloads: Sequence[bytes] | PutColumn, extra: int = 0) -> int:
@@ -231,7 +131,8 @@ class PutColumn(Sequence[bytes]):
     the column shares; the chunks hold the bodies and the PUT payload of a row
     is ``head + body`` (the transaction frames it with ``head`` as the prefix).
     ``put_arrow``'s columns have none (``EMPTY_HEADERS``); the Spark sink's commit
-    gives its ``spark.query`` and ``spark.batch_id`` headers.
+    gives its ``spark.query`` and ``spark.batch_id`` headers. An empty ``head``
+    (``b""``): each row is a whole PUT payload (the sink's rows with headers of their own).
     """
 
     __slots__ = ("chunks", "head", "n")
@@ -380,11 +281,8 @@ def _encode_column_py(
         tag_len = 0
     elif tag_len < 0:
         raise ValueError("tag_len must not be negative")
-    if kind == CRC32C and _gcrc is not None:
-        ext = _gcrc.extend
-    elif kind == CRC32_ZLIB:
-        ext = _zlib_extend
-    else:
+    ext = crc_extender(kind)
+    if ext is None:
         raise ValueError(f"unknown checksum algorithm {kind}")
     db = memoryview(data).cast("B")
     o = _column_offsets(offsets, len(db), "encode_column")
@@ -425,187 +323,6 @@ def _encode_column_py(
         view[at : at + len(frames)] = frames
         return len(frames), offset
     return frames, offset
-
-
-# --------------------------------------------------------------------------
-# file header
-
-
-@dataclass(frozen=True, slots=True)
-class FileHeader:
-    """The header at the start of every data file."""
-
-    crc_kind: int
-    channel_id: bytes
-    file_id: int
-    base_woid: int
-    next_position: int
-    next_txn_id: int
-    created_ns: int
-    live_files: tuple[int, ...] = ()
-    version: int = FORMAT_VERSION
-    cipher: int = 0  # 0: plaintext; else the cipher suite of its PUT payloads
-    key_id: str = ""
-    salt: bytes = b""
-    key_check: bytes = b""
-
-    @property
-    def authenticated(self) -> bool:
-        """Whether every batch of the file carries a chained tag (version 2)."""
-        return self.version >= AUTH_VERSION
-
-    @property
-    def ext_len(self) -> int:
-        """Bytes of the encryption extension (0 for a plaintext file)."""
-        if not self.cipher:
-            return 0
-        k = len(self.key_id)
-        return _ENC_EXT.size + k + pad_len(k) + ENC_CHECK_LEN
-
-    @property
-    def check_offset(self) -> int:
-        """Where the key check starts: the header bytes before it are its associated data."""
-        return FILE_HEADER_FIXED + 8 * len(self.live_files) + self.ext_len - ENC_CHECK_LEN
-
-    @property
-    def header_len(self) -> int:
-        """Bytes the encoded header occupies, padding included."""
-        n = FILE_HEADER_FIXED + 8 * len(self.live_files) + self.ext_len + 4
-        return n + pad_len(n)
-
-
-def encode_file_header(h: FileHeader, key_check: Callable[[bytes], bytes] | None = None) -> bytes:
-    """Encode a file header; ``live_files`` lists the other live files of its directory.
-
-    An encrypted header (``h.cipher`` set) needs ``key_check``: called with the
-    header bytes before the key check, it returns the 16-byte check (the file
-    cipher's); without it, ``h.key_check`` is used as it is.
-    """
-    if len(h.channel_id) != 16:
-        raise FormatError(0, "channel id must be 16 bytes")
-    if len(h.live_files) > MAX_LIVE_FILES:
-        raise FormatError(0, f"more than {MAX_LIVE_FILES} live files")
-    total = h.header_len
-    if total > 0xFFFF:  # header_len is a u16: at most 8181 live files fit
-        raise FormatError(10, f"{len(h.live_files)} live files do not fit in a file header (header_len is 16 bits)")
-    body = _FILE_HEADER.pack(
-        MAGIC,
-        h.version,
-        total,
-        (h.crc_kind & _CRC_MASK) | (ENCRYPTED if h.cipher else 0),
-        h.channel_id,
-        h.file_id,
-        h.base_woid,
-        h.next_position,
-        h.next_txn_id,
-        h.created_ns,
-        len(h.live_files),
-    ) + b"".join(_U64.pack(f) for f in h.live_files)
-    if h.cipher:
-        kid = h.key_id.encode("ascii")
-        if not 1 <= h.cipher <= 255 or not 1 <= len(kid) <= 255 or len(h.salt) != ENC_SALT_LEN:
-            raise FormatError(0, "encryption extension needs a cipher suite, a key id and a 32-byte salt")
-        body += _ENC_EXT.pack(h.cipher, len(kid), b"", h.salt) + kid + _PAD[len(kid) & 7]
-        check = key_check(body) if key_check is not None else h.key_check
-        if len(check) != ENC_CHECK_LEN:
-            raise FormatError(0, "key check must be 16 bytes")
-        body += check
-    c = crc(h.crc_kind, body)
-    out = body + _U32.pack(c)
-    return out + b"\0" * (total - len(out))
-
-
-def decode_file_header(buf: bytes | memoryview) -> FileHeader | _Incomplete:
-    """Decode the header at the start of ``buf``.
-
-    Returns :data:`INCOMPLETE` if ``buf`` is shorter than the header says it is.
-
-    Raises:
-        FormatError: the bytes are not a filechannel data file header.
-    """
-    if len(buf) < FILE_HEADER_FIXED:
-        if bytes(buf[: len(MAGIC)]) != MAGIC[: len(buf)]:
-            raise FormatError(0, "bad magic: not a filechannel data file")
-        return INCOMPLETE
-    (
-        magic,
-        version,
-        header_len,
-        flags,
-        channel_id,
-        file_id,
-        base_woid,
-        next_position,
-        next_txn_id,
-        created_ns,
-        n_live,
-    ) = _FILE_HEADER.unpack_from(buf, 0)
-    if magic != MAGIC:
-        raise FormatError(0, "bad magic: not a filechannel data file")
-    if version not in (FORMAT_VERSION, AUTH_VERSION):
-        raise FormatError(8, f"unsupported format version {version} (this reads {FORMAT_VERSION} and {AUTH_VERSION})")
-    if flags & ~_KNOWN_FLAGS:
-        raise FormatError(12, f"unknown header flags {flags:#x}")
-    if version == AUTH_VERSION and not flags & ENCRYPTED:
-        raise FormatError(12, "an authenticated (version 2) data file header without the encryption flag")
-    kind = flags & _CRC_MASK
-    if kind not in (CRC32C, CRC32_ZLIB):
-        raise FormatError(12, f"unknown checksum algorithm {kind}")
-    if n_live > MAX_LIVE_FILES:
-        raise FormatError(72, f"live file count {n_live} exceeds {MAX_LIVE_FILES}")
-    ext_at = FILE_HEADER_FIXED + 8 * n_live
-    ext_len = 0
-    if flags & ENCRYPTED:
-        if len(buf) < ext_at + _ENC_EXT.size:
-            if len(buf) >= header_len:
-                raise FormatError(10, f"header length {header_len} leaves no room for the encryption extension")
-            return INCOMPLETE
-        k = buf[ext_at + 1]
-        ext_len = _ENC_EXT.size + k + pad_len(k) + ENC_CHECK_LEN
-    expect_len = ext_at + ext_len + 4
-    expect_len += pad_len(expect_len)
-    if header_len != expect_len:
-        raise FormatError(10, f"header length {header_len} does not match {expect_len}")
-    if len(buf) < header_len:
-        return INCOMPLETE
-    crc_at = ext_at + ext_len
-    want = _U32.unpack_from(buf, crc_at)[0]
-    if crc(kind, buf[:crc_at]) != want:
-        raise FormatError(crc_at, "file header checksum mismatch")
-    live = struct.unpack_from(f"<{n_live}Q", buf, FILE_HEADER_FIXED)
-    cipher, key_id, salt, check = 0, "", b"", b""
-    if ext_len:
-        cipher, k, reserved, salt = _ENC_EXT.unpack_from(buf, ext_at)
-        if cipher == 0:
-            raise FormatError(ext_at, "encrypted file header names no cipher suite")
-        if k == 0:
-            raise FormatError(ext_at + 1, "encrypted file header names no key id")
-        if reserved != bytes(6):
-            raise FormatError(ext_at + 2, "reserved bytes of the encryption extension are set")
-        kid_at = ext_at + _ENC_EXT.size
-        try:
-            key_id = bytes(buf[kid_at : kid_at + k]).decode("ascii")
-        except UnicodeDecodeError:
-            raise FormatError(kid_at, "key id is not ASCII") from None
-        if any(buf[kid_at + k : kid_at + k + pad_len(k)]):
-            raise FormatError(kid_at + k, "key id padding is not zero")
-        salt = bytes(salt)
-        check = bytes(buf[crc_at - ENC_CHECK_LEN : crc_at])
-    return FileHeader(
-        crc_kind=kind,
-        channel_id=bytes(channel_id),
-        file_id=file_id,
-        base_woid=base_woid,
-        next_position=next_position,
-        next_txn_id=next_txn_id,
-        created_ns=created_ns,
-        live_files=tuple(live),
-        version=version,
-        cipher=cipher,
-        key_id=key_id,
-        salt=salt,
-        key_check=check,
-    )
 
 
 # --------------------------------------------------------------------------
@@ -673,12 +390,10 @@ class _RecordEncoder:
         self._seed = seed
         self._kind = kind
         self._sealer = sealer
-        if kind == CRC32C and _gcrc is not None:
-            self._extend = _gcrc.extend
-        elif kind == CRC32_ZLIB:
-            self._extend = _zlib_extend
-        else:  # pragma: no cover
+        extend = crc_extender(kind)
+        if extend is None:  # pragma: no cover
             raise FormatError(0, f"unknown checksum algorithm {kind}")
+        self._extend = extend
 
     def add(self, parts: list[bytes], op: int, woid: int, txn_id: int, payload: bytes) -> int:
         """Append one frame's pieces to ``parts``; return its size in bytes."""
@@ -815,7 +530,7 @@ class _RecordEncoder:
                 part = bytes(part)
             body_crc = ext(body_crc, part)
             body_len += len(part)
-        return _BATCH_END.pack(start, body_len, body_crc, first_woid, woid - 1)
+        return encode_batch_end(BatchEnd(start, body_len, body_crc, first_woid, woid - 1))
 
     def close_batch_auth(
         self,
@@ -875,7 +590,7 @@ class _CRecordEncoder(_RecordEncoder):
         for part in parts:
             body_crc = crc_of(kind, part, body_crc)
             body_len += len(part)
-        return _BATCH_END.pack(start, body_len, body_crc, first_woid, woid - 1)
+        return encode_batch_end(BatchEnd(start, body_len, body_crc, first_woid, woid - 1))
 
     def adopt_buffer(self, old: _RecordEncoder) -> None:
         """Take over the frame buffer of ``old``: a file roll does not cost its pages again."""
@@ -972,31 +687,44 @@ class _CRecordEncoder(_RecordEncoder):
         return int(end)
 
 
-def _zlib_extend(crc_value: int, data: bytes) -> int:
-    return zlib.crc32(data, crc_value)
+_COMMIT1_TAIL: Final = record_size(16) + record_size(32)
+"""What follows the PUT in :func:`frame_commit1`'s bytes: a COMMIT frame and a (version 1) BATCH_END frame."""
 
 
-def payload_len_error(op: int, n: int) -> str:
-    """The reason a frame of fixed-size op ``op`` with payload length ``n`` is refused (the C twin's too)."""
-    sizes = " or ".join(map(str, FIXED_PAYLOAD_SIZES[op]))
-    return f"{OP_NAMES[op]} payload length {n} is not {sizes}"
+def _frame_commit1(
+    seed: int, kind: int, woid: int, txn_id: int, payload: bytes, prefix: bytes, start: int, first_position: int
+) -> bytes:
+    """A one-event transaction's write: its PUT (``prefix + payload``), COMMIT and BATCH_END frames.
+
+    The pure-Python twin of the C accelerator's ``frame_commit1``: the same
+    bytes as the general path (``add_puts``, ``add`` of the COMMIT,
+    ``close_batch``) gives for a transaction of one unsealed put.
+    """
+    enc = _RecordEncoder(seed, kind)
+    parts: list[bytes] = []
+    enc.add_puts(parts, woid, txn_id, (payload,), [], [], start, prefix)
+    enc.add(parts, COMMIT, woid + 1, txn_id, encode_commit(first_position, 1, 0))
+    enc.close_batch(parts, start, woid, woid + 2)
+    return b"".join(parts)
 
 
-def mark_len_bounds(sealed: bool) -> tuple[int, int]:
-    """The payload lengths a MARK frame may have: a sealed one's are :data:`ENC_TAG_LEN` bytes longer."""
-    grow = ENC_TAG_LEN if sealed else 0
-    return MARK_MIN_PAYLOAD + grow, MARK_MAX_PAYLOAD + grow
+def frame_commit1(
+    seed: int, kind: int, woid: int, txn_id: int, payload: bytes, prefix: bytes, start: int, first_position: int
+) -> bytes:
+    """:func:`_frame_commit1`, in C when the accelerator is loaded (one call, one buffer).
 
-
-def mark_len_error(n: int, sealed: bool = False) -> str:
-    """The reason a MARK frame with payload length ``n`` is refused (the C twin's too)."""
-    lo, hi = mark_len_bounds(sealed)
-    return f"mark payload length {n} is not between {lo} and {hi}"
+    The writer's lone-committer path: the frames of a one-event transaction at
+    offset ``start`` of a version 1 file, the PUT's taking ``woid``.
+    """
+    if speedups is not None:
+        data: bytes = speedups.frame_commit1(seed, kind, woid, txn_id, payload, prefix, start, first_position)
+        return data
+    return _frame_commit1(seed, kind, woid, txn_id, payload, prefix, start, first_position)
 
 
 def decode_record(
     buf: bytes | bytearray | memoryview, offset: int, seed: int, kind: int, max_payload: int
-) -> Record | _Incomplete:
+) -> Record | Incomplete:
     """Decode the record frame starting at ``offset`` in ``buf``.
 
     Returns :data:`INCOMPLETE` if the frame runs past the end of ``buf``.
@@ -1201,435 +929,3 @@ def _decode_puts(
         except EventFormatError as exc:
             out.append(exc)
     return out
-
-
-def encode_commit(first_position: int, n_puts: int, n_takes: int) -> bytes:
-    """Encode a COMMIT payload: the positions its puts receive, and its take count."""
-    return _COMMIT.pack(first_position, n_puts, n_takes)
-
-
-def decode_commit(payload: bytes) -> tuple[int, int, int]:
-    """Decode a COMMIT payload into ``(first_position, n_puts, n_takes)``.
-
-    Raises:
-        FormatError: the payload has the wrong size.
-    """
-    if len(payload) != _COMMIT.size:
-        raise FormatError(0, f"commit payload is {len(payload)} bytes, expected {_COMMIT.size}")
-    return _COMMIT.unpack(payload)  # type: ignore[return-value]
-
-
-def encode_take(ranges: Iterable[tuple[int, int]]) -> bytes:
-    """Encode a TAKE payload: ``(first_position, count)`` ranges of taken positions."""
-    rs = list(ranges)
-    if len(rs) == 1:  # the usual take
-        return _TAKE_ONE.pack(1, *rs[0])
-    return _U32.pack(len(rs)) + b"".join([_RANGE.pack(a, c) for a, c in rs])
-
-
-def decode_take(payload: bytes) -> list[tuple[int, int]]:
-    """Decode a TAKE payload into its position ranges.
-
-    Raises:
-        FormatError: the payload is malformed.
-    """
-    if len(payload) < 4:
-        raise FormatError(0, "take payload shorter than its range count")
-    n = _U32.unpack_from(payload, 0)[0]
-    if len(payload) != 4 + 16 * n:
-        raise FormatError(0, f"take payload size does not match {n} ranges")
-    return [_RANGE.unpack_from(payload, 4 + 16 * i) for i in range(n)]  # type: ignore[misc]
-
-
-def encode_rollback(n_puts: int, n_takes: int) -> bytes:
-    """Encode a ROLLBACK payload (informational counts)."""
-    return _ROLLBACK.pack(n_puts, n_takes)
-
-
-def decode_rollback(payload: bytes) -> tuple[int, int]:
-    """Decode a ROLLBACK payload into ``(n_puts, n_takes)``.
-
-    Raises:
-        FormatError: the payload has the wrong size.
-    """
-    if len(payload) != _ROLLBACK.size:
-        raise FormatError(0, "rollback payload has the wrong size")
-    return _ROLLBACK.unpack(payload)  # type: ignore[return-value]
-
-
-@dataclass(frozen=True, slots=True)
-class Mark:
-    """One mark of a MARK record: ``key`` -> ``value``, ordered by ``woid``.
-
-    ``woid`` is the write-order id of the COMMIT of the transaction that set
-    the mark; 0 in a transaction's own MARK record, meaning "this
-    transaction's COMMIT". A re-logged mark keeps the woid of its original.
-    """
-
-    key: str
-    value: bytes
-    woid: int = 0
-
-
-def check_mark(key: object, value: object) -> tuple[str, bytes]:
-    """Validate a mark's key and value; return them as ``(str, bytes)``.
-
-    A key is 1 to :data:`MAX_MARK_KEY` bytes of UTF-8 text without control
-    characters; a value is bytes-like of at most :data:`MAX_MARK_VALUE` bytes.
-
-    Raises:
-        TypeError: The key is not a str, or the value is not bytes-like.
-        ValueError: Either is empty (the key), too long or not valid text.
-    """
-    if not isinstance(key, str):
-        raise TypeError(f"a mark key is a str, not {type(key).__name__}")
-    if not isinstance(value, (bytes, bytearray, memoryview)):
-        raise TypeError(f"a mark value is bytes, not {type(value).__name__}")
-    try:
-        kb = key.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("a mark key must be valid UTF-8 text (it holds a lone surrogate)") from None
-    if not 0 < len(kb) <= MAX_MARK_KEY or any(ord(c) < 32 or ord(c) == 127 for c in key):
-        raise ValueError(
-            f"a mark key is 1 to {MAX_MARK_KEY} bytes of text without control characters, not {len(kb)} bytes"
-        )
-    v = bytes(value)
-    if len(v) > MAX_MARK_VALUE:
-        raise ValueError(f"a mark value is at most {MAX_MARK_VALUE} bytes, not {len(v)}")
-    return key, v
-
-
-def encode_marks(marks: Sequence[Mark]) -> bytes:
-    """Encode a MARK payload (1 to :data:`MAX_MARKS_PER_RECORD` marks, checked by :func:`check_mark`).
-
-    Raises:
-        ValueError: No marks, too many, or one out of bounds.
-    """
-    if not 0 < len(marks) <= MAX_MARKS_PER_RECORD:
-        raise ValueError(f"a MARK record holds 1 to {MAX_MARKS_PER_RECORD} marks, not {len(marks)}")
-    out = [_MARK_HEAD.pack(len(marks), 0)]
-    for m in marks:
-        key, value = check_mark(m.key, m.value)
-        kb = key.encode("utf-8")
-        out += (_MARK_ENTRY.pack(m.woid, len(kb), len(value)), kb, value)
-    return b"".join(out)
-
-
-def decode_marks(payload: bytes | memoryview) -> list[Mark]:
-    """Decode a MARK payload into its marks, in record order.
-
-    Raises:
-        FormatError: The payload is malformed: a count, a length or a key out of bounds.
-    """
-    n_bytes = len(payload)
-    if not MARK_MIN_PAYLOAD <= n_bytes <= MARK_MAX_PAYLOAD:
-        raise FormatError(0, mark_len_error(n_bytes))
-    n, reserved = _MARK_HEAD.unpack_from(payload, 0)
-    if reserved:
-        raise FormatError(4, "reserved mark bytes are set")
-    if not 0 < n <= MAX_MARKS_PER_RECORD:
-        raise FormatError(0, f"mark count {n} is not between 1 and {MAX_MARKS_PER_RECORD}")
-    pos = _MARK_HEAD.size
-    out = []
-    for _ in range(n):
-        if pos + _MARK_ENTRY.size > n_bytes:
-            raise FormatError(pos, "mark runs past the end of its record")
-        woid, klen, vlen = _MARK_ENTRY.unpack_from(payload, pos)
-        pos += _MARK_ENTRY.size
-        if not 0 < klen <= MAX_MARK_KEY or vlen > MAX_MARK_VALUE or pos + klen + vlen > n_bytes:
-            raise FormatError(pos - 4, f"mark key length {klen} or value length {vlen} is out of bounds")
-        try:
-            key = bytes(payload[pos : pos + klen]).decode("utf-8")
-        except UnicodeDecodeError:
-            raise FormatError(pos, "mark key is not UTF-8") from None
-        out.append(Mark(key, bytes(payload[pos + klen : pos + klen + vlen]), woid))
-        pos += klen + vlen
-    if pos != n_bytes:
-        raise FormatError(pos, "mark record has bytes after its last mark")
-    return out
-
-
-@dataclass(frozen=True, slots=True)
-class BatchEnd:
-    """The commit frame that closes one write: a checksum over the whole batch."""
-
-    batch_start: int
-    batch_len: int
-    batch_crc: int
-    first_woid: int
-    last_woid: int
-    tag: bytes = b""  # an authenticated file's batch tag (empty in version 1)
-
-
-def encode_batch_end(b: BatchEnd) -> bytes:
-    """Encode a BATCH_END payload (with its tag, when it has one)."""
-    return _BATCH_END.pack(b.batch_start, b.batch_len, b.batch_crc, b.first_woid, b.last_woid) + b.tag
-
-
-def decode_batch_end(payload: bytes) -> BatchEnd:
-    """Decode a BATCH_END payload: 32 bytes, or 48 in an authenticated file (the tag last).
-
-    Raises:
-        FormatError: the payload has the wrong size.
-    """
-    n = len(payload)
-    if n != _BATCH_END.size and n != _BATCH_END.size + BATCH_TAG_LEN:
-        raise FormatError(0, "batch_end payload has the wrong size")
-    start, length, batch_crc, first, last = _BATCH_END.unpack_from(payload)
-    return BatchEnd(start, length, batch_crc, first, last, bytes(payload[_BATCH_END.size :]))
-
-
-def batch_auth_data(
-    prev_tag: bytes, batch: bytes | bytearray | memoryview, frame: bytes | bytearray | memoryview
-) -> bytes:
-    """What an authenticated file's batch tag covers (its associated data).
-
-    ``prev_tag`` is the previous batch's tag (the header's key check for a file's
-    first batch), ``batch`` every byte of the batch before its BATCH_END, and
-    ``frame`` the BATCH_END frame (at least its first 64 bytes): its op, flags,
-    length, write-order id and transaction id (bytes 0-24) and the fixed part of
-    its payload (bytes 32-64). The frame's checksum (bytes 24-32) is computed
-    after the tag and is not covered; the tag itself follows at bytes 64-80.
-    """
-    return b"".join((prev_tag, batch, frame[:24], frame[32:64]))
-
-
-def encode_retire(file_id: int) -> bytes:
-    """Encode a RETIRE payload: a data file that is no longer part of the channel."""
-    return _U64.pack(file_id)
-
-
-def decode_retire(payload: bytes) -> int:
-    """Decode a RETIRE payload into the retired file id.
-
-    Raises:
-        FormatError: the payload has the wrong size.
-    """
-    if len(payload) != 8:
-        raise FormatError(0, "retire payload has the wrong size")
-    return int(_U64.unpack(payload)[0])
-
-
-# --------------------------------------------------------------------------
-# write-ahead log payloads (filechannel.WriteAheadLog)
-#
-# In a write-ahead log directory every PUT payload starts with 16 bytes:
-# kind u8, 7 reserved zero bytes, time_ns i64 (the record's time, nanoseconds
-# since the epoch), then the kind's data. A RECORD's data is the caller's bytes;
-# a SPAN's is end_ns i64: the first record of every file, saying that no
-# record in the file has a time after end_ns (so files can be dropped by time
-# without an index).
-
-WAL_RECORD: Final = 1
-WAL_SPAN: Final = 2
-_WAL_HEAD: Final = struct.Struct("<B7sq")
-WAL_HEAD_LEN: Final = _WAL_HEAD.size  # 16
-_WAL_RESERVED: Final = bytes(7)
-_I64: Final = struct.Struct("<q")
-
-
-def encode_wal_payload(kind: int, time_ns: int, data: bytes) -> bytes:
-    """Encode a write-ahead log PUT payload: kind, time, then ``data``."""
-    return _WAL_HEAD.pack(kind, _WAL_RESERVED, time_ns) + data
-
-
-def encode_wal_span(start_ns: int, end_ns: int) -> bytes:
-    """Encode a SPAN payload: the file starts at ``start_ns``; no record in it is after ``end_ns``."""
-    return encode_wal_payload(WAL_SPAN, start_ns, _I64.pack(end_ns))
-
-
-def decode_wal_payload(payload: bytes | memoryview) -> tuple[int, int, bytes]:
-    """Decode a write-ahead log PUT payload into ``(kind, time_ns, data)``.
-
-    Raises:
-        FormatError: the payload is too short, of an unknown kind, or has reserved bits set.
-    """
-    if len(payload) < WAL_HEAD_LEN:
-        raise FormatError(
-            0, f"write-ahead log payload is {len(payload)} bytes, shorter than its {WAL_HEAD_LEN}-byte head"
-        )
-    kind, reserved, time_ns = _WAL_HEAD.unpack_from(payload, 0)
-    if reserved != _WAL_RESERVED:
-        raise FormatError(1, "reserved write-ahead log payload bytes are set")
-    if kind == WAL_SPAN and len(payload) != WAL_HEAD_LEN + 8:
-        raise FormatError(0, "write-ahead log span payload has the wrong size")
-    if kind not in (WAL_RECORD, WAL_SPAN):
-        raise FormatError(0, f"unknown write-ahead log payload kind {kind}")
-    return kind, time_ns, bytes(payload[WAL_HEAD_LEN:])
-
-
-def decode_wal_span(data: bytes) -> int:
-    """Return the end time (ns) of a SPAN payload's data (``decode_wal_payload``'s third item)."""
-    return int(_I64.unpack(data)[0])
-
-
-# --------------------------------------------------------------------------
-# Authenticated small files (encrypted channels): what a checkpoint and ANCHOR
-# record of each live data file, and the MAC trailer of a binary file.
-
-AUTH_MAGIC: Final = b"FCAUTH02"
-"""Written: the list carries a generation and a next position (``FCAUTH01``, still read, did not: 0 and 0)."""
-AUTH_MAGIC_V1: Final = b"FCAUTH01"
-_AUTH_HEAD: Final = struct.Struct("<8sQI")
-_AUTH_GEN: Final = struct.Struct("<QQ")
-_AUTH_ENTRY: Final = struct.Struct("<QQ16s16sI")
-SEAL_MAGIC: Final = b"FCMAC\x00\x00\x01"
-_SEAL_TAG_LEN: Final = 32
-NO_AUTH_FILE: Final = (1 << 64) - 1
-"""``AuthState.first_auth`` of a channel that has no authenticated data file yet."""
-
-
-@dataclass(frozen=True)
-class AuthEntry:
-    """One live data file as an authenticated record vouches for it.
-
-    ``length`` bytes of the file were written (a batch boundary), ``tag`` is the
-    batch tag that ends there (the header's key check when no batch is), and
-    ``key_check`` the header's key check: a file with another salt or key (from
-    a copy of the channel) is not this one. ``dir_index`` is its data directory.
-    """
-
-    file_id: int
-    length: int
-    key_check: bytes
-    tag: bytes
-    dir_index: int
-
-
-@dataclass(frozen=True)
-class AckMark:
-    """How far the owner has seen a consumer's ``.ack`` go: its registration time and its write count.
-
-    An ``.ack`` file whose ``(registered_ns, seq)`` is below this was put back
-    from the past (a newer registration of the name starts from a newer time).
-    """
-
-    name: str
-    registered_ns: int
-    seq: int
-
-
-_ACK_MARK: Final = struct.Struct("<QQB")
-MAX_ACK_MARKS: Final = 1 << 16
-
-
-@dataclass(frozen=True)
-class AuthState:
-    """The authenticated files of a channel at one moment: the first one, and each live one.
-
-    ``generation`` orders ``ANCHOR``s: each one written gets the next (from 1),
-    and a checkpoint records the generation of the newest ``ANCHOR`` already
-    durable when it was frozen. ``ANCHOR`` on disk is therefore never older than
-    a checkpoint's generation; one that is was put back from the past (or taken
-    from a copy that wrote less). 0: not recorded (written before generations).
-
-    ``next_position`` is the channel's next position when the files were
-    frozen: positions below it were given out, and are never given out again
-    (batches cut since are reported lost up to it). 0: not recorded.
-
-    ``acks`` holds an :class:`AckMark` for each consumer whose ``.ack`` the
-    owner has read: an older ``.ack`` put back is refused.
-    """
-
-    first_auth: int
-    files: tuple[AuthEntry, ...]
-    generation: int = 0
-    next_position: int = 0
-    acks: tuple[AckMark, ...] = ()
-
-    def by_id(self) -> dict[int, AuthEntry]:
-        """The entries by file id."""
-        return {e.file_id: e for e in self.files}
-
-
-def encode_auth_state(s: AuthState) -> bytes:
-    """Encode an :class:`AuthState` (it is MACed by whoever stores it)."""
-    out = [_AUTH_HEAD.pack(AUTH_MAGIC, s.first_auth, len(s.files)), _AUTH_GEN.pack(s.generation, s.next_position)]
-    for e in s.files:
-        if len(e.key_check) != ENC_CHECK_LEN or len(e.tag) != BATCH_TAG_LEN:
-            raise ValueError("an authenticated file entry holds a 16-byte key check and a 16-byte tag")
-        out.append(_AUTH_ENTRY.pack(e.file_id, e.length, e.key_check, e.tag, e.dir_index))
-    out.append(_U32.pack(len(s.acks)))
-    for a in s.acks:
-        name = a.name.encode("ascii")
-        out.append(_ACK_MARK.pack(a.registered_ns, a.seq, len(name)) + name)
-    return b"".join(out)
-
-
-def decode_auth_state(buf: bytes | memoryview) -> AuthState:
-    """Decode an :class:`AuthState`; its size must be exact.
-
-    Raises:
-        FormatError: Wrong magic, a count out of range, or a size that does not match it.
-    """
-    if len(buf) < _AUTH_HEAD.size:
-        raise FormatError(0, "authenticated file list is truncated")
-    magic, first, n = _AUTH_HEAD.unpack_from(buf, 0)
-    if magic not in (AUTH_MAGIC, AUTH_MAGIC_V1):
-        raise FormatError(0, "bad authenticated file list magic")
-    pos = _AUTH_HEAD.size + (_AUTH_GEN.size if magic == AUTH_MAGIC else 0)
-    end = pos + n * _AUTH_ENTRY.size
-    if n > MAX_LIVE_FILES or (len(buf) != end if magic != AUTH_MAGIC else len(buf) < end + 4):
-        raise FormatError(8, "authenticated file list size does not match its count")
-    generation, next_position = _AUTH_GEN.unpack_from(buf, _AUTH_HEAD.size) if magic == AUTH_MAGIC else (0, 0)
-    files = []
-    for _ in range(n):
-        fid, length, check, tag, d = _AUTH_ENTRY.unpack_from(buf, pos)
-        if length & 7 or length >= 1 << 62:
-            raise FormatError(pos, f"authenticated length {length} of file {fid} is not a record boundary")
-        files.append(AuthEntry(fid, length, bytes(check), bytes(tag), d))
-        pos += _AUTH_ENTRY.size
-    acks: list[AckMark] = []
-    if magic == AUTH_MAGIC:
-        (k,) = _U32.unpack_from(buf, pos)
-        pos += 4
-        if k > MAX_ACK_MARKS:
-            raise FormatError(pos - 4, "authenticated list holds too many consumers")
-        for _ in range(k):
-            if pos + _ACK_MARK.size > len(buf):
-                raise FormatError(pos, "authenticated consumer entry is truncated")
-            reg, seq, nlen = _ACK_MARK.unpack_from(buf, pos)
-            pos += _ACK_MARK.size
-            if not nlen or pos + nlen > len(buf):
-                raise FormatError(pos, "authenticated consumer name does not fit")
-            try:
-                name = bytes(buf[pos : pos + nlen]).decode("ascii")
-            except UnicodeDecodeError as exc:
-                raise FormatError(pos, "authenticated consumer name is not ASCII") from exc
-            acks.append(AckMark(name, reg, seq))
-            pos += nlen
-        if pos != len(buf):
-            raise FormatError(pos, "authenticated list has bytes after its end")
-    return AuthState(first, tuple(files), generation, next_position, tuple(acks))
-
-
-def encode_sealed(body: bytes, key_id: str, tag: bytes) -> bytes:
-    """Append a MAC trailer to ``body``: key id, its length, the 32-byte tag, :data:`SEAL_MAGIC`."""
-    k = key_id.encode("ascii")
-    if not 0 < len(k) < 256 or len(tag) != _SEAL_TAG_LEN:
-        raise ValueError("a MAC trailer holds a 1-255 byte key id and a 32-byte tag")
-    return body + k + bytes([len(k)]) + tag + SEAL_MAGIC
-
-
-def split_sealed(buf: bytes | memoryview) -> tuple[bytes | memoryview, str | None, bytes | None]:
-    """Split a file into ``(body, key id, tag)``; ``(buf, None, None)`` when it has no MAC trailer.
-
-    Raises:
-        FormatError: The trailer's magic is there but the trailer does not fit.
-    """
-    n = len(buf)
-    if n < len(SEAL_MAGIC) or bytes(buf[n - len(SEAL_MAGIC) :]) != SEAL_MAGIC:
-        return buf, None, None
-    end = n - len(SEAL_MAGIC) - _SEAL_TAG_LEN
-    if end < 1:
-        raise FormatError(0, "MAC trailer is truncated")
-    tag = bytes(buf[end : end + _SEAL_TAG_LEN])
-    klen = buf[end - 1]
-    start = end - 1 - klen
-    if klen == 0 or start < 0:
-        raise FormatError(max(start, 0), "MAC trailer's key id does not fit")
-    try:
-        key_id = bytes(buf[start : end - 1]).decode("ascii")
-    except UnicodeDecodeError as exc:
-        raise FormatError(start, "MAC trailer's key id is not ASCII") from exc
-    return buf[:start], key_id, tag

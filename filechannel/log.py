@@ -24,7 +24,6 @@ import itertools
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, cast
@@ -46,7 +45,7 @@ from .directory import (
     encode_channel_file,
     encode_meta,
 )
-from .errors import CorruptLogError, DecryptionError, DiskSpaceError, EventFormatError, FormatError
+from .errors import CorruptLogError, DecryptionError, EventFormatError, FormatError
 from .logstate import DEFAULT_DATA_DIR, FSYNC_BUCKETS, LogState
 from .recovery import Recovery
 from .retention import retire_files
@@ -63,6 +62,7 @@ from .scan import (
     ranges_of,
     segment_name,
 )
+from .space import ENOSPC_ERRNOS, SpaceGuard
 from .writer import PREALLOC_STEP, CommitResult, Item, RollbackItem, Writer
 
 __all__ = [
@@ -94,7 +94,7 @@ logger = logging.getLogger(__name__)
 
 # Log.read_events reads adjacent records with one pread, up to this many bytes at a time.
 _RUN_BYTES = 4 << 20
-_SPACE_REFRESH_S = 1.0
+_FRAME_SLACK = 64  # at least what framing and sealing add to one event (a bound for Log.wait_for_room)
 
 
 class Log(LogState):
@@ -152,6 +152,7 @@ class Log(LogState):
             recovery = Recovery(self, checkpoints, progress, anchor)
             recovery.run()
             self._writers = [Writer(self, i, d, recovery.live_by_dir[i]) for i, d in enumerate(self.data_dirs)]
+            self.guard = SpaceGuard(self, self._active_bytes, self._room_ahead)
             self._dir.record_owners()
             if self.meta_mac is not None and not self.readonly:
                 # From here on this channel writes authenticated files only: say so where a
@@ -278,7 +279,15 @@ class Log(LogState):
             prefix=prefix,
             marks=marks,
         )
-        self._writers[txn_id % len(self._writers)].submit(item)
+        w = self._writers[txn_id % len(self._writers)]
+        try:
+            w.submit(item)
+        except OSError as exc:
+            if exc.errno in ENOSPC_ERRNOS and self.failed is None and payloads:
+                # The write ran out of space and was cut back (else the log failed): a full
+                # disk, not a failure. The transaction is undone; nothing of it was written.
+                raise self.guard.out_of_space(w.index, exc) from exc
+            raise
         return item.result
 
     @property
@@ -513,21 +522,34 @@ class Log(LogState):
     # -- space, state, stats ------------------------------------------------------
 
     def check_space(self, index: int) -> None:
-        """Raise DiskSpaceError if data directory ``index`` is under minimum_required_space."""
-        need = self.config.minimum_required_space
-        if not need:
-            return
-        now = time.monotonic()
-        cached = self.space.get(index)
-        if cached is None or now - cached[0] > _SPACE_REFRESH_S:
-            free = self.fs.free_space(self.data_dirs[index])
-            self.space[index] = (now, free)
-            self.space_written[index] = 0
-        else:
-            free = cached[1] - self.space_written.get(index, 0)
-        if free < need:
-            self.space.pop(index, None)  # re-read next time: space may come back
-            raise DiskSpaceError(self.data_dirs[index], free, need)
+        """Raise DiskSpaceError (at once) if data directory ``index`` is under minimum_required_space."""
+        self.guard.check(index)
+
+    def wait_for_room(self, index: int, payloads: Sequence[bytes] | fmt.PutColumn = ()) -> None:
+        """Return once a put (or the commit of ``payloads``) has room under ``max_bytes`` and the floor.
+
+        Waits up to ``keep_alive`` (``space.py``); takes never call it.
+
+        Raises:
+            ChannelFullError: ``max_bytes`` stayed reached, or :class:`DiskSpaceError`:
+                free space stayed under the floor. Nothing was written.
+        """
+        cfg = self.config
+        nbytes = 0
+        if payloads:
+            # A bound first (no event is larger than max_event_size): the exact size only when it matters.
+            nbytes = len(payloads) * (cfg.max_event_size + _FRAME_SLACK)
+            if self.guard.roomy(index, nbytes):
+                return
+            nbytes = fmt.frames_size(payloads, self.seal_overhead + len(fmt.EMPTY_HEADERS))
+        self.guard.check(index, nbytes, cfg.keep_alive)
+
+    def _active_bytes(self) -> int:
+        return sum(w.offset for w in self._writers if w.fd is not None)
+
+    def _room_ahead(self, index: int) -> int:
+        w = self._writers[index]
+        return max(0, w.phys_end - w.offset) if w.fd is not None else 0
 
     def file_ids(self) -> list[int]:
         """Return the ids of the data files that are part of the channel."""
@@ -581,6 +603,7 @@ class Log(LogState):
             "last_woid": self.last_woid,
             "torn_tails_truncated": len(self.torn_tails),
             "corruptions_skipped": len(self.corruption),
+            **self.guard.stats(self.data_dirs),
         }
 
     # -- interval sync and closing ----------------------------------------------------

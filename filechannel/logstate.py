@@ -125,6 +125,12 @@ class LogState:
         self.files_retired = 0
         self.space: dict[int, tuple[float, int]] = {}
         self.space_written: dict[int, int] = {}
+        # Bytes held in data files no writer appends to (the files of earlier opens, and
+        # each file a writer rolled away from), per file and in total; the writers'
+        # active files add their lengths (space.py). ``room`` is notified when a file retires.
+        self.file_bytes: dict[int, int] = {}
+        self.sealed_bytes = 0
+        self.room = threading.Condition(threading.Lock())
         # what recovery found
         self.base_snapshot: Snapshot | None = None
         self.recovered_from: StoredCheckpoint | None = None
@@ -162,6 +168,12 @@ class LogState:
     def last_woid(self) -> int:
         """The highest write-order id assigned so far."""
         return self.next_woid - 1
+
+    def file_sealed(self, file_id: int, size: int) -> None:
+        """Count the ``size`` bytes of a data file that is no longer appended to."""
+        with self.room:
+            self.sealed_bytes += size - self.file_bytes.get(file_id, 0)
+            self.file_bytes[file_id] = size
 
     def space_used(self, index: int, n: int) -> None:
         """Count ``n`` bytes written to data directory ``index`` since its free space was read."""
@@ -251,6 +263,10 @@ class LogState:
         rfd = self.read_fds.pop(file_id, None)
         if rfd is not None:
             self.fs.close(rfd)
+        with self.room:
+            self.sealed_bytes -= self.file_bytes.pop(file_id, 0)
+            self.space.clear()  # the next check reads the file system's free space afresh
+            self.room.notify_all()  # puts waiting for room look again
         return path
 
     # -- findings ---------------------------------------------------------------------

@@ -238,11 +238,9 @@ def _rebuild(fs: FS, top: str, chan_path: str) -> ChannelFileRepair:
         raise RepairRefusedError(f"refusing to rebuild {chan_path}: {exc.reason}") from exc
     aside = f"{chan_path}{DAMAGED_SUFFIX}{time.time_ns()}"
     replace_durably(fs, aside + ".tmp", aside, damaged)
-    fs.fsync_dir(top)
     result.damaged_copy = aside
     tmp = chan_path + ".tmp"
     if fs.exists(tmp):
         fs.unlink(tmp)  # left by an interrupted creation or repair
     replace_durably(fs, tmp, chan_path, data)
-    fs.fsync_dir(top)
     return result

@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import struct
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -36,7 +35,6 @@ logger = logging.getLogger(__name__)
 
 SEG_RE = re.compile(r"^seg-([0-9a-f]{16})\.wal$")
 BATCH_END_SIZE = fmt.record_size(32)
-_U32 = struct.Struct("<I")
 
 
 def segment_name(file_id: int) -> str:
@@ -288,7 +286,7 @@ def _frame_cost(buf: bytes | bytearray | memoryview, pos: int, stop: int) -> int
     """Bytes ``format.decode_record`` may checksum for a frame at ``pos`` (at most up to ``stop``)."""
     if pos + fmt.RECORD_HEADER_LEN > stop or buf[pos] not in (fmt.PUT, fmt.TAKE, fmt.MARK):
         return 0  # the other ops' lengths are checked before the checksum: constant work
-    return min(fmt.record_size(_U32.unpack_from(buf, pos + 4)[0]), stop - pos)
+    return min(fmt.record_size(fmt.record_length_at(buf, pos)), stop - pos)
 
 
 def find_verified_batch_end(
@@ -689,7 +687,7 @@ class Scanner:
             # Step over a frame whose length still makes sense, else move on by 8 bytes.
             nxt = pos + 8
             if pos + fmt.RECORD_HEADER_LEN <= stop:
-                length = _U32.unpack_from(buf, pos + 4)[0]
+                length = fmt.record_length_at(buf, pos)
                 skip = pos + fmt.record_size(length)
                 if pos < skip < stop and (cost := _frame_cost(view, skip, stop)) <= budget:
                     budget -= cost

@@ -562,24 +562,124 @@ def _put_all(tx: Any, payloads: list[bytes], extra: Mapping[str, str]) -> None:
         tx.put_many(run, headers=run_headers or None)
 
 
+def merge_headers(data: bytes, offsets: bytes, extra: bytes, plain: bool) -> tuple[bytes, bytes, int] | None:
+    """A column's rows with ``extra`` headers merged: ``(data, offsets, longest)``, or None.
+
+    ``offsets``: ``n + 1`` native int64s into ``data``; ``extra``: the header block of
+    the headers to add (``format.encode_event(b"", extra)``). Row ``i`` becomes
+    ``format.encode_event(body, {**headers, **extra})`` of its event (``plain``: the
+    rows are bodies, without headers), the bytes :func:`_put_all` puts. None when a
+    row is one that rule does not cover exactly (a payload that does not decode, a
+    header that is not strict UTF-8, a key repeated in one row): the caller puts
+    those through :func:`_put_all`. One C call (``_speedups.merge_headers``), no
+    Python object per row.
+
+    Raises:
+        ValueError: ``offsets`` do not lie within ``data``, or ``extra`` is not one header block.
+    """
+    sp = fmt.speedups
+    if sp is not None:
+        return sp.merge_headers(data, offsets, extra, plain)  # type: ignore[no-any-return]
+    return _merge_headers_py(data, offsets, extra, plain)
+
+
+_U32 = struct.Struct("<I")
+_KV = struct.Struct("<II")
+
+
+def _header_entries(p: bytes | memoryview) -> tuple[list[tuple[bytes, bytes]], int] | None:
+    """A header block's entries and its length, or None (does not decode, not strict UTF-8, a repeated key)."""
+    if len(p) < 4:
+        return None
+    count = _U32.unpack_from(p, 0)[0]
+    if count > (len(p) - 4) // 8:
+        return None
+    pos = 4
+    out: list[tuple[bytes, bytes]] = []
+    for _ in range(count):
+        if len(p) - pos < 8:
+            return None
+        kl, vl = _KV.unpack_from(p, pos)
+        pos += 8
+        if kl > len(p) - pos or vl > len(p) - pos - kl:
+            return None
+        k, v = bytes(p[pos : pos + kl]), bytes(p[pos + kl : pos + kl + vl])
+        try:
+            k.decode("utf-8")
+            v.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        if any(k == seen for seen, _ in out):
+            return None
+        out.append((k, v))
+        pos += kl + vl
+    return out, pos
+
+
+def _merge_headers_py(data: bytes, offsets: bytes, extra: bytes, plain: bool) -> tuple[bytes, bytes, int] | None:
+    """The pure-Python :func:`merge_headers` (the reference)."""
+    ob = memoryview(offsets).cast("B")
+    if len(ob) < 8 or len(ob) % 8:
+        raise ValueError("merge_headers: a column's offsets are n + 1 int64s")
+    offs = ob.cast("q")
+    if offs[0] < 0 or any(offs[i + 1] < offs[i] for i in range(len(offs) - 1)) or offs[-1] > len(data):
+        raise ValueError("merge_headers: an offset lies outside the data buffer")
+    got = _header_entries(extra)
+    if got is None or got[1] != len(extra):
+        raise ValueError("merge_headers: extra is not one header block")
+    ex = dict(got[0])
+    view = memoryview(data)
+    rows: list[bytes] = []
+    for i in range(len(offs) - 1):
+        row = view[offs[i] : offs[i + 1]]
+        own: list[tuple[bytes, bytes]] = []
+        at = 0
+        if not plain:
+            parsed = _header_entries(row)
+            if parsed is None:
+                return None
+            own, at = parsed
+        keys = {k for k, _ in own}
+        merged = [(k, ex.get(k, v)) for k, v in own] + [(k, v) for k, v in ex.items() if k not in keys]
+        parts = [_U32.pack(len(merged))]
+        for k, v in merged:
+            parts += (_KV.pack(len(k), len(v)), k, v)
+        parts.append(bytes(row[at:]))
+        rows.append(b"".join(parts))
+    ends = array("q", [0])
+    ends.extend(accumulate(map(len, rows)))
+    return b"".join(rows), ends.tobytes(), max(map(len, rows), default=0)
+
+
 def put_chunks(tx: Any, chunks: list[StagedChunk], extra: Mapping[str, str]) -> None:
     """Put the staged rows of ``chunks``, with ``extra`` headers added, in order: the same bytes as :func:`_put_all`.
 
     When no row has headers of its own (every chunk :data:`CHUNK_BODIES`), the
     chunks become one column whose events share the header block of ``extra``,
-    framed at commit with no Python object per row; otherwise the rows go
-    through :func:`_put_all`.
+    framed at commit with no Python object per row. Otherwise each chunk's rows
+    are re-encoded with ``extra`` merged in one C call (:func:`merge_headers`)
+    into one column of whole payloads; only rows that rule does not cover
+    exactly go through :func:`_put_all`.
     """
     if not chunks:
         return
+    try:
+        head = fmt.encode_event(b"", extra) if extra else fmt.EMPTY_HEADERS
+    except UnicodeEncodeError as exc:
+        raise InvalidEventError(f"a header the sink adds is not valid UTF-8 text: {exc}") from exc
     if all(c[0] == CHUNK_BODIES for c in chunks):
-        try:
-            head = fmt.encode_event(b"", extra) if extra else fmt.EMPTY_HEADERS
-        except UnicodeEncodeError as exc:
-            raise InvalidEventError(f"a header the sink adds is not valid UTF-8 text: {exc}") from exc
         col = fmt.PutColumn(head)
         for _, data, offsets, n, _ in chunks:
             col.add(data, offsets, n)
         tx._put_column(col, max(c[4] for c in chunks))
         return
-    _put_all(tx, [p for c in chunks for p in chunk_payloads(c)], extra)
+    col = fmt.PutColumn(b"")  # no head: each row is a whole payload
+    longest = 0
+    for kind, data, offsets, n, _ in chunks:
+        got = merge_headers(data, offsets, head, kind == CHUNK_BODIES)
+        if got is None:
+            _put_all(tx, [p for c in chunks for p in chunk_payloads(c)], extra)
+            return
+        col.add(got[0], got[1], n)
+        longest = max(longest, got[2])
+    tx._put_column(col, longest)

@@ -72,6 +72,11 @@ class ChannelStats(TypedDict):
     files_created: int
     files_retired: int
     disk_bytes: int
+    data_bytes: int
+    max_bytes: int | None
+    disk_free: int | None
+    minimum_required_space: int
+    space_refusals: int
     last_woid: int
     # damage
     torn_tails_truncated: int

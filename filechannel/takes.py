@@ -49,7 +49,13 @@ def take_slots(
 
 
 def column_events(col: fmt.PutColumn) -> tuple[list[bytes], list[Mapping[str, str]]]:
-    """The bodies and headers of a committed column (its events share ``col.head``), for the take cache."""
+    """The bodies and headers of a committed column (its events share ``col.head``), for the take cache.
+
+    A column without a head holds whole PUT payloads (the Spark sink's rows with headers): each is decoded.
+    """
+    if not col.head:
+        events = [fmt.decode_event(p) for p in col.payloads()]
+        return [b for b, _ in events], [h or NO_HEADERS for _, h in events]
     hdrs: Mapping[str, str] = NO_HEADERS if col.head == fmt.EMPTY_HEADERS else fmt.decode_event(col.head)[1]
     return col.payloads(), [hdrs] * len(col)
 

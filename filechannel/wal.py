@@ -335,7 +335,7 @@ def _entries(log: Log, ctx: _ScanContext, files: Sequence[_Slot], keyless: bool 
                 puts.setdefault(r.txn_id, []).append((r.offset, r.size, r.woid))
             elif r.op == fmt.COMMIT:
                 for off, size, woid in puts.pop(r.txn_id, []):
-                    n = fmt._U32.unpack_from(buf, off + 4)[0]
+                    n = fmt.record_length_at(buf, off)
                     start = off + fmt.RECORD_HEADER_LEN
                     if keyless and log.is_encrypted(fid) and log.cipher_of(fid) is None:
                         yield _Entry(fid, off, size, woid, _SEALED, 0, b"")
@@ -635,7 +635,7 @@ class WriteAheadLog:
                     raise FormatError(len(buf), "the file ends inside the record (lost or truncated)")
                 # The frame there is longer than the handle says: read it whole to tell a
                 # damaged length (damage) from an intact record that is not the handle's.
-                declared = fmt._U32.unpack_from(buf, 4)[0]  # at most max_payload, or decode_record refused it
+                declared = fmt.record_length_at(buf, 0)  # at most max_payload, or decode_record refused it
                 whole = self._pread(fid, fmt.record_size(declared), handle.offset)
                 other = fmt.decode_record(whole, 0, seed, log.crc_kind, log.max_payload)
                 if not isinstance(other, fmt.Record):

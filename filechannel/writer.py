@@ -74,37 +74,6 @@ class CommitResult:
 
 
 _COMMIT_SIZE = fmt.record_size(16)
-_COMMIT1_TAIL = _COMMIT_SIZE + BATCH_END_SIZE  # what follows the PUT in frame_commit1's bytes
-
-
-def _frame_commit1(
-    seed: int, kind: int, woid: int, txn_id: int, payload: bytes, prefix: bytes, start: int, first_position: int
-) -> bytes:
-    """A one-event transaction's write: its PUT (``prefix + payload``), COMMIT and BATCH_END frames.
-
-    The pure-Python twin of the C accelerator's ``frame_commit1``: the same
-    bytes as the general path (``add_puts``, ``add`` of the COMMIT,
-    ``close_batch``) gives for a transaction of one unsealed put.
-    """
-    enc = fmt._RecordEncoder(seed, kind)
-    parts: list[bytes] = []
-    enc.add_puts(parts, woid, txn_id, (payload,), [], [], start, prefix)
-    enc.add(parts, fmt.COMMIT, woid + 1, txn_id, fmt.encode_commit(first_position, 1, 0))
-    enc.close_batch(parts, start, woid, woid + 2)
-    return b"".join(parts)
-
-
-def frame_commit1(
-    seed: int, kind: int, woid: int, txn_id: int, payload: bytes, prefix: bytes, start: int, first_position: int
-) -> bytes:
-    """:func:`_frame_commit1`, in C when the accelerator is loaded (one call, one buffer)."""
-    sp = fmt.speedups
-    if sp is not None:
-        data: bytes = sp.frame_commit1(seed, kind, woid, txn_id, payload, prefix, start, first_position)
-        return data
-    return _frame_commit1(seed, kind, woid, txn_id, payload, prefix, start, first_position)
-
-
 _NOTE_SIZE = fmt.record_size(8)  # a ROLLBACK or a RETIRE record
 
 
@@ -500,13 +469,13 @@ class Writer:
         with log.seq_lock:
             woid = log.next_woid
             first = res.first_position = log.next_position
-            data = frame_commit1(self.seed, log.crc_kind, woid, it.txn_id, it.payloads[0], it.prefix, start, first)
+            data = fmt.frame_commit1(self.seed, log.crc_kind, woid, it.txn_id, it.payloads[0], it.prefix, start, first)
             log.next_position = first + 1
             res.woid = woid + 1
             log.next_woid = woid + 3
         nbytes = len(data)
         res.put_offsets.append(start)
-        res.put_sizes.append(nbytes - _COMMIT1_TAIL)
+        res.put_sizes.append(fmt.record_size(len(it.prefix) + len(it.payloads[0])))  # the PUT's frame
         assert self.fd is not None
         try:
             log.fs.pwrite_all(self.fd, data, start)
@@ -610,6 +579,7 @@ class Writer:
                 self.synced = self.offset
             self._publish()
             log.file_end[self.file_id] = self.offset
+            log.file_sealed(self.file_id, self.offset)
             if self.tagger is not None:
                 log.file_tags[self.file_id] = self.prev_tag
             fs.close(self.fd)
@@ -640,7 +610,8 @@ class Writer:
             # The header lists every live file of the directory in 16 bits of length.
             raise ChannelFullError(
                 f"{len(self.live)} live data files in {self.path}: a new one cannot list them all; old events "
-                "(or a lagging consumer) pin them: take or acknowledge them, or raise max_file_size"
+                "(or a lagging consumer) pin them: take or acknowledge them, or raise max_file_size",
+                "live_files",
             )
         data = fmt.encode_file_header(header, cipher.key_check if cipher is not None else None)
         path = self.path_of(file_id)

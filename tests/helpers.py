@@ -174,3 +174,27 @@ def records(path: str) -> list[fmt.Record]:
 def batch_ends(path: str) -> list[int]:
     """The end offset of every batch of a data file (each BATCH_END record's end), in order."""
     return [r.end for r in records(path) if r.op == fmt.BATCH_END]
+
+
+def agent_command(dirs: list[str], port_file: str | Path, *extra: str) -> list[str]:
+    """``filechannel serve DIRS --listen grpc://127.0.0.1:0 --port-file F EXTRA...`` as a child's argv."""
+    return [
+        sys.executable,
+        "-m",
+        "filechannel",
+        "serve",
+        *dirs,
+        "--listen",
+        "grpc://127.0.0.1:0",
+        "--port-file",
+        str(port_file),
+        *extra,
+    ]
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The value of the series ``name{labels...}`` in Prometheus text (0 when absent)."""
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0

@@ -593,3 +593,100 @@ def test_a_takeover_made_elsewhere_is_seen_by_the_agent(agent: Any, chan: str) -
             c.available(cid, "q", "query-1")
         assert (ei.value.recorded, ei.value.given) == ("query-2", "query-1")
         assert c.available(cid, "q", "query-2") == (10, 100)
+
+
+# -- read_arrow: the raw segments decoded straight into Arrow, with read()'s checks ------------------------
+
+
+def _outcome(fn: Any) -> tuple[str, Any]:
+    try:
+        return "ok", fn()
+    except filechannel.ChannelError as exc:
+        return "raised", (type(exc), str(exc))
+
+
+def assert_read_arrow_is_read(c: Any, cid: str, start: int, end: int, **kw: Any) -> tuple[str, Any]:
+    """``read_arrow`` returns ``read``'s events as Arrow columns, or raises ``read``'s error (class and message)."""
+    want = _outcome(lambda: [(e.position, e.body, dict(e.headers)) for e in c.read(cid, start, end, **kw)])
+    got = _outcome(lambda: c.read_arrow(cid, start, end, **kw))
+    assert got[0] == want[0], (got, want)
+    if got[0] == "ok":
+        rows = got[1].to_pylist()
+        assert [(r["position"], r["body"], dict(r["headers"])) for r in rows] == want[1]
+    else:
+        assert got[1] == want[1]
+    return got
+
+
+def test_read_arrow_is_read_in_arrow_columns_across_segments(tmp_path: Path) -> None:
+    d = make_channel(tmp_path / "c", 300, per_txn=7, max_file_size=4096)
+    with serve([d], "grpc://127.0.0.1:0") as agent, connect(agent.location, timeout=5) as c:
+        cid = cid_of(d)
+        assert len(c.read_raw(cid, 0, 300)) > 2  # several data files, so several segments
+        for a, b in ((0, 300), (17, 18), (250, 300), (5, 5)):
+            got = assert_read_arrow_is_read(c, cid, a, b)
+            assert got[0] == "ok"
+            assert got[1].num_rows == b - a
+        assert got[1].schema == filechannel.arrow.schema()
+        assert_read_arrow_is_read(c, cid, 0, 301)  # past the end: read()'s error
+
+
+def test_read_arrow_catches_an_edited_byte_as_read_does(agent: Any, chan: str) -> None:
+    cid = cid_of(chan)
+    c = connect(agent.location, timeout=5)
+    assert len(c.read(cid, 0, 100)) == 100
+    path, _fid, rec, _seed = put_records(chan)[42]
+    with open(path, "r+b") as fh:
+        fh.seek(rec.offset + fmt.RECORD_HEADER_LEN)
+        b = fh.read(1)
+        fh.seek(rec.offset + fmt.RECORD_HEADER_LEN)
+        fh.write(bytes([b[0] ^ 0x01]))
+    got = assert_read_arrow_is_read(c, cid, 40, 45)
+    assert got[0] == "raised"
+    assert "event at position 42: record checksum mismatch" in got[1][1]
+    assert assert_read_arrow_is_read(c, cid, 43, 50)[0] == "ok"
+
+
+def test_read_arrow_of_an_encrypted_channel_needs_its_key_and_catches_a_forged_record(tmp_path: Path) -> None:
+    ks = write_keystore(tmp_path / "keys.json", {"k1": K1})
+    other = write_keystore(tmp_path / "other.json", {"k2": bytes(32)})
+    d = make_channel(tmp_path / "enc", 20, encryption=filechannel.Encryption(keys=ks))
+    cid = cid_of(d)
+    with serve([d], "grpc://127.0.0.1:0", keystore=ks) as agent, connect(agent.location, timeout=5) as c:
+        assert assert_read_arrow_is_read(c, cid, 0, 20)[0] == "raised"  # no key
+        assert assert_read_arrow_is_read(c, cid, 0, 20, encryption=other)[0] == "raised"  # another key
+        assert assert_read_arrow_is_read(c, cid, 0, 20, encryption=ks)[0] == "ok"
+        path, _fid, rec, seed = put_records(d)[7]
+        kind = _crc_kind(d)
+        with open(path, "r+b") as fh:  # a sealed byte edited and the checksum repaired: only the tag can tell
+            fh.seek(rec.offset)
+            frame = bytearray(fh.read(rec.size))
+            frame[fmt.RECORD_HEADER_LEN + 5] ^= 0x01
+            n = len(rec.payload)
+            payload = bytes(frame[fmt.RECORD_HEADER_LEN : fmt.RECORD_HEADER_LEN + n])
+            crc = fmt.crc(kind, payload, fmt.crc(kind, bytes(frame[:24]), seed))
+            struct.pack_into("<II", frame, 24, crc, 0)
+            fh.seek(rec.offset)
+            fh.write(frame)
+        got = assert_read_arrow_is_read(c, cid, 5, 10, encryption=ks)
+        assert got[0] == "raised"
+        assert "authentication tag fails" in got[1][1]
+
+
+def test_read_arrow_refuses_bytes_of_another_channel_and_a_short_segment(tmp_path: Path) -> None:
+    """The seed is the channel id asked for, and a segment's bytes must be its length (``arrow.read_received``)."""
+    from filechannel.arrow import read_received
+
+    a_dir = make_channel(tmp_path / "a", 5)
+    b_dir = make_channel(tmp_path / "b", 5)
+    with serve([a_dir, b_dir], "grpc://127.0.0.1:0") as agent, connect(agent.location, timeout=5) as c:
+        got = c._received(cid_of(a_dir), 0, 5, 1 << 20)
+        assert read_received([(seg.run(None), raw) for seg, raw in got]).column("body").to_pylist() == [
+            b"ev-%d" % i for i in range(5)
+        ]
+        seg, raw = got[0]
+        wrong = dataclasses.replace(seg, channel_id=bytes.fromhex(cid_of(b_dir)))
+        with pytest.raises(filechannel.CorruptLogError, match="checksum"):
+            read_received([(wrong.run(None), raw)])
+        with pytest.raises(filechannel.CorruptLogError, match=f"the segment is {len(raw)} bytes, 10 were received"):
+            read_received([(seg.run(None), raw[:10])])

@@ -27,6 +27,7 @@ pytest.importorskip("aiohttp")
 pytest.importorskip("msgpack")
 
 import msgpack
+from helpers import metric
 from test_agent import mtls_agent, pki  # noqa: F401  (pki is a fixture)
 from test_agent_process import AgentProcess, _env
 
@@ -221,6 +222,11 @@ def test_limits_message_size_read_deadline_and_connections(tmp_path: Path) -> No
         finally:
             a.close()
             b.close()
+        # the shared listener counts how each connection went, in the sources' one family (no --http needed)
+        text = agent.metrics.render().decode()
+        assert metric(text, "filechannel_source_connection_outcomes_total", source="forward", outcome="timeout") >= 1
+        assert metric(text, "filechannel_source_connection_outcomes_total", source="forward", outcome="over_limit") == 1
+        assert metric(text, "filechannel_source_refused_total", source="forward", reason="too_large") == 1
     finally:
         src.stop()
         agent.stop()
@@ -261,6 +267,9 @@ def test_mutual_tls_and_the_writer_allow_list(tmp_path: Path, pki: dict[str, Any
                 s.sendall(msgpack.packb(["t", 1, {"a": 2}, {"chunk": "x"}]))
                 assert ack_of(s) is None
             assert [json.loads(b) for b, _ in drain(d)] == [{"a": 1}]
+            text = agent.metrics.render().decode()
+            refused = {"source": "forward", "transport": "tls", "outcome": "refused_certificate"}
+            assert metric(text, "filechannel_source_connection_outcomes_total", **refused) == 1
         finally:
             src.stop()
     finally:

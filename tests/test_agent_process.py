@@ -14,6 +14,7 @@ import pytest
 
 pytest.importorskip("pyarrow.flight")
 
+from helpers import agent_command
 from test_agent import cid_of, make_channel
 
 import filechannel
@@ -37,18 +38,7 @@ class AgentProcess:
         if port_file.exists():
             port_file.unlink()  # a SIGKILLed agent leaves its port file behind
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "filechannel",
-                "serve",
-                *dirs,
-                "--listen",
-                "grpc://127.0.0.1:0",
-                "--port-file",
-                str(port_file),
-                *extra,
-            ],
+            agent_command(dirs, port_file, *extra),
             env=_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

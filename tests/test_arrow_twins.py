@@ -339,3 +339,114 @@ def test_puts_twin_same_payloads(
             assert b == bodies[min(start, n) + i]
             want = fmt.encode_event(b, d if d is not marker else None)
             assert p == (want if c[1][3] else b)
+
+
+# -- payload columns (the Spark sink's rows with headers) ------------------------------------------
+
+
+@needs_c
+@TWIN
+@given(
+    bodies=st.lists(st.binary(max_size=30), max_size=10),
+    rows=st.lists(st.one_of(st.none(), st.lists(st.tuples(raw_text, raw_text), max_size=3)), max_size=10),
+    start=st.integers(0, 3),
+    large=st.booleans(),
+)
+@example(bodies=[b"x"], rows=[[(b"a", b"1"), (b"b", b"2"), (b"a", b"3")]], start=0, large=False)
+def test_payload_column_twin_is_prepare_puts_joined(
+    monkeypatch: pytest.MonkeyPatch,
+    bodies: list[bytes],
+    rows: list[list[tuple[bytes, bytes]] | None],
+    start: int,
+    large: bool,
+) -> None:
+    n = min(len(bodies), len(rows))
+    body = pa.array(bodies[:n], type=pa.large_binary() if large else pa.binary()).slice(min(start, n))
+    pairs = [p for r in rows[:n] if r is not None for p in r]
+    offs, at = [0], 0
+    for r in rows[:n]:
+        at += len(r or [])
+        offs.append(at)
+    keys = string_array([k for k, _ in pairs])
+    vals = string_array([v for _, v in pairs])
+    mask = pa.array([r is None for r in rows[:n]], type=pa.bool_())
+    headers = pa.MapArray.from_arrays(pa.array(offs, type=pa.int32()), keys, vals, type=MAP, mask=mask).slice(
+        min(start, n)
+    )
+    batch = pa.RecordBatch.from_arrays([body, headers], names=["body", "headers"])
+    c, py = both(monkeypatch, lambda: arrow.payload_columns(batch))
+    same_outcome(c, py)
+    ref = both(monkeypatch, lambda: arrow.prepare_puts(batch, None))[1]
+    assert c[0] == ref[0]
+    if c[0] == "raised":  # the same error as put_arrow's
+        assert type(c[1]) is type(ref[1])
+        assert str(c[1]) == str(ref[1])
+        return
+    payloads, got_bodies, _, any_headers = ref[1]
+    for with_headers, data, offsets, k, longest in c[1]:
+        ends = memoryview(offsets).cast("q")
+        got = [data[ends[i] : ends[i + 1]] for i in range(k)]
+        assert with_headers == any_headers
+        assert got == (payloads if with_headers else got_bodies)
+        assert longest == max(map(len, got), default=0)
+
+
+extra_headers = st.dictionaries(st.sampled_from(["a", "b", "spark.query", "é", ""]) | text, text, max_size=3)
+
+
+def _covered(row: bytes) -> bool:
+    """Whether put_many would store this row's event as the row itself (decodes, strict UTF-8, no repeated key)."""
+    try:
+        body, headers = fmt.decode_event(row)
+        return fmt.encode_event(body, headers) == row
+    except (fmt.FormatError, UnicodeEncodeError):
+        return False
+
+
+@needs_c
+@TWIN
+@given(rows=st.lists(payloads, max_size=10), extra=extra_headers, plain=st.booleans())
+@example(rows=[header_block([(b"a", b"1"), (b"b", b"2")]) + b"body"], extra={"b": "x", "c": "y"}, plain=False)
+@example(rows=[header_block([(b"a", b"1"), (b"a", b"2")]) + b"body"], extra={}, plain=False)
+@example(rows=[fmt.EMPTY_HEADERS + b"body"], extra={}, plain=False)
+def test_merge_headers_twin_is_encode_event_of_the_merged_headers(
+    monkeypatch: pytest.MonkeyPatch, rows: list[bytes], extra: dict[str, str], plain: bool
+) -> None:
+    from itertools import accumulate
+
+    from filechannel import staged
+
+    data = b"".join(rows)
+    offsets = struct.pack(f"<{len(rows) + 1}q", 0, *accumulate(map(len, rows)))
+    block = fmt.encode_event(b"", extra) if extra else fmt.EMPTY_HEADERS
+    c, py = both(monkeypatch, lambda: staged.merge_headers(data, offsets, block, plain))
+    same_outcome(c, py)
+    assert c[0] == "ok"
+    if not plain and not all(map(_covered, rows)):
+        assert c[1] is None  # the caller decodes such rows in Python
+        return
+    assert c[1] is not None
+    out, ends, longest = c[1]
+    e = memoryview(ends).cast("q")
+    got = [out[e[i] : e[i + 1]] for i in range(len(rows))]
+    want = []
+    for row in rows:
+        body, headers = (row, {}) if plain else fmt.decode_event(row)
+        want.append(fmt.encode_event(body, {**headers, **extra} or None))
+    assert got == want
+    assert longest == max(map(len, want), default=0)
+
+
+@pytest.mark.parametrize("bad", ["offsets", "extra"])
+def test_merge_headers_refuses_offsets_outside_the_data_and_a_bad_extra_block(
+    monkeypatch: pytest.MonkeyPatch, bad: str
+) -> None:
+    from filechannel import staged
+
+    data = fmt.EMPTY_HEADERS + b"ab"
+    offsets = struct.pack("<2q", 0, len(data) + (1 if bad == "offsets" else 0))
+    block = b"\x01\x00\x00\x00" if bad == "extra" else fmt.EMPTY_HEADERS
+    c, py = both(monkeypatch, lambda: staged.merge_headers(data, offsets, block, False))
+    same_outcome(c, py)
+    assert c[0] == "raised"
+    assert isinstance(c[1], ValueError)

@@ -421,7 +421,7 @@ def test_lock_of_a_killed_process_is_not_stale(chan_dir: str) -> None:
 def test_disk_space_error_fails_puts_and_takes_keep_working(chan_dir: str) -> None:
     with opn(chan_dir) as ch:
         put_all(ch, [b"a", b"b", b"c"])
-    with opn(chan_dir, minimum_required_space=2**62) as ch:
+    with opn(chan_dir, minimum_required_space=2**62, keep_alive=0) as ch:
         before = ch.stats()["bytes_written"]
         tx = ch.transaction()
         with pytest.raises(filechannel.DiskSpaceError) as ei:

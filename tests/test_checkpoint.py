@@ -392,7 +392,7 @@ def test_transactions_continue_while_a_checkpoint_is_written(chan_dir: str) -> N
 def test_disk_full_puts_fail_but_takes_and_checkpoints_work(chan_dir: str) -> None:
     with op(chan_dir) as ch:
         put(ch, *bodies(0, 10))
-    with op(chan_dir, minimum_required_space=1 << 62) as ch:
+    with op(chan_dir, minimum_required_space=1 << 62, keep_alive=0) as ch:
         with pytest.raises(filechannel.DiskSpaceError), ch.transaction() as tx:
             tx.put(b"no room")
         assert take(ch, 4) == bodies(0, 4)

@@ -17,8 +17,8 @@ import pytest
 from helpers import cli_command, run_cli, run_module
 
 import filechannel
-from filechannel import cli
 from filechannel import format as fmt
+from filechannel.cli import channels as cli  # put and take, whose FileChannel and _put_batch the tests patch
 
 
 @pytest.fixture

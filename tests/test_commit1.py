@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import filechannel
 from filechannel import format as fmt
-from filechannel import writer
+from filechannel import format as writer  # frame_commit1 and its twin live beside the other encoders
 from filechannel.writer import Writer
 
 C = fmt.speedups

@@ -124,7 +124,7 @@ def test_a_long_open_says_which_file_it_reads(tmp_path: Path, monkeypatch: pytes
     assert said
     assert all(m.startswith("reading ") for m in said)
     # The CLI's: silent on a fast open, and on anything but a terminal.
-    from filechannel import cli
+    from filechannel.cli import channels as cli
 
     monkeypatch.setattr(cli.sys.stderr, "isatty", lambda: False)
     assert cli._slow_open_progress() is None

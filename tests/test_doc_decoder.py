@@ -370,7 +370,7 @@ def read_checkpoint(path: str, ch: ChannelInfo) -> Checkpoint:
         klen = buf[len(buf) - 8 - 32 - 1]
         body = buf[: len(buf) - 8 - 32 - 1 - klen]
         (n,) = struct.unpack_from("<I", body, len(body) - 4)
-        if body[len(body) - 4 - n : len(body) - 4 - n + 8] != b"FCAUTH01":
+        if body[len(body) - 4 - n : len(body) - 4 - n + 8] not in (b"FCAUTH01", b"FCAUTH02"):
             raise DocFormatError("checkpoint authenticated-file list")
         buf = body[: len(body) - 4 - n]
     if len(buf) < 92:

@@ -14,6 +14,8 @@ import struct
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pa = pytest.importorskip("pyarrow")
 
@@ -243,3 +245,92 @@ def test_a_committed_column_with_a_head_is_taken_from_the_cache_with_its_headers
         with ch.transaction() as tx:
             evs = tx.take_batch(5)
     assert [(e.body, dict(e.headers)) for e in evs] == [(b"a", hdr), (b"bc", hdr)]
+
+
+header_rows = st.lists(
+    st.tuples(
+        st.binary(max_size=20),
+        st.one_of(
+            st.none(),
+            st.lists(
+                st.tuples(
+                    st.sampled_from(["k", "spark.query", S.HEADER_BATCH, "é"]) | st.text(max_size=4),
+                    st.text(max_size=5),
+                ),
+                max_size=3,
+            ),
+        ),
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow], deadline=None, max_examples=25
+)
+@given(rows=header_rows, streaming=st.booleans())
+def test_rows_with_any_headers_commit_the_bytes_put_of_each_row_writes(tmp_path_factory, rows, streaming):
+    """Headers that repeat a key, collide with the sink's own or are absent: one column, put()'s bytes."""
+    tmp_path = tmp_path_factory.mktemp("h")
+    c, b = _twin_channels(tmp_path)
+    batch = pa.record_batch(
+        [pa.array([r[0] for r in rows], pa.binary()), pa.array([r[1] for r in rows], MAP)], names=["body", "headers"]
+    )
+    o = c.options
+    name, n, _ = S.stage_chunks(
+        DEFAULT_FS, o.staging_dir, "q.q1.b2.p0.a0.1.stage", S._arrow_chunks([batch], WITH_HEADERS), 1 << 20
+    )
+    if streaming:
+        assert c.commit_batch("q1", 2, [name], n).committed
+        extra = {S.HEADER_QUERY: "q1", S.HEADER_BATCH: "2"}
+    else:
+        assert c.commit_job("job", [name], n) == len(rows)
+        extra = {}
+    want = []
+    with filechannel.open(b) as ch, ch.transaction() as tx:
+        for body, pairs in rows:
+            merged = {**dict(pairs or []), **extra}
+            tx.put(body, merged or None)
+            want.append((body, merged))
+    assert _segments(o.path) == _segments(b)
+    with filechannel.open(o.path) as ch, ch.transaction() as tx:  # the take cache decodes the column's payloads
+        got = [(e.body, dict(e.headers)) for e in tx.take_batch(100)]
+        tx.rollback()
+    assert got == want
+
+
+@pytest.mark.parametrize("order", ["column first", "column last"])
+def test_a_column_of_whole_payloads_mixed_with_other_puts_writes_put_many_bytes(tmp_path, order):
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    filechannel.open(a).close()
+    shutil.copytree(a, b)
+    events = [(b"x%d" % i, {"k": str(i)} if i % 3 else {}) for i in range(30)]
+    col = fmt.PutColumn(b"")
+    _, data, offsets, n, _ = staged.payload_chunk([fmt.encode_event(body, h) for body, h in events])
+    col.add(data, offsets, n)
+    with filechannel.open(a) as ch:
+        with ch.transaction() as tx:
+            if order == "column first":
+                tx._put_column(col, max(map(len, col.payloads())))
+                tx.put_many([b"p", b"q"], headers={"z": "1"})
+            else:
+                tx.put_many([b"p", b"q"])
+                tx._put_column(col, max(map(len, col.payloads())))
+        with ch.transaction() as tx:  # before the twin's comparison: a take and rollback write records
+            got = [(e.body, dict(e.headers)) for e in tx.take_batch(100)]
+            tx.rollback()
+    with filechannel.open(b) as ch:
+        with ch.transaction() as tx:
+            if order == "column last":
+                tx.put_many([b"p", b"q"])
+            for body, h in events:
+                tx.put(body, h or None)
+            if order == "column first":
+                tx.put_many([b"p", b"q"], headers={"z": "1"})
+        with ch.transaction() as tx:
+            tx.take_batch(100)
+            tx.rollback()
+    assert _segments(a) == _segments(b)
+    mine = got[:30] if order == "column first" else got[2:]
+    assert mine == events

@@ -35,6 +35,7 @@ __all__ = [
     "certificate_name",
     "check_reachable",
     "consumer_allowed",
+    "host_port",
     "may_write",
     "is_loopback",
     "make_token_middleware",
@@ -84,6 +85,19 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def host_port(uri: str) -> tuple[str, int] | None:
+    """The host and port of ``SCHEME://HOST:PORT[/]`` (an IPv6 host without its brackets); None if either is missing."""
+    parts = urlsplit(uri)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    host = parts.hostname or ""
+    if not host or port is None or parts.path not in ("", "/"):
+        return None
+    return host, port
+
+
 def parse_uri(uri: str, option: str = "listen") -> Listen:
     """Parse and check an agent URI.
 
@@ -104,14 +118,10 @@ def parse_uri(uri: str, option: str = "listen") -> Listen:
                 option, f"{uri}: a grpc+unix URI needs an absolute socket path (grpc+unix:///run/fc.sock)"
             )
         return Listen(scheme, path=path)
-    parts = urlsplit(uri)
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    host = parts.hostname or ""
-    if not host or port is None or parts.path not in ("", "/"):
+    hp = host_port(uri)
+    if hp is None:
         raise ConfigError(option, f"{uri}: give HOST:PORT (port 0 picks a free port)")
+    host, port = hp
     if scheme == "grpc" and not is_loopback(host):
         raise ConfigError(
             option,

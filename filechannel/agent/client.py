@@ -20,10 +20,10 @@ channel never pass.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import logging
 import os
+from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +31,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from filechannel.crypto import Encryption, as_encryption
+from filechannel.arrow import Run, read_received
+from filechannel.crypto import Encryption, as_encryption, segment_cipher
 from filechannel.errors import ChannelError, ConfigError
 from filechannel.events import Event
 from filechannel.reader import Segment, decode_segment
@@ -319,6 +320,45 @@ class AgentClient:
             DataLossError: The range is not (or no longer) held by the channel.
             AgentProtocolError: The answer is not well formed (positions outside the range, out of order).
         """
+        out: list[RawSegment] = []
+        for seg, raw in self._received(channel, start, end, max_bytes):
+            out.append(RawSegment(seg.segment(), bytes(raw)))
+        return out
+
+    def read_arrow(
+        self,
+        channel: str,
+        start: int,
+        end: int,
+        *,
+        encryption: Encryption | str | os.PathLike[str] | None = None,
+        max_bytes: int = proto.DEFAULT_MAX_BYTES,
+    ) -> Any:
+        """The events at positions ``[start, end)`` as one ``pyarrow.RecordBatch``, every record checked here.
+
+        The columns of :func:`filechannel.arrow.read_segment_arrow` (``position``,
+        ``body``, ``headers``): the raw segments the agent sends are checked and
+        decoded straight into Arrow buffers by the same code as a local segment
+        (:func:`filechannel.arrow.read_received`), with no Python object per event.
+        ``encryption``: a keystore path, for an encrypted channel.
+
+        Raises:
+            DataLossError: The range is not (or no longer) held by the channel.
+            CorruptLogError: A record that does not verify.
+            DecryptionError: An encrypted channel without its key, or a tag that fails.
+            ArrowTextError: A header holds an encoded lone surrogate (old records only): use :meth:`read`.
+        """
+        got = self._received(channel, start, end, max_bytes)
+        enc = as_encryption(encryption) if any(seg.cipher for seg, _ in got) else None
+        return read_received([(seg.run(segment_cipher(seg, enc)), raw) for seg, raw in got])
+
+    def _received(self, channel: str, start: int, end: int, max_bytes: int) -> list[tuple[_Received, memoryview]]:
+        """The DoGet of ``[start, end)``: each segment's columns (native int64 bytes) and raw bytes (a view), checked.
+
+        The positions are checked with Arrow's compute functions, not per event in Python.
+        """
+        import pyarrow.compute as pc
+
         for name, v in (("start", start), ("end", end)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {v!r}")
@@ -341,39 +381,52 @@ class AgentClient:
             crc_kind = int(meta[proto.META_CRC_KIND])
         except (KeyError, ValueError):
             raise AgentProtocolError(self.uri, "the read's stream has no checksum kind") from None
-        out: list[RawSegment] = []
+        bad = AgentProtocolError(
+            self.uri, f"read of [{start}, {end}) of channel {channel}: a segment's positions are out of range"
+        )
+        out: list[tuple[_Received, memoryview]] = []
         last = start - 1
-        for row in table.to_pylist():
-            positions = tuple(row["positions"])
-            offsets, sizes = tuple(row["offsets"]), tuple(row["sizes"])
-            raw: bytes = row["raw"]
-            if (
-                not positions
-                or len(offsets) != len(positions)
-                or len(sizes) != len(positions)
-                or positions[0] <= last
-                or positions[-1] >= end
-                or any(b <= a for a, b in itertools.pairwise(positions))
-            ):
-                raise AgentProtocolError(
-                    self.uri, f"read of [{start}, {end}) of channel {channel}: a segment's positions are out of range"
+        for batch in table.to_batches():
+            lists = [batch.column(c) for c in ("positions", "offsets", "sizes")]
+            raws = batch.column("raw")
+            if raws.null_count:
+                raise bad
+            ends = memoryview(raws.buffers()[1]).cast("q")[raws.offset :]
+            data = memoryview(raws.buffers()[2] or b"")  # the segments' bytes, not copied
+            for r in range(batch.num_rows):
+                cols = [_int64s(col, r) for col in lists]
+                positions = cols[0]
+                n = len(positions)
+                if (
+                    cols[0] is None
+                    or cols[1] is None
+                    or cols[2] is None
+                    or not n
+                    or len(cols[1]) != n
+                    or len(cols[2]) != n
+                    or positions[0].as_py() <= last
+                    or positions[n - 1].as_py() >= end
+                    or (n > 1 and not pc.all(pc.greater(positions.slice(1), positions.slice(0, n - 1))).as_py())
+                ):
+                    raise bad
+                last = positions[n - 1].as_py()
+                raw = data[ends[r] : ends[r + 1]]
+                file_id = batch.column("file_id")[r].as_py()
+                seg = _Received(
+                    f"{self.uri}/{channel.lower()}/{segment_name(file_id)}",
+                    file_id,
+                    channel_id,
+                    crc_kind,
+                    batch.column("offset")[r].as_py(),
+                    len(raw),
+                    _native(cols[0]),
+                    _native(cols[1]),
+                    _native(cols[2]),
+                    batch.column("cipher")[r].as_py(),
+                    batch.column("key_id")[r].as_py(),
+                    batch.column("salt")[r].as_py(),
                 )
-            last = positions[-1]
-            seg = Segment(
-                f"{self.uri}/{channel.lower()}/{segment_name(row['file_id'])}",
-                row["file_id"],
-                channel_id,
-                crc_kind,
-                row["offset"],
-                len(raw),
-                positions,
-                offsets,
-                sizes,
-                row["cipher"],
-                row["key_id"],
-                row["salt"],
-            )
-            out.append(RawSegment(seg, raw))
+                out.append((seg, raw))
         return out
 
     def read(
@@ -593,6 +646,61 @@ class AgentClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@dataclass(frozen=True)
+class _Received:
+    """A segment as received (``filechannel.arrow.Run``'s fields): int64 columns as native bytes.
+
+    ``cipher`` is the data file's cipher suite (0: plaintext), as in a :class:`~filechannel.Segment`.
+    """
+
+    path: str
+    file_id: int
+    channel_id: bytes
+    crc_kind: int
+    offset: int
+    length: int
+    positions: bytes
+    offsets: bytes
+    sizes: bytes
+    cipher: int
+    key_id: str
+    salt: bytes
+
+    def segment(self) -> Segment:
+        """As a :class:`~filechannel.Segment` (its columns as tuples)."""
+        return Segment(
+            self.path,
+            self.file_id,
+            self.channel_id,
+            self.crc_kind,
+            self.offset,
+            self.length,
+            tuple(array("q", self.positions)),
+            tuple(array("q", self.offsets)),
+            tuple(array("q", self.sizes)),
+            self.cipher,
+            self.key_id,
+            self.salt,
+        )
+
+    def run(self, cipher: Any) -> Run:
+        """As a ``filechannel.arrow.Run`` read with ``cipher`` (the data file's ``FileCipher``, or None)."""
+        return Run(self.path, self.file_id, self.channel_id, self.crc_kind, self.offset, self.length,
+                   self.positions, self.offsets, self.sizes, cipher)  # fmt: skip
+
+
+def _int64s(lists: Any, row: int) -> Any:
+    """Row ``row`` of a ``list<int64>`` column as an Int64Array (no copy), or None when it is null or holds a null."""
+    scalar = lists[row]
+    values = scalar.values if scalar.is_valid else None
+    return None if values is None or values.null_count else values
+
+
+def _native(values: Any) -> bytes:
+    """An Int64Array's values as native int64 bytes (one copy)."""
+    return values.buffers()[1].slice(values.offset * 8, len(values) * 8).to_pybytes()  # type: ignore[no-any-return]
 
 
 def _put_batch(schema: Any, bodies: list[bytes], maps: list[Any]) -> Any:

@@ -45,16 +45,18 @@ from filechannel.errors import (
 )
 from filechannel.format import encoded_event_size
 
-from .auth import INSECURE_FLAG, allowed, is_loopback, may_write
+from .auth import INSECURE_FLAG, is_loopback
 from .idempotency import KeyConflictError, KeyRing
 from .sources import (
     Connection,
+    ConnectionSlots,
     SourceAddress,
     StreamListener,
     TooLargeError,
     gunzip_bounded,
     parse_source_address,
     server_ssl_context,
+    source_metrics,
 )
 
 __all__ = [
@@ -73,7 +75,6 @@ logger = logging.getLogger("filechannel.agent.forward")
 MARK_PREFIX = "forward:"
 MAX_CHUNK_IDS = 1024
 CHUNK_RE = re.compile(r"^[A-Za-z0-9+/=._:-]{1,100}$")
-READ_SIZE = 65536
 
 
 class ForwardError(InvalidEventError):
@@ -352,20 +353,16 @@ def fingerprint(bodies: list[bytes], headers: list[dict[str, str] | None]) -> st
 # -- the source ------------------------------------------------------------------------------
 
 
-class _Target:
-    """One listening address's channel: its owned channel, its chunk-id ring, its allow-list checks."""
-
-    def __init__(self, served: Any, ring: KeyRing) -> None:
-        self.served = served
-        self.ring = ring
-
-
 class ForwardSource:
     """The forward listeners of a writable agent; listening when made, stopped by :meth:`stop`.
 
+    Each address is a ``sources.StreamListener`` (the connection limit shared
+    by all of them; the certificate check and deadlines are the listener's).
+
     Attributes:
         ports: The bound port of each address, in the order given.
-        counters: ``messages``, ``events``, ``duplicates``, ``refused``, ``too_large``, ``connections``.
+        counters: ``messages``, ``events``, ``duplicates``, ``refused``, ``too_large``, ``connections``,
+            ``transactions``.
     """
 
     def __init__(self, agent: Any, settings: ForwardSettings) -> None:
@@ -377,72 +374,65 @@ class ForwardSource:
             if config.tls_cert and config.tls_key
             else None
         )
-        rings: dict[str, KeyRing] = {}
-        listeners = []
-        for addr in addresses:
-            ch = by_name[addr.channel]
-            ring = rings.get(ch.cid)
-            if ring is None:
-                ring = rings[ch.cid] = KeyRing(ch.channel, settings.chunk_ids, MARK_PREFIX)
-            target = _Target(ch, ring)
-            listeners.append((addr.host, addr.port, ctx if addr.tls else None, self._handler(target)))
-        self._agent = agent
         self._settings = settings
+        self._metrics = source_metrics(agent)
         self.counters = dict.fromkeys(
             ("messages", "events", "duplicates", "refused", "too_large", "connections", "transactions"), 0
         )
-        self._listener = StreamListener(
-            "forward",
-            listeners,
-            read_timeout=settings.read_timeout,
-            max_connections=settings.max_connections,
-        )
-        self.ports = self._listener.ports
         self.error: BaseException | None = None  # as a tail source's: the agent stops if a source failed
+        rings: dict[str, KeyRing] = {}
+        slots = ConnectionSlots(settings.max_connections)
+        self._listeners: list[StreamListener] = []
+        try:
+            for spec, addr in zip(settings.addresses, addresses, strict=True):
+                ch = by_name[addr.channel]
+                ring = rings.get(ch.cid)
+                if ring is None:
+                    ring = rings[ch.cid] = KeyRing(ch.channel, settings.chunk_ids, MARK_PREFIX)
+                self._listeners.append(
+                    StreamListener(
+                        "forward",
+                        spec,
+                        addr.host,
+                        addr.port,
+                        self._handler(ch, ring),
+                        ssl_ctx=ctx if addr.tls else None,
+                        read_timeout=settings.read_timeout,
+                        slots=slots,
+                        config=config,
+                        cid=ch.cid,
+                        metrics=self._metrics,
+                    )
+                )
+        except BaseException:
+            self.stop()
+            raise
+        self.ports = [x.port for x in self._listeners]
         for spec, port in zip(settings.addresses, self.ports, strict=True):
             logger.info("forward source on %s (port %d)", spec, port)
 
     def stop(self) -> None:
         """Stop listening and close the connections; commits in flight finish."""
-        self._listener.stop()
-
-    def _metric(self, name: str, *labels: str) -> Any:
-        metrics = getattr(self._agent, "metrics", None)
-        return getattr(metrics, name).labels(*labels) if metrics is not None else None
+        for x in self._listeners:
+            x.stop()
 
     def _count(self, key: str, channel: str, n: int = 1, metric: str | None = None, *labels: str) -> None:
         self.counters[key] += n
         if metric is not None:
-            m = self._metric(metric, "forward", channel, *labels)
-            if m is not None:
-                m.inc(n)
+            getattr(self._metrics, metric).labels("forward", channel, *labels).inc(n)
 
-    def _handler(self, target: _Target) -> Any:
-        async def serve(conn: Connection) -> None:
-            ch = target.served
-            config = self._agent.config
-            if not allowed(config.allow, ch.cid, conn.name) or not may_write(config.writers, conn.name):
-                logger.warning("forward: refused certificate name %r for channel %s", conn.name, ch.cid)
-                self._count("refused", ch.name, 1, "source_refused", "not_allowed")
-                return
+    def _handler(self, ch: Any, ring: KeyRing) -> Any:
+        def serve(conn: Connection) -> None:
             self.counters["connections"] += 1
-            metrics = getattr(self._agent, "metrics", None)
-            if metrics is not None:
-                metrics.source_connections.labels("forward").inc()
-            try:
-                await self._serve(conn, target)
-            finally:
-                if metrics is not None:
-                    metrics.source_connections.labels("forward").dec()
+            self._serve(conn, ch, ring)
 
         return serve
 
-    async def _serve(self, conn: Connection, target: _Target) -> None:
-        ch = target.served
+    def _serve(self, conn: Connection, ch: Any, ring: KeyRing) -> None:
         channel = ch.channel
         decoder = ForwardDecoder(self._settings.max_message)
         while True:
-            data = await conn.read(READ_SIZE)
+            data = conn.read()
             if not data:
                 return
             try:
@@ -471,25 +461,25 @@ class ForwardSource:
                     batch_headers += headers
                     continue
                 if batch_bodies:  # what came before the chunk commits first (order kept)
-                    if not await self._commit(conn, target, None, batch_bodies, batch_headers):
+                    if not self._commit(conn, ch, ring, None, batch_bodies, batch_headers):
                         return
                     batch_bodies, batch_headers = [], []
-                if not await self._commit(conn, target, msg.chunk, bodies, headers):
+                if not self._commit(conn, ch, ring, msg.chunk, bodies, headers):
                     return
-                await conn.write(msgpack.packb({"ack": msg.chunk}))
-            if batch_bodies and not await self._commit(conn, target, None, batch_bodies, batch_headers):
+                conn.write(msgpack.packb({"ack": msg.chunk}))
+            if batch_bodies and not self._commit(conn, ch, ring, None, batch_bodies, batch_headers):
                 return
 
-    async def _commit(
+    def _commit(
         self,
         conn: Connection,
-        target: _Target,
+        ch: Any,
+        ring: KeyRing,
         chunk: str | None,
         bodies: list[bytes],
         headers: list[dict[str, str] | None],
     ) -> bool:
         """Commit one transaction (and the chunk id); False when the connection must close (logged, counted)."""
-        ch = target.served
         channel = ch.channel
         cap = channel.config.transaction_capacity
         if len(bodies) > cap:
@@ -504,7 +494,7 @@ class ForwardSource:
             return False
         fp = fingerprint(bodies, headers) if chunk is not None else ""
         try:
-            duplicate, took = await self._listener.run(target.ring.put, channel, chunk, fp, bodies, headers)
+            duplicate, took = ring.put(channel, chunk, fp, bodies, headers)
         except KeyConflictError:
             logger.warning("forward: chunk %r from %s was committed with other entries: closing", chunk, conn.peer)
             self._count("refused", ch.name, 1, "source_refused", "chunk_conflict")
@@ -522,9 +512,8 @@ class ForwardSource:
             return True
         self.counters["transactions"] += 1
         self._count("events", ch.name, len(bodies), "source_events")
-        metrics = getattr(self._agent, "metrics", None)
-        if metrics is not None and bodies:
-            metrics.put_committed(ch.name, "forward", took)
+        if bodies:
+            self._metrics.put_committed(ch.name, "forward", took)
         return True
 
 

@@ -63,6 +63,16 @@ CHANNEL_METRICS: tuple[tuple[str, str, str, str, str], ...] = (
     ("last_checkpoint_bytes", "gauge", "Size of the last checkpoint", "last_checkpoint_bytes", ""),
     ("last_checkpoint_timestamp_seconds", "gauge", "Unix time of the last checkpoint", "last_checkpoint_time", ""),
     ("disk_bytes", "gauge", "Bytes of the channel's data files on disk", "disk_bytes", ""),
+    ("data_bytes", "gauge", "Bytes the live data files hold, as max_bytes counts them", "data_bytes", ""),
+    ("max_bytes", "gauge", "The channel's byte limit (absent: none)", "max_bytes", ""),
+    ("min_free_bytes", "gauge", "The free-space floor (minimum_required_space)", "minimum_required_space", ""),
+    (
+        "space_refusals",
+        "counter",
+        "Puts refused for max_bytes, the free-space floor or a full disk",
+        "space_refusals",
+        "",
+    ),
     ("data_files", "gauge", "Data files of the channel", "files", ""),
     ("data_files_created", "counter", "Data files created", "files_created", ""),
     ("data_files_retired", "counter", "Data files retired (deleted once drained)", "files_retired", ""),
@@ -75,6 +85,7 @@ CHANNEL_METRICS: tuple[tuple[str, str, str, str, str], ...] = (
     ("damaged_events_dropped", "counter", "Events dropped as damaged", "damaged_events_dropped", ""),
     ("lost_positions", "gauge", "Positions reported lost to damage", "lost_positions", ""),
     ("channel_bytes", "gauge", "Record bytes of the queued events (an agent's channels)", "", ""),
+    # Read afresh at each scrape by the agent (stats()["disk_free"] is the same reading, of every data directory).
     ("disk_free_bytes", "gauge", "Bytes unprivileged writers may still use on the channel's file system", "", ""),
 )
 
@@ -84,9 +95,6 @@ CONSUMER_METRICS: tuple[tuple[str, str, str], ...] = (
     ("consumer_lag_events", "Queued events at or after the consumer's mark", "lag_events"),
     ("consumer_lag_bytes", "Bytes of the records of those events", "lag_bytes"),
 )
-
-_KIND = {name: kind for name, kind, *_ in CHANNEL_METRICS}
-_HELP = {name: text for name, _, text, *_ in CHANNEL_METRICS}
 
 # Seconds from a put's first event to its durable commit, as the agent sees it.
 COMMIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -241,10 +249,16 @@ class AgentMetrics:
             ["channel"],
             registry=self.registry,
         )
-        # The push sources other than the HTTP one (OTLP, forward, ...): label source names which.
+        # The push sources other than the HTTP one (syslog, relp, forward, otlp): label source names which.
         self.source_events = Counter(
             PREFIX + "source_events",
-            "Events committed from a push source (otlp, forward, ...), by source and channel",
+            "Events committed from a push source (syslog, relp, forward, otlp), by source and channel",
+            ["source", "channel"],
+            registry=self.registry,
+        )
+        self.source_invalid = Counter(
+            PREFIX + "source_invalid_events",
+            "Events committed as they came, marked invalid (syslog.status=invalid; also in source_events)",
             ["source", "channel"],
             registry=self.registry,
         )
@@ -260,10 +274,23 @@ class AgentMetrics:
             ["source", "channel"],
             registry=self.registry,
         )
+        self.source_responses = Counter(
+            PREFIX + "source_responses",
+            "Answers a source sent for messages, by source, channel and code (relp: 200 after a durable commit, 500)",
+            ["source", "channel", "code"],
+            registry=self.registry,
+        )
         self.source_connections = Gauge(
             PREFIX + "source_connections",
             "Connections open to a stream source now, by source",
             ["source"],
+            registry=self.registry,
+        )
+        self.source_connection_outcomes = Counter(
+            PREFIX + "source_connection_outcomes",
+            "Connections to a stream source by transport (tcp, tls) and outcome (accepted, over_limit, tls_failed, "
+            "refused_certificate, timeout, protocol_error)",
+            ["source", "transport", "outcome"],
             registry=self.registry,
         )
         self.flight_calls = Counter(

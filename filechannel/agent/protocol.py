@@ -345,6 +345,8 @@ def encode_error(exc: ChannelError) -> bytes:
         fields = {"channel": exc.channel, "served": exc.served}
     elif isinstance(exc, AgentError):
         fields = {"reason": exc.reason}
+    elif isinstance(exc, ChannelFullError):
+        fields = {"message": str(exc), "reason": exc.reason}
     else:
         fields = {"message": str(exc)}
     name = type(exc).__name__ if type(exc).__name__ in _REBUILD else _nearest(exc)
@@ -393,7 +395,9 @@ _REBUILD: dict[str, Any] = {
     "AgentError": lambda uri, f: AgentError(uri, str(f["reason"])),
     "EventTooLargeError": lambda uri, f: EventTooLargeError(int(f["size"]), int(f["limit"])),
     "InvalidEventError": lambda uri, f: InvalidEventError(_where(uri, str(f["message"]))),
-    "ChannelFullError": lambda uri, f: ChannelFullError(_where(uri, str(f["message"]))),
+    "ChannelFullError": lambda uri, f: ChannelFullError(
+        _where(uri, str(f["message"])), str(f.get("reason") or "capacity")
+    ),
     "TransactionCapacityError": lambda uri, f: TransactionCapacityError(_where(uri, str(f["message"]))),
     "ChannelError": lambda uri, f: ChannelError(_where(uri, str(f["message"]))),
 }

@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import struct
 import tempfile
 import threading
 import time
@@ -68,6 +69,7 @@ from filechannel.errors import (
     TransactionCapacityError,
 )
 from filechannel.reader import ChannelReader, Segment, channel_id_of
+from filechannel.sources.tail import TailSource, make_tails
 from filechannel.staged import DEFAULT_STALE_STAGING
 
 from . import protocol as proto
@@ -86,7 +88,6 @@ from .auth import (
 from .errors import AgentError, AgentProtocolError, UnknownChannelError
 from .staging import AgentSink, StageRequest
 from .syslog_source import SyslogSources, resolve, start_syslog
-from .tail import TailSource, make_tails
 
 __all__ = ["Agent", "AgentConfig", "check", "serve"]
 
@@ -122,7 +123,7 @@ class AgentConfig:
             settings (an ``HttpSettings``); TLS, the token and the allow-list apply there too.
         insecure_allow_anyone: Listen on an address other hosts reach without authenticating clients
             (neither ``client_ca`` nor ``token_file``); refused unless this is set.
-        tail: Follow files into the channels (``--tail GLOB`` / ``NAME=GLOB``; ``tail.py``); needs ``writable``.
+        tail: Follow files into the channels (``--tail GLOB`` / ``NAME=GLOB``; ``sources/tail.py``); needs ``writable``.
         tail_options: Options of the tail sources (``TailSource``'s keyword arguments, e.g. ``follow_symlinks``).
         forward: Take Fluent's forward protocol (``--forward``; ``forward.py``, needs msgpack) with these
             settings (a ``ForwardSettings``); needs ``writable``.
@@ -928,7 +929,9 @@ def _segment_batch(schema: Any, s: Segment) -> Any:
         [
             pa.array([s.file_id], pa.int64()),
             pa.array([s.offset], pa.int64()),
-            pa.array([raw], pa.large_binary()),
+            pa.Array.from_buffers(  # the bytes as read, not copied
+                pa.large_binary(), 1, [None, pa.py_buffer(struct.pack("=2q", 0, len(raw))), pa.py_buffer(raw)]
+            ),
             pa.array([s.positions], pa.list_(pa.int64())),
             pa.array([s.offsets], pa.list_(pa.int64())),
             pa.array([s.sizes], pa.list_(pa.int64())),
@@ -999,7 +1002,7 @@ class Agent:
         self.http: Any = None  # the HttpServer (web.py) when config.http is set
         self.metrics: Any = None  # its AgentMetrics
         self.connections = ConnectionTracker()  # client connections seen lately (status, filechannel top)
-        self.tails: list[TailSource] = []  # the tail sources (tail.py) of config.tail
+        self.tails: list[TailSource] = []  # the tail sources (sources/tail.py) of config.tail
         self.forward: Any = None  # the ForwardSource (forward.py) when config.forward is set
         self.syslog: SyslogSources | None = None  # the syslog and RELP listeners (syslog_source.py)
         self._server: Any = None
@@ -1037,7 +1040,6 @@ class Agent:
         if config.port_file:
             path = os.path.abspath(config.port_file)
             replace_durably(DEFAULT_FS, f"{path}.tmp-{os.getpid()}", path, b"%d\n" % self.port)
-            DEFAULT_FS.fsync_dir(os.path.dirname(path))
         security = "mutual TLS" if client_ca is not None else "TLS" if certs else "no TLS"
         logger.info(
             "serving %d channel(s) on %s (%s%s%s): %s",

@@ -1,8 +1,8 @@
-"""What the agent's push sources share: their addresses, TLS, bounded gunzip, and a TCP/TLS listener.
+"""What the agent's push sources share: addresses, TLS, metrics, bounded gunzip, and the TCP/TLS listener.
 
-This module owns the pieces every stream source of ``filechannel serve`` uses
-(``--forward`` here; syslog and RELP can reuse them), so each protocol module
-holds only its own parser and answers:
+This module owns the pieces every network source of ``filechannel serve`` uses
+(``--syslog``, ``--relp``, ``--forward``; OTLP shares the metrics), so each
+protocol module holds only its own parser and answers:
 
 - :func:`parse_source_address`: ``tcp://HOST:PORT[=CHANNEL]`` / ``tls://...``
   checked (plain TCP on a loopback address only, as for HTTP), the channel
@@ -12,32 +12,49 @@ holds only its own parser and answers:
   the client certificate's name for the allow-lists (the same rule as Flight's).
 - :func:`gunzip_bounded`: gzip members decompressed up to a limit, so a small
   compressed body never becomes an unbounded one.
-- :class:`StreamListener`: asyncio TCP/TLS servers on an event loop thread of
-  their own, at most ``max_connections`` connections, each served by a
-  coroutine that reads through :class:`Connection` (every read under a
-  deadline).
+- :func:`source_metrics`: the agent's ``AgentMetrics`` (made when the agent
+  has no HTTP port), where every source counts into the one
+  ``filechannel_source_*`` family with its ``source`` label.
+- :class:`StreamListener`: one TCP or TLS listening socket and a thread per
+  connection: at most ``max_connections`` open at once (a
+  :class:`ConnectionSlots` may be shared by several listeners), the TLS
+  handshake and every read and write under ``read_timeout``, each client
+  certificate's name checked against the agent's ``--allow`` and
+  ``--allow-writer`` lists, and each connection's outcome counted. The
+  protocol's handler reads through :class:`Connection` (at most ``READ_SIZE``
+  bytes a read, so a connection's memory is that plus what its parser holds).
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import logging
 import re
+import socket
 import ssl
 import threading
+import time
 import zlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from filechannel.errors import ChannelError, ConfigError
 
-from .auth import INSECURE_FLAG, certificate_name, is_loopback, read_public_file, read_secret_file
+from .auth import (
+    INSECURE_FLAG,
+    allowed,
+    certificate_name,
+    is_loopback,
+    may_write,
+    read_public_file,
+    read_secret_file,
+)
 
 __all__ = [
     "CHANNEL_HEADER",
+    "READ_SIZE",
     "Connection",
+    "ConnectionSlots",
     "SourceAddress",
     "StreamListener",
     "TooLargeError",
@@ -45,11 +62,14 @@ __all__ = [
     "parse_source_address",
     "peer_name",
     "server_ssl_context",
+    "source_metrics",
 ]
 
 logger = logging.getLogger("filechannel.agent.sources")
 
 CHANNEL_HEADER = "X-Filechannel-Channel"  # the HTTP header naming a channel (OTLP)
+READ_SIZE = 65536  # the most one read of a connection takes
+ACCEPT_POLL = 0.25  # seconds between looks at the stop flag while accepting
 _ADDRESS_RE = re.compile(r"^(?P<scheme>[a-z]+)://(?P<host>\[[^\]]+\]|[^:/\[\]]+):(?P<port>\d{1,5})(?:=(?P<name>.+))?$")
 
 
@@ -145,9 +165,19 @@ def server_ssl_context(tls_cert: str, tls_key: str, client_ca: str | None) -> ss
     return ctx
 
 
-def peer_name(transport: Any) -> str | None:
-    """The name of a TLS transport's client certificate, by the agent's one rule (``auth.certificate_name``)."""
-    return certificate_name(transport.get_extra_info("peercert") if transport is not None else None)
+def peer_name(sock: socket.socket) -> str | None:
+    """The name of a TLS socket's client certificate, by the agent's one rule (``auth.certificate_name``)."""
+    return certificate_name(sock.getpeercert()) if isinstance(sock, ssl.SSLSocket) else None
+
+
+def source_metrics(agent: Any) -> Any:
+    """The agent's ``AgentMetrics`` (``metrics.py``), made now when it has none (no ``--http``: counted, not served)."""
+    metrics = getattr(agent, "metrics", None)
+    if metrics is None:
+        from .metrics import AgentMetrics
+
+        metrics = agent.metrics = AgentMetrics(lambda: [])
+    return metrics
 
 
 def gunzip_bounded(data: bytes, limit: int) -> bytes:
@@ -175,159 +205,213 @@ def gunzip_bounded(data: bytes, limit: int) -> bytes:
 
 
 class Connection:
-    """One client connection of a :class:`StreamListener`: reads under a deadline, writes, the peer's name."""
+    """One client connection of a :class:`StreamListener`: blocking reads and writes under its deadline.
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, read_timeout: float) -> None:
-        self.reader = reader
-        self.writer = writer
-        self.read_timeout = read_timeout
-        self.peer = writer.get_extra_info("peername")
-        self.name = peer_name(writer.transport)
+    Attributes:
+        peer: The client's address.
+        name: Its certificate's name (None without TLS or a client certificate).
+        listener: The listener that accepted it (its ``stopping`` event, its ``count``).
+    """
 
-    async def read(self, n: int) -> bytes:
+    def __init__(self, sock: socket.socket, peer: Any, name: str | None, listener: StreamListener) -> None:
+        self.sock = sock
+        self.peer = peer
+        self.name = name
+        self.listener = listener
+
+    def read(self, n: int = READ_SIZE) -> bytes:
         """Up to ``n`` bytes (b"" at the end of the stream).
 
         Raises:
-            TimeoutError: Nothing arrived within ``read_timeout`` seconds.
+            TimeoutError: Nothing arrived within the listener's ``read_timeout``.
         """
-        try:
-            return await asyncio.wait_for(self.reader.read(n), self.read_timeout)
-        except asyncio.TimeoutError:
-            raise TimeoutError(f"nothing arrived within {self.read_timeout:g} s") from None
+        return self.sock.recv(min(n, READ_SIZE))
 
-    async def write(self, data: bytes) -> None:
-        """Send ``data`` (waiting, under the same deadline, while the client does not read)."""
-        self.writer.write(data)
-        try:
-            await asyncio.wait_for(self.writer.drain(), self.read_timeout)
-        except asyncio.TimeoutError:
-            raise TimeoutError(f"the client did not read an answer within {self.read_timeout:g} s") from None
+    def write(self, data: bytes) -> None:
+        """Send ``data`` (TimeoutError when the client reads none of it within ``read_timeout``)."""
+        self.sock.sendall(data)
 
 
-Handler = Callable[[Connection], Awaitable[None]]
+Handler = Callable[[Connection], None]
+
+
+class ConnectionSlots:
+    """A bound on the connections open at once, shared by the listeners that take from it."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._open = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> bool:
+        """Take a slot; False when ``limit`` connections are open."""
+        with self._lock:
+            if self._open >= self.limit:
+                return False
+            self._open += 1
+            return True
+
+    def give(self) -> None:
+        """Give a slot back (the connection closed)."""
+        with self._lock:
+            self._open -= 1
 
 
 class StreamListener:
-    """TCP/TLS servers on an event loop thread of their own; listening when made, stopped by :meth:`stop`.
+    """One TCP/TLS listening socket of a source and a thread per connection; listening when made.
+
+    Each accepted connection takes a slot of ``slots`` (over the limit: closed
+    at once, counted ``over_limit``), gets ``read_timeout`` on its handshake
+    and on every read and write, and with TLS has its certificate's name
+    checked by the agent's rules for ``cid`` (``allowed`` and ``may_write``:
+    refused ones are closed, counted ``refused_certificate``); then
+    ``handler`` serves it. The outcomes go to
+    ``filechannel_source_connection_outcomes_total{source, transport, outcome}``
+    and the open connections to ``filechannel_source_connections{source}``.
 
     Attributes:
-        ports: The bound port of each address, in order.
-        pool: Threads for blocking work (commits); ``run`` hands a call to it.
+        port: The bound port.
+        stopping: Set by :meth:`stop` (a handler seeing its stream end then knows why).
     """
 
     def __init__(
         self,
-        what: str,
-        addresses: Sequence[tuple[str, int, ssl.SSLContext | None, Handler]],
+        source: str,
+        text: str,
+        host: str,
+        port: int,
+        handler: Handler,
         *,
+        ssl_ctx: ssl.SSLContext | None,
         read_timeout: float,
-        max_connections: int,
-        workers: int = 8,
+        slots: ConnectionSlots,
+        config: Any,
+        cid: str,
+        metrics: Any,
     ) -> None:
-        self.what = what
+        self.source = source
+        self.text = text
+        self.transport = "tls" if ssl_ctx is not None else "tcp"
+        self._handler = handler
+        self._ssl_ctx = ssl_ctx
         self._read_timeout = read_timeout
-        self._slots = max_connections
-        self._active = 0
-        self.pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix=f"filechannel-{what}")
-        self._loop = asyncio.new_event_loop()
-        self._servers: list[asyncio.Server] = []
-        self._tasks: set[asyncio.Task[None]] = set()
-        self.ports: list[int] = []
-        failure: list[BaseException] = []
-        started = threading.Event()
-
-        def run() -> None:
-            asyncio.set_event_loop(self._loop)
-            try:
-                self._loop.run_until_complete(self._start(addresses))
-            except OSError as exc:
-                failure.append(exc)
-            started.set()
-            if failure:
-                self._loop.close()
-                return
-            try:
-                self._loop.run_forever()
-            finally:
-                self._loop.close()
-
-        self._thread = threading.Thread(target=run, name=f"filechannel-{what}", daemon=True)
-        self._thread.start()
-        started.wait()
-        if failure:
-            self.pool.shutdown()
-            raise ChannelError(f"cannot listen for {what}: {failure[0]}")
-
-    async def _start(self, addresses: Sequence[tuple[str, int, ssl.SSLContext | None, Handler]]) -> None:
+        self._slots = slots
+        self._config = config
+        self._cid = cid
+        self._metrics = metrics
+        self.stopping = threading.Event()
+        self._conns: set[socket.socket] = set()
+        self._threads: set[threading.Thread] = set()
+        self._lock = threading.Lock()
+        self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         try:
-            for host, port, ctx, handler in addresses:
-                srv = await asyncio.start_server(
-                    self._wrap(handler),
-                    host,
-                    port,
-                    ssl=ctx,
-                    reuse_address=True,
-                    ssl_handshake_timeout=self._read_timeout if ctx is not None else None,
-                )
-                self._servers.append(srv)
-                self.ports.append(int(srv.sockets[0].getsockname()[1]))
-        except BaseException:
-            for srv in self._servers:
-                srv.close()
-            raise
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.sock.bind((host, port))
+            self.sock.listen(128)
+        except OSError as exc:
+            self.sock.close()
+            raise ChannelError(f"cannot listen for {source} on {text}: {exc.strerror or exc}") from None
+        self.sock.settimeout(ACCEPT_POLL)
+        self.port = int(self.sock.getsockname()[1])
+        self._thread = threading.Thread(target=self._accept_loop, name=f"filechannel-{source}-{self.port}", daemon=True)
+        self._thread.start()
 
-    def _wrap(self, handler: Handler) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
-        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            task = asyncio.current_task()
-            if self._active >= self._slots:
-                logger.warning(
-                    "%s: refused a connection from %s: %d connections open (the limit)",
-                    self.what,
-                    writer.get_extra_info("peername"),
-                    self._slots,
-                )
-                writer.close()
-                return
-            self._active += 1
-            if task is not None:
-                self._tasks.add(task)  # type: ignore[arg-type]
+    def count(self, outcome: str) -> None:
+        """Count one connection's ``outcome`` (accepted, over_limit, tls_failed, refused_certificate, ...)."""
+        self._metrics.source_connection_outcomes.labels(self.source, self.transport, outcome).inc()
+
+    def _accept_loop(self) -> None:
+        while not self.stopping.is_set():
             try:
-                await handler(Connection(reader, writer, self._read_timeout))
-            except (ConnectionError, TimeoutError, ssl.SSLError) as exc:
-                logger.info("%s: connection from %s closed: %s", self.what, writer.get_extra_info("peername"), exc)
-            except Exception:
-                logger.exception("%s: connection from %s failed", self.what, writer.get_extra_info("peername"))
-            finally:
-                self._active -= 1
-                if task is not None:
-                    self._tasks.discard(task)  # type: ignore[arg-type]
-                writer.close()
+                conn, addr = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError as exc:
+                if self.stopping.is_set():
+                    return
+                logger.warning("--%s %s: accept failed: %s", self.source, self.text, exc)
+                time.sleep(0.1)
+                continue
+            if not self._slots.take():
+                self.count("over_limit")
+                logger.warning(
+                    "--%s %s: refused %s: %d connections open (the limit)",
+                    self.source,
+                    self.text,
+                    addr,
+                    self._slots.limit,
+                )
+                conn.close()
+                continue
+            th = threading.Thread(target=self._connection, args=(conn, addr), daemon=True)
+            with self._lock:
+                self._conns.add(conn)
+                self._threads.add(th)
+            th.start()
 
-        return serve
-
-    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` in the pool (for blocking work such as a commit), awaited."""
-        return await self._loop.run_in_executor(self.pool, fn, *args)
-
-    async def _stop(self) -> None:
-        for srv in self._servers:
-            srv.close()
-        for t in list(self._tasks):
-            t.cancel()
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=10)
-        for srv in self._servers:
-            await srv.wait_closed()
+    def _connection(self, conn: socket.socket, addr: Any) -> None:
+        sock: socket.socket = conn
+        gauge = self._metrics.source_connections.labels(self.source)
+        gauge.inc()
+        try:
+            conn.settimeout(self._read_timeout)
+            # Answers (acks, rsp frames) are small and awaited by the client: send each at once (no Nagle delay).
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._ssl_ctx is not None:
+                try:
+                    sock = self._ssl_ctx.wrap_socket(conn, server_side=True)
+                except (ssl.SSLError, OSError) as exc:
+                    self.count("tls_failed")
+                    logger.warning("--%s %s: TLS handshake with %s failed: %s", self.source, self.text, addr, exc)
+                    return
+                with self._lock:
+                    self._conns.discard(conn)
+                    self._conns.add(sock)
+            name = peer_name(sock)
+            if not allowed(self._config.allow, self._cid, name) or not may_write(self._config.writers, name):
+                self.count("refused_certificate")
+                logger.warning(
+                    "--%s %s: refused certificate name %r for channel %s (--allow / --allow-writer)",
+                    self.source,
+                    self.text,
+                    name,
+                    self._cid,
+                )
+                return
+            self.count("accepted")
+            self._handler(Connection(sock, addr, name, self))
+        except TimeoutError:
+            self.count("timeout")
+            logger.info("--%s %s: %s silent for %g s: closed", self.source, self.text, addr, self._read_timeout)
+        except (OSError, ssl.SSLError) as exc:
+            if not self.stopping.is_set():
+                logger.info("--%s %s: connection from %s ended: %s", self.source, self.text, addr, exc)
+        except Exception:
+            logger.exception("--%s %s: connection from %s failed", self.source, self.text, addr)
+        finally:
+            gauge.dec()
+            self._slots.give()
+            with self._lock:
+                self._conns.discard(sock)
+                self._conns.discard(conn)
+                self._threads.discard(threading.current_thread())
+            try:
+                sock.close()
+            except OSError:
+                pass
 
     def stop(self) -> None:
-        """Stop listening and close the connections (idempotent); commits in flight finish."""
-        if self._loop.is_closed():
-            return
-        fut = asyncio.run_coroutine_threadsafe(self._stop(), self._loop)
-        try:
-            fut.result(30)
-        except (concurrent.futures.TimeoutError, RuntimeError) as exc:
-            logger.warning("%s shutdown: %s", self.what, exc)
-        self.pool.shutdown(wait=True)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(30)
+        """Stop accepting; end every connection (its reads see the end of the stream); wait for them (idempotent)."""
+        self.stopping.set()
+        self.sock.close()
+        self._thread.join(10)
+        with self._lock:
+            conns = list(self._conns)
+            threads = list(self._threads)
+        for c in conns:
+            try:  # wake the reader: it sees the end of its stream (commits in flight finish first)
+                socket.socket.shutdown(c, socket.SHUT_RD)
+            except OSError:
+                pass
+        for th in threads:
+            th.join(10)

@@ -51,10 +51,11 @@ from filechannel.staged import (
     _created_ns,
     _headers_overhead,
     _job_prefix,
-    _put_all,
     _sink_headers,
     _slug,
     _stream_prefix,
+    payload_chunk,
+    put_chunks,
     read_staged,
     stage_events,
 )
@@ -221,7 +222,7 @@ class AgentSink:
                 else:
                     self._check_size(len(payloads), what)
                     with self.channel.transaction() as tx:
-                        _put_all(tx, payloads, _sink_headers(query, batch_id))
+                        put_chunks(tx, [payload_chunk(payloads)], _sink_headers(query, batch_id))
                         tx.mark(batch_mark(query), b"%d" % batch_id)
                     self.channel.sync()  # durable before the driver hears of it, whatever the fsync mode
                     logger.info("committed %s: %d events", what, len(payloads))
@@ -254,7 +255,7 @@ class AgentSink:
                 else:
                     self._check_size(len(payloads), what)
                     with self.channel.transaction() as tx:
-                        _put_all(tx, payloads, {})
+                        put_chunks(tx, [payload_chunk(payloads)], {})
                         tx.mark(JOBS_MARK, " ".join([*recent, job][-RECENT_JOBS:]).encode("ascii"))
                     self.channel.sync()
                     logger.info("committed %s: %d events", what, len(payloads))

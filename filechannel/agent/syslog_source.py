@@ -19,11 +19,14 @@ came out into the channel, one transaction per read burst (the frames of one
   ``close`` with an empty ``rsp`` (then the connection closes), and the agent
   sends ``serverclose`` to its sessions when it stops.
 
-Every connection has a read deadline (``read_timeout``: an idle connection
-is closed after it), bounded memory (one ``recv`` of 64 KiB plus one frame of
-at most ``max_event_size``), and the listeners a bound on open connections.
-TLS listeners check client certificates against the agent's CA, allow-list
-and writers list, as the HTTP source does.
+The TCP and TLS listeners are ``sources.StreamListener`` (shared with the
+forward source): every connection has a read deadline (``read_timeout``: an
+idle connection is closed after it), bounded memory (one read of 64 KiB plus
+one frame of at most ``max_event_size``), each listener a bound on open
+connections, and TLS listeners check client certificates against the agent's
+CA, allow-list and writers list, as the HTTP source does. The counters are the
+agent's ``filechannel_source_*`` family with ``source="syslog"`` or
+``source="relp"``.
 """
 
 from __future__ import annotations
@@ -31,14 +34,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import socket
-import ssl
 import threading
 import time
-import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from filechannel.channel import FileChannel
 from filechannel.errors import (
@@ -50,7 +50,8 @@ from filechannel.errors import (
     EventTooLargeError,
 )
 
-from .auth import INSECURE_FLAG, allowed, is_loopback, may_write, read_public_file, read_secret_file
+from .auth import INSECURE_FLAG, host_port, is_loopback
+from .sources import Connection, ConnectionSlots, StreamListener, server_ssl_context, source_metrics
 from .syslog_wire import (
     INVALID,
     STATUS_HEADER,
@@ -76,7 +77,6 @@ __all__ = [
 
 logger = logging.getLogger("filechannel.agent.syslog")
 
-RECV = 65536
 UDP_MAX = 65535
 UDP_BURST = 256  # datagrams committed together at most
 FULL_RETRY = 0.5  # seconds between commits of a burst the channel refused (syslog over TCP/TLS)
@@ -93,13 +93,6 @@ class ListenSpec:
     port: int
     channel: str | None
     text: str
-
-    @property
-    def transport(self) -> str:
-        """The metrics' transport label: tcp, tls, udp, or relp / relp+tls."""
-        if self.kind == "relp":
-            return "relp+tls" if self.scheme == "tls" else "relp"
-        return self.scheme
 
 
 @dataclass(frozen=True)
@@ -157,46 +150,10 @@ def parse_listen_spec(kind: str, text: str) -> ListenSpec:
     scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
     if scheme not in schemes:
         raise ConfigError(kind, f"{text!r}: the scheme is one of {', '.join(s + '://' for s in schemes)} ({example})")
-    parts = urlsplit(uri)
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    host = parts.hostname or ""
-    if not host or port is None or parts.path not in ("", "/"):
+    hp = host_port(uri)
+    if hp is None:
         raise ConfigError(kind, f"{text!r}: give HOST:PORT, e.g. {example} (port 0 picks a free port)")
-    return ListenSpec(kind, scheme, host, port, channel or None, text)
-
-
-def _ssl_context(config: Any) -> ssl.SSLContext:
-    read_public_file(config.tls_cert, "tls_cert")
-    read_secret_file(config.tls_key, "tls_key")
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    try:
-        ctx.load_cert_chain(config.tls_cert, config.tls_key)
-    except (ssl.SSLError, OSError) as exc:
-        raise ConfigError(
-            "tls_cert", f"{config.tls_cert} and {config.tls_key}: not a PEM chain and key ({exc})"
-        ) from None
-    if config.client_ca:
-        read_public_file(config.client_ca, "client_ca")
-        try:
-            ctx.load_verify_locations(cafile=config.client_ca)
-        except (ssl.SSLError, OSError):
-            raise ConfigError("client_ca", f"{config.client_ca} is not a PEM CA certificate") from None
-        ctx.verify_mode = ssl.CERT_REQUIRED
-    return ctx
-
-
-def _peer_name(sock: socket.socket) -> str | None:
-    if not isinstance(sock, ssl.SSLSocket):
-        return None
-    cert: Any = sock.getpeercert() or {}
-    for rdn in cert.get("subject", ()):
-        for k, v in rdn:
-            if k == "commonName":
-                return str(v)
-    return None
+    return ListenSpec(kind, scheme, *hp, channel or None, text)
 
 
 def check_listener(spec: ListenSpec, config: Any) -> None:
@@ -231,59 +188,6 @@ def check_listener(spec: ListenSpec, config: Any) -> None:
         )
 
 
-class _Counters:
-    """The sources' Prometheus counters (``metrics.py``'s family), registered once per agent registry."""
-
-    def __init__(self, metrics: Any) -> None:
-        from prometheus_client import Counter
-
-        reg = metrics.registry
-        self.commit_seconds = metrics.put_commit_seconds  # (not metrics itself: it is the weak key)
-        self.events = Counter(
-            "filechannel_syslog_events",
-            "Events committed from syslog and RELP frames, by channel and transport (tcp, tls, udp, relp, relp+tls)",
-            ["channel", "transport"],
-            registry=reg,
-        )
-        self.invalid = Counter(
-            "filechannel_syslog_invalid_frames",
-            "Frames kept as they came with syslog.status=invalid (committed; also in syslog_events)",
-            ["channel", "transport"],
-            registry=reg,
-        )
-        self.refused = Counter(
-            "filechannel_syslog_refused_frames",
-            "Frames not committed, by reason (too_large: skipped; full, disk, failed: RELP rsp 500 or UDP dropped)",
-            ["channel", "transport", "reason"],
-            registry=reg,
-        )
-        self.connections = Counter(
-            "filechannel_syslog_connections",
-            "Connections by outcome (accepted, over_limit, tls_failed, refused_certificate, timeout, protocol_error)",
-            ["transport", "outcome"],
-            registry=reg,
-        )
-        self.relp = Counter(
-            "filechannel_relp_responses",
-            "RELP rsp frames sent for syslog commands, by channel and code (200 after a durable commit, 500)",
-            ["channel", "code"],
-            registry=reg,
-        )
-
-
-_COUNTERS: weakref.WeakKeyDictionary[Any, _Counters] = weakref.WeakKeyDictionary()
-_COUNTERS_LOCK = threading.Lock()
-
-
-def _counters_for(metrics: Any) -> _Counters:
-    """The counters in ``metrics``' registry (made at the first source of that agent)."""
-    with _COUNTERS_LOCK:
-        c = _COUNTERS.get(metrics)
-        if c is None:
-            c = _COUNTERS[metrics] = _Counters(metrics)
-        return c
-
-
 @dataclass
 class _Outcome:
     """What became of each event of a burst: None committed, else the reason (too_large, full, disk, failed)."""
@@ -293,47 +197,51 @@ class _Outcome:
 
 
 class _Listener:
-    """One listening socket and its connection threads."""
+    """One syslog or RELP listener: a ``StreamListener`` (TCP, TLS) or a UDP socket, and the channel it puts into."""
 
     def __init__(
         self,
         spec: ListenSpec,
-        channel: FileChannel,
-        name: str,
-        cid: str,
+        served: Any,
         agent_config: Any,
         settings: SyslogSettings,
-        counters: _Counters,
-        ssl_ctx: ssl.SSLContext | None,
+        metrics: Any,
+        ssl_ctx: Any,
     ) -> None:
         self.spec = spec
-        self.channel = channel
-        self.name = name
-        self.cid = cid
-        self.config = agent_config
+        self.channel: FileChannel = served.channel
+        self.name: str = served.name
         self.settings = settings
-        self.counters = counters
-        self.ssl_ctx = ssl_ctx
-        self.max_frame = channel.config.max_event_size
+        self.metrics = metrics
+        self.max_frame = self.channel.config.max_event_size
         self._stop = threading.Event()
-        self._conns: set[socket.socket] = set()
-        self._lock = threading.Lock()
-        self._threads: set[threading.Thread] = set()
-        family = socket.AF_INET6 if ":" in spec.host else socket.AF_INET
-        kind = socket.SOCK_DGRAM if spec.scheme == "udp" else socket.SOCK_STREAM
-        self.sock = socket.socket(family, kind)
+        self._stream: StreamListener | None = None
+        if spec.scheme != "udp":
+            self._stream = StreamListener(
+                spec.kind,
+                spec.text,
+                spec.host,
+                spec.port,
+                self._relp_session if spec.kind == "relp" else self._syslog_stream,
+                ssl_ctx=ssl_ctx,
+                read_timeout=settings.read_timeout,
+                slots=ConnectionSlots(settings.max_connections),
+                config=agent_config,
+                cid=served.cid,
+                metrics=metrics,
+            )
+            self.port = self._stream.port
+            return
+        self.sock = socket.socket(socket.AF_INET6 if ":" in spec.host else socket.AF_INET, socket.SOCK_DGRAM)
         try:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             self.sock.bind((spec.host, spec.port))
-            if kind == socket.SOCK_STREAM:
-                self.sock.listen(128)
         except OSError as exc:
             self.sock.close()
-            raise ChannelError(f"--{spec.kind} {spec.text}: cannot listen: {exc.strerror or exc}") from None
+            raise ChannelError(f"cannot listen for {spec.kind} on {spec.text}: {exc.strerror or exc}") from None
         self.sock.settimeout(0.25)
         self.port = int(self.sock.getsockname()[1])
-        target = self._udp_loop if spec.scheme == "udp" else self._accept_loop
-        self._thread = threading.Thread(target=target, name=f"filechannel-{spec.kind}-{self.port}", daemon=True)
+        self._thread = threading.Thread(target=self._udp_loop, name=f"filechannel-{spec.kind}-{self.port}", daemon=True)
         self._thread.start()
 
     # -- committing ----------------------------------------------------------------------------
@@ -360,10 +268,10 @@ class _Listener:
                             tx.put(ev[0], headers=ev[1])
                         except EventTooLargeError:  # the headers made it too large: skipped like a long frame
                             results[i] = "too_large"
+            except DiskSpaceError:  # a ChannelFullError of the disk kind: caught first
+                reason = "disk"
             except ChannelFullError:
                 reason = "full"
-            except DiskSpaceError:
-                reason = "disk"
             except (ChannelClosedError, ChannelError, OSError) as exc:
                 logger.error(
                     "--%s %s: a commit to channel %s failed: %s", self.spec.kind, self.spec.text, self.name, exc
@@ -380,115 +288,28 @@ class _Listener:
         took = time.monotonic() - t0
         committed = sum(1 for r in results if r is None)
         if committed:
-            self.counters.events.labels(self.name, self.spec.transport).inc(committed)
-            self.counters.commit_seconds.labels(self.name, self.spec.kind).observe(took)
+            self.metrics.source_events.labels(self.spec.kind, self.name).inc(committed)
+            self.metrics.put_committed(self.name, self.spec.kind, took)
         return _Outcome(results, took)
 
     def _count_frames(
         self, events: Sequence[tuple[bytes, dict[str, str]] | None], out: _Outcome, retrying: bool = False
     ) -> None:
         """Count refused frames (those to be retried not yet, when ``retrying``) and invalid ones committed."""
-        t = self.spec.transport
         for e, r in zip(events, out.results, strict=True):
             if r is not None and retrying and r != "too_large":
                 continue
             if r is not None:
-                self.counters.refused.labels(self.name, t, r).inc()
+                self.metrics.source_refused.labels(self.spec.kind, self.name, r).inc()
             elif e is not None and e[1].get(STATUS_HEADER) == INVALID:
-                self.counters.invalid.labels(self.name, t).inc()
-
-    # -- accepting ------------------------------------------------------------------------------
-
-    def _accept_loop(self) -> None:
-        t = self.spec.transport
-        while not self._stop.is_set():
-            try:
-                conn, addr = self.sock.accept()
-            except TimeoutError:
-                continue
-            except OSError as exc:
-                if self._stop.is_set():
-                    return
-                logger.warning("--%s %s: accept failed: %s", self.spec.kind, self.spec.text, exc)
-                time.sleep(0.1)
-                continue
-            with self._lock:
-                over = len(self._conns) >= self.settings.max_connections
-                if not over:
-                    self._conns.add(conn)
-            if over:
-                self.counters.connections.labels(t, "over_limit").inc()
-                logger.warning(
-                    "--%s %s: refused %s: %d connections open (the limit)",
-                    self.spec.kind,
-                    self.spec.text,
-                    addr,
-                    self.settings.max_connections,
-                )
-                conn.close()
-                continue
-            th = threading.Thread(target=self._connection, args=(conn, addr), daemon=True)
-            with self._lock:
-                self._threads.add(th)
-            th.start()
-
-    def _connection(self, conn: socket.socket, addr: Any) -> None:
-        t = self.spec.transport
-        sock: socket.socket = conn
-        try:
-            conn.settimeout(self.settings.read_timeout)
-            if self.ssl_ctx is not None:
-                try:
-                    sock = self.ssl_ctx.wrap_socket(conn, server_side=True)
-                except (ssl.SSLError, OSError) as exc:
-                    self.counters.connections.labels(t, "tls_failed").inc()
-                    logger.warning(
-                        "--%s %s: TLS handshake with %s failed: %s", self.spec.kind, self.spec.text, addr, exc
-                    )
-                    return
-                with self._lock:
-                    self._conns.discard(conn)
-                    self._conns.add(sock)
-                peer = _peer_name(sock)
-                if not allowed(self.config.allow, self.cid, peer) or not may_write(self.config.writers, peer):
-                    self.counters.connections.labels(t, "refused_certificate").inc()
-                    logger.warning(
-                        "--%s %s: refused certificate name %r for channel %s (--allow / --allow-writer)",
-                        self.spec.kind,
-                        self.spec.text,
-                        peer,
-                        self.name,
-                    )
-                    return
-            self.counters.connections.labels(t, "accepted").inc()
-            if self.spec.kind == "relp":
-                self._relp_session(sock, addr)
-            else:
-                self._syslog_stream(sock, addr)
-        except TimeoutError:
-            self.counters.connections.labels(t, "timeout").inc()
-            logger.info(
-                "--%s %s: %s silent for %g s: closed", self.spec.kind, self.spec.text, addr, self.settings.read_timeout
-            )
-        except (OSError, ssl.SSLError) as exc:
-            if not self._stop.is_set():
-                logger.info("--%s %s: connection from %s ended: %s", self.spec.kind, self.spec.text, addr, exc)
-        finally:
-            with self._lock:
-                self._conns.discard(sock)
-                self._conns.discard(conn)
-                self._threads.discard(threading.current_thread())
-            try:
-                sock.close()
-            except OSError:
-                pass
+                self.metrics.source_invalid.labels(self.spec.kind, self.name).inc()
 
     # -- syslog over TCP / TLS ------------------------------------------------------------------
 
-    def _syslog_stream(self, sock: socket.socket, addr: Any) -> None:
+    def _syslog_stream(self, conn: Connection) -> None:
         framer = SyslogFramer(self.max_frame)
         while True:
-            data = sock.recv(RECV)
+            data = conn.read()
             if not data and self._stop.is_set():
                 return  # the agent stops: a frame cut by it was never whole (the sender knows it was not read)
             items = framer.feed(data) if data else framer.end()
@@ -524,8 +345,7 @@ class _Listener:
                 return
             reason = next(r for r in out.results if r in ("full", "disk", "failed"))
             if reason == "failed" or self._stop.is_set():
-                for _ in retry:
-                    self.counters.refused.labels(self.name, self.spec.transport, reason).inc()
+                self.metrics.source_refused.labels(self.spec.kind, self.name, reason).inc(len(retry))
                 raise OSError(f"{len(retry)} frame(s) not committed: the channel {reason}")
             logger.warning(
                 "--%s %s: channel %s is %s: holding %d frame(s), reads paused",
@@ -568,32 +388,32 @@ class _Listener:
 
     # -- RELP -----------------------------------------------------------------------------------
 
-    def _relp_session(self, sock: socket.socket, addr: Any) -> None:
+    def _relp_session(self, conn: Connection) -> None:
         closed = False
         try:
-            closed = self._relp_frames(sock, addr)
+            closed = self._relp_frames(conn)
         finally:
             if self._stop.is_set() and not closed:  # the agent stops: tell the client (best effort)
                 try:
-                    sock.settimeout(1.0)
-                    sock.sendall(relp_frame(0, "serverclose"))
+                    conn.sock.settimeout(1.0)
+                    conn.write(relp_frame(0, "serverclose"))
                 except OSError:
                     pass
 
-    def _relp_frames(self, sock: socket.socket, addr: Any) -> bool:
+    def _relp_frames(self, conn: Connection) -> bool:
         """Answer the frames of one session until it ends; True when closed by either side's words."""
         parser = RelpParser(self.max_frame)
         opened = False
         while True:
-            data = sock.recv(RECV)
+            data = conn.read()
             if not data:
                 return False
             try:
                 frames = parser.feed(data)
             except RelpProtocolError as exc:
-                self.counters.connections.labels(self.spec.transport, "protocol_error").inc()
-                logger.warning("--relp %s: %s sent a bad frame (%s): closed", self.spec.text, addr, exc)
-                sock.sendall(relp_frame(0, "serverclose"))
+                conn.listener.count("protocol_error")
+                logger.warning("--relp %s: %s sent a bad frame (%s): closed", self.spec.text, conn.peer, exc)
+                conn.write(relp_frame(0, "serverclose"))
                 return True
             out: list[bytes] = []
             batch: list[RelpFrame] = []
@@ -617,13 +437,13 @@ class _Listener:
                         out.append(relp_frame(f.txnr, "rsp", RELP_OFFERS))
                 elif f.command == "close":
                     out.append(relp_frame(f.txnr, "rsp"))
-                    sock.sendall(b"".join(out))
+                    conn.write(b"".join(out))
                     return True
                 else:
                     out.append(relp_frame(f.txnr, "rsp", b"500 unknown command " + f.command.encode()))
             out += self._flush(batch)
             if out:
-                sock.sendall(b"".join(out))
+                conn.write(b"".join(out))
 
     def _flush(self, frames: list[RelpFrame]) -> list[bytes]:
         """Commit the events of ``frames`` (one transaction) and return their answers, in order."""
@@ -657,7 +477,7 @@ class _Listener:
                     "failed": f"500 channel {self.name} failed (not taken)",
                 }[r]
                 answers.append(relp_frame(f.txnr, "rsp", why.encode()))
-            self.counters.relp.labels(self.name, "200" if r is None else "500").inc()
+            self.metrics.source_responses.labels("relp", self.name, "200" if r is None else "500").inc()
         return answers
 
     # -- stopping -------------------------------------------------------------------------------
@@ -665,18 +485,11 @@ class _Listener:
     def stop(self) -> None:
         """Stop accepting; end every connection (RELP sessions get ``serverclose``); wait for them."""
         self._stop.set()
+        if self._stream is not None:
+            self._stream.stop()
+            return
         self.sock.close()
         self._thread.join(10)
-        with self._lock:
-            conns = list(self._conns)
-            threads = list(self._threads)
-        for c in conns:
-            try:  # wake the reader: it sees the end of its stream (a RELP session then says serverclose)
-                socket.socket.shutdown(c, socket.SHUT_RD)
-            except OSError:
-                pass
-        for th in threads:
-            th.join(10)
 
 
 class SyslogSources:
@@ -764,19 +577,16 @@ def start_syslog(
     resolved = resolve(settings, config, agent.channels.values())
     if not resolved:
         return SyslogSources([])
-    metrics = getattr(agent, "metrics", None)
-    if metrics is None:
-        from .metrics import AgentMetrics
-
-        metrics = agent.metrics = AgentMetrics(lambda: [])  # not on HTTP (no --http), but counted
-    counters = _counters_for(metrics)
-    ctx = _ssl_context(config) if any(s.scheme == "tls" for s, _ in resolved) else None
+    metrics = source_metrics(agent)
+    ctx = (
+        server_ssl_context(config.tls_cert, config.tls_key, config.client_ca)
+        if any(s.scheme == "tls" for s, _ in resolved)
+        else None
+    )
     listeners: list[_Listener] = []
     try:
         for spec, ch in resolved:
-            lst = _Listener(
-                spec, ch.channel, ch.name, ch.cid, config, settings, counters, ctx if spec.scheme == "tls" else None
-            )
+            lst = _Listener(spec, ch, config, settings, metrics, ctx if spec.scheme == "tls" else None)
             listeners.append(lst)
             logger.info("%s source on %s://%s:%d into channel %s", spec.kind, spec.scheme, spec.host, lst.port, ch.name)
     except BaseException:

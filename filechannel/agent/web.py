@@ -277,6 +277,8 @@ def readiness(agent: Agent) -> tuple[bool, dict[str, Any]]:
                         problems.append("the channel has failed (see the agent's log); restart the agent")
                     if st["queue_size"] >= st["capacity"]:
                         problems.append(f"the channel is full ({st['queue_size']} of {st['capacity']} events)")
+                    if st["max_bytes"] is not None and st["data_bytes"] >= st["max_bytes"]:
+                        problems.append(f"the channel is full ({st['data_bytes']} bytes, max_bytes={st['max_bytes']})")
                     need = c.config.minimum_required_space
                     for d in _data_dirs(ch):
                         free = DEFAULT_FS.free_space(d)
@@ -404,7 +406,6 @@ class HttpServer:
         if self._settings.port_file:
             path = os.path.abspath(self._settings.port_file)
             replace_durably(DEFAULT_FS, f"{path}.tmp-{os.getpid()}", path, b"%d\n" % self.port)
-            DEFAULT_FS.fsync_dir(os.path.dirname(path))
         logger.info("HTTP source, /metrics and health checks on %s", self.url)
 
     # -- the event loop thread -------------------------------------------------------------
@@ -647,12 +648,13 @@ class HttpServer:
             )
         except _Conflict:
             raise _BadRequest(422, f"Idempotency-Key {key!r} was committed with another body; use a new key") from None
-        except ChannelFullError:
-            raise _BadRequest(
-                503, f"channel {name} is full: retry later (nothing was put)", {"Retry-After": RETRY_AFTER_FULL}
-            ) from None
-        except DiskSpaceError as exc:
+        except DiskSpaceError as exc:  # a full channel of the disk kind (min_free, disk_full)
             raise _BadRequest(503, f"{exc} (nothing was put)", {"Retry-After": RETRY_AFTER_DISK}) from None
+        except ChannelFullError as exc:
+            what = "its max_bytes is reached" if exc.reason == "max_bytes" else "it is full"
+            raise _BadRequest(
+                503, f"channel {name}: {what}; retry later (nothing was put)", {"Retry-After": RETRY_AFTER_FULL}
+            ) from None
         except EventTooLargeError as exc:
             raise _BadRequest(413, str(exc)) from None
         except TransactionCapacityError as exc:

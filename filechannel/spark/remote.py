@@ -43,7 +43,6 @@ from pyspark.sql.datasource import InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit
 
 from filechannel.agent.client import AgentClient, AgentSettings, ClientCache
-from filechannel.crypto import as_encryption
 from filechannel.errors import (
     AgentUnavailableError,
     ChannelError,
@@ -52,13 +51,11 @@ from filechannel.errors import (
     DataLossError,
     UnknownChannelError,
 )
-from filechannel.events import Event
 from filechannel.reader import ChannelReader
 
 from .source import (
     _AHEAD_HINT,
     IDENTITY_PREFIX,
-    ROWS_PER_BATCH,
     CheckpointMismatchError,
     FileChannelStreamReader,
     SourceOptions,
@@ -67,6 +64,7 @@ from .source import (
     _parse_offset,
     check_position_keys,
     resolve_position,
+    shaped,
 )
 
 if TYPE_CHECKING:
@@ -172,15 +170,16 @@ def _locate(channel: str, agents: Sequence[AgentSettings]) -> AgentSettings:
 def agent_batches(partition: AgentPartition, schema: StructType) -> Iterator[Any]:
     """Read one :class:`AgentPartition` as Arrow record batches of ``schema`` (on an executor).
 
-    Every record is checked here (checksum, and the tag of a sealed one). A read
-    that fails fails the task (Spark retries it; the range is the same).
+    The agent sends the segments' raw bytes; they are checked (checksum, and the
+    tag of a sealed record) and decoded here straight into Arrow buffers, by the
+    code that reads a local segment (``AgentClient.read_arrow``: no Python object
+    per event). A read that fails fails the task (Spark retries it; the range is the same).
     """
-    import pyarrow as pa
-    from pyspark.sql.pandas.types import to_arrow_schema
-
     settings = _locate(partition.channel, partition.agents)
     try:
-        segments = _client(settings).read_raw(partition.channel, partition.start, partition.end)
+        batch = _client(settings).read_arrow(
+            partition.channel, partition.start, partition.end, encryption=partition.keystore
+        )
     except AgentUnavailableError:
         _WHERE.pop(partition.channel, None)  # the retry asks again: the channel may have moved
         _forget(settings)
@@ -189,27 +188,7 @@ def agent_batches(partition: AgentPartition, schema: StructType) -> Iterator[Any
         raise DataLossError(
             exc.start, exc.end, f"channel {partition.channel} at agent {settings.uri}: {exc.reason}"
         ) from exc
-    enc = as_encryption(partition.keystore) if any(s.segment.cipher for s in segments) else None
-    arrow = to_arrow_schema(schema, timezone="UTC")
-    for seg in segments:
-        events = seg.events(enc)
-        for i in range(0, len(events), ROWS_PER_BATCH):
-            yield _record_batch(pa, arrow, events[i : i + ROWS_PER_BATCH], partition.channel)
-
-
-def _record_batch(pa: Any, arrow: Any, chunk: list[Event], label: str) -> Any:
-    columns = []
-    for field in arrow:
-        if field.name == "position":
-            values: list[Any] = [ev.position for ev in chunk]
-        elif field.name == "body":
-            values = [ev.body for ev in chunk]
-        elif field.name == "headers":
-            values = [list(ev.headers.items()) for ev in chunk]
-        else:
-            values = [label] * len(chunk)
-        columns.append(pa.array(values, type=field.type))
-    return pa.RecordBatch.from_arrays(columns, schema=arrow)
+    yield from shaped(batch, schema, partition.channel)
 
 
 # -- the batch source ----------------------------------------------------------------------------

@@ -31,7 +31,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -72,6 +72,8 @@ from filechannel.reader import ChannelReader
 from filechannel.staged import (  # the staged-file format, shared with the agent
     _STAGE_SUFFIX,
     _TMP_PREFIX,
+    CHUNK_BODIES,
+    CHUNK_PAYLOADS,
     DEFAULT_STALE_STAGING,
     HEADER_BATCH,
     HEADER_QUERY,
@@ -85,7 +87,6 @@ from filechannel.staged import (  # the staged-file format, shared with the agen
     _sink_headers,
     _slug,
     _stream_prefix,
-    payload_chunk,
     put_chunks,
     read_staged,
     read_staged_chunks,
@@ -381,7 +382,6 @@ def _write_atomic(fs: FS, directory: str, name: str, data: bytes) -> None:
     """Write ``directory/name`` atomically and durably: temporary file, fsync, rename, fsync of the directory."""
     tmp = os.path.join(directory, f"{_TMP_PREFIX}{name}.{os.getpid()}.{time.time_ns()}")
     replace_durably(fs, tmp, os.path.join(directory, name), data)
-    fs.fsync_dir(directory)
 
 
 # --------------------------------------------------------------------------
@@ -918,16 +918,15 @@ def _arrow_events(
 def _arrow_chunks(batches: Iterable[pa.RecordBatch], columns: _Columns) -> Iterator[StagedChunk]:
     """The staged column chunks of Arrow record batches (``stage_chunks``).
 
-    A batch whose rows have no headers becomes :data:`~filechannel.staged.CHUNK_BODIES`
-    chunks copied from its body buffers (one C call per Arrow chunk, no Python
-    object per row: ``arrow.prepare_column``); a batch with headers becomes one
-    :data:`~filechannel.staged.CHUNK_PAYLOADS` chunk of its rows' payloads (made
-    in C per Arrow chunk: ``arrow.prepare_puts``).
+    Each Arrow chunk becomes one staged chunk in one C call, with no Python object
+    per row (``arrow.payload_columns``): rows without headers a
+    :data:`~filechannel.staged.CHUNK_BODIES` chunk copied from its body buffers,
+    rows with headers a :data:`~filechannel.staged.CHUNK_PAYLOADS` chunk of their
+    whole PUT payloads.
     """
     import pyarrow as pa
 
-    from filechannel.arrow import prepare_column, prepare_puts
-    from filechannel.staged import CHUNK_BODIES
+    from filechannel.arrow import payload_columns
 
     row = 0
     for batch in batches:
@@ -935,22 +934,14 @@ def _arrow_chunks(batches: Iterable[pa.RecordBatch], columns: _Columns) -> Itera
             continue
         names = ["body"] if columns.headers is None else ["body", "headers"]
         picked = [batch.column(batch.schema.get_field_index(c)) for c in (columns.body, columns.headers) if c]
-        data = pa.record_batch(picked, names=names)
         try:
-            got = prepare_column(data)
-            puts = None if isinstance(got, tuple) else prepare_puts(got, None)
+            got = payload_columns(pa.record_batch(picked, names=names))
         except InvalidEventError:
             for _ in _arrow_events([batch], columns, row):  # the sink's own message, naming the task's row
                 pass
             raise
-        if puts is None:
-            col, longest = cast("tuple[Any, int]", got)
-            for cdata, coffs, k in col.chunks:
-                yield CHUNK_BODIES, cdata, coffs, k, longest
-        else:
-            payloads, _, _, any_headers = puts
-            kind, cdata, coffs, k, longest = payload_chunk(payloads)
-            yield (kind if any_headers else CHUNK_BODIES), cdata, coffs, k, longest
+        for with_headers, cdata, coffs, k, longest in got:
+            yield (CHUNK_PAYLOADS if with_headers else CHUNK_BODIES), cdata, coffs, k, longest
         row += batch.num_rows
 
 

@@ -564,21 +564,30 @@ def _batches(partition: InputPartition, schema: StructType) -> Iterator[Any]:
     The segment is read straight into Arrow buffers (:func:`filechannel.arrow.read_segment_arrow`:
     every record checked, no Python object per event); the ``channel`` column is a constant.
     """
-    import pyarrow as pa
-    from pyspark.sql.pandas.types import to_arrow_schema
-
     from filechannel.arrow import read_segment_arrow
 
     if not isinstance(partition, SegmentPartition):  # Spark's placeholder for "no partitions"
         return
     batch = read_segment_arrow(partition.segment, encryption=partition.keystore)
+    yield from shaped(batch, schema, partition.channel)
+
+
+def shaped(batch: Any, schema: StructType, channel: str | None) -> Iterator[Any]:
+    """``batch`` (the columns of ``arrow.read_segment_arrow``) as record batches of exactly ``schema``.
+
+    At most ``ROWS_PER_BATCH`` rows each; the ``channel`` column is the constant ``channel``.
+    Both readers (a local segment, an agent's range) hand Spark their batches through here.
+    """
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
     arrow = to_arrow_schema(schema, timezone="UTC")
     for i in range(0, batch.num_rows, ROWS_PER_BATCH):
         chunk = batch.slice(i, ROWS_PER_BATCH)
         columns = []
         for field in arrow:
             if field.name == "channel":
-                column = pa.repeat(pa.scalar(partition.channel, type=field.type), chunk.num_rows)
+                column = pa.repeat(pa.scalar(channel, type=field.type), chunk.num_rows)
             else:
                 column = chunk.column(field.name)
                 if column.type != field.type:

@@ -7,7 +7,8 @@
 * :class:`CrashableChannel`: a channel on the simulated file system
   (:mod:`.simfs`) that can be power-cut at any instant (:mod:`.crashable`);
 * :func:`stream_test` and its actions: a StreamTest for PySpark queries that
-  read a channel, with driver and producer crashes (:mod:`.stream`);
+  read a channel, with driver and producer crashes (:mod:`.stream`, the runner;
+  :mod:`.steps`, the actions; :mod:`.processes`, the child processes);
 * the pytest plugin (:mod:`.plugin`, loaded through the ``pytest11`` entry
   point): fixtures ``fc_channel_dir``, ``fc_channel``, ``fc_crashable_channel``;
 * :class:`filechannel.testing.pki.PKI`: a throwaway CA and certificates as files,
