@@ -751,7 +751,7 @@ def oldest_authenticated(fs: FS, data_dirs: Sequence[str]) -> int:
 # the queue's head: committed PUTs found walking forward
 
 
-_REC_HEAD = struct.Struct("<BBHIQQ")  # op, flags, reserved, payload length, woid, txn id (format's record head)
+_REC_HEAD = fmt.REC_HEAD  # op, flags, reserved, payload length, woid, txn id
 
 
 LOST = -1
