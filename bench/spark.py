@@ -339,7 +339,8 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _cluster_module() -> Any:
+def cluster_module() -> Any:
+    """``examples/cluster.py`` as a module (its standalone cluster, agent and process helpers)."""
     import importlib.util
 
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "cluster.py")
@@ -419,7 +420,7 @@ def main_agents(args: argparse.Namespace, n: int, repeats: int) -> int:
     """``--agents``: the agent source on a standalone cluster against today's source on local[2]."""
     from pathlib import Path
 
-    cluster_mod = _cluster_module()
+    cluster_mod = cluster_module()
     machine = machine_info(args.data_dir or tempfile.gettempdir())
     res = Results(machine)
     root = tempfile.mkdtemp(prefix="fc-spark-agents-", dir=args.data_dir)

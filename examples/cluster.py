@@ -261,78 +261,23 @@ class StandaloneCluster:
 CLIENT_NAME = "spark"  # the query's certificate name (the agents' allow-list)
 
 
-def _write(path: Path, data: bytes, mode: int = 0o644) -> str:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.chmod(path, mode)
-    return str(path)
-
-
 def make_pki(where: Path, hosts: tuple[str, ...]) -> dict[str, str]:
     """A CA of this run, a certificate per agent (for ``localhost``), the query's client certificate, a token.
 
     File paths by role: ``ca``, ``agent-HOST.crt`` / ``.key``, ``client.crt`` / ``.key``, ``token``
-    (keys and token mode 0600). Made with the ``cryptography`` package (the crypto extra); the
-    same files as docs/agents.md's ``openssl`` recipe.
+    (keys and token mode 0600). Made with ``filechannel.testing.pki`` (the ``cryptography``
+    package, the crypto extra); the same files as docs/agents.md's ``openssl`` recipe.
     """
-    import datetime
-    import ipaddress
     import secrets
 
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
+    from filechannel.testing.pki import PKI, write_file
 
-    where.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.timezone.utc)
-
-    def name(cn: str) -> x509.Name:
-        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-    def pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-        return key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(name("filechannel cluster demo CA"))
-        .issuer_name(name("filechannel cluster demo CA"))
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(days=2))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    out = {"ca": _write(where / "ca.pem", ca.public_bytes(serialization.Encoding.PEM))}
-
-    def issue(cn: str, stem: str, server: bool) -> None:
-        key = ec.generate_private_key(ec.SECP256R1())
-        b = (
-            x509.CertificateBuilder()
-            .subject_name(name(cn))
-            .issuer_name(ca.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(hours=1))
-            .not_valid_after(now + datetime.timedelta(days=2))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        )
-        if server:
-            sans = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            b = b.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        cert = b.sign(ca_key, hashes.SHA256())
-        out[f"{stem}.crt"] = _write(where / f"{stem}.crt", cert.public_bytes(serialization.Encoding.PEM))
-        out[f"{stem}.key"] = _write(where / f"{stem}.key", pem_key(key), 0o600)
-
+    pki = PKI(where, "filechannel cluster demo CA", ca_file="ca")
+    out = {"ca": pki.ca}
     for h in hosts:
-        issue(f"agent-{h}", f"agent-{h}", server=True)
-    issue(CLIENT_NAME, "client", server=False)
-    out["token"] = _write(where / "token", secrets.token_hex(32).encode(), 0o600)
+        out[f"agent-{h}.crt"], out[f"agent-{h}.key"] = pki.issue(f"agent-{h}", server=True)
+    out["client.crt"], out["client.key"] = pki.issue(CLIENT_NAME, stem="client")
+    out["token"] = write_file(where / "token", secrets.token_hex(32).encode(), 0o600)
     return out
 
 

@@ -1784,7 +1784,11 @@ sp_arrow_verify(PyObject *self, PyObject *args)
                 reason = payload_len_reason(op, plen);
             else if (bad_len == 2)
                 reason = PyUnicode_FromFormat("take payload length %lu does not hold whole ranges", (unsigned long)plen);
-            else if (avail < rsize)
+            else if (bad_len == 3) {
+                int grow = flags == FLAG_SEALED ? ENC_TAG_LEN : 0;
+                reason = PyUnicode_FromFormat("mark payload length %lu is not between %d and %d", (unsigned long)plen,
+                                              MARK_MIN + grow, MARK_MAX + grow);
+            } else if (avail < rsize)
                 reason = PyUnicode_FromString("no PUT record of the expected size there");
             else if (take_count_bad(op, h + HEADER_LEN, plen))
                 reason = PyUnicode_FromFormat("take payload length %lu does not match its range count %lu",

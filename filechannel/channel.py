@@ -31,7 +31,8 @@ from typing import Any, Final, cast
 from . import format as fmt
 from ._cache import TakeCache
 from ._fs import DEFAULT_FS, FS
-from ._queue import Columns, Entry, EventQueue, Taken
+from ._queue import Columns, Entry, Taken
+from ._runs import RunQueue, StoredRun
 from .acks import AckPoller, keep_acknowledged_positions
 from .checkpoint import CHECKPOINT_DIR, CheckpointStore
 from .checkpointer import Checkpointer
@@ -656,7 +657,7 @@ class FileChannel:
         self._retirer = Retirer(log, self._lock, refs, self._marks, lambda: self._closed, background)
         self._files = refs
         self._checkpointer = Checkpointer(
-            log, self._store, self.config, self._lock, self._capture, self._queue.give_back, lambda: self._closed
+            log, self._store, self.config, self._lock, self._capture, lambda: self._closed
         )
         self._ckpt_lock = self._checkpointer.lock
         self._ckpt_stop = self._checkpointer.stop
@@ -697,7 +698,7 @@ class FileChannel:
             "opened %s: %d events queued, replay took %.3f s", self.directory, len(self._queue), self.replay_seconds
         )
 
-    def _recover(self) -> tuple[Log, EventQueue, FileRefs]:
+    def _recover(self) -> tuple[Log, RunQueue, FileRefs]:
         """Open the log from the newest usable checkpoint and rebuild the queue.
 
         A checkpoint that decodes is trusted: data that disagrees with it is
@@ -794,7 +795,7 @@ class FileChannel:
             q = self._queue
             consumers: dict[str, Any] = {}
             for name, c in registry.items():
-                first = q.first_at_or_after(c.acked)
+                first = q.first_file_at_or_after(c.acked)
                 consumers[name] = {
                     "acked": c.acked,
                     "lag_events": len(q) - q.count_below(c.acked),
@@ -916,13 +917,17 @@ class FileChannel:
 
     def _capture(
         self, files: dict[int, int]
-    ) -> tuple[Any, dict[int, list[tuple[int, int]]], list[tuple[str, bytes, int, int]]]:
+    ) -> tuple[
+        tuple[list[StoredRun], list[Entry], list[int]],
+        dict[int, list[tuple[int, int]]],
+        list[tuple[str, bytes, int, int]],
+    ]:
         """What a checkpoint holds (under the lock, writers held): see ``checkpointer.Capture``."""
         extra = [e for tx in self._open_txns.values() for e in tx._taken]
-        windows = self._queue.lend(extra)
+        queue = self._queue.stored(extra)  # O(runs): the queue's runs, not its events
         taken = {f: list(r) for f, r in self._files.taken_from.items() if f in files}
         marks = [(k, v, w, f) for k, (v, w, f) in sorted(self._marks.items())]
-        return windows, taken, marks
+        return queue, taken, marks
 
     def close(self) -> None:
         """Make everything durable and release the directory. Idempotent.
@@ -1017,7 +1022,19 @@ class FileChannel:
         Returns the entries as popped (column slices, or a list of entries while
         rolled-back takes are at the head), how many, their cached Events (None
         where not held; ``[]`` when the cache is empty) and how many were held.
+
+        A deep queue's head is found by walking its data file (``_runs``): that
+        walk runs first, outside the lock, so commits are not held behind it.
         """
+        with self._lock:
+            scans = self._queue.scans_needed(n) if self._log.failed is None else []
+        for sc in scans:
+            try:
+                found = self._log.locate_puts(sc.run.fid, sc.offset, sc.start, sc.hi, sc.want)
+            except (OSError, CorruptLogError):
+                break  # the pop below walks again under the lock and raises it there
+            with self._lock:
+                self._queue.install(sc, found)
         with self._lock:
             if self._closed or self._log.failed is not None:
                 self._check_open()

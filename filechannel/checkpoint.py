@@ -34,6 +34,7 @@ import struct
 import sys
 import time
 from array import array
+from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
@@ -41,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import format as fmt
 from ._fs import FS, read_file
+from ._runs import StoredRun
 from .errors import FormatError
 
 if TYPE_CHECKING:
@@ -57,6 +59,17 @@ MARKS_VERSION = 3
 """Written when the channel holds marks: version 2 plus a marks table after the taken table."""
 SEALED_MARKS_VERSION = 4
 """Written when an encrypted channel holds marks: version 3 with the marks table sealed."""
+RUNS_VERSION = 6
+"""Written for a queue of runs (``Snapshot.runs``): a runs table and holes, then the entries outside any run.
+
+Its header's reserved u16 holds flags: :data:`HAS_MARKS` (a marks table follows the
+taken table), :data:`SEALED` (that table is sealed, as in version 4).
+"""
+HAS_MARKS = 1
+SEALED = 2
+_RUNS_HEAD = struct.Struct("<QQ")  # runs, holes
+_RUN = struct.Struct("<QQQQ")  # first position, count, file id, scan offset
+MAX_RUNS = 1 << 32
 _SEALED_HEAD = struct.Struct("<BBHI32s")  # cipher suite, key id length, reserved (0), ciphertext length, salt
 _MARKS_HEAD = struct.Struct("<I")
 _MARK = struct.Struct("<QQHH")
@@ -108,6 +121,11 @@ class Snapshot:
     promises not to change inside the window until the snapshot is written
     (the channel lends its live queue this way instead of copying it while
     every writer is held).
+
+    ``runs``, when not None, makes it a checkpoint of runs (version 6): the
+    queue is these runs (see ``_runs.StoredRun``) less the positions in
+    ``holes``, plus the entries in the columns (those outside any run: takes of
+    open transactions, rolled-back takes).
     """
 
     woid: int
@@ -128,11 +146,44 @@ class Snapshot:
     # the committed marks: (key, value, woid of the COMMIT that set it, data file of its newest copy)
     marks: list[tuple[str, bytes, int, int]] = field(default_factory=list)
     marks_unread: bool = False  # decoded without the key: its sealed marks table was not opened (marks is empty)
+    runs: list[StoredRun] | None = None
+    holes: list[int] = field(default_factory=list)
 
     def __len__(self) -> int:
+        """The queued events it holds."""
+        in_runs = sum(r.length for r in self.runs) - len(self.holes) if self.runs is not None else 0
+        return in_runs + self.entry_count()
+
+    def entry_count(self) -> int:
+        """The entries held one by one (in the columns or windows): all of them unless it holds runs."""
         if self.parts is not None:
             return sum(end - first for first, end, _ in self.parts)
         return len(self.positions)
+
+    def first_position(self) -> int | None:
+        """The smallest queued position, or None when it holds no event."""
+        heads = [cols[0][first] for first, end, cols in self.windows() if end > first]
+        best = min(heads) if heads else None
+        holes = set(self.holes)
+        for r in self.runs or ():
+            p = next((p for p in range(r.first, r.first + r.length) if p not in holes), None)
+            if p is not None:
+                best = p if best is None else min(best, p)
+                break
+        return best
+
+    def queued_positions(self) -> tuple[array[int], array[int]]:
+        """Every queued position and its data file, as two sorted columns (O(events): for checks, not restart)."""
+        if self.runs is None:
+            if self.parts is None:
+                return self.positions, self.file_ids
+            return _joined(self.parts, 0), _joined(self.parts, 1)
+        holes = set(self.holes)
+        pairs = [(p, r.file_id) for r in self.runs for p in range(r.first, r.first + r.length) if p not in holes]
+        for first, end, cols in self.windows():
+            pairs += zip(cols[0][first:end], cols[1][first:end], strict=True)
+        pairs.sort()
+        return array("q", [p for p, _ in pairs]), array("q", [f for _, f in pairs])
 
     def windows(self) -> list[tuple[int, int, Columns]]:
         """Return the queue as ``(first, end, columns)`` windows, in position order."""
@@ -142,6 +193,13 @@ class Snapshot:
         if not (len(self.file_ids) == len(self.offsets) == len(self.sizes) == len(self.positions)):
             raise FormatError(0, "snapshot columns differ in length")
         return [(0, len(self.positions), cols)]
+
+
+def _joined(parts: list[tuple[int, int, Columns]], col: int) -> array[int]:
+    out = array("q")
+    for first, end, cols in parts:
+        out.extend(cols[col][first:end])
+    return out
 
 
 def _crc_step(kind: int, data: bytes, seed: int) -> int:
@@ -166,11 +224,16 @@ def encode_blocks(s: Snapshot, crc_kind: int, block: int | None = None, mac: Met
         block = CHUNK
     windows = s.windows()
     n = sum(end - first for first, end, _ in windows)
-    version = VERSION if not s.marks else MARKS_VERSION if mac is None else SEALED_MARKS_VERSION
+    flags = 0
+    if s.runs is not None:
+        version = RUNS_VERSION
+        flags = (HAS_MARKS | (SEALED if mac is not None else 0)) if s.marks else 0
+    else:
+        version = VERSION if not s.marks else MARKS_VERSION if mac is None else SEALED_MARKS_VERSION
     head = _HEAD.pack(
         MAGIC,
         version,
-        0,
+        flags,
         crc_kind,
         s.channel_id,
         s.woid,
@@ -191,6 +254,10 @@ def encode_blocks(s: Snapshot, crc_kind: int, block: int | None = None, mac: Met
     if s.marks:
         table = encode_marks(s.marks)
         pend.append(table if mac is None else seal_marks(table, mac, head))
+    if s.runs is not None:
+        pend.append(_RUNS_HEAD.pack(len(s.runs), len(s.holes)))
+        pend += [_RUN.pack(*r) for r in s.runs]
+        pend.append(array("q", s.holes).tobytes() if sys.byteorder == "little" else _le(s.holes))
     size = sum(len(p) for p in pend)
     crc = 0
     step = max(1, block // 8)
@@ -211,6 +278,43 @@ def encode_blocks(s: Snapshot, crc_kind: int, block: int | None = None, mac: Met
     out = b"".join(pend)
     crc = _crc_step(crc_kind, out, crc)
     yield out + _U32.pack(crc)
+
+
+def _le(xs: list[int]) -> bytes:  # pragma: no cover - the format is little-endian
+    a = array("q", xs)
+    a.byteswap()
+    return a.tobytes()
+
+
+def check_runs(files: dict[int, int], runs: list[StoredRun], holes: list[int], at: int = 0) -> None:
+    """Check that a checkpoint's runs and holes can name events.
+
+    Runs are non-empty, in position order and disjoint; each scan offset lies after
+    the file header, 8-aligned, before the length recorded for its file, which is in the
+    file table; holes increase and each is inside a run.
+
+    Raises:
+        FormatError: ``at`` (the runs table's offset in the checkpoint) and what is wrong.
+    """
+    prev = -1
+    for i, (first, count, fid, off) in enumerate(runs):
+        where = at + _RUNS_HEAD.size + i * _RUN.size
+        if count <= 0 or first < prev:
+            raise FormatError(where, "checkpoint runs are empty, overlap or are out of order")
+        if fid not in files:
+            raise FormatError(where, f"checkpoint run points into data file {fid}, not in its file table")
+        if off < MIN_RECORD_OFFSET or off & 7 or off + fmt.RECORD_HEADER_LEN > files[fid]:
+            raise FormatError(where, "checkpoint run starts inside a file header, off alignment or past its file")
+        prev = first + count
+    if holes:
+        where = at + _RUNS_HEAD.size + len(runs) * _RUN.size
+        if not all(map(operator.lt, holes, islice(holes, 1, None))):
+            raise FormatError(where, "checkpoint holes do not increase")
+        firsts = [r.first for r in runs]
+        for p in holes:
+            i = bisect_right(firsts, p) - 1
+            if i < 0 or p >= runs[i].first + runs[i].length:
+                raise FormatError(where, f"checkpoint hole at position {p} is outside every run")
 
 
 def encode_marks(marks: list[tuple[str, bytes, int, int]]) -> bytes:
@@ -374,8 +478,10 @@ def decode(buf: bytes, crc_kind: int, channel_id: bytes, mac: MetaMac | None = N
     )
     if magic != MAGIC:
         raise FormatError(0, "bad checkpoint magic")
-    if version not in (1, VERSION, MARKS_VERSION, SEALED_MARKS_VERSION):
+    if version not in (1, VERSION, MARKS_VERSION, SEALED_MARKS_VERSION, RUNS_VERSION):
         raise FormatError(8, f"unsupported checkpoint version {version}")
+    if _r and (version != RUNS_VERSION or _r & ~(HAS_MARKS | SEALED) or _r == SEALED):
+        raise FormatError(10, f"checkpoint flags {_r:#x} are not valid for version {version}")
     if kind != crc_kind:
         raise FormatError(12, "checkpoint checksum algorithm differs from the channel's")
     body_len = len(buf) - 4
@@ -411,10 +517,29 @@ def decode(buf: bytes, crc_kind: int, channel_id: bytes, mac: MetaMac | None = N
         taken[fid] = [_RANGE.unpack_from(buf, pos + i * _RANGE.size) for i in range(nr)]  # type: ignore[misc]
         pos += nr * _RANGE.size
     marks: list[tuple[str, bytes, int, int]] | None = []
-    if version == MARKS_VERSION:
+    if version == MARKS_VERSION or _r == HAS_MARKS:
         marks, pos = _decode_marks(buf, pos, body_len)
-    elif version == SEALED_MARKS_VERSION:
+    elif version == SEALED_MARKS_VERSION or _r == HAS_MARKS | SEALED:
         marks, pos = _open_marks(buf, pos, body_len, mac, path)
+    runs: list[StoredRun] | None = None
+    holes: list[int] = []
+    if version == RUNS_VERSION:
+        runs_at = pos
+        if pos + _RUNS_HEAD.size > body_len:
+            raise FormatError(pos, "checkpoint runs table runs past the end")
+        n_runs, n_holes = _RUNS_HEAD.unpack_from(buf, pos)
+        pos += _RUNS_HEAD.size
+        if n_runs > MAX_RUNS or n_holes > MAX_ENTRIES or pos + n_runs * _RUN.size + 8 * n_holes > body_len:
+            raise FormatError(runs_at, "checkpoint runs table runs past the end")
+        runs = [StoredRun(*_RUN.unpack_from(buf, pos + i * _RUN.size)) for i in range(n_runs)]
+        pos += n_runs * _RUN.size
+        h = array("q")
+        h.frombytes(buf[pos : pos + 8 * n_holes])
+        if sys.byteorder == "big":  # pragma: no cover
+            h.byteswap()
+        holes = h.tolist()
+        pos += 8 * n_holes
+        check_runs(files, runs, holes, runs_at)
     if pos + 32 * n != body_len:
         raise FormatError(pos, "checkpoint queue size does not match its count")
     queue_at = pos
@@ -443,6 +568,8 @@ def decode(buf: bytes, crc_kind: int, channel_id: bytes, mac: MetaMac | None = N
         file_dirs=file_dirs,
         marks=marks or [],
         marks_unread=marks is None,
+        runs=runs,
+        holes=holes,
     )
 
 
@@ -595,7 +722,7 @@ class CheckpointStore:
         fs = self.fs
         size = done = 0
         dirs = self.dirs()
-        expected = max(1, (len(snap) * 32 + 4096) * len(dirs))
+        expected = max(1, ((snap.entry_count() + len(snap.runs or ())) * 32 + 4096) * len(dirs))
         for d in dirs:
             self._ensure_dir(d)
             final = os.path.join(d, name)

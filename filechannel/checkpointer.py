@@ -15,21 +15,31 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from array import array
 from collections.abc import Callable
 from typing import Any
 
+from ._queue import Entry
+from ._runs import StoredRun
 from .checkpoint import CheckpointStore, Snapshot
 from .config import MAX_CHECKPOINT_SPREAD, ChannelConfig
 from .log import Log
 
 logger = logging.getLogger(__name__)
 
-Capture = Callable[[dict[int, int]], tuple[Any, dict[int, list[tuple[int, int]]], list[tuple[str, bytes, int, int]]]]
-"""Under the channel's lock, with the writers held still: ``(windows, taken, marks)`` for the frozen files.
+Capture = Callable[
+    [dict[int, int]],
+    tuple[
+        tuple[list[StoredRun], list[Entry], list[int]],
+        dict[int, list[tuple[int, int]]],
+        list[tuple[str, bytes, int, int]],
+    ],
+]
+"""Under the channel's lock, with the writers held still: ``(queue, taken, marks)`` for the frozen files.
 
-``windows``: the queue's columns lent to the checkpoint (with the open
-transactions' takes); ``taken``: the take runs of those files; ``marks``:
-``(key, value, woid, file)`` sorted by key.
+``queue``: the queue as ``RunQueue.stored`` gives it, ``(runs, entries, holes)``,
+the open transactions' takes among the entries; ``taken``: the take runs of
+those files; ``marks``: ``(key, value, woid, file)`` sorted by key.
 """
 
 
@@ -42,7 +52,6 @@ class Checkpointer:
         config: The channel's options (``checkpoint_interval``, ``checkpoint_spread``, ``anchor_interval``).
         lock: The channel's lock, held while ``capture`` runs.
         capture: What the checkpoint holds (see :data:`Capture`).
-        give_back: Returns the lent windows to the queue (called under ``lock``).
         closed: Whether the channel is closed.
     """
 
@@ -53,7 +62,6 @@ class Checkpointer:
         config: ChannelConfig,
         lock: threading.Lock,
         capture: Capture,
-        give_back: Callable[[Any], None],
         closed: Callable[[], bool],
     ) -> None:
         self._log = log
@@ -61,7 +69,6 @@ class Checkpointer:
         self._config = config
         self._chan_lock = lock
         self._capture = capture
-        self._give_back = give_back
         self._closed = closed
         self.lock = threading.Lock()  # one checkpoint at a time (and close waits for it)
         self.stop = threading.Event()
@@ -130,14 +137,15 @@ class Checkpointer:
         """
         t0 = time.monotonic()
         log = self._log
-        # Writers are held only for what is O(1) or small: the queue's columns are
-        # lent (not copied) to the checkpoint, which encodes and writes them in
-        # blocks after the writers and the channel lock are released.
+        # Writers are held only for what is small: the queue's runs (O(runs), not
+        # O(events)) and the entries outside them; encoded and written after the
+        # writers and the channel lock are released.
         with log.freeze() as files, self._chan_lock:
             woid, next_pos, next_txn, next_file = log.counters()
-            windows, taken, marks = self._capture(files)
+            (runs, entries, holes), taken, marks = self._capture(files)
             file_dirs = log.file_dirs(files)
             auth = log.frozen_auth_state(files) if log.meta_mac is not None else None
+        cols = [array("q", [e[i] for e in entries]) for i in range(4)]
         snap = Snapshot(
             woid,
             next_pos,
@@ -146,11 +154,16 @@ class Checkpointer:
             log.channel_id,
             time.time_ns(),
             files,
+            positions=cols[0],
+            file_ids=cols[1],
+            offsets=cols[2],
+            sizes=cols[3],
             taken=taken,
-            parts=windows,
             file_dirs=file_dirs,
             auth=auth,
             marks=marks,
+            runs=runs,
+            holes=holes,
         )
         try:
             nbytes, _copies = self._store.write(snap, log.crc_kind, self._pacer(t0) if paced else None, log.meta_mac)
@@ -158,9 +171,6 @@ class Checkpointer:
         except OSError:
             self.stats["checkpoint_failures"] += 1
             raise
-        finally:
-            with self._chan_lock:
-                self._give_back(windows)
         took = time.monotonic() - t0
         st = self.stats
         st["checkpoints_written"] += 1

@@ -79,6 +79,8 @@ def accelerator() -> str:
 # Record frame: op u8, flags u8, reserved u16, payload_len u32, woid u64,
 # txn_id u64 | crc u32, reserved u32 | payload | zero pad to 8.
 _REC_HEAD: Final = struct.Struct("<BBHIQQ")
+REC_HEAD: Final = _REC_HEAD
+"""A record's head: op, flags, reserved, payload length, woid, txn id (public for scan.py's forward walk)."""
 _REC_CRC: Final = struct.Struct("<II")
 RECORD_HEADER_LEN: Final = 32
 _PAD: Final = (b"", b"\0" * 7, b"\0" * 6, b"\0" * 5, b"\0" * 4, b"\0" * 3, b"\0" * 2, b"\0")

@@ -17,7 +17,8 @@ from collections.abc import Callable
 from types import TracebackType
 
 from ._fs import DEFAULT_FS, FS
-from ._queue import Entry, EventQueue
+from ._queue import Entry
+from ._runs import RunQueue
 from .checkpoint import CHECKPOINT_DIR, CheckpointStore
 from .config import ChannelConfig
 from .log import Log
@@ -34,9 +35,9 @@ class LogView:
 
     def __init__(self, log: Log) -> None:
         self.log = log
-        self.queue: EventQueue | None = None
+        self.queue: RunQueue | None = None
 
-    def replay(self) -> EventQueue:
+    def replay(self) -> RunQueue:
         """Rebuild the queue from the checkpoint recovery used and the records after it (once); return it.
 
         Raises:

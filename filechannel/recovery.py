@@ -326,7 +326,7 @@ class Recovery:
         elif scans and not any(s.header_damaged for s in scans):
             self.st.position_floor = min(s.header.next_position for s in scans)
         elif self.st.voucher is not None and len(self.st.voucher):
-            self.st.position_floor = self.st.voucher.positions[0]
+            self.st.position_floor = self.st.voucher.first_position() or 0
         else:
             self.st.position_floor = 0
         self.st.scans = scans

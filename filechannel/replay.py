@@ -15,34 +15,22 @@ from operator import attrgetter
 
 from . import _accel
 from . import format as fmt
-from ._queue import Entry, EventQueue
+from ._queue import Entry
+from ._runs import RunQueue
 from .checkpoint import Snapshot
 from .crypto import SEALED_WITHOUT_KEY, TAMPERED
 from .errors import CorruptLogError, DecryptionError, FormatError
 from .log import INF_WOID, CorruptionReport, Log, LogRecord, merge_ranges, ranges_of
-from .scan import PUT_RUN, PutRun, ScanRecord, expand_runs
+from .scan import LOST, PUT_RUN, PutRun, ScanRecord, expand_runs
 
-__all__ = ["read_event", "replay_queue", "spot_check"]
-
-
-def _add_position(taken_from: dict[int, list[tuple[int, int]]], file_id: int, position: int) -> None:
-    """Record that ``position`` (an event in ``file_id``) was taken, coalescing runs."""
-    lst = taken_from.get(file_id)
-    if lst is None:
-        taken_from[file_id] = [(position, 1)]
-        return
-    a, c = lst[-1]
-    if a + c == position:
-        lst[-1] = (a, c + 1)
-    else:
-        lst.append((position, 1))
+__all__ = ["base_queue", "read_event", "replay_queue", "spot_check"]
 
 
 _OFFSET = attrgetter("offset")
 _SIZE = attrgetter("size")
 
 
-def _place_runs(tail: EventQueue, first: int, n: int, items: list[ScanRecord]) -> bool:
+def _place_runs(q: RunQueue, first: int, n: int, items: list[ScanRecord]) -> bool:
     """Place a committed transaction's puts when they are all runs covering ``n`` PUTs.
 
     Returns False (placing nothing) otherwise: a salvaged PUT record among them,
@@ -60,20 +48,53 @@ def _place_runs(tail: EventQueue, first: int, n: int, items: list[ScanRecord]) -
         assert isinstance(it, PutRun)
         s, c = it.start, it.count
         # array slices: the pointers move between int64 columns without an object per PUT
-        tail.append_run(first, it.file_id, it.offsets[s : s + c], it.sizes[s : s + c])
+        q.append_run(first, it.file_id, it.offsets[s : s + c], it.sizes[s : s + c])
         first += c
     return True
 
 
+def base_queue(log: Log, base: Snapshot) -> RunQueue:
+    """The queue a checkpoint holds, as runs: O(runs) for version 6, one pass over the columns before it.
+
+    Raises:
+        CorruptLogError: The checkpoint's runs overlap, or a hole or an entry is out of place.
+    """
+    try:
+        if base.runs is not None:
+            entries = zip(base.positions, base.file_ids, base.offsets, base.sizes, strict=True)
+            return RunQueue.from_stored(log.locate_puts, base.runs, entries, base.holes)
+        return RunQueue.from_columns(log.locate_puts, base.positions, base.file_ids, base.offsets)
+    except ValueError as exc:
+        where = log.recovered_from.path if log.recovered_from is not None else "checkpoint"
+        raise CorruptLogError(where, 0, f"the checkpoint's queue does not hold together: {exc}") from exc
+
+
+def _note_taken(
+    taken_from: dict[int, list[tuple[int, int]]], tset: set[int] | None, got: list[tuple[int, int, int]]
+) -> None:
+    for f, a, c in got:
+        if tset is not None:
+            tset.add(f)
+        lst = taken_from.get(f)
+        if lst is None:
+            taken_from[f] = [(a, c)]
+        elif lst[-1][0] + lst[-1][1] == a:
+            lst[-1] = (lst[-1][0], lst[-1][1] + c)
+        else:
+            lst.append((a, c))
+
+
 def replay_queue(
     log: Log, base: Snapshot | None = None, marks: dict[str, tuple[bytes, int, int]] | None = None
-) -> tuple[EventQueue, dict[int, set[int]], dict[int, list[tuple[int, int]]]]:
+) -> tuple[RunQueue, dict[int, set[int]], dict[int, list[tuple[int, int]]]]:
     """Rebuild the queue from a checkpoint (if any) and the log records after it.
 
-    Replay is idempotent by position: a put sets the entry at its positions,
+    Replay is idempotent by position: a put sets the events at its positions,
     a take removes them if present. Returns the queue of committed, untaken
-    events in position order; for each data file, the files whose events its
+    events (runs: see ``_runs``); for each data file, the files whose events its
     TAKE records removed; and for each data file, the positions taken from it.
+    From a checkpoint of runs (version 6) the work is O(runs + records after
+    the checkpoint), whatever the queue's depth.
 
     Damage that recovery stepped over (``on_corruption="skip"``) is accounted
     for here, exactly: the positions of PUT records lost from a salvaged
@@ -87,20 +108,16 @@ def replay_queue(
     mark keeps its original woid) the highest woid wins, the later copy on a tie.
 
     Raises:
-        CorruptLogError: A COMMIT does not match the PUT records before it, or
-            (``on_corruption="fail"``) an event the newest checkpoint vouched for is gone.
+        CorruptLogError: A COMMIT does not match the PUT records before it, the
+            checkpoint's queue does not hold together, or (``on_corruption="fail"``)
+            an event the newest checkpoint vouched for is gone.
     """
-    # Puts replayed here (after the checkpoint, if any) go straight into compact
-    # columns, in commit order; takes pop them from the head when they match it
-    # (consumers take from the head) and are otherwise noted in ``removed``.
-    tail = EventQueue()
     # A transaction's PUTs until its COMMIT: runs of verified PUTs (pointers in a scan's
     # columns, no object per PUT) and, after damage, salvaged PUT records.
     puts: dict[int, list[ScanRecord]] = {}
     takes: dict[int, tuple[int, list[tuple[int, int]]]] = {}
     targets: dict[int, set[int]] = {}
     taken_from: dict[int, list[tuple[int, int]]] = {f: list(r) for f, r in base.taken.items()} if base else {}
-    removed: set[int] = set()
     acct = _LossAccounting(log, base)
     if base is not None and base.marks_unread and marks is not None:
         # Only a keyless inspection (which asks for no marks) reads a checkpoint without its sealed marks.
@@ -108,9 +125,23 @@ def replay_queue(
         raise DecryptionError(where, 0, "the checkpoint's marks table is sealed, and no key was given to open it")
     if marks is None:
         marks = {}
+    q = RunQueue(log.locate_puts)
     if base is not None:
         for key, value, woid, file_id in base.marks:
             marks[key] = (value, woid, file_id)
+        q = base_queue(log, base)
+        # A data file is retired only once no queued event points into it, so
+        # checkpoint entries in a file known retired were taken after the
+        # checkpoint (their TAKE record may have gone with a later file). Entries in
+        # a file that is gone without a trace of retirement are lost, not taken.
+        gone = log.retired_files | log.missing_files
+        if gone:
+            got = q.remove_files(gone)
+            _note_taken(taken_from, None, got)
+            for f, a, c in got:
+                if f in log.missing_files:
+                    for p in range(a, a + c):
+                        acct.vouched_lost(p, f)
     pending_marks: dict[int, list[tuple[LogRecord, list[fmt.Mark]]]] = {}
     for r in log.replay_runs():
         op = r.op
@@ -127,16 +158,16 @@ def replay_queue(
             assert isinstance(r, LogRecord)
             first, n, n_taken = fmt.decode_commit(r.payload)
             items = puts.pop(r.txn_id, [])
-            if _place_runs(tail, first, n, items):
+            if _place_runs(q, first, n, items):
                 pass  # the usual case: every PUT verified in its batch, placed run by run
             elif len(ptrs := list(expand_runs(items))) == n:
                 # A transaction's puts are written in one write, in write-order: when its first and
                 # last put are in one data file, all of them are (the usual case: one run).
                 if ptrs and ptrs[0].file_id == ptrs[-1].file_id:
-                    tail.append_run(first, ptrs[0].file_id, list(map(_OFFSET, ptrs)), list(map(_SIZE, ptrs)))
+                    q.append_run(first, ptrs[0].file_id, list(map(_OFFSET, ptrs)), list(map(_SIZE, ptrs)))
                 else:
                     for i, rec in enumerate(ptrs):
-                        tail.append(first + i, rec.file_id, rec.offset, rec.size)
+                        q.append(first + i, rec.file_id, rec.offset, rec.size)
             elif r.salvaged:
                 # Some PUT records of this transaction were damaged: place the intact
                 # ones by write-order id (PUTs, then a TAKE if any, then the COMMIT).
@@ -146,7 +177,7 @@ def replay_queue(
                     i = (rec.woid if rec.salvaged else -1) - first_woid
                     if 0 <= i < n and i not in placed:
                         placed.add(i)
-                        tail.append(first + i, rec.file_id, rec.offset, rec.size)
+                        q.append(first + i, rec.file_id, rec.offset, rec.size)
                 acct.lost_puts(r, [first + i for i in range(n) if i not in placed], first_woid)
             else:
                 path = log.file_path(r.file_id)
@@ -160,17 +191,8 @@ def replay_queue(
                 acct.taken(ranges, r.woid)
                 tset = targets.setdefault(tfile, set())
                 for start, count in ranges:
-                    got = tail.pop_range(start, count)
-                    if got is None:
-                        # A position not in the tail now never will be (its put came
-                        # first); without a checkpoint under the tail it can be dropped.
-                        removed.update(p for p in range(start, start + count) if base is not None or p in tail)
-                        got = tail.drain_head(removed)
-                    else:
-                        got += tail.drain_head(removed)
-                    for p, f, _o, _s in got:
-                        tset.add(f)
-                        _add_position(taken_from, f, p)
+                    # A position not queued now never will be (its put came first): nothing to remove.
+                    _note_taken(taken_from, tset, q.remove_range(start, count))
             pm = pending_marks.pop(r.txn_id, None)
             if pm is not None:
                 _apply_marks(marks, pm, r.woid)
@@ -183,29 +205,10 @@ def replay_queue(
             puts.pop(r.txn_id, None)
             takes.pop(r.txn_id, None)
             pending_marks.pop(r.txn_id, None)
-    if base is not None:
-        # A data file is retired only once no queued event points into it, so
-        # checkpoint entries in a file known retired were taken after the
-        # checkpoint (their TAKE record may have gone with a later file). Entries in
-        # a file that is gone without a trace of retirement are lost, not taken.
-        gone = log.retired_files | log.missing_files
-        if gone:
-            fids, poss = base.file_ids, base.positions
-            for i in range(len(poss)):
-                if fids[i] in gone:
-                    removed.add(poss[i])
-                    if fids[i] in log.missing_files:
-                        acct.vouched_lost(poss[i], fids[i])
-        q = EventQueue.from_snapshot(base, removed, taken_from)
-        for e in tail.without(removed, taken_from):
-            q.append(*e)
-    else:
-        q = tail.without(removed, taken_from)
     q = acct.finish(q)
-    # Recovery is over: the checkpoint it checked against is not needed again, and after a
-    # full replay its columns (~34 B per queued event) would stay beside the queue's.
+    # Recovery is over: the checkpoint it checked against is not needed again.
     log.release_recovery_state()
-    # What recovery freed lies below the queue's columns (they grew last): hand it back.
+    # What recovery freed (the scans' columns) goes back to the system.
     _accel.trim_heap(fmt.speedups)
     return q, targets, taken_from
 
@@ -312,7 +315,7 @@ class _LossAccounting:
     def vouched_lost(self, position: int, file_id: int) -> None:
         self.vouched_gone.setdefault(file_id, []).append(position)
 
-    def finish(self, q: EventQueue) -> EventQueue:
+    def finish(self, q: RunQueue) -> RunQueue:
         """Attribute holes to damage, drop entries that point at damaged bytes, check the voucher."""
         log = self.log
         taken = merge_ranges(self.taken_ranges)
@@ -331,23 +334,28 @@ class _LossAccounting:
             # A full replay (or one from an older checkpoint) must hold everything
             # the newest checkpoint vouched for, unless it was taken after it or lived
             # in a file known retired.
-            # Chunk by chunk in C: usually nothing is missing, and a million vouched
-            # positions need neither a Python-level loop nor a set of them all.
-            missing = q.missing(v.positions)
+            # (Only after a fallback: a checkpoint of runs expands to its positions here.)
+            vpos, vfid = v.queued_positions()
+            missing = q.missing(vpos)
             retired = log.retired_files
             if missing:
-                for i in range(len(v.positions)):
-                    p = v.positions[i]
-                    if p in missing and v.file_ids[i] not in retired and not _in_ranges(p, taken):
-                        self.vouched_gone.setdefault(v.file_ids[i], []).append(p)
+                for i in range(len(vpos)):
+                    p = vpos[i]
+                    if p in missing and vfid[i] not in retired and not _in_ranges(p, taken):
+                        self.vouched_gone.setdefault(vfid[i], []).append(p)
         if self.vouched_gone:
             self._report_vouched()
         for rep in log.corruption:
             rep.lost_positions = merge_ranges(rep.lost_positions)
         return q
 
-    def _drop_unreadable(self, q: EventQueue) -> EventQueue:
-        """Remove queue entries that point past a file's end or into bytes recovery dropped."""
+    def _drop_unreadable(self, q: RunQueue) -> RunQueue:
+        """Remove queued events whose records lie past a file's end or in bytes recovery dropped.
+
+        The runs of a damaged file are walked (past each dropped stretch): an event
+        whose record overlaps one, or that the walk no longer finds (its record or
+        its COMMIT was in one), is removed and reported.
+        """
         log = self.log
         bad: dict[int, list[tuple[int, int]]] = {}
         for rep in log.corruption:
@@ -355,13 +363,61 @@ class _LossAccounting:
                 bad.setdefault(rep.file_id, []).append((rep.offset, rep.offset + rep.lost_bytes))
         if not bad:
             return q
-        drop: set[int] = set()
-        for pos, f, off, size in q.entries_in(set(bad)):
-            end = off + size
-            if end > log.file_sizes[f] or any(off < b and a < end for a, b in bad[f]):
-                drop.add(pos)
-                self.vouched_gone.setdefault(f, []).append(pos)
-        return q.without(drop, {}) if drop else q
+        drop: list[int] = []
+        runs, entries, holes = q.stored()
+        for r in runs:
+            if r.file_id in bad:
+                regions = sorted(bad[r.file_id])
+                lost, found = self._unreadable_in_run(r.file_id, r.offset, r.first, r.first + r.length, regions)
+                for _a, b in ranges_of(lost):
+                    if b in found:
+                        q.split(b, found[b])  # the walk resumes past the damage: never walks it again
+                drop += lost
+        for pos, f, off, size in entries:
+            if f in bad and (off + size > log.file_sizes[f] or any(off < b and a < off + size for a, b in bad[f])):
+                drop.append(pos)
+        for a, b in ranges_of(sorted(set(drop) - set(holes))):
+            for f, first, c in q.remove_range(a, b - a):
+                self.vouched_gone.setdefault(f, []).extend(range(first, first + c))
+        return q
+
+    def _unreadable_in_run(
+        self, fid: int, offset: int, lo: int, hi: int, bad: list[tuple[int, int]]
+    ) -> tuple[list[int], dict[int, int]]:
+        """The positions of one run (``[lo, hi)`` scanned from ``offset`` in ``fid``) that cannot be read.
+
+        Also where the walk found each position that follows a lost one (a record
+        boundary past the damage, where that position's part of the run may resume).
+        """
+        log = self.log
+        size = log.file_sizes[fid]
+        out: list[int] = []
+        resume: dict[int, int] = {}
+        expect = lo
+        while expect < hi:
+            try:
+                got = log.locate_puts(fid, offset, expect, hi, 1 << 16)
+            except CorruptLogError as exc:
+                after = [b for a, b in bad if b > offset and a <= max(exc.offset, offset)]
+                if not after:
+                    raise
+                offset = after[0]  # go on after the dropped stretch (recovery resumed there)
+                continue
+            if not len(got.offsets):
+                break
+            if got.first > expect:
+                out += range(expect, got.first)
+                resume[got.first] = got.offsets[0]
+            for i in range(len(got.offsets)):
+                off, end = got.offsets[i], got.offsets[i] + got.sizes[i]
+                if off == LOST or end > size or any(off < b and a < end for a, b in bad):
+                    out.append(got.first + i)
+                elif out and out[-1] == got.first + i - 1:
+                    resume[got.first + i] = off
+            expect = got.first + len(got.offsets)
+            offset = got.next_offset
+        out += range(expect, hi)
+        return out, resume
 
     def _report_vouched(self) -> None:
         log = self.log
@@ -414,8 +470,11 @@ def read_event(log: Log, entry: Entry) -> tuple[bytes, dict[str, str]]:
     return got
 
 
-def spot_check(log: Log, q: EventQueue) -> None:
+def spot_check(log: Log, q: RunQueue) -> None:
     """Check that a queue rebuilt from a checkpoint points at real records.
+
+    The first event of up to 16 runs spread over the queue is found in its file
+    and read back (the runs' offsets lead to records that verify and decode).
 
     Raises:
         CorruptLogError: An entry points into a missing file or at a record that does not verify.
@@ -425,12 +484,9 @@ def spot_check(log: Log, q: EventQueue) -> None:
     for f in counts:
         if f not in live:
             raise CorruptLogError(f"data file {f}", 0, "the checkpoint's queue points into a missing data file")
-    n = len(q)
-    if not n:
+    if not len(q):
         return
-    picks = sorted({0, n - 1, *range(0, n, max(1, n // 16))})
-    entries = q.entries_at(picks)
-    for _pos, f, off, size in entries:
+    for _pos, f, off, size in q.sample(16):
         payload = log.read_payload(f, off, size)
         try:
             fmt.decode_event(payload)

@@ -745,3 +745,285 @@ def oldest_authenticated(fs: FS, data_dirs: Sequence[str]) -> int:
             if claims and int.from_bytes(head[12:14], "little") & fmt.ENCRYPTED:
                 oldest = int(m.group(1), 16)
     return oldest
+
+
+# --------------------------------------------------------------------------
+# the queue's head: committed PUTs found walking forward
+
+
+_REC_HEAD = fmt.REC_HEAD  # op, flags, reserved, payload length, woid, txn id
+
+
+LOST = -1
+"""The offset :func:`committed_puts` gives an event whose record it could not find (damage)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PutWalk:
+    """What :func:`committed_puts` found.
+
+    ``first``: the position of the first PUT kept (-1 when none); ``offsets`` and
+    ``sizes``: the kept PUTs' pointers, positions ``first, first + 1, ...`` (offset
+    :data:`LOST`, size 0, for a position of ``[lo, hi)`` whose record is not there);
+    ``next_offset``: the record boundary after the last one found (``start`` when
+    none was); ``done``: ``want`` PUTs were kept, or one at ``hi`` or beyond was
+    reached (otherwise the buffer ended first: read more); ``damaged``: the offsets
+    of frames the walk stepped over (it resumed at the next record that verifies).
+    """
+
+    first: int
+    offsets: array[int]
+    sizes: array[int]
+    next_offset: int
+    done: bool
+    damaged: tuple[int, ...] = ()
+
+
+class _Kept:
+    """What a walk keeps: consecutive positions from ``first`` and their pointers (see :func:`committed_puts`)."""
+
+    __slots__ = ("first", "hi", "lo", "next_offset", "offsets", "sizes", "want")
+
+    def __init__(self, lo: int, hi: int, want: int, start: int) -> None:
+        self.lo, self.hi, self.want = lo, hi, want
+        self.first = -1
+        self.offsets: array[int] = array("q")
+        self.sizes: array[int] = array("q")
+        self.next_offset = start
+
+    def place(self, c_first: int, c_n: int, first_woid: int, pend: list[tuple[int, array[int], array[int]]]) -> bool:
+        """Keep a committed transaction's PUTs (``pend``: stretches ``(woid, offsets, sizes)``); True when done.
+
+        A PUT's position is its COMMIT's first position plus its woid's distance
+        from the transaction's first PUT woid (a transaction's PUTs have
+        consecutive woids): a walk that starts among them places the rest right.
+        """
+        lo, hi = self.lo, self.hi
+        for w0, offs, szs in pend:
+            i0 = w0 - first_woid
+            a = max(0, -i0)
+            b = min(len(offs), c_n - i0)
+            if a >= b:
+                continue
+            p = c_first + i0 + a
+            if p < lo:
+                a += lo - p
+                p = lo
+                if a >= b:
+                    continue
+            if self.first < 0:
+                self.first = lo
+            end = self.first + len(self.offsets)
+            if p < end:  # already kept (a damaged record's duplicate): never twice
+                a += end - p
+                p = end
+                if a >= b:
+                    continue
+            if p > end and not self._lost(min(p, hi)):
+                return True
+            room = min(self.want - len(self.offsets), hi - p)
+            if room <= 0:
+                return True
+            b = min(b, a + room)
+            self.offsets.extend(offs[a:b])
+            self.sizes.extend(szs[a:b])
+            self.next_offset = offs[b - 1] + szs[b - 1]
+            if len(self.offsets) >= self.want or p + b - a >= hi:
+                return True
+        return False
+
+    def _lost(self, upto: int) -> bool:
+        """Keep positions up to ``upto`` as LOST (the walk passed them: damage); False when ``want`` is reached."""
+        if self.first < 0:
+            self.first = self.lo
+        n = min(upto - self.first - len(self.offsets), self.want - len(self.offsets))
+        if n > 0:
+            self.offsets.extend(array("q", (LOST,)) * n)
+            self.sizes.extend(array("q", (0,)) * n)
+        return len(self.offsets) < self.want
+
+    def result(self, done: bool, damaged: list[int]) -> PutWalk:
+        return PutWalk(self.first, self.offsets, self.sizes, self.next_offset, done, tuple(damaged))
+
+
+def committed_puts(
+    buf: bytes | bytearray,
+    base: int,
+    start: int,
+    lo: int,
+    hi: int,
+    want: int,
+    seed: int,
+    kind: int,
+    max_payload: int,
+    eof: bool = False,
+    fast: bool = True,
+) -> PutWalk:
+    """Walk the record frames of a data file from ``start``: the committed PUTs with positions in ``[lo, hi)``.
+
+    ``buf`` holds the file's bytes from offset ``base``; ``start`` (a file
+    offset) is a record boundary at or before the record of ``lo``, and
+    ``[lo, hi)`` are consecutive positions of this file (a run of the queue).
+    A transaction's records are contiguous (its MARKs, PUTs, TAKE, then
+    COMMIT), and its PUTs have consecutive woids ending before its TAKE and
+    COMMIT, whose payload gives their positions. PUTs that no COMMIT of their
+    transaction follows are skipped, as are all other records.
+
+    From the first batch boundary on, whole verified batches are walked by the
+    C accelerator (``_speedups.scan_batches``, what recovery uses) when it is
+    built and ``fast`` (an encrypted file passes False: its batches carry tags
+    the C walk does not check; the frames' checksums are checked either way);
+    the walk up to there, and after anything that is not a clean batch, is
+    this loop.
+
+    Damage is stepped over, never trusted: only COMMITs are verified on the
+    Python walk (a PUT is verified when it is read), so at the first frame that
+    is bad or inconsistent (a PUT of another transaction, a woid that skips)
+    the walk goes back to the first unverified frame since the last verified
+    one and walks on verifying every frame up to the next COMMIT; a frame that
+    fails then is skipped to the next record that verifies (``first_record``).
+    A position of ``[lo, hi)`` the walk passes without finding its record is
+    kept as :data:`LOST`, for the take to report under ``on_corruption`` like
+    a record that no longer verifies. The walk stops at the end of ``buf``, at
+    zero-filled space, after ``want`` positions, or at ``hi``; ``eof``: ``buf``
+    ends where the file does (a frame claiming bytes past it is damage).
+    """
+    n_buf = len(buf)
+    pos = start - base
+    kept = _Kept(lo, hi, want, start)
+    damaged: list[int] = []
+    pend: list[tuple[int, array[int], array[int]]] = []  # the PUTs of ``pend_txn`` so far: (woid, offsets, sizes)
+    pend_txn = -1
+    last_woid = 0
+    unpack = _REC_HEAD.unpack_from
+    head_len = fmt.RECORD_HEADER_LEN
+    ops = fmt.OP_NAMES
+    put_op, commit_op, batch_end_op = fmt.PUT, fmt.COMMIT, fmt.BATCH_END
+    accel = fmt.speedups if fast else None
+    batch_start = True  # perhaps: the C walk checks (a stretch that does not begin a batch is not taken)
+    known = False  # ``pos`` is known to begin a batch (one ended just before it)
+    py_batch = -1  # where the batch this loop is in began, once it has seen a BATCH_END
+    anchor = -1
+    careful = False
+    while pos + head_len <= n_buf:
+        if batch_start and accel is not None and not careful:
+            # Whole verified batches in C: their PUTs as runs over two columns, other records as records.
+            records: list[ScanRecord] = []
+            c_offs: array[int] = array("q")
+            c_sizes: array[int] = array("q")
+            args = (buf, pos, seed, kind, min(max_payload, 0xFFFFFFFF), last_woid, base, 0, LogRecord)
+            end, w = accel.scan_batches(*args, records, PutRun, c_offs, c_sizes)
+            batch_start = False
+            if end == pos and known and not eof:
+                return kept.result(False, damaged)  # a batch the buffer cuts short: read more, then walk on in C
+            if end != pos:
+                prev_end = -1
+                cur_batch = pos + base
+                for r in records:
+                    if r.op == PUT_RUN:
+                        assert isinstance(r, PutRun)
+                        roff = c_offs[r.start]
+                        if roff != prev_end:
+                            cur_batch = roff  # a BATCH_END lay between: a new batch
+                        if r.txn_id != pend_txn:
+                            pend = []
+                            pend_txn = r.txn_id
+                        e = r.start + r.count
+                        pend.append((r.woid, c_offs[r.start : e], c_sizes[r.start : e]))
+                        prev_end = c_offs[e - 1] + c_sizes[e - 1]
+                        continue
+                    assert isinstance(r, LogRecord)
+                    if r.offset != prev_end:
+                        cur_batch = r.offset
+                    prev_end = r.offset + r.size
+                    if r.op == commit_op:
+                        c_first, c_n, c_taken = fmt.decode_commit(r.payload)
+                        if r.txn_id == pend_txn and kept.place(
+                            c_first, c_n, r.woid - c_n - (1 if c_taken else 0), pend
+                        ):
+                            if len(kept.offsets) >= want:
+                                kept.next_offset = cur_batch  # a batch start: the next walk is in C too
+                            return kept.result(True, damaged)
+                        pend = []
+                        pend_txn = -1
+                        if c_first + c_n >= hi:
+                            kept._lost(hi)
+                            return kept.result(True, damaged)
+                    elif r.op == put_op:  # pragma: no cover - a compact walk keeps PUTs as runs
+                        pass
+                pos, last_woid = end, w
+                anchor = -1  # everything before ``end`` verified
+                batch_start = known = True  # C stopped at a batch it could not take: look at it again
+                continue
+        op, flags, reserved, n, woid, txn = unpack(buf, pos)
+        if op == 0 and not flags and not n and not txn:
+            break  # zero-filled space ahead of the writer
+        rec: fmt.Record | None = None
+        bad = op not in ops or reserved or n > max_payload
+        size = head_len + n + (-n & 7)
+        if not bad and pos + size > n_buf:
+            if eof and not careful and anchor >= 0:
+                pos, careful, anchor = anchor, True, -1  # a damaged length may claim bytes past the end
+                pend = []
+                pend_txn = -1
+                continue
+            break
+        if not bad and (careful or op == commit_op):
+            try:
+                got = fmt.decode_record(buf, pos, seed, kind, max_payload)
+                rec = got if isinstance(got, fmt.Record) else None
+            except FormatError:
+                pass
+            bad = rec is None
+        if not bad and not careful and pend:
+            # A transaction's PUTs are contiguous with consecutive woids: anything else is
+            # an unverified header that may be damaged (verified frames decide, carefully).
+            last_put = pend[-1][0] + len(pend[-1][1]) - 1
+            if op == put_op:
+                bad = txn != pend_txn or woid != last_put + 1
+            elif rec is not None and txn == pend_txn:
+                c_first, c_n, c_taken = fmt.decode_commit(rec.payload)
+                bad = last_put != rec.woid - 1 - (1 if c_taken else 0)
+        if bad:
+            if not careful and anchor >= 0:
+                pos, careful, anchor = anchor, True, -1
+                pend = []
+                pend_txn = -1
+                continue
+            if not damaged or damaged[-1] != pos + base:
+                damaged.append(pos + base)
+            careful = True
+            resume = first_record(buf, pos + 8, n_buf, seed, kind, max_payload)
+            if resume is None:
+                break
+            pos = resume  # the PUTs met so far stay pending: their woids place them
+            continue
+        if rec is None and anchor < 0:
+            anchor = pos
+        last_woid = woid
+        if op == put_op:
+            if txn != pend_txn:
+                pend = []
+                pend_txn = txn
+            if pend and pend[-1][0] + len(pend[-1][1]) == woid and pend[-1][1][-1] + pend[-1][2][-1] == pos + base:
+                pend[-1][1].append(pos + base)
+                pend[-1][2].append(size)
+            else:
+                pend.append((woid, array("q", (pos + base,)), array("q", (size,))))
+        elif op == commit_op and rec is not None:
+            careful, anchor = False, -1
+            c_first, c_n, c_taken = fmt.decode_commit(rec.payload)
+            if txn == pend_txn and kept.place(c_first, c_n, rec.woid - c_n - (1 if c_taken else 0), pend):
+                if len(kept.offsets) >= want and py_batch >= 0:
+                    kept.next_offset = py_batch  # a batch start: the next walk is in C
+                return kept.result(True, damaged)
+            pend = []
+            pend_txn = -1
+            if c_first + c_n >= hi:
+                kept._lost(hi)
+                return kept.result(True, damaged)
+        elif op == batch_end_op and not careful:
+            batch_start = known = True
+            py_batch = pos + size + base
+        pos += size
+    return kept.result(False, damaged)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import ipaddress
 import os
 import pickle
 import struct
@@ -18,10 +16,6 @@ import pytest
 pytest.importorskip("pyarrow.flight")
 pytest.importorskip("cryptography")
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from helpers import put_records
 from test_encryption import write_keystore
 
@@ -38,80 +32,14 @@ from filechannel.agent import (
     serve,
 )
 from filechannel.reader import ChannelReader, decode_segment, read_segment
+from filechannel.testing.pki import PKI, write_file
 
 K1 = bytes(range(32))
 
 # -- helpers (also used by test_agent_process.py) --------------------------------------------------
 
 
-def _name(cn: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-
-def _write(path: Path, data: bytes, mode: int = 0o644) -> str:
-    path.write_bytes(data)
-    os.chmod(path, mode)
-    return str(path)
-
-
-class PKI:
-    """A throwaway CA with certificates written as files (keys mode 0600)."""
-
-    def __init__(self, root: Path, cn: str = "test-ca") -> None:
-        self.root = root
-        root.mkdir(parents=True, exist_ok=True)
-        self.key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.timezone.utc)
-        self.cert = (
-            x509.CertificateBuilder()
-            .subject_name(_name(cn))
-            .issuer_name(_name(cn))
-            .public_key(self.key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(days=1))
-            .not_valid_after(now + datetime.timedelta(days=10))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(self.key, hashes.SHA256())
-        )
-        self.ca = _write(root / f"{cn}.pem", self.cert.public_bytes(serialization.Encoding.PEM))
-
-    def issue(
-        self, cn: str, *, server: bool = False, san: str | list[x509.GeneralName] | None = None
-    ) -> tuple[str, str]:
-        """Write ``cn``'s certificate and key; return their paths.
-
-        ``san``: subjectAltNames too (a string: one DNS name).
-        """
-        key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.timezone.utc)
-        b = (
-            x509.CertificateBuilder()
-            .subject_name(_name(cn))
-            .issuer_name(self.cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(days=1))
-            .not_valid_after(now + datetime.timedelta(days=10))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        )
-        if server:
-            b = b.add_extension(
-                x509.SubjectAlternativeName(
-                    [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-                ),
-                critical=False,
-            )
-        if san is not None:
-            names = [x509.DNSName(san)] if isinstance(san, str) else san
-            b = b.add_extension(x509.SubjectAlternativeName(names), critical=False)
-        cert = b.sign(self.key, hashes.SHA256())
-        pem_key = key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-        return (
-            _write(self.root / f"{cn}.crt", cert.public_bytes(serialization.Encoding.PEM)),
-            _write(self.root / f"{cn}.key", pem_key, 0o600),
-        )
+_write = write_file  # test_agent_http and test_agent_metrics import it by this name
 
 
 def make_channel(d: Path, n: int, *, per_txn: int = 10, **options: Any) -> str:

@@ -129,6 +129,20 @@ def test_sigterm_stops_the_agent_gracefully(tmp_path: Path, agents: list[AgentPr
         connect(a.uri, timeout=5).channels()
 
 
+def _wait_stopped(pid: int, timeout: float = 10.0) -> None:
+    """Wait until every thread of ``pid`` is stopped (state ``T`` in /proc)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        if all(s in ("T", "t") for s in states):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} did not stop")
+
+
 def test_a_stopped_process_fails_calls_at_their_deadline(tmp_path: Path, agents: list[AgentProcess]) -> None:
     d = make_channel(tmp_path / "c", 5)
     agents.append(AgentProcess([d], tmp_path / "port"))
@@ -137,6 +151,7 @@ def test_a_stopped_process_fails_calls_at_their_deadline(tmp_path: Path, agents:
     assert c.available(cid_of(d)) == (0, 5)
     a.proc.send_signal(signal.SIGSTOP)
     try:
+        _wait_stopped(a.proc.pid)  # the signal is delivered asynchronously: the call must meet a stopped agent
         t0 = time.monotonic()
         with pytest.raises(AgentTimeoutError, match="no answer within 1 s"):
             c.read(cid_of(d), 0, 5)

@@ -194,6 +194,12 @@ CHECKPOINT_EDITS = {
     "past the file's length": lambda s: s.offsets.__setitem__(1, s.files[s.file_ids[1]]),
     "unknown file": _edit_entry("file_ids", 99),
     "positions not increasing": lambda s: s.positions.__setitem__(1, s.positions[0]),
+    # The runs of a version 6 checkpoint (the queue outside the open transaction's takes).
+    "run in an unknown file": lambda s: s.runs.__setitem__(0, s.runs[0]._replace(file_id=99)),
+    "run inside the header": lambda s: s.runs.__setitem__(0, s.runs[0]._replace(offset=8)),
+    "run past the file's length": lambda s: s.runs.__setitem__(0, s.runs[0]._replace(offset=1 << 30)),
+    "runs overlapping": lambda s: s.runs.append(s.runs[0]),
+    "hole outside every run": lambda s: s.holes.append(1 << 40),
 }
 
 
@@ -205,17 +211,21 @@ def test_a_checkpoint_entry_that_cannot_exist_falls_back_to_a_full_replay(what: 
     opts: dict[str, Any] = {"fs": fs, "background": False, "minimum_required_space": 0}
     ch = filechannel.open("/sim/ch", **opts)
     bodies = [b"event %d" % i for i in range(6)]
-    for i in range(0, 6, 2):
+    for i in range(0, 8, 2):
         with ch.transaction() as tx:
-            tx.put_many(bodies[i : i + 2])
+            tx.put_many([*bodies, b"event 6", b"event 7"][i : i + 2])
+    held = ch.transaction()
+    held.take_batch(6)  # open: the checkpoint holds these six as entries, the other two as a run
     ch.checkpoint()
-    ch.close()
+    ch._log.close()  # a crash: no checkpoint on close, the open transaction's takes come back
+    bodies += [b"event 6", b"event 7"]
     cdir = "/sim/ch/checkpoints"
     name = max(n for n in fs.listdir(cdir) if n.endswith(".ckpt"))
     path = f"{cdir}/{name}"
     cid, kind, _ = _channel_ident(fs)
     snap = ckpt.decode(fs.read(path), kind, cid)
-    assert len(snap) == 6
+    assert len(snap) == 8
+    assert snap.entry_count() == 6
     CHECKPOINT_EDITS[what](snap)
     data = ckpt.encode(snap, kind)  # encoded as given: the checksum is right, the entry is not
     with pytest.raises(FormatError):

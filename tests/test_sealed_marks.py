@@ -115,7 +115,8 @@ def test_sealed_marks_survive_a_reopen_and_retirements(chan_dir: str, replay: st
     assert marks
     assert all(r.sealed for r in marks)
     newest = sorted(Path(chan_dir, "checkpoints").glob("ckpt-*.ckpt"))[-1]
-    assert struct.unpack_from("<H", newest.read_bytes(), 8)[0] == ckpt.SEALED_MARKS_VERSION
+    version, flags = struct.unpack_from("<HH", newest.read_bytes(), 8)
+    assert (version, flags) == (ckpt.RUNS_VERSION, ckpt.HAS_MARKS | ckpt.SEALED)  # version 4's sealed table
     if replay == "full":
         drop_checkpoints(chan_dir)
     with filechannel.open(chan_dir, **OPTS, encryption=enc()) as ch:

@@ -10,7 +10,10 @@
   read a channel, with driver and producer crashes (:mod:`.stream`, the runner;
   :mod:`.steps`, the actions; :mod:`.processes`, the child processes);
 * the pytest plugin (:mod:`.plugin`, loaded through the ``pytest11`` entry
-  point): fixtures ``fc_channel_dir``, ``fc_channel``, ``fc_crashable_channel``.
+  point): fixtures ``fc_channel_dir``, ``fc_channel``, ``fc_crashable_channel``;
+* :class:`filechannel.testing.pki.PKI`: a throwaway CA and certificates as files,
+  for mutual TLS between agents and clients in tests and soaks (needs
+  ``cryptography``, so it is imported from its module, not from here).
 
 Nothing here imports PySpark: :func:`stream_test` runs Spark in a subprocess.
 """
