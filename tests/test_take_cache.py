@@ -149,3 +149,19 @@ def test_cache_bytes_counts_what_large_events_cost(tmp_path: Any) -> None:
     real, counted = _held_by_cache(tmp_path, 20_000, 0, 200)
     assert counted > (1 << 20) * 0.9
     assert real <= 1.3 * counted, (real, counted)
+
+
+def test_headers_are_counted_and_given_back_whole() -> None:
+    from filechannel._cache import HEADER_ENTRY, HEADERS_OVERHEAD
+    from filechannel.format import encode_event
+
+    cache = TakeCache(1 << 20)
+    bodies = [b"a" * 10, b"b" * 20, b"c", b"d" * 5]
+    headers = [{"k": "v" * 30}, {}, {"x": "1", "y": "22"}, {}]
+    payload_bytes = sum(len(encode_event(b, h)) for b, h in zip(bodies, headers, strict=True))
+    cache.add(7, bodies, headers, payload_bytes)
+    assert cache.nbytes == payload_bytes + OVERHEAD * 4 + HEADERS_OVERHEAD * 2 + HEADER_ENTRY * 3
+    for positions in ([7], [9], [8], [10]):  # out of order, one at a time: the counts still come back to 0
+        cache.pop(positions)
+        assert cache.nbytes > 0 or positions == [10]
+    assert (cache.events, cache.nbytes) == (0, 0)
