@@ -74,10 +74,12 @@ CHUNK_PAYLOADS = 1
 """A staged chunk of whole event payloads (header block, then body)."""
 
 
-_STAGE_SUFFIX = ".stage"
+STAGE_SUFFIX = ".stage"
+"""The ending of a staged file's name."""
 
 
-_TMP_PREFIX = ".tmp."
+TMP_PREFIX = ".tmp."
+"""The beginning of a staged file's name while it is written (renamed away once durable)."""
 
 
 _TRAILER = struct.Struct("<QI")  # row count, CRC-32 (zlib) of everything before the CRC
@@ -95,40 +97,42 @@ _FLUSH_BYTES = 1 << 20
 _SLUG_RE = re.compile(r"[A-Za-z0-9-]{1,64}")
 
 
-def _slug(query: str) -> str:
+def slug(query: str) -> str:
     """A file-name-safe token for a query id (a Spark query id, a UUID, is used as it is)."""
     if _SLUG_RE.fullmatch(query):
         return query
     return "h" + hashlib.sha256(query.encode("utf-8", "surrogatepass")).hexdigest()[:40]
 
 
-def _stream_prefix(query: str | None, batch_id: int | None) -> str:
-    q = _slug(query) if query else "unknown"
+def stream_prefix(query: str | None, batch_id: int | None) -> str:
+    """The staged file names' prefix of a streaming query's micro-batch (``q.<query>.b<batch>.``)."""
+    q = slug(query) if query else "unknown"
     b = str(batch_id) if batch_id is not None else "x"
     return f"q.{q}.b{b}."
 
 
-def _job_prefix(job: str) -> str:
+def job_prefix(job: str) -> str:
+    """The staged file names' prefix of a batch job (``j.<job>.``)."""
     return f"j.{job}."
 
 
-def _created_ns(name: str) -> int | None:
+def created_ns(name: str) -> int | None:
     """The creation time a staged (or temporary) file's name records, or None."""
-    if name.startswith(_TMP_PREFIX):
-        name = name[len(_TMP_PREFIX) :]
-    if not name.endswith(_STAGE_SUFFIX):
+    if name.startswith(TMP_PREFIX):
+        name = name[len(TMP_PREFIX) :]
+    if not name.endswith(STAGE_SUFFIX):
         return None
-    parts = name[: -len(_STAGE_SUFFIX)].split(".")
+    parts = name[: -len(STAGE_SUFFIX)].split(".")
     return int(parts[-1]) if len(parts) > 2 and parts[-1].isdigit() else None
 
 
-def _ensure_dir(fs: FS, path: str) -> None:
+def ensure_dir(fs: FS, path: str) -> None:
     """Create ``path`` (and missing parents) durably: each new entry's parent directory is fsynced."""
     if fs.isdir(path):
         return
     parent = os.path.dirname(path)
     if parent and parent != path:
-        _ensure_dir(fs, parent)
+        ensure_dir(fs, parent)
     fs.makedirs(path)
     fs.fsync_dir(parent)
 
@@ -145,7 +149,7 @@ class _StageFile:
         self.fs = fs
         self.directory = directory
         self.name = name
-        self.tmp = os.path.join(directory, _TMP_PREFIX + name)
+        self.tmp = os.path.join(directory, TMP_PREFIX + name)
         self.offset = 0
         self.crc = 0
         self.count = 0
@@ -315,7 +319,7 @@ def _write_staged(
     try:
         for item in items:
             if staged is None:
-                _ensure_dir(fs, directory)
+                ensure_dir(fs, directory)
                 staged = make()
             add(staged, item)
         if staged is None:
@@ -535,15 +539,17 @@ def _read_rows(path: str, buf: bytes, encryption: Encryption | None) -> list[byt
     return out
 
 
-def _sink_headers(query: str, batch_id: int) -> dict[str, str]:
+def sink_headers(query: str, batch_id: int) -> dict[str, str]:
+    """The headers the sink adds to every event of a streaming query's micro-batch."""
     return {HEADER_QUERY: query, HEADER_BATCH: str(batch_id)}
 
 
-def _headers_overhead(headers: Mapping[str, str]) -> int:
+def headers_overhead(headers: Mapping[str, str]) -> int:
+    """The bytes ``headers`` add to an event's encoding (what the sink's own headers add to every row)."""
     return sum(8 + len(k.encode()) + len(v.encode()) for k, v in headers.items())
 
 
-def _put_all(tx: Any, payloads: list[bytes], extra: Mapping[str, str]) -> None:
+def put_all(tx: Any, payloads: list[bytes], extra: Mapping[str, str]) -> None:
     """Put every payload's event, with ``extra`` headers added, in order (runs sharing headers in one put_many)."""
     run_headers: Mapping[str, str] | None = None
     run: list[bytes] = []
@@ -568,10 +574,10 @@ def merge_headers(data: bytes, offsets: bytes, extra: bytes, plain: bool) -> tup
     ``offsets``: ``n + 1`` native int64s into ``data``; ``extra``: the header block of
     the headers to add (``format.encode_event(b"", extra)``). Row ``i`` becomes
     ``format.encode_event(body, {**headers, **extra})`` of its event (``plain``: the
-    rows are bodies, without headers), the bytes :func:`_put_all` puts. None when a
+    rows are bodies, without headers), the bytes :func:`put_all` puts. None when a
     row is one that rule does not cover exactly (a payload that does not decode, a
     header that is not strict UTF-8, a key repeated in one row): the caller puts
-    those through :func:`_put_all`. One C call (``_speedups.merge_headers``), no
+    those through :func:`put_all`. One C call (``_speedups.merge_headers``), no
     Python object per row.
 
     Raises:
@@ -652,14 +658,14 @@ def _merge_headers_py(data: bytes, offsets: bytes, extra: bytes, plain: bool) ->
 
 
 def put_chunks(tx: Any, chunks: list[StagedChunk], extra: Mapping[str, str]) -> None:
-    """Put the staged rows of ``chunks``, with ``extra`` headers added, in order: the same bytes as :func:`_put_all`.
+    """Put the staged rows of ``chunks``, with ``extra`` headers added, in order: the same bytes as :func:`put_all`.
 
     When no row has headers of its own (every chunk :data:`CHUNK_BODIES`), the
     chunks become one column whose events share the header block of ``extra``,
     framed at commit with no Python object per row. Otherwise each chunk's rows
     are re-encoded with ``extra`` merged in one C call (:func:`merge_headers`)
     into one column of whole payloads; only rows that rule does not cover
-    exactly go through :func:`_put_all`.
+    exactly go through :func:`put_all`.
     """
     if not chunks:
         return
@@ -678,7 +684,7 @@ def put_chunks(tx: Any, chunks: list[StagedChunk], extra: Mapping[str, str]) -> 
     for kind, data, offsets, n, _ in chunks:
         got = merge_headers(data, offsets, head, kind == CHUNK_BODIES)
         if got is None:
-            _put_all(tx, [p for c in chunks for p in chunk_payloads(c)], extra)
+            put_all(tx, [p for c in chunks for p in chunk_payloads(c)], extra)
             return
         col.add(got[0], got[1], n)
         longest = max(longest, got[2])

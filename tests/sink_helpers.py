@@ -31,7 +31,7 @@ def options(path: str | Path, **extra: str) -> SinkOptions:
 
 def stage(opts: SinkOptions, batch_id: int, bodies: list[bytes], part: int = 0, fs: FS = DEFAULT_FS) -> str:
     """Stage ``bodies`` as one task of ``batch_id`` would; return the staged file's name."""
-    name = sink._staged_name(sink._stream_prefix(QUERY, batch_id), part, 0)
+    name = sink._staged_name(sink.stream_prefix(QUERY, batch_id), part, 0)
     got, rows, _ = stage_events(fs, opts.staging_dir, name, [(b, None) for b in bodies], 1 << 20)
     assert (got, rows) == (name, len(bodies))
     return name

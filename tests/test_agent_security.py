@@ -121,6 +121,52 @@ def test_a_writer_cannot_suppress_another_writers_producer(pki: dict[str, Any], 
         assert [e.body for e in view.read(0, 4)] == [b"a-1", b"a-2", b"b-1", b"a-3"]
 
 
+def test_a_writer_cannot_suppress_another_writers_sink_batches_or_keys(pki: dict[str, Any], tmp_path: Path) -> None:
+    """Spark sink query ids, job ids and HTTP Idempotency-Keys belong to the certificate that first committed them.
+
+    Before, a writer who knew another's query id could commit a far batch id under
+    it (so that query's next batches were skipped as "already committed"), and one
+    who knew another's Idempotency-Key could take it first.
+    """
+    d = make_channel(tmp_path / "c", 0)
+    cid = cid_of(d)
+    query = "6f1b9c0e-0000-4000-8000-00000000aaaa"
+    with mtls_agent(pki, [d], writable=True, http="127.0.0.1:0") as agent:
+        good, other = mtls_client(pki, agent), mtls_client(pki, agent, "client2")
+
+        def batch(c: Any, b: int, body: bytes) -> dict[str, Any]:
+            name, rows, _ = c.sink_stage(cid, [(body, None)], partition=0, attempt=0, query=query, batch_id=b)
+            return c.sink_commit(cid, [name], rows=rows, query=query, batch_id=b)  # type: ignore[no-any-return]
+
+        assert batch(good, 0, b"q-0")["committed"]
+        with pytest.raises(AgentAuthError, match=r"query id .* belongs to another client certificate"):
+            batch(other, 1000, b"evil")
+        assert batch(good, 1, b"q-1")["committed"]  # not skipped as "already committed"
+        # A batch job's id: the other's job id never makes this one's a no-op.
+        name, rows, _ = other.sink_stage(cid, [(b"j-evil", None)], partition=0, attempt=0, job="job1")
+        assert other.sink_commit(cid, [name], rows=rows, job="job1")["committed"]
+        name, rows, _ = good.sink_stage(cid, [(b"j-good", None)], partition=0, attempt=0, job="job1")
+        assert good.sink_commit(cid, [name], rows=rows, job="job1")["committed"]
+        # An Idempotency-Key: the other's request under it is refused, the owner's retry is still one.
+        port = agent.http.port
+        assert post_json(port, [{"body": "k-1"}], key="k1", context=https(pki, "client"))[0] == 200
+        status, _, answer = post_json(port, [{"body": "k-1"}], key="k1", context=https(pki, "client2"))
+        assert status == 403, answer
+        assert "another client certificate" in answer["error"]
+        assert post_json(port, [{"body": "k-1"}], key="k1", context=https(pki, "client"))[2]["duplicate"]
+    # The bindings are in the channel (marks committed with the events): they survive a restart.
+    with mtls_agent(pki, [d], writable=True, http="127.0.0.1:0") as agent:
+        good, other = mtls_client(pki, agent), mtls_client(pki, agent, "client2")
+        with pytest.raises(AgentAuthError, match="belongs to another"):
+            batch(other, 1000, b"evil")
+        assert batch(good, 2, b"q-2")["committed"]
+        status, _, _ = post_json(agent.http.port, [{"body": "k-1"}], key="k1", context=https(pki, "client2"))
+        assert status == 403
+    with ChannelReader(d) as view:
+        bodies = [e.body for e in view.read(0, view.available()[1])]
+    assert bodies == [b"q-0", b"q-1", b"j-evil", b"j-good", b"k-1", b"q-2"]
+
+
 # -- item 5: no agent open to other hosts without a word -------------------------------------------------
 
 

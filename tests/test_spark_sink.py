@@ -92,7 +92,7 @@ def test_queries_are_independent(tmp_path: Path) -> None:
     c = SinkCommitter(o)
     c.ensure_channel()
     for q in ("query-a", "query/b with spaces"):
-        name = sink._staged_name(sink._stream_prefix(q, 0), 0, 0)
+        name = sink._staged_name(sink.stream_prefix(q, 0), 0, 0)
         stage_events(DEFAULT_FS, o.staging_dir, name, [(q.encode(), None)], 1 << 20)
         assert c.commit_batch(q, 0, [name]).committed
     assert bodies_of(o.path) == [b"query-a", b"query/b with spaces"]
@@ -184,7 +184,7 @@ def _planted_intent(o: SinkOptions, landed: bool, others: int) -> None:
     with filechannel.open(o.path, minimum_required_space=0) as ch:
         if landed:
             with ch.transaction() as tx:
-                tx.put_many([b"a", b"b"], headers=sink._sink_headers(QUERY, 0))
+                tx.put_many([b"a", b"b"], headers=sink.sink_headers(QUERY, 0))
         if others:
             with ch.transaction() as tx:
                 tx.put_many([b"other"] * others)

@@ -437,7 +437,8 @@ def test_stream_reader_protocol_without_spark(tmp_path: Path) -> None:
 
 
 def test_options_and_the_share_of_a_limit() -> None:
-    from filechannel.spark.source import SourceOptions, _share
+    from filechannel.spark.offsets import share as _share
+    from filechannel.spark.source import SourceOptions
 
     with pytest.raises(filechannel.ConfigError, match="consumer"):
         SourceOptions.parse({"path": "/x"}, streaming=True)

@@ -11,8 +11,9 @@ agent's TCP/TLS listeners (``sources.py``). Each entry is one event
 Commits: a message with the ``chunk`` option is one transaction, answered
 ``{"ack": chunk}`` only after its durable commit; its chunk id commits with
 it as a mark of a :class:`~filechannel.agent.idempotency.KeyRing`
-(``forward:<slot>``), so a retried chunk (within the last ``chunk_ids`` of the
-channel, across agent restarts) is acknowledged again without a second put.
+(``forward:<slot>``, bound to the client's certificate name), so a retried
+chunk (within the last ``chunk_ids`` of the channel, across agent restarts) is
+acknowledged again without a second put.
 Messages without ``chunk`` arriving in one read are committed together (the
 protocol gives them no answer: at most once). An entry over
 ``max_event_size`` is left out (logged, counted); a message with more entries
@@ -46,7 +47,7 @@ from filechannel.errors import (
 from filechannel.format import encoded_event_size
 
 from .auth import INSECURE_FLAG, is_loopback
-from .idempotency import KeyConflictError, KeyRing
+from .idempotency import KeyConflictError, KeyOwnerError, KeyRing
 from .sources import (
     Connection,
     ConnectionSlots,
@@ -494,7 +495,16 @@ class ForwardSource:
             return False
         fp = fingerprint(bodies, headers) if chunk is not None else ""
         try:
-            duplicate, took = ring.put(channel, chunk, fp, bodies, headers)
+            duplicate, took = ring.put(channel, chunk, fp, bodies, headers, conn.name)
+        except KeyOwnerError:
+            logger.warning(
+                "forward: chunk %r from %s (certificate name %r) was committed by another certificate: closing",
+                chunk,
+                conn.peer,
+                conn.name,
+            )
+            self._count("refused", ch.name, 1, "source_refused", "not_allowed")
+            return False
         except KeyConflictError:
             logger.warning("forward: chunk %r from %s was committed with other entries: closing", chunk, conn.peer)
             self._count("refused", ch.name, 1, "source_refused", "chunk_conflict")

@@ -86,6 +86,7 @@ from .auth import (
     read_token,
 )
 from .errors import AgentError, AgentProtocolError, UnknownChannelError
+from .idempotency import Claim, KeyLocks, KeyOwnerError, commit_once, put_events
 from .staging import AgentSink, StageRequest
 from .syslog_source import SyslogSources, resolve, start_syslog
 
@@ -210,7 +211,7 @@ class _Served:
         self.readers: dict[tuple[str, str | None], ChannelReader] = {}
         self.channel: FileChannel | None = None  # the owned channel, when the agent is writable
         self.sink: AgentSink | None = None  # the Spark sink's staging area (staging.py), made at first use
-        self._producer_locks: dict[str, threading.Lock] = {}
+        self._producer_locks = KeyLocks()
 
     def put(
         self,
@@ -222,9 +223,10 @@ class _Served:
     ) -> Any:
         """Commit ``bodies`` and the producer's ``sequence`` as one transaction, unless already committed.
 
-        One put per producer at a time (a lock per producer), so a retry racing
-        its original never commits twice; producers commit in parallel (and share
-        fsyncs). A producer id belongs to the certificate name (``owner``) that
+        One put per producer at a time (striped locks), so a retry racing its
+        original never commits twice; producers commit in parallel (and share
+        fsyncs). The mark commits with the events (``idempotency.commit_once``,
+        the agent's one exactly-once protocol). A producer id belongs to the certificate name (``owner``) that
         first put under it: the mark records it, in the same transaction as the
         events, so it survives restarts; another name's put under that id is
         refused, so one writer can never mark another's sequence numbers as
@@ -232,28 +234,25 @@ class _Served:
         Returns the answer of the wire format (``protocol.py``).
 
         Raises:
-            FlightUnauthorizedError: ``producer`` belongs to another certificate name.
+            KeyOwnerError: ``producer`` belongs to another certificate name (``FlightUnauthorizedError``).
         """
-        assert self.channel is not None
-        with self.lock:
-            lock = self._producer_locks.setdefault(producer, threading.Lock())
+        channel = self.channel
+        assert channel is not None
         key = proto.producer_mark(producer)
-        with lock:
-            committed, bound = proto.decode_producer_mark(self.channel.mark(key))
-            if owner is not None and bound is not None and bound != owner:
-                logger.warning(
-                    "refused certificate name %r a put as producer %r (it belongs to another)", owner, producer
-                )
-                raise fl.FlightUnauthorizedError(
-                    f"producer id {producer!r} belongs to another client certificate: "
-                    "give each writer a producer id of its own"
-                )
-            if sequence <= committed:
+        with self._producer_locks.of(producer):
+            raw = channel.mark(key)
+            committed, bound = proto.decode_producer_mark(raw)
+            dup = commit_once(
+                channel,
+                what=f"producer id {producer!r}",
+                owner=owner,
+                claim=None if raw is None else Claim(str(committed), bound),
+                done=lambda _: sequence <= committed,
+                put=lambda tx: put_events(tx, bodies, headers),
+                mark=lambda: (key, str(sequence)),
+            )
+            if dup is not None:
                 return {"v": 1, "duplicate": True, "sequence": sequence, "committed": committed, "events": 0}
-            with self.channel.transaction() as tx:
-                for b, h in zip(bodies, headers, strict=True):
-                    tx.put(b, headers=h)
-                tx.mark(key, proto.encode_producer_mark(sequence, bound if bound is not None else owner))
             return {"v": 1, "duplicate": False, "sequence": sequence, "committed": sequence, "events": len(bodies)}
 
     def sink_store(self) -> AgentSink:
@@ -591,6 +590,10 @@ class _FlightServer(fl.FlightServerBase):  # type: ignore[misc]
             if metrics is not None:
                 metrics.flight_call(what, "denied")
             raise
+        except KeyOwnerError as exc:  # a key (producer id, sink query id) of another certificate
+            if metrics is not None:
+                metrics.flight_call(what, "denied")
+            raise fl.FlightUnauthorizedError(str(exc)) from None
         except ChannelError as exc:
             if metrics is not None:
                 metrics.flight_call(what, "refused")
@@ -786,11 +789,12 @@ class _FlightServer(fl.FlightServerBase):  # type: ignore[misc]
         rows = req.get("rows")
         if rows is not None:
             rows = proto.int_field(req, "rows")
+        owner = self._peer(context)
         if job is not None:
-            return store.commit_job(job, files, rows, float(stale))
+            return store.commit_job(job, files, rows, float(stale), owner=owner)
         if query is None:
             raise AgentProtocolError("", "a sink commit names a query and batch, or a job")
-        return store.commit_batch(query, proto.int_field(req, "batch"), files, rows, float(stale))
+        return store.commit_batch(query, proto.int_field(req, "batch"), files, rows, float(stale), owner=owner)
 
 
 def _bodies(batch: Any, max_event_size: int) -> Any:

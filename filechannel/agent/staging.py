@@ -7,18 +7,21 @@ for ``writeStream.format("filechannel").option("agent", URI)``:
   (``DoPut`` with ``op: "stage"``); :meth:`AgentSink.stage` writes them to one
   staged file ``DIR/spark-sink/staging/q.<query>.b<batch>.p<partition>.a<attempt>.<pid>.<ns>.stage``
   (``j.<job>.…`` for a batch job), in the sink's staged-file format
-  (``filechannel.spark.sink.stage_events``: checksummed, sealed under the
+  (``filechannel.staged.stage_events``: checksummed, sealed under the
   channel's last key when the channel is encrypted), durable (fsync, rename,
   fsync of the directory) before the answer names the file.
 * **Commit.** The driver names the staged files of the task attempts Spark
   committed (``DoAction("sink_commit")``); :meth:`AgentSink.commit_batch` puts
   all their rows in **one** channel transaction together with the mark
   ``spark-sink:<query>`` = batch id (``Transaction.mark``), syncs, and answers.
-  The mark and the rows commit atomically, so a batch id at or below the mark
-  is a no-op: a commit retried after a crash of the driver or of the agent, or
-  a batch Spark replays, is never put twice. A batch job's commit records its
-  job id in the mark ``spark-sink:jobs`` (the last 16 job ids), so a retried
-  job commit is a no-op too.
+  The mark and the rows commit atomically (``idempotency.commit_once``, the
+  agent's one exactly-once protocol), so a batch id at or below the mark is a
+  no-op: a commit retried after a crash of the driver or of the agent, or a
+  batch Spark replays, is never put twice. The mark also records the
+  certificate name that first committed under the query id; another name's
+  commit under it is refused. A batch job's commit records its job id in the
+  mark ``spark-sink:jobs`` (the last 16 job ids; ``spark-sink:jobs:<name>``
+  per certificate name), so a retried job commit is a no-op too.
 * **Abort and cleanup.** ``sink_abort`` deletes a batch's staged files; every
   commit deletes its query's staged files of batches up to its own (every
   attempt), and any staged or temporary file older than ``staleStagingSeconds``.
@@ -47,20 +50,24 @@ from filechannel.permissions import fs_for
 from filechannel.staged import (
     DEFAULT_STALE_STAGING,
     SINK_DIR,
+    STAGE_SUFFIX,
     STAGING_DIR,
-    _created_ns,
-    _headers_overhead,
-    _job_prefix,
-    _sink_headers,
-    _slug,
-    _stream_prefix,
+    TMP_PREFIX,
+    created_ns,
+    headers_overhead,
+    job_prefix,
     payload_chunk,
     put_chunks,
     read_staged,
+    sink_headers,
+    slug,
     stage_events,
+    stream_prefix,
 )
 
 __all__ = ["JOBS_MARK", "MARK_PREFIX", "AgentSink", "StageRequest", "batch_mark"]
+
+from .idempotency import Claim, commit_once, decode_claim
 
 logger = logging.getLogger("filechannel.agent")
 
@@ -70,14 +77,17 @@ JOBS_MARK = "spark-sink:jobs"
 """The mark holding the ids of the last batch jobs committed (space-separated)."""
 RECENT_JOBS = 16
 _JOB_RE = re.compile(r"[A-Za-z0-9]{1,40}")
-_STAGE_SUFFIX = ".stage"
-_TMP_PREFIX = ".tmp."
 _MAX_ID = (1 << 63) - 1
 
 
 def batch_mark(query: str) -> str:
     """The mark key of ``query``'s last committed batch id (a query id that is not a UUID is hashed)."""
-    return MARK_PREFIX + _slug(query)
+    return MARK_PREFIX + slug(query)
+
+
+def jobs_mark(owner: str | None) -> str:
+    """The mark key of the batch jobs committed by certificate name ``owner`` (:data:`JOBS_MARK` without one)."""
+    return JOBS_MARK if owner is None else f"{JOBS_MARK}:{slug(owner)}"
 
 
 @dataclass(frozen=True)
@@ -109,7 +119,7 @@ class StageRequest:
     @property
     def prefix(self) -> str:
         """The staged file names' prefix of this request's batch (or job)."""
-        return _job_prefix(self.job) if self.job is not None else _stream_prefix(self.query, self.batch_id)
+        return job_prefix(self.job) if self.job is not None else stream_prefix(self.query, self.batch_id)
 
 
 def check_job(job: object) -> str:
@@ -152,7 +162,7 @@ class AgentSink:
     def _name(self, req: StageRequest) -> str:
         with self._names:  # unique within this process even within one clock tick
             ns = self._last_ns = max(time.time_ns(), self._last_ns + 1)
-        return f"{req.prefix}p{req.partition}.a{req.attempt}.{os.getpid()}.{ns}{_STAGE_SUFFIX}"
+        return f"{req.prefix}p{req.partition}.a{req.attempt}.{os.getpid()}.{ns}{STAGE_SUFFIX}"
 
     def stage(
         self, req: StageRequest, events: Iterable[tuple[bytes, Mapping[str, str] | None]]
@@ -171,7 +181,7 @@ class AgentSink:
         if req.job is None:
             assert req.query is not None
             assert req.batch_id is not None
-            overhead = _headers_overhead(_sink_headers(req.query, req.batch_id))
+            overhead = headers_overhead(sink_headers(req.query, req.batch_id))
         cfg = self.channel.config
         name, rows, size = stage_events(
             self.fs, self.staging_dir, self._name(req), events, cfg.max_event_size, overhead, cfg.encryption
@@ -183,8 +193,12 @@ class AgentSink:
 
     def committed_batch(self, query: str) -> int:
         """The last batch id of ``query`` committed to the channel (-1: none)."""
+        claim = self._claim(query)
+        return -1 if claim is None else int(claim.state)
+
+    def _claim(self, query: str) -> Claim | None:
         raw = self.channel.mark(batch_mark(query))
-        return -1 if raw is None else int(raw)
+        return None if raw is None else decode_claim(raw, 1)
 
     def commit_batch(
         self,
@@ -193,14 +207,20 @@ class AgentSink:
         files: Sequence[str],
         rows: int | None = None,
         stale_staging: float = DEFAULT_STALE_STAGING,
+        owner: str | None = None,
     ) -> dict[str, Any]:
         """Put micro-batch ``batch_id`` of ``query`` in one transaction with its mark, unless committed before.
+
+        The query id belongs to the certificate name (``owner``) that first
+        committed under it (``idempotency.commit_once``): another name's commit
+        under it is refused, so no writer can mark another's batches committed.
 
         Returns:
             ``{"committed": bool, "reason": "committed" | "already committed" | "empty",
             "rows": n, "last_batch": the query's last committed batch id}``.
 
         Raises:
+            KeyOwnerError: Another certificate name owns ``query``.
             ChannelError: A staged file is missing or damaged, more rows than ``transaction_capacity``,
                 or the channel refused the events (``ChannelFullError``, ...): nothing of the batch is put.
             OSError: A write or fsync failed: nothing or all of the batch is in the channel (with its
@@ -211,29 +231,50 @@ class AgentSink:
         _check_int(batch_id, "batch_id")
         what = f"batch {batch_id} of query {query}"
         with self._lock:
-            last = self.committed_batch(query)
-            if batch_id <= last:
+            claim = self._claim(query)
+            last = -1 if claim is None else int(claim.state)
+            payloads: list[bytes] = []
+
+            def done(_: Claim) -> bool:
+                if batch_id <= last:
+                    return True
+                payloads.extend(self._read(files, rows, what))
+                self._check_size(len(payloads), what)
+                return not payloads
+
+            dup = commit_once(
+                self.channel,
+                what=f"the sink's query id {query!r}",
+                owner=owner,
+                claim=claim if claim is not None else Claim("-1", None),
+                done=done,
+                put=lambda tx: put_chunks(tx, [payload_chunk(payloads)], sink_headers(query, batch_id)),
+                mark=lambda: (batch_mark(query), str(batch_id)),
+                sync=True,  # durable before the driver hears of it, whatever the fsync mode
+            )
+            if dup is None:
+                logger.info("committed %s: %d events", what, len(payloads))
+                out = {"committed": True, "reason": "committed", "rows": len(payloads), "last_batch": batch_id}
+            elif batch_id <= last:
                 logger.info("%s: already committed (the channel's mark says %d); skipped", what, last)
                 out = {"committed": False, "reason": "already committed", "rows": 0, "last_batch": last}
             else:
-                payloads = self._read(files, rows, what)
-                if not payloads:
-                    out = {"committed": False, "reason": "empty", "rows": 0, "last_batch": last}
-                else:
-                    self._check_size(len(payloads), what)
-                    with self.channel.transaction() as tx:
-                        put_chunks(tx, [payload_chunk(payloads)], _sink_headers(query, batch_id))
-                        tx.mark(batch_mark(query), b"%d" % batch_id)
-                    self.channel.sync()  # durable before the driver hears of it, whatever the fsync mode
-                    logger.info("committed %s: %d events", what, len(payloads))
-                    out = {"committed": True, "reason": "committed", "rows": len(payloads), "last_batch": batch_id}
-        self._cleanup(f"q.{_slug(query)}.b", batch_id, stale_staging)
+                out = {"committed": False, "reason": "empty", "rows": 0, "last_batch": last}
+        self._cleanup(f"q.{slug(query)}.b", batch_id, stale_staging)
         return out
 
     def commit_job(
-        self, job: str, files: Sequence[str], rows: int | None = None, stale_staging: float = DEFAULT_STALE_STAGING
+        self,
+        job: str,
+        files: Sequence[str],
+        rows: int | None = None,
+        stale_staging: float = DEFAULT_STALE_STAGING,
+        owner: str | None = None,
     ) -> dict[str, Any]:
         """Put a batch job's staged rows in one transaction, recording the job id; a repeated job id is a no-op.
+
+        The job ids are kept per certificate name (``owner``: :func:`jobs_mark`), so
+        another writer's job id never makes this one's commit a no-op.
 
         Returns:
             ``{"committed": bool, "reason": ..., "rows": n}``.
@@ -243,31 +284,44 @@ class AgentSink:
         """
         check_job(job)
         what = f"batch job {job}"
+        mark = jobs_mark(owner)
         with self._lock:
-            raw = self.channel.mark(JOBS_MARK)
+            raw = self.channel.mark(mark)
             recent = raw.decode("ascii", "replace").split() if raw else []
-            if job in recent:
+            payloads: list[bytes] = []
+
+            def done(_: Claim) -> bool:
+                if job in recent:
+                    return True
+                payloads.extend(self._read(files, rows, what))
+                self._check_size(len(payloads), what)
+                return not payloads
+
+            dup = commit_once(
+                self.channel,
+                what=f"batch job {job!r}",
+                owner=None,  # bound by the mark's name
+                claim=Claim(" ".join(recent), None),
+                done=done,
+                put=lambda tx: put_chunks(tx, [payload_chunk(payloads)], {}),
+                mark=lambda: (mark, " ".join([*recent, job][-RECENT_JOBS:])),
+                sync=True,
+            )
+            if dup is None:
+                logger.info("committed %s: %d events", what, len(payloads))
+                out = {"committed": True, "reason": "committed", "rows": len(payloads)}
+            elif job in recent:
                 out = {"committed": False, "reason": "already committed", "rows": 0}
             else:
-                payloads = self._read(files, rows, what)
-                if not payloads:
-                    out = {"committed": False, "reason": "empty", "rows": 0}
-                else:
-                    self._check_size(len(payloads), what)
-                    with self.channel.transaction() as tx:
-                        put_chunks(tx, [payload_chunk(payloads)], {})
-                        tx.mark(JOBS_MARK, " ".join([*recent, job][-RECENT_JOBS:]).encode("ascii"))
-                    self.channel.sync()
-                    logger.info("committed %s: %d events", what, len(payloads))
-                    out = {"committed": True, "reason": "committed", "rows": len(payloads)}
-        self.discard(_job_prefix(job), files)
+                out = {"committed": False, "reason": "empty", "rows": 0}
+        self.discard(job_prefix(job), files)
         self.sweep(stale_staging)
         return out
 
     def _read(self, files: Sequence[str], rows: int | None, what: str) -> list[bytes]:
         payloads: list[bytes] = []
         for name in files:
-            if not isinstance(name, str) or os.path.basename(name) != name or not name.endswith(_STAGE_SUFFIX):
+            if not isinstance(name, str) or os.path.basename(name) != name or not name.endswith(STAGE_SUFFIX):
                 raise ChannelError(f"{what}: {name!r} is not a staged file name")
             path = os.path.join(self.staging_dir, name)
             try:
@@ -294,7 +348,7 @@ class AgentSink:
 
     def discard(self, prefix: str | None, files: Iterable[str] = ()) -> int:
         """Delete the staged files named, and every one (or its temporary) whose name starts with ``prefix``."""
-        doomed = {f for f in files if isinstance(f, str) and os.path.basename(f) == f and f.endswith(_STAGE_SUFFIX)}
+        doomed = {f for f in files if isinstance(f, str) and os.path.basename(f) == f and f.endswith(STAGE_SUFFIX)}
         if prefix is not None:
             for name in self._names_in_staging():
                 if _bare(name).startswith(prefix):
@@ -307,7 +361,7 @@ class AgentSink:
         limit = int(stale_staging * 1e9)
         doomed = set()
         for name in self._names_in_staging():
-            created = _created_ns(name)
+            created = created_ns(name)
             if created is not None and now - created >= limit:
                 doomed.add(name)
         n = self._unlink(doomed)
@@ -346,4 +400,4 @@ class AgentSink:
 
 
 def _bare(name: str) -> str:
-    return name[len(_TMP_PREFIX) :] if name.startswith(_TMP_PREFIX) else name
+    return name[len(TMP_PREFIX) :] if name.startswith(TMP_PREFIX) else name

@@ -10,8 +10,10 @@ loop in a thread of its own:
   ``Idempotency-Key`` header makes retries exactly-once: the key commits in
   the same transaction as the events, as a mark in a ring of
   ``idempotency_keys`` slots per channel (``idempotency.py``; ``http:<slot>`` = ``"<seq> <body
-  hash> <key>"``; marks cannot be deleted, so the ring bounds them); a retry
-  whose key is among the ring's keys is answered ``200`` again, nothing put.
+  hash> <key>"``, then the certificate name that owns the key; marks cannot be
+  deleted, so the ring bounds them); a retry whose key is among the ring's
+  keys is answered ``200`` again, nothing put; another certificate's request
+  under that key is refused (403), so no writer can suppress another's.
 - ``POST /v1/logs``: OTLP/HTTP logs (decoded by ``otlp.py``; ``docs/otlp.md``),
   one transaction per request, the channel from ``X-Filechannel-Channel``.
 - ``GET /v1/channels``: the served channels by name.
@@ -25,7 +27,9 @@ health checks need none), the content type, the ``Content-Length`` against
 ``max_body`` (and a body read in chunks of 64 KiB, never whole, under a read
 deadline), each event against ``max_event_size`` and the event count
 against ``transaction_capacity``. Commits run in a thread pool, so
-concurrent requests share fsyncs (the channel's group commit).
+concurrent requests share fsyncs (the channel's group commit). A put's error
+becomes its HTTP answer through one funnel, :func:`refusal`, and one table,
+:data:`STATUS`.
 """
 
 from __future__ import annotations
@@ -70,8 +74,7 @@ from .auth import (
     may_write,
     read_token,
 )
-from .idempotency import KeyConflictError as _Conflict
-from .idempotency import KeyRing
+from .idempotency import KeyConflictError, KeyOwnerError, KeyRing
 from .metrics import CONTENT_TYPE, AgentMetrics, ChannelSample, sample_from_stats
 from .sources import CHANNEL_HEADER
 from .sources import server_ssl_context as _ssl_context
@@ -193,6 +196,65 @@ class _BadRequest(Exception):
         self.reason = reason
         self.headers = headers or {}
         self.close = close
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """How the HTTP side answers one kind of error of a put: a status, an optional ``Retry-After``, the reason.
+
+    ``say(exc, channel name)`` is the one-line reason of the answer; ``log``: the error is
+    the agent's (logged as an error), not the request's.
+    """
+
+    status: int
+    say: Callable[[BaseException, str], str] = lambda exc, _: str(exc)
+    retry_after: str | None = None
+    log: bool = False
+
+
+STATUS: dict[type[BaseException], Refusal] = {
+    KeyConflictError: Refusal(
+        422,
+        lambda exc, _: f"Idempotency-Key {getattr(exc, 'key', '')!r} was committed with another body; use a new key",
+    ),
+    KeyOwnerError: Refusal(
+        403,
+        lambda *_: (
+            "this Idempotency-Key was committed by another client certificate: use keys of your own (nothing was put)"
+        ),
+    ),
+    ChannelFullError: Refusal(
+        503, lambda exc, name: f"channel {name}: {_full(exc)}; retry later (nothing was put)", RETRY_AFTER_FULL
+    ),
+    DiskSpaceError: Refusal(  # a full channel of the disk kind (min_free, disk_full)
+        503, lambda exc, _: f"{exc} (nothing was put)", RETRY_AFTER_DISK
+    ),
+    EventTooLargeError: Refusal(413),
+    TransactionCapacityError: Refusal(413),
+    InvalidEventError: Refusal(400),
+    ChannelClosedError: Refusal(503, lambda exc, name: f"channel {name} has failed: {exc}", log=True),
+    ChannelError: Refusal(500, lambda exc, _: f"the put failed: {exc}", log=True),
+    OSError: Refusal(
+        500,
+        lambda exc, _: f"the put failed: {getattr(exc, 'strerror', None) or type(exc).__name__} on the agent",
+        log=True,
+    ),
+}
+"""The HTTP answer of each error a put can raise; the most specific class of an error's MRO wins."""
+
+
+def _full(exc: BaseException) -> str:
+    """What a full channel reached (``ChannelFullError.reason``), in words."""
+    return "its max_bytes is reached" if getattr(exc, "reason", None) == "max_bytes" else "it is full"
+
+
+def refusal(exc: BaseException, channel: str) -> _BadRequest:
+    """The one funnel from a put's error to its HTTP answer (:data:`STATUS`); an error it does not know is a 500."""
+    rule = next((STATUS[c] for c in type(exc).__mro__ if c in STATUS), Refusal(500, log=True))
+    if rule.log:
+        logger.error("a put to channel %s failed: %s", channel, exc)
+    headers = {"Retry-After": rule.retry_after} if rule.retry_after is not None else None
+    return _BadRequest(rule.status, rule.say(exc, channel), headers)
 
 
 def _answer(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
@@ -598,7 +660,7 @@ class HttpServer:
         if len(bodies) > cap:
             raise _BadRequest(413, f"{len(bodies)} events in one request, over transaction_capacity={cap}: send fewer")
         fingerprint = hashlib.sha256(ctype.encode() + b"\0" + data).hexdigest()[:32]
-        duplicate, took = await self._put(ch, channel, key, fingerprint, bodies, headers)
+        duplicate, took = await self._put(ch, channel, key, fingerprint, bodies, headers, _peer_name(request))
         if duplicate:
             self.metrics.http_duplicates.labels(name).inc()
         else:
@@ -633,43 +695,22 @@ class HttpServer:
         fingerprint: str,
         bodies: list[bytes],
         headers: list[dict[str, str] | None],
+        owner: str | None = None,
     ) -> tuple[bool, float]:
         """Commit the events in the pool: (duplicate, seconds); a channel's refusal as its HTTP status.
 
         Raises:
-            _BadRequest: 422 (a key's other body), 503 with Retry-After (full, no disk space, failed),
-                413 (too large), 400 (an invalid event), 500 (I/O).
+            _BadRequest: The refusal's status (:data:`STATUS`): 422 (a key's other body), 403 (another
+                certificate's key), 503 with Retry-After (full, no disk space, failed), 413 (too large),
+                400 (an invalid event), 500 (I/O).
         """
-        name = ch.name
         ring = self._rings[ch.cid]
         try:
             return await self._loop.run_in_executor(  # type: ignore[no-any-return]
-                self._pool, ring.put, channel, key, fingerprint, bodies, headers
+                self._pool, ring.put, channel, key, fingerprint, bodies, headers, owner
             )
-        except _Conflict:
-            raise _BadRequest(422, f"Idempotency-Key {key!r} was committed with another body; use a new key") from None
-        except DiskSpaceError as exc:  # a full channel of the disk kind (min_free, disk_full)
-            raise _BadRequest(503, f"{exc} (nothing was put)", {"Retry-After": RETRY_AFTER_DISK}) from None
-        except ChannelFullError as exc:
-            what = "its max_bytes is reached" if exc.reason == "max_bytes" else "it is full"
-            raise _BadRequest(
-                503, f"channel {name}: {what}; retry later (nothing was put)", {"Retry-After": RETRY_AFTER_FULL}
-            ) from None
-        except EventTooLargeError as exc:
-            raise _BadRequest(413, str(exc)) from None
-        except TransactionCapacityError as exc:
-            raise _BadRequest(413, str(exc)) from None
-        except InvalidEventError as exc:
-            raise _BadRequest(400, str(exc)) from None
-        except ChannelClosedError as exc:
-            logger.error("a put to channel %s failed: %s", name, exc)
-            raise _BadRequest(503, f"channel {name} has failed: {exc}") from None
-        except ChannelError as exc:
-            logger.error("a put to channel %s failed: %s", name, exc)
-            raise _BadRequest(500, f"the put failed: {exc}") from None
-        except OSError as exc:
-            logger.error("a put to channel %s failed: %s", name, exc)
-            raise _BadRequest(500, f"the put failed: {exc.strerror or type(exc).__name__} on the agent") from None
+        except (ChannelError, OSError) as exc:
+            raise refusal(exc, ch.name) from None
 
     async def _otlp_logs(self, request: web.Request) -> web.StreamResponse:
         """``POST /v1/logs``: OTLP/HTTP logs (decoded by ``otlp.py``), one transaction per request.

@@ -53,17 +53,19 @@ from filechannel.errors import (
 )
 from filechannel.reader import ChannelReader
 
-from .source import (
-    _AHEAD_HINT,
-    IDENTITY_PREFIX,
+from .offsets import (
+    AHEAD_HINT,
     CheckpointMismatchError,
+    check_position_keys,
+    lost,
+    make_offset,
+    parse_offset,
+    resolve_position,
+)
+from .source import (
+    IDENTITY_PREFIX,
     FileChannelStreamReader,
     SourceOptions,
-    _lost,
-    _offset,
-    _parse_offset,
-    check_position_keys,
-    resolve_position,
     shaped,
 )
 
@@ -393,7 +395,7 @@ class AgentStreamReader(FileChannelStreamReader):
             read = {**self._paths(), **{cid: f"agent {uri}" for cid, uri in served.items()}}
             check_position_keys(self.options.starting, "startingPosition", read)
         if self.options.paths:
-            positions.update(_parse_offset(super().initialOffset())[0])
+            positions.update(parse_offset(super().initialOffset())[0])
         for uri in sorted(set(served.values())):
             status = self._client(uri).status()
             consumers = {c["channel"]: c.get("consumers", {}) for c in status.get("channels", [])}
@@ -409,7 +411,7 @@ class AgentStreamReader(FileChannelStreamReader):
                 ",".join(self.options.agents),
                 "no channel to read: the agents serve none" + (" (some cannot be reached)" if down else ""),
             )
-        return _offset(positions, query)
+        return make_offset(positions, query)
 
     def prepareForTriggerAvailableNow(self) -> None:
         """Record each channel's committed end now (an unreachable agent's channels wait for the next run)."""
@@ -438,7 +440,7 @@ class AgentStreamReader(FileChannelStreamReader):
             CheckpointMismatchError: A checkpointed channel that nothing serves, not named in ``retireChannels``.
             ConfigError: One channel id served twice.
         """
-        positions, query = _parse_offset(start)
+        positions, query = parse_offset(start)
         self._use_query(query)
         paths = self._paths()
         served, down = self._discover()
@@ -488,7 +490,7 @@ class AgentStreamReader(FileChannelStreamReader):
                 except AgentUnavailableError:
                     continue
                 logger.info("filechannel source: channel %s (agent %s) joins at %d", cid, served[cid], ends[cid])
-        return _offset(ends, query)
+        return make_offset(ends, query)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         """Split ``[start, end)``: a pure function of the two offsets (no agent is asked).
@@ -496,8 +498,8 @@ class AgentStreamReader(FileChannelStreamReader):
         A channel absent from ``start`` joined in this batch (nothing of it is read);
         one absent from ``end`` was retired.
         """
-        first, _ = _parse_offset(start)
-        last, query = _parse_offset(end)
+        first, _ = parse_offset(start)
+        last, query = parse_offset(end)
         paths = self._paths()
         out: list[InputPartition] = []
         for cid in sorted(last):
@@ -523,7 +525,7 @@ class AgentStreamReader(FileChannelStreamReader):
             DataLossError: ``end`` is beyond what a channel holds.
             CheckpointMismatchError: Another query took the consumer name over.
         """
-        positions, query = _parse_offset(end)
+        positions, query = parse_offset(end)
         self._use_query(query)
         paths = self._paths()
         for cid, p in sorted(positions.items()):
@@ -545,7 +547,7 @@ class AgentStreamReader(FileChannelStreamReader):
                 if p <= visible:
                     raise
                 loss = DataLossError(visible, p, f"the channel holds positions below {visible} only")
-                raise _lost(path, loss, _AHEAD_HINT) from exc
+                raise lost(path, loss, AHEAD_HINT) from exc
 
     def _flush_acks(self, query: str) -> None:
         for cid, p in sorted(self._pending.items()):
@@ -567,7 +569,7 @@ class AgentStreamReader(FileChannelStreamReader):
                     except ConsumerIdentityError:
                         raise
                     except DataLossError as exc:
-                        raise _lost(f"{cid} at agent {uri}", exc, _AHEAD_HINT) from exc
+                        raise lost(f"{cid} at agent {uri}", exc, AHEAD_HINT) from exc
             except AgentUnavailableError as exc:
                 logger.warning(
                     "filechannel source: acknowledgement of channel %s up to %d deferred: %s", cid, p, exc.reason

@@ -70,28 +70,28 @@ from filechannel.errors import (
 from filechannel.permissions import fs_for
 from filechannel.reader import ChannelReader
 from filechannel.staged import (  # the staged-file format, shared with the agent
-    _STAGE_SUFFIX,
-    _TMP_PREFIX,
     CHUNK_BODIES,
     CHUNK_PAYLOADS,
     DEFAULT_STALE_STAGING,
     HEADER_BATCH,
     HEADER_QUERY,
     SINK_DIR,
+    STAGE_SUFFIX,
     STAGING_DIR,
+    TMP_PREFIX,
     StagedChunk,
-    _created_ns,
-    _ensure_dir,
-    _headers_overhead,
-    _job_prefix,
-    _sink_headers,
-    _slug,
-    _stream_prefix,
+    created_ns,
+    ensure_dir,
+    headers_overhead,
+    job_prefix,
     put_chunks,
     read_staged,
     read_staged_chunks,
+    sink_headers,
+    slug,
     stage_chunks,
     stage_events,
+    stream_prefix,
 )
 
 from .agent_sink import AGENT_OPTIONS, AgentSinkOptions, AgentSinkTarget
@@ -375,12 +375,12 @@ def _check_schema(schema: StructType) -> _Columns:
 
 
 def _staged_name(prefix: str, partition: int, attempt: int) -> str:
-    return f"{prefix}p{partition}.a{attempt}.{os.getpid()}.{time.time_ns()}{_STAGE_SUFFIX}"
+    return f"{prefix}p{partition}.a{attempt}.{os.getpid()}.{time.time_ns()}{STAGE_SUFFIX}"
 
 
 def _write_atomic(fs: FS, directory: str, name: str, data: bytes) -> None:
     """Write ``directory/name`` atomically and durably: temporary file, fsync, rename, fsync of the directory."""
-    tmp = os.path.join(directory, f"{_TMP_PREFIX}{name}.{os.getpid()}.{time.time_ns()}")
+    tmp = os.path.join(directory, f"{TMP_PREFIX}{name}.{os.getpid()}.{time.time_ns()}")
     replace_durably(fs, tmp, os.path.join(directory, name), data)
 
 
@@ -474,7 +474,7 @@ class _StateStore:
         self.dir = options.queries_dir
 
     def path(self, query: str) -> str:
-        return os.path.join(self.dir, _slug(query) + ".state")
+        return os.path.join(self.dir, slug(query) + ".state")
 
     def load(self, query: str) -> QueryState:
         path = self.path(query)
@@ -501,10 +501,10 @@ class _StateStore:
             raise CorruptLogError(path, 0, f"malformed state: {exc}", hint) from exc
 
     def save(self, state: QueryState) -> None:
-        _ensure_dir(self.fs, self.dir)
+        ensure_dir(self.fs, self.dir)
         # A crash between create and rename leaves a temporary file; this query's commits
         # run one at a time (under the channel's lock), so any left now is no write in progress.
-        leftover = f"{_TMP_PREFIX}{_slug(state.query)}.state."
+        leftover = f"{TMP_PREFIX}{slug(state.query)}.state."
         for name in self.fs.listdir(self.dir):
             if name.startswith(leftover):
                 try:
@@ -522,7 +522,7 @@ class _StateStore:
 
 
 def _guard_name(query: str) -> str:
-    return _GUARD_PREFIX + _slug(query)
+    return _GUARD_PREFIX + slug(query)
 
 
 # --------------------------------------------------------------------------
@@ -686,7 +686,7 @@ class SinkCommitter:
         store.save(QueryState(query, state.last_batch, Pending(batch_id, first, count)))
         try:
             with ch.transaction() as tx:
-                put_chunks(tx, chunks, _sink_headers(query, batch_id))
+                put_chunks(tx, chunks, sink_headers(query, batch_id))
         except ChannelError:
             # Refused before anything was written (full, an event too large, no disk space):
             # settle now, so that the guard does not pin the channel until the next commit.
@@ -786,7 +786,7 @@ class SinkCommitter:
                 finally:
                     ch.close()
                 logger.info("committed %s: %d events", what, count)
-        self.discard(_job_prefix(job), files)
+        self.discard(job_prefix(job), files)
         self.sweep()
         return count
 
@@ -795,7 +795,7 @@ class SinkCommitter:
     def _read_files(self, files: Sequence[str], rows: int | None, what: str) -> list[StagedChunk]:
         chunks: list[StagedChunk] = []
         for name in files:
-            if os.path.basename(name) != name or not name.endswith(_STAGE_SUFFIX):
+            if os.path.basename(name) != name or not name.endswith(STAGE_SUFFIX):
                 raise ChannelError(f"{what}: {name!r} is not a staged file name")
             path = os.path.join(self.options.staging_dir, name)
             try:
@@ -828,7 +828,7 @@ class SinkCommitter:
         doomed = {f for f in files if os.path.basename(f) == f}
         if prefix is not None:
             for name in self._staged_names():
-                bare = name[len(_TMP_PREFIX) :] if name.startswith(_TMP_PREFIX) else name
+                bare = name[len(TMP_PREFIX) :] if name.startswith(TMP_PREFIX) else name
                 if bare.startswith(prefix):
                     doomed.add(name)
         return self._unlink(directory, doomed)
@@ -843,7 +843,7 @@ class SinkCommitter:
         limit = int(self.options.stale_staging * 1e9)
         doomed = set()
         for name in self._staged_names():
-            created = _created_ns(name)
+            created = created_ns(name)
             if created is not None and now - created >= limit:
                 doomed.add(name)
         n = self._unlink(self.options.staging_dir, doomed)
@@ -853,10 +853,10 @@ class SinkCommitter:
 
     def _cleanup(self, query: str, batch_id: int) -> None:
         """After a batch of ``query``: its staged files up to ``batch_id`` (every attempt) go, then stale ones."""
-        qprefix = f"q.{_slug(query)}.b"
+        qprefix = f"q.{slug(query)}.b"
         doomed = set()
         for name in self._staged_names():
-            bare = name[len(_TMP_PREFIX) :] if name.startswith(_TMP_PREFIX) else name
+            bare = name[len(TMP_PREFIX) :] if name.startswith(TMP_PREFIX) else name
             if bare.startswith(qprefix):
                 b = bare[len(qprefix) :].split(".", 1)[0]
                 if b.isdigit() and int(b) <= batch_id:
@@ -1034,10 +1034,10 @@ class FileChannelStreamWriter(_WriterBase, DataSourceStreamArrowWriter):
                 batch_id=info.batch_id,
             )
             return StagedFiles(files, rows, size, query=info.query, batch_id=info.batch_id)
-        overhead = _headers_overhead(
-            _sink_headers(info.query or "x" * 64, 10**12 if info.batch_id is None else info.batch_id)
+        overhead = headers_overhead(
+            sink_headers(info.query or "x" * 64, 10**12 if info.batch_id is None else info.batch_id)
         )
-        files, rows, size = self._stage(iterator, _stream_prefix(info.query, info.batch_id), info, overhead)
+        files, rows, size = self._stage(iterator, stream_prefix(info.query, info.batch_id), info, overhead)
         return StagedFiles(files, rows, size, query=info.query, batch_id=info.batch_id)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
@@ -1071,7 +1071,7 @@ class FileChannelStreamWriter(_WriterBase, DataSourceStreamArrowWriter):
             n = self.target.abort(files, query=query, batch_id=batchId, stale_staging=self.options.stale_staging)
             logger.info("aborted batch %d: %d staged file(s) deleted at the agent", batchId, n)
             return
-        prefix = _stream_prefix(query, batchId) if query is not None else None
+        prefix = stream_prefix(query, batchId) if query is not None else None
         n = self._committer().discard(prefix, files)
         logger.info("aborted batch %d: %d staged file(s) deleted", batchId, n)
 
@@ -1147,7 +1147,7 @@ class FileChannelBatchWriter(_WriterBase, DataSourceArrowWriter):
                 _arrow_events(iterator, self.columns), partition=info.partition, attempt=info.attempt, job=self.job
             )
         else:
-            files, rows, size = self._stage(iterator, _job_prefix(self.job), info, 0)
+            files, rows, size = self._stage(iterator, job_prefix(self.job), info, 0)
         return StagedFiles(files, rows, size, job=self.job)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
@@ -1171,4 +1171,4 @@ class FileChannelBatchWriter(_WriterBase, DataSourceArrowWriter):
         if self.target is not None:
             self.target.abort(files, job=self.job, stale_staging=self.options.stale_staging)
             return
-        self._committer().discard(_job_prefix(self.job), files)
+        self._committer().discard(job_prefix(self.job), files)

@@ -58,7 +58,7 @@ channel's id, in sorted order, so a checkpoint is refused on another channel);
 the token names the query (made when its checkpoint is new, then carried by
 every offset in that checkpoint) and is the consumer's recorded identity, so a
 second query or a lost checkpoint cannot silently share a consumer. Spark
-compares offsets as JSON strings: they are always built by :func:`_offset`.
+compares offsets as JSON strings: they are always built by :func:`make_offset`.
 (One consequence: a query killed while starting, after it registered its
 consumer but before Spark logged its first offsets, has no token in its
 checkpoint; its restart is refused like a lost checkpoint, and
@@ -112,6 +112,20 @@ from filechannel.errors import (
 )
 from filechannel.reader import ChannelReader, Segment
 
+from .offsets import (
+    AHEAD_HINT,
+    BEHIND_HINT,
+    CheckpointMismatchError,
+    check_position_keys,
+    lost,
+    make_offset,
+    parse_offset,
+    position_option,
+    resolve_position,
+    share,
+    share_partitions,
+)
+
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
@@ -163,10 +177,6 @@ DEFAULT_MAX_TRIGGER_DELAY = 15 * 60.0  # seconds; as the Kafka source's maxTrigg
 DEFAULT_PARTITION_EVENTS = 20_000
 DEFAULT_AGENT_TIMEOUT_MS = 10_000
 DEFAULT_AGENT_HOLD_MS = 300_000
-
-
-class CheckpointMismatchError(ChannelError):
-    """A streaming query's Spark checkpoint does not belong to the channel or the consumer it reads."""
 
 
 class FilesNotVisibleError(ChannelError):
@@ -252,8 +262,8 @@ class SourceOptions:
             keystore = os.path.abspath(keystore)
             Encryption(keys=keystore)  # fail at once on a missing, exposed or malformed keystore
         remote = _agent_options(opts, agents)
-        starting = _position_option(opts, "startingPosition")
-        ending = _position_option(opts, "endingPosition")
+        starting = position_option(opts, "startingPosition")
+        ending = position_option(opts, "endingPosition")
         min_partitions = _positive(opts, "minPartitions", default_partitions or DEFAULT_MIN_PARTITIONS)
         if not streaming:
             return cls(
@@ -305,46 +315,6 @@ class SourceOptions:
         return len(self.paths) > 1 or bool(self.agents)
 
 
-def _position_option(opts: Mapping[str, str], name: str) -> str | None:
-    """``startingPosition`` / ``endingPosition``: checked now, resolved per channel when it is read."""
-    raw = opts.get(name.lower())
-    if raw is None:
-        return None
-    value = raw.strip()
-    try:
-        per = json.loads(value) if value.startswith("{") else {"*": value}
-    except ValueError as exc:
-        raise ConfigError(name, f"is neither earliest, latest, a position nor a JSON object: {raw!r}") from exc
-    if not isinstance(per, dict) or not per:
-        raise ConfigError(name, f"must name at least one channel: {raw!r}")
-    for v in per.values():
-        _one_position(name, v)
-    return json.dumps(per, sort_keys=True)
-
-
-def check_position_keys(option: str | None, name: str, channels: Mapping[str, str]) -> None:
-    """Refuse a per-channel key of ``startingPosition`` / ``endingPosition`` that names no channel being read.
-
-    ``channels`` maps the id of each channel read to its directory (or, for an
-    agent's channel, a label); a key is a channel id, a directory, or ``*``.
-
-    Raises:
-        ConfigError: A key names none of them (a typo would otherwise read the default range).
-    """
-    if option is None:
-        return
-    known = {"*", *channels}
-    known.update(where for where in channels.values() if os.path.isabs(where))  # as resolve_position matches
-    for key in sorted(json.loads(option)):
-        if key not in known:
-            read = ", ".join(f"{cid} ({where})" for cid, where in sorted(channels.items())) or "none"
-            raise ConfigError(
-                name,
-                f"names channel {key!r}, which is not one this query reads (it reads {read}): "
-                "key each position by a channel id or directory read",
-            )
-
-
 def _fail_on_data_loss(opts: Mapping[str, str]) -> None:
     """``failOnDataLoss``: accepted as ``true`` (what the source always does), refused as ``false``."""
     raw = opts.get("failondataloss")
@@ -359,40 +329,6 @@ def _fail_on_data_loss(opts: Mapping[str, str]) -> None:
             "consumer over with option('resetConsumer', 'true')",
         )
     raise ConfigError("failOnDataLoss", f"must be true (false is not supported), got {raw!r}")
-
-
-def _one_position(name: str, v: object) -> str | int:
-    if isinstance(v, str) and v.strip().lower() in ("earliest", "latest"):
-        return v.strip().lower()
-    try:
-        n = int(str(v).strip())
-    except ValueError:
-        n = -1
-    if isinstance(v, bool) or n < 0:
-        raise ConfigError(name, f"each position is earliest, latest or a position >= 0, got {v!r}")
-    return n
-
-
-def resolve_position(option: str | None, name: str, cid: str, path: str, start: int, end: int, default: str) -> int:
-    """Where ``startingPosition`` / ``endingPosition`` puts channel ``cid`` (at ``path``), which holds ``[start, end)``.
-
-    Raises:
-        DataLossError: A position below what the channel still holds (those events were taken).
-        ConfigError: A position beyond its end.
-    """
-    per: dict[str, Any] = json.loads(option) if option is not None else {}
-    want = per.get(cid, per.get(path, per.get(os.path.abspath(path), per.get("*", default))))
-    v = _one_position(name, want)
-    if v == "earliest":
-        return start
-    if v == "latest":
-        return end
-    assert isinstance(v, int)
-    if v < start:
-        raise DataLossError(v, start, f"{name} {v}: channel {path} holds positions from {start} (taken before)")
-    if v > end:
-        raise ConfigError(name, f"{v} is beyond what channel {path} holds (positions below {end})")
-    return v
 
 
 def _duration(opts: Mapping[str, str], name: str, default: float) -> float:
@@ -493,47 +429,6 @@ def _channel_id(path: str) -> str:
         return decode_channel_file(data)[0].hex()
     except FormatError as exc:
         raise CorruptLogError(chan, exc.offset, exc.reason) from exc
-
-
-# -- offsets --------------------------------------------------------------------------------
-
-
-def _offset(positions: Mapping[str, int], query: str) -> dict[str, Any]:
-    """The one way an offset is built: canonical, since Spark compares offsets as JSON strings."""
-    return {"positions": {cid: int(positions[cid]) for cid in sorted(positions)}, "query": query}
-
-
-def _parse_offset(offset: object) -> tuple[dict[str, int], str]:
-    """Return ``(positions by channel id, query token)`` of an offset this source made.
-
-    Raises:
-        CheckpointMismatchError: It is not such an offset (a checkpoint of another source?).
-    """
-    if isinstance(offset, dict) and set(offset) == {"positions", "query"}:
-        pos, query = offset["positions"], offset["query"]
-        if (
-            isinstance(pos, dict)
-            and pos
-            and isinstance(query, str)
-            and all(isinstance(k, str) and type(v) is int and v >= 0 for k, v in pos.items())
-        ):
-            return dict(pos), query
-    raise CheckpointMismatchError(
-        f"filechannel source: the offset {json.dumps(offset)} in this query's checkpoint was not made by "
-        "the filechannel source: the checkpoint belongs to another query; give this query its own checkpoint"
-    )
-
-
-def _share(avail: Mapping[str, int], n: int) -> dict[str, int]:
-    """Split at most ``n`` events among channels fairly (water-filling), never above what each has."""
-    out: dict[str, int] = {}
-    left = n
-    items = sorted(avail.items(), key=lambda kv: (kv[1], kv[0]))
-    for i, (cid, a) in enumerate(items):
-        take = min(a, left // (len(items) - i))
-        out[cid] = take
-        left -= take
-    return out
 
 
 # -- partitions and rows ----------------------------------------------------------------------
@@ -637,29 +532,8 @@ def _plan(reader: ChannelReader, start: int, end: int, options: SourceOptions, p
     return reader.segments(start, end, options.partition_bytes, parts=parts, min_bytes=MIN_SPLIT_BYTES)
 
 
-def _parts(counts: Mapping[str, int], n: int) -> dict[str, int]:
-    """Share ``minPartitions`` = ``n`` among channels by their events in the range (at least one each)."""
-    total = sum(counts.values())
-    return {cid: max(1, -(-n * c // total)) for cid, c in counts.items()} if total else dict.fromkeys(counts, 1)
-
-
 def _partitions(segments: Sequence[Segment], channel: str | None, keystore: str | None) -> list[InputPartition]:
     return [SegmentPartition(s, channel, keystore) for s in segments]
-
-
-def _lost(path: str, exc: DataLossError, hint: str) -> DataLossError:
-    return DataLossError(exc.start, exc.end, f"channel {path}: {exc.reason}; {hint}")
-
-
-_AHEAD_HINT = (
-    "this query's Spark checkpoint has delivered positions the channel does not hold: was the channel directory "
-    "restored from an older copy or replaced? Nothing is clamped silently; to accept the loss, start the query on "
-    "a new checkpoint"
-)
-_BEHIND_HINT = (
-    "this query's Spark checkpoint is older than what its consumer acknowledged (a checkpoint restored from an "
-    "older copy?), so those events cannot be delivered again; to accept it, start the query on a new checkpoint"
-)
 
 
 # -- the data source ------------------------------------------------------------------------
@@ -823,7 +697,7 @@ class FileChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
                 if at > start:
                     r.ack(at)  # a new consumer that starts later: what it skips is done for it
                 positions[cid] = r.available()[0]
-        return _offset(positions, query)
+        return make_offset(positions, query)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         """``ReadMinRows(minEventsPerTrigger)``, else ``ReadMaxRows(maxEventsPerTrigger)``, else ``ReadAllAvailable``.
@@ -855,7 +729,7 @@ class FileChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
             if isinstance(limit, ReadMinRows)
             else None
         )
-        take = _share(avail, cap) if cap is not None else dict(avail)
+        take = share(avail, cap) if cap is not None else dict(avail)
         if isinstance(limit, ReadMinRows) and self._too_few(sum(take.values()), limit.min_rows):
             return dict.fromkeys(take, 0)
         return take
@@ -874,13 +748,13 @@ class FileChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         Raises:
             DataLossError: ``start`` is beyond what a channel holds or below its acknowledged position.
         """
-        positions, query = _parse_offset(start)
+        positions, query = parse_offset(start)
         ids = self._check(positions)
         avail: dict[str, int] = {}
         for cid, s in positions.items():
             avail[cid] = self._path_available(cid, ids[cid], s, query)
         take = self._admit(avail, limit)
-        return _offset({cid: s + take[cid] for cid, s in positions.items()}, query)
+        return make_offset({cid: s + take[cid] for cid, s in positions.items()}, query)
 
     def _path_available(self, cid: str, path: str, s: int, query: str) -> int:
         """Events of the local channel ``cid`` (at ``path``) from position ``s`` (see :meth:`_available_from`)."""
@@ -898,10 +772,10 @@ class FileChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
             DataLossError: ``s`` is beyond the channel's end, or below what this consumer acknowledged.
         """
         if s > end:
-            raise _lost(where, DataLossError(end, s, f"the channel holds positions below {end} only"), _AHEAD_HINT)
+            raise lost(where, DataLossError(end, s, f"the channel holds positions below {end} only"), AHEAD_HINT)
         if s < acked:
-            raise _lost(
-                where, DataLossError(s, acked, f"consumer {self.consumer!r} acknowledged them already"), _BEHIND_HINT
+            raise lost(
+                where, DataLossError(s, acked, f"consumer {self.consumer!r} acknowledged them already"), BEHIND_HINT
             )
         if self._target is not None:
             end = min(end, self._target.get(cid, s))
@@ -928,8 +802,8 @@ class FileChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         Raises:
             DataLossError: The range is no longer (or not) in the channel.
         """
-        first, _ = _parse_offset(start)
-        last, query = _parse_offset(end)  # the end's token is the recorded one (see initialOffset)
+        first, _ = parse_offset(start)
+        last, query = parse_offset(end)  # the end's token is the recorded one (see initialOffset)
         ids = self._check(last)
         self._check(first)
         for cid in sorted(last):
@@ -937,7 +811,7 @@ class FileChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
                 raise CheckpointMismatchError(
                     f"filechannel source: the micro-batch end {end} is below its start {start}"
                 )
-        parts = _parts({cid: last[cid] - first[cid] for cid in last}, self.options.min_partitions)
+        parts = share_partitions({cid: last[cid] - first[cid] for cid in last}, self.options.min_partitions)
         out: list[InputPartition] = []
         for cid in sorted(last):
             s, e = first[cid], last[cid]
@@ -956,8 +830,8 @@ class FileChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
                 segments = _plan(r, s, e, self.options, self.options.min_partitions if parts is None else parts)
         except DataLossError as exc:
             acked, visible = r.available()
-            hint = _AHEAD_HINT if e > visible else _BEHIND_HINT if s < acked else "a data file holding them is gone"
-            raise _lost(path, exc, hint) from exc
+            hint = AHEAD_HINT if e > visible else BEHIND_HINT if s < acked else "a data file holding them is gone"
+            raise lost(path, exc, hint) from exc
         return _partitions(segments, path if self.options.multi else None, self.options.keystore)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
@@ -971,7 +845,7 @@ class FileChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
             DataLossError: ``end`` is beyond what a channel holds.
             CheckpointMismatchError: Another query took the consumer name over.
         """
-        positions, query = _parse_offset(end)
+        positions, query = parse_offset(end)
         ids = self._check(positions)
         for cid, p in sorted(positions.items()):
             r = self._reader(cid, query)
@@ -985,7 +859,7 @@ class FileChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
                     if p <= visible:
                         raise
                     loss = DataLossError(visible, p, f"the channel holds positions below {visible} only")
-                    raise _lost(ids[cid], loss, _AHEAD_HINT) from exc
+                    raise lost(ids[cid], loss, AHEAD_HINT) from exc
 
     def stop(self) -> None:
         """Forget the readers (Spark rarely calls this; nothing depends on it)."""
