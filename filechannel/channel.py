@@ -1139,7 +1139,10 @@ class FileChannel:
                 if type(puts) is fmt.PutColumn:  # put_arrow's column: its Python objects only if taken
                     self._cache.add_lazy(first, n, puts.nbytes, partial(column_events, puts))
                 else:
-                    self._cache.add(first, tx._bodies, tx._headers)
+                    # Headers' cost is counted from the payloads' length (the bodies plus encoded headers).
+                    self._cache.add(
+                        first, tx._bodies, tx._headers, None if tx._plain else sum(map(len, cast("list[bytes]", puts)))
+                    )
                 if self._take_waiters:
                     self._not_empty.notify(n)
             if n_taken:

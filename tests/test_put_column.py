@@ -38,6 +38,7 @@ from hypothesis import strategies as st
 import filechannel
 from filechannel import arrow, writer
 from filechannel import format as fmt
+from filechannel._cache import OVERHEAD, TakeCache
 
 C = fmt.speedups
 needs_c = pytest.mark.skipif(C is None, reason=NO_ACCELERATOR)
@@ -311,7 +312,7 @@ def test_put_arrow_keeps_a_column_and_makes_no_bytes_per_row(tmp_path: Path, mon
         cache = ch._cache
         assert len(cache._runs) == 1
         assert next(iter(cache._runs.values())).load is not None
-        assert cache.nbytes == sum(map(len, bodies)) + 64 * len(bodies)
+        assert cache.nbytes == sum(map(len, bodies)) + OVERHEAD * len(bodies)
         with ch.transaction() as tx:
             evs = tx.take_batch(5000)
         assert [e.body for e in evs] == bodies
@@ -418,7 +419,6 @@ def test_a_lazy_cache_run_evicted_untaken_never_makes_its_events(tmp_path: Path)
 
 def test_take_cache_lazy_run_unit() -> None:
     """TakeCache.add_lazy: counted like add, loaded at the first pop that reaches it, partial pops keep the rest."""
-    from filechannel._cache import OVERHEAD, TakeCache
 
     cache = TakeCache(1 << 20)
     calls: list[int] = []

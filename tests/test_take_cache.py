@@ -100,3 +100,68 @@ def test_pop_hands_each_consecutive_stretch_to_take() -> None:
     assert cache.pop([10]) == [(b"a", {}, 10)]  # the default: a (body, headers, position) tuple per event
     assert cache.events == 0
     assert cache.nbytes == 0
+
+
+def _held_by_cache(tmp_path: Any, body_size: int, n_headers: int, n: int) -> tuple[int, int]:
+    """Fill a channel's take cache past its 1 MiB bound; return (memory the cache holds, its cache_bytes).
+
+    The same puts go into a channel without a cache: the difference in memory still allocated
+    (tracemalloc) after the commits is what the cache holds.
+    """
+    import gc
+    import os
+    import tracemalloc
+
+    import filechannel
+
+    held: dict[int, int] = {}
+    counted = 0
+    for limit in (0, 1 << 20):
+        d = tmp_path / f"c{limit}"
+        with filechannel.open(str(d), cache_bytes=limit, capacity=max(10 * n, 10_000)) as ch:
+            gc.collect()
+            tracemalloc.start()
+            try:
+                base = tracemalloc.get_traced_memory()[0]
+                batch = max(1, min(100, n // 40))  # commits well under the bound: the cache fills up
+                for _ in range(n // batch):
+                    with ch.transaction() as tx:
+                        for _ in range(batch):
+                            hdrs = {f"key{j}": os.urandom(6).hex() for j in range(n_headers)}
+                            tx.put(os.urandom(body_size), hdrs or None)
+                gc.collect()
+                held[limit] = tracemalloc.get_traced_memory()[0] - base
+            finally:
+                tracemalloc.stop()
+            if limit:
+                counted = ch.stats()["cache_bytes"]
+    return held[1 << 20] - held[0], counted
+
+
+def test_cache_bytes_counts_what_small_events_with_headers_cost(tmp_path: Any) -> None:
+    # 10-byte bodies with three headers: the cache must count about what they really hold.
+    real, counted = _held_by_cache(tmp_path, 10, 3, 16_000)
+    assert counted > (1 << 20) * 0.9  # the cache is full
+    assert real <= 1.3 * counted, (real, counted)
+
+
+def test_cache_bytes_counts_what_large_events_cost(tmp_path: Any) -> None:
+    real, counted = _held_by_cache(tmp_path, 20_000, 0, 200)
+    assert counted > (1 << 20) * 0.9
+    assert real <= 1.3 * counted, (real, counted)
+
+
+def test_headers_are_counted_and_given_back_whole() -> None:
+    from filechannel._cache import HEADER_ENTRY, HEADERS_OVERHEAD
+    from filechannel.format import encode_event
+
+    cache = TakeCache(1 << 20)
+    bodies = [b"a" * 10, b"b" * 20, b"c", b"d" * 5]
+    headers = [{"k": "v" * 30}, {}, {"x": "1", "y": "22"}, {}]
+    payload_bytes = sum(len(encode_event(b, h)) for b, h in zip(bodies, headers, strict=True))
+    cache.add(7, bodies, headers, payload_bytes)
+    assert cache.nbytes == payload_bytes + OVERHEAD * 4 + HEADERS_OVERHEAD * 2 + HEADER_ENTRY * 3
+    for positions in ([7], [9], [8], [10]):  # out of order, one at a time: the counts still come back to 0
+        cache.pop(positions)
+        assert cache.nbytes > 0 or positions == [10]
+    assert (cache.events, cache.nbytes) == (0, 0)

@@ -220,7 +220,7 @@ _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 def size_arg(text: str) -> int:
-    """A size for ``--max-bytes`` and ``--min-free-bytes``: bytes, or a number with K, M, G or T (powers of 1024)."""
+    """A size for ``--max-bytes``, ``--cache-bytes``, ...: bytes, or a number with K, M, G or T (powers of 1024)."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", text, re.I)
     if m is None:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size: give bytes or a number with K, M, G or T (e.g. 10G)")
@@ -253,6 +253,7 @@ CONFIG_FLAGS = {
     "max_event_size": "--max-event-size",
     "fsync": "--fsync",
     "on_corruption": "--on-corruption",
+    "cache_bytes": "--cache-bytes",
 }
 
 

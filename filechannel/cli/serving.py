@@ -24,7 +24,7 @@ from filechannel.crypto import check_key_id, could_be_key, keystore_json, load_k
 from filechannel.errors import ChannelError, ConfigError
 
 from .cli import echo
-from .common import CONFIG_FLAGS, existing_channel, log_level_arg, log_level_of, room_args
+from .common import CONFIG_FLAGS, existing_channel, log_level_arg, log_level_of, room_args, size_arg
 
 if TYPE_CHECKING:
     from filechannel.agent.server import AgentConfig
@@ -86,6 +86,7 @@ _SERVE_FLAGS = {
     "transaction_capacity": "--transaction-capacity",
     "max_event_size": "--max-event-size",
     "fsync": "--fsync",
+    "cache_bytes": "--cache-bytes",
     "http": "--http",
     "http_read_timeout": "--http-read-timeout",
     "http_max_body": "--http-max-body",
@@ -162,6 +163,7 @@ _SERVE_CHANNEL_FLAGS = (
     "transaction_capacity",
     "max_event_size",
     "fsync",
+    "cache_bytes",
 )
 
 
@@ -464,6 +466,12 @@ def serve_arguments(sp: argparse.ArgumentParser) -> None:
     )
     sp.add_argument("--fsync", choices=("commit", "interval"), help="with --writable: fsync mode (default commit)")
     room_args(sp, "with --writable: ")
+    sp.add_argument(
+        "--cache-bytes",
+        type=size_arg,
+        metavar="SIZE",
+        help="with --writable: memory per channel for recent puts that serve takes, e.g. 64M (default 16M; 0: none)",
+    )
     sp.add_argument(
         "--insecure-allow-anyone",
         action="store_true",
