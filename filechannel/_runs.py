@@ -429,6 +429,8 @@ class RunQueue:
         """The scans a pop of ``n`` would make, to run without the channel's lock (see :meth:`install`)."""
         if self._returned or self._holes:
             return []
+        if self._head_holds(n):
+            return []
         out: list[Scan] = []
         for r, upto in self._plan(n):
             end = r.hot_end()
@@ -459,6 +461,16 @@ class RunQueue:
         r.off = got.next_offset
         self._hot += len(r.offs) - old
 
+    def _head_holds(self, n: int) -> Run | None:
+        """The head run, if it holds more than ``n`` events and the pointers of its first ``n`` (the usual take)."""
+        runs = self._runs
+        if n <= 0 or self._h >= len(runs):
+            return None
+        r = runs[self._h]
+        if r.offs is None or r.hi - r.lo <= n or r.cols_lo + len(r.offs) < r.lo + n:
+            return None
+        return r
+
     def _plan(self, n: int) -> list[tuple[Run, int]]:
         """The runs a pop of ``n`` (no holes, nothing returned) touches, and where it stops in each."""
         plan: list[tuple[Run, int]] = []
@@ -484,6 +496,14 @@ class RunQueue:
         """
         if self._returned or self._holes:
             return None
+        r = self._head_holds(n)
+        if r is not None:  # no scan, one run, which stays at the head: what the loop below does, in short
+            assert r.offs is not None
+            assert r.sizes is not None
+            a = r.lo - r.cols_lo
+            cols = (_range_array(r.lo, n), array("q", (r.fid,)) * n, r.offs[a : a + n], r.sizes[a : a + n])
+            self._consume(r, r.lo + n)
+            return cols
         plan = self._plan(n)
         for r, upto in plan:
             self._ensure(r, upto)  # every scan first: a failure leaves the queue as it was

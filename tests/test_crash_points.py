@@ -54,8 +54,11 @@ import pytest
 from simfs import CRASH_VARIANTS, MUTATING_OPS, ConcurrentSimFS, SimFS
 
 import filechannel
+from filechannel import checkpoint
 from filechannel import format as fmt
+from filechannel._runs import RunQueue
 from filechannel.consumers import ConsumerStore
+from filechannel.log import Log
 from filechannel.replay import read_event
 from filechannel.writer import CommitResult, Writer
 
@@ -238,12 +241,14 @@ class Driver:
         marks: bool = False,
         arrow: bool = False,
         anchors: bool = False,
+        checkpoints: int = 0,
     ) -> None:
         """``threads`` threads commit ``txns`` put-only transactions each, at once.
 
         With ``arrow``, each transaction's puts go in through one ``put_arrow`` call.
         With ``anchors``, another thread refreshes ``ANCHOR`` (an encrypted channel's
         ``anchor_interval`` step) over and over while they commit.
+        With ``checkpoints``, another thread writes up to that many checkpoints while they commit.
 
         The ``k``-th transaction of thread ``t`` rolls back if ``(t, k)`` is in ``rollback``.
         With ``marks``, each also marks ``producer:<t>`` (its own key) and ``shared`` (every
@@ -307,7 +312,12 @@ class Driver:
 
         def guarded(t: int) -> None:
             try:
-                refresh() if t < 0 else run(t)
+                if t == -1:
+                    refresh()
+                elif t == -2:
+                    checkpoint()
+                else:
+                    run(t)
             except BaseException as exc:  # raised below
                 errors.append(exc)
 
@@ -319,12 +329,23 @@ class Driver:
                 assert log.refresh_anchor()
                 refreshes.append(log.last_woid)
 
+        written: list[int] = []
+
+        def checkpoint() -> None:
+            while not stop.is_set() and len(written) < checkpoints:
+                self.ch.checkpoint()
+                written.append(len(self.acked))
+                stop.wait(SYNC_DELAY)
+
+        before = len(self.acked)
         start = threading.Barrier(threads)
         log.commit = commit  # type: ignore[method-assign]
         try:
             workers = [threading.Thread(target=guarded, args=(t,)) for t in range(threads)]
             if anchors:
                 workers.append(threading.Thread(target=guarded, args=(-1,)))
+            if checkpoints:
+                workers.append(threading.Thread(target=guarded, args=(-2,)))
             for w in workers:
                 w.start()
             for w in workers[:threads]:
@@ -337,6 +358,10 @@ class Driver:
             del log.commit
         if anchors:
             assert len(set(refreshes)) > 1, "no ANCHOR was refreshed while the committers ran"
+        if checkpoints:
+            # At least one checkpoint began before the last commit returned.
+            assert written, "no checkpoint was written"
+            assert written[0] < before + threads * txns - len(rollback), "no checkpoint while the committers ran"
         if errors:
             raise errors[0]
         self.next_position = next_pos(self.acked)
@@ -785,6 +810,25 @@ def w_concurrent_arrow(d: Driver) -> None:
     d.concurrent(threads=3, txns=2, puts=[900], arrow=True)  # rolls inside groups
 
 
+def w_runs(d: Driver) -> None:
+    # The queue as runs and the checkpoint of runs (version 6): committers at once (one run per
+    # data file, or per transaction with two data directories) while checkpoints are written,
+    # takes rolled back (their entries return to the head and are checkpointed there), and a
+    # reopen from a checkpoint (cold runs, found again by scanning the data files forward).
+    d.txn(puts=[200, 200, 200])
+    d.concurrent(threads=6, txns=2, puts=[150, 150], rollback=frozenset({(2, 1)}), checkpoints=2)
+    d.txn(takes=4, commit=False)  # back to the head, the first run's and a concurrent one's
+    d.txn(takes=1)
+    d.checkpoint()  # runs plus the rolled-back entries at the head
+    d.concurrent(threads=4, txns=2, puts=[900], checkpoints=2)  # rolls inside groups
+    d.txn(takes=6, commit=False)
+    d.reopen()  # from the checkpoint the close wrote
+    d.txn(takes=5, commit=False)
+    d.txn(takes=3, puts=[100])
+    d.checkpoint()
+    d.txn(takes=4)
+
+
 COMMIT = dict(BASE_OPTS)
 INTERVAL = dict(BASE_OPTS, fsync="interval", fsync_interval=3600.0)
 
@@ -918,6 +962,57 @@ def test_crash_points_of_one_event_transactions(dir_model: str, monkeypatch: pyt
     # start a file nor roll one (those take the general path), and some of the concurrent ones.
     assert len(written) >= 6
     assert checked >= 100
+
+
+@pytest.mark.parametrize(
+    ("opts", "minimum"),
+    [
+        pytest.param(COMMIT, 150, id="plain-one-dir"),
+        pytest.param(dict(COMMIT, data_dirs=["/sim/d1", "/sim/d2"]), 150, id="plain-two-dirs"),
+        pytest.param(dict(COMMIT, encryption=ENCRYPTION), 150, id="encrypted-one-dir", marks=ENC_MARKS),
+        pytest.param(
+            dict(COMMIT, encryption=ENCRYPTION, data_dirs=["/sim/d1", "/sim/d2"]),
+            150,
+            id="encrypted-two-dirs",
+            marks=ENC_MARKS,
+        ),
+    ],
+)
+def test_crash_points_of_the_run_queue(opts: dict[str, Any], minimum: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run-based queue and checkpoints of runs, crashed everywhere with committers at once and rolled-back takes.
+
+    Record pointers are kept for two events only and found two at a time, so the head is read by
+    scanning data files forward (``Log.locate_puts``) here as it is at depth.
+    """
+    plain = RunQueue.__init__
+
+    def few_pointers(self: RunQueue, locate: Any, hot_pointers: int = 0, chunk: int = 0) -> None:
+        plain(self, locate, 2, 2)
+
+    monkeypatch.setattr(RunQueue, "__init__", few_pointers)
+    located: list[int] = []
+    plain_locate = Log.locate_puts
+
+    def spy(self: Log, *args: Any, **kwargs: Any) -> Any:
+        located.append(1)
+        return plain_locate(self, *args, **kwargs)
+
+    monkeypatch.setattr(Log, "locate_puts", spy)
+    written: list[int] = []
+    plain_encode = checkpoint.encode_blocks
+
+    def spy_encode(s: Any, *args: Any, **kwargs: Any) -> Any:
+        written.append(6 if s.runs is not None else 5)
+        return plain_encode(s, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "encode_blocks", spy_encode)
+    checked = run_crash_points(w_runs, opts, "posix", sync_delay=SYNC_DELAY)
+    kind = f"{'encrypted' if opts.get('encryption') else 'plain'}, {len(opts.get('data_dirs', [1]))} data dir(s)"
+    print(f"w_runs ({kind}): {checked} distinct crash states recovered and checked")
+    assert located, "the head was never found by scanning a data file"
+    assert written, "no checkpoint was written"
+    assert set(written) == {6}, f"checkpoints of versions {set(written)}, not only version 6"
+    assert checked >= minimum
 
 
 def test_crash_points_of_checkpoints_written_in_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
