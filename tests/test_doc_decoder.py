@@ -53,7 +53,7 @@ def pad8(n: int) -> int:
     return (8 - n % 8) % 8
 
 
-PUT, TAKE, COMMIT, ROLLBACK, BATCH_END, RETIRE = 1, 2, 3, 4, 5, 6
+PUT, TAKE, COMMIT, ROLLBACK, BATCH_END, RETIRE, MARK = 1, 2, 3, 4, 5, 6, 7
 SEG_NAME = re.compile(r"^seg-([0-9a-f]{16})\.wal$")
 CKPT_NAME = re.compile(r"^ckpt-([0-9a-f]{16})\.ckpt$")
 DATA_MAGIC = b"\x89FCW\r\n\x1a\n"
@@ -180,8 +180,8 @@ def read_records(buf: bytes, ch: ChannelInfo, df: DataFile, newest: bool, start:
         op, flags, res1, plen, woid, txn = struct.unpack_from("<BBHIQQ", buf, pos)
         rcrc, res2 = struct.unpack_from("<II", buf, pos + 24)
         # flags: 1 ("sealed") exactly on the PUTs of an encrypted file, else 0
-        sealed = op == PUT and df.aead is not None
-        if op not in range(1, 7) or flags != (1 if sealed else 0) or res1 or res2:
+        sealed = op in (PUT, MARK) and df.aead is not None
+        if op not in range(1, 8) or flags != (1 if sealed else 0) or res1 or res2:
             raise DocFormatError(f"file {df.file_id}: bad frame at {pos}")
         if plen > len(buf) - pos - 32:
             raise DocFormatError(f"file {df.file_id}: payload_len past the end at {pos}")
@@ -362,7 +362,7 @@ class Checkpoint:
     version: int = 2
     runs: list[tuple[int, int, int, int]] = field(default_factory=list)  # (first_position, count, file_id, offset)
     holes: list[int] = field(default_factory=list)
-    marks: bytes = b""  # the marks table as stored (sealed or not); not decoded here
+    marks: dict[str, bytes] | None = None  # the marks table, when there is one (sealed: opened with KEYS)
     queue: list[tuple[int, int, int, int]] = field(default_factory=list)  # runs + entries (decode_channel fills it)
 
 
@@ -406,19 +406,26 @@ def read_checkpoint(path: str, ch: ChannelInfo) -> Checkpoint:
         pos += 12
         taken.append((fid, [struct.unpack_from("<QQ", buf, pos + 16 * i) for i in range(nr)]))
         pos += 16 * nr
-    marks_at = pos
-    if flags == 1:  # the marks table: u32 n, then n times (u64 woid, u64 file_id, u16 key_len, u16 value_len, key, value)
-        (n_marks,) = struct.unpack_from("<I", buf, pos)
-        pos += 4
-        for _ in range(n_marks):
-            kl, vl = struct.unpack_from("<HH", buf, pos + 16)
-            pos += 20 + kl + vl
+    marks: dict[str, bytes] | None = None
+    if flags == 1:  # the marks table (version 3's)
+        marks, pos = read_marks_table(buf, pos)
     elif flags == 3:  # sealed: u8 cipher, u8 k, u16 reserved, u32 c, 32-byte salt, key id, c bytes
         cipher, k, res, c = struct.unpack_from("<BBHI", buf, pos)
         if cipher not in (1, 2) or not 1 <= k <= 64 or res:
             raise DocFormatError("sealed marks table")
+        salt = buf[pos + 8 : pos + 40]
+        key_id = buf[pos + 40 : pos + 40 + k].decode("ascii")
+        sealed = buf[pos + 40 + k : pos + 40 + k + c]
         pos += 40 + k + c
-    marks = buf[marks_at:pos]
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
+        from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+        info = b"filechannel/v2 checkpoint marks key" + bytes([cipher]) + ch.channel_id
+        key = HKDF(algorithm=hashes.SHA256(), length=32, salt=salt, info=info).derive(KEYS[key_id])
+        table = {1: AESGCM, 2: ChaCha20Poly1305}[cipher](key).decrypt(bytes(12), sealed, buf[:88])
+        marks, end = read_marks_table(table, 0)
+        assert end == len(table), "the sealed marks table is exactly a marks table"
     runs: list[tuple[int, int, int, int]] = []
     holes: list[int] = []
     if version == 6:  # the runs table: u64 n_runs, u64 n_holes, 32-byte runs, 8-byte holes
@@ -453,6 +460,21 @@ def read_checkpoint(path: str, ch: ChannelInfo) -> Checkpoint:
     assert holes == sorted(set(holes)) and all(in_run(h) for h in holes), "holes ascending, inside runs"
     assert not any(in_run(e[0]) for e in entries), "entries outside every run"
     return Checkpoint(woid, next_pos, next_txn, next_file, files, taken, entries, version, runs, holes, marks)
+
+
+def read_marks_table(buf: bytes, pos: int) -> tuple[dict[str, bytes], int]:
+    """A marks table at ``pos``: u32 n, then n times (u64 woid, u64 file_id, u16 key_len, u16 value_len, key, value)."""
+    (n,) = struct.unpack_from("<I", buf, pos)
+    if n > 65536:
+        raise DocFormatError("too many marks")
+    pos += 4
+    marks: dict[str, bytes] = {}
+    for _ in range(n):
+        _woid, _fid, kl, vl = struct.unpack_from("<QQHH", buf, pos)
+        key = buf[pos + 20 : pos + 20 + kl].decode("utf-8")
+        marks[key] = buf[pos + 20 + kl : pos + 20 + kl + vl]
+        pos += 20 + kl + vl
+    return marks, pos
 
 
 def walk_run(df: DataFile, first: int, count: int, offset: int) -> dict[int, Pointer]:
@@ -802,6 +824,31 @@ def test_abandoned_transactions_and_rollbacks(tmp_path: Path) -> None:
     assert served_after_open(d) == dec.events
 
 
+def test_a_queue_with_holes_and_marks_read_from_the_docs(tmp_path: Path) -> None:
+    """Takes replayed out of a run's middle leave holes; marks go in a plain marks table (flags 1)."""
+    d = str(tmp_path / "ch")
+    ch = filechannel.open(d, **OPTS)
+    with ch.transaction() as tx:
+        tx.mark("source-offset", b"42")
+        tx.put_many([bytes([i]) * (i + 1) for i in range(30)])
+    held = ch.transaction()
+    held.take_batch(10)  # open: its events stay queued
+    with ch.transaction() as tx:
+        assert [e.body[0] for e in tx.take_batch(10)] == list(range(10, 20))
+    ch.close()  # abandons ``held``
+    ch = filechannel.open(d, **OPTS, replay="full")  # a run of 30 events, 10 of them taken out of its middle
+    ch.checkpoint()
+    dec = decode_channel(d)
+    ck = dec.checkpoint
+    assert ck is not None and ck.version == 6
+    assert ck.marks == {"source-offset": b"42"} == ch.marks()
+    assert ck.holes == list(range(10, 20)), (ck.runs, ck.holes, ck.entries)
+    assert [e[0] for e in ck.queue] == [*range(10), *range(20, 30)]
+    assert [(p, b) for p, b, _ in dec.events] == [(p, bytes([p]) * (p + 1)) for p in [*range(10), *range(20, 30)]]
+    assert dec.events == served(ch)
+    check_everything(d, ch)
+
+
 def test_doc_tables_add_up() -> None:
     """Each byte table of docs/format.md is contiguous and has the size the code writes."""
     from filechannel import checkpoint as code_checkpoint
@@ -869,6 +916,8 @@ def test_an_encrypted_channel_read_from_the_docs(tmp_path: Path) -> None:
             with ch.transaction() as tx:
                 for _ in range(rng.randint(1, 4)):
                     tx.put(rng.randbytes(rng.randint(0, 700)), headers=rng.choice(HEADER_CHOICES))
+                if rng.random() < 0.2:
+                    tx.mark(f"offset-{rng.randint(0, 3)}", rng.randbytes(rng.randint(0, 40)))
             if rng.random() < 0.3:
                 with ch.transaction() as tx:
                     tx.take_batch(rng.randint(1, 3))
@@ -881,4 +930,9 @@ def test_an_encrypted_channel_read_from_the_docs(tmp_path: Path) -> None:
     closed = decode_channel(d)
     assert closed.checkpoint is not None
     assert closed.events == served_after_open(d, encryption=runs[-1]["encryption"])
+    # The checkpoint's marks table is sealed (flags 3) and opens with the docs' key derivation.
+    assert closed.checkpoint.version == 6 and closed.checkpoint.marks
+    again = filechannel.open(d, **OPTS, encryption=runs[-1]["encryption"])
+    assert closed.checkpoint.marks == again.marks()
+    again.close()
     KEYS.clear()
