@@ -450,14 +450,20 @@ def read_checkpoint(path: str, ch: ChannelInfo) -> Checkpoint:
     resume = dict(files)
     prev_end = -1
     for first, count, fid, off in runs:
-        assert count > 0 and first >= prev_end, "runs non-empty, ascending, disjoint"
-        assert fid in resume and off % 8 == 0 and 80 <= off < resume[fid], "run offset inside its file's checkpointed part"
+        assert count > 0, "runs non-empty"
+        assert first >= prev_end, "runs ascending, disjoint"
+        assert fid in resume, "a run's file is in the file table"
+        assert off % 8 == 0, "run offsets 8-aligned"
+        assert 80 <= off < resume[fid], "run offset inside its file's checkpointed part"
+        assert first + count < 1 << 63, "a run's positions are i64"
+        assert 40 * count <= resume[fid] - off, "a run's count fits its file"
         prev_end = first + count
 
     def in_run(p: int) -> bool:
         return any(a <= p < a + c for a, c, _f, _o in runs)
 
-    assert holes == sorted(set(holes)) and all(in_run(h) for h in holes), "holes ascending, inside runs"
+    assert holes == sorted(set(holes)), "holes ascending"
+    assert all(in_run(h) for h in holes), "holes inside runs"
     assert not any(in_run(e[0]) for e in entries), "entries outside every run"
     return Checkpoint(woid, next_pos, next_txn, next_file, files, taken, entries, version, runs, holes, marks)
 
@@ -840,7 +846,8 @@ def test_a_queue_with_holes_and_marks_read_from_the_docs(tmp_path: Path) -> None
     ch.checkpoint()
     dec = decode_channel(d)
     ck = dec.checkpoint
-    assert ck is not None and ck.version == 6
+    assert ck is not None
+    assert ck.version == 6
     assert ck.marks == {"source-offset": b"42"} == ch.marks()
     assert ck.holes == list(range(10, 20)), (ck.runs, ck.holes, ck.entries)
     assert [e[0] for e in ck.queue] == [*range(10), *range(20, 30)]
@@ -931,7 +938,8 @@ def test_an_encrypted_channel_read_from_the_docs(tmp_path: Path) -> None:
     assert closed.checkpoint is not None
     assert closed.events == served_after_open(d, encryption=runs[-1]["encryption"])
     # The checkpoint's marks table is sealed (flags 3) and opens with the docs' key derivation.
-    assert closed.checkpoint.version == 6 and closed.checkpoint.marks
+    assert closed.checkpoint.version == 6
+    assert closed.checkpoint.marks
     again = filechannel.open(d, **OPTS, encryption=runs[-1]["encryption"])
     assert closed.checkpoint.marks == again.marks()
     again.close()
