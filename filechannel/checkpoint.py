@@ -556,6 +556,12 @@ def decode(buf: bytes, crc_kind: int, channel_id: bytes, mac: MetaMac | None = N
         cols.append(a)
         pos += 8 * n
     check_entries(files, cols[0], cols[1], cols[2], cols[3], queue_at)
+    if runs:
+        firsts = [r.first for r in runs]
+        for p in cols[0]:
+            i = bisect_right(firsts, p) - 1
+            if i >= 0 and p < runs[i].first + runs[i].length:
+                raise FormatError(queue_at, f"checkpoint queue entry at position {p} lies inside a run")
     return Snapshot(
         woid,
         next_pos,

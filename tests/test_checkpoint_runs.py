@@ -78,6 +78,13 @@ def _recrc(buf: bytearray) -> bytes:
     return bytes(buf)
 
 
+def test_an_entry_inside_a_run_is_refused() -> None:
+    # format.md: the entries outside runs "must not lie inside a run" (else a position is queued twice).
+    buf = ckpt.encode(_snap([StoredRun(10, 4, 3, 80)], entries=((12, 3, 200, 32),)), KIND)
+    with pytest.raises(FormatError, match="inside a run"):
+        ckpt.decode(buf, KIND, CID)
+
+
 @pytest.mark.parametrize(
     ("runs", "holes", "why"),
     [

@@ -263,7 +263,9 @@ def checkpoint_cases(root: Path) -> list[dict[str, Any]]:
         "hole_outside_run": encoded(snap.runs, [end + 3]),
         "hole_negative": encoded(snap.runs, [-5]),
         "holes_repeated": encoded(snap.runs, [run0.first + 1, run0.first + 1]),
-        "entry_inside_run": encoded(snap.runs, positions=run0.first + 1),
+        "entry_out_of_order": encoded(snap.runs, positions=run0.first + 1),
+        # the first run grown back over the last entry outside runs (positions still increase)
+        "entry_inside_run": encoded(run0_with(first=snap.positions[-1], length=end - snap.positions[-1])),
         "entry_size_2**40": encoded(snap.runs, sizes=1 << 40),
         "entry_offset_negative": encoded(snap.runs, offsets=-4096),
         "runs_count_max": with_runs_head(n_runs=checkpoint.MAX_RUNS),
