@@ -70,6 +70,8 @@ SEALED = 2
 _RUNS_HEAD = struct.Struct("<QQ")  # runs, holes
 _RUN = struct.Struct("<QQQQ")  # first position, count, file id, scan offset
 MAX_RUNS = 1 << 32
+MAX_POSITION = (1 << 63) - 1  # positions are i64
+MIN_PUT_SIZE = fmt.record_size(4)  # the smallest PUT record (a payload of a header count only): bounds a run's count
 _SEALED_HEAD = struct.Struct("<BBHI32s")  # cipher suite, key id length, reserved (0), ciphertext length, salt
 _MARKS_HEAD = struct.Struct("<I")
 _MARK = struct.Struct("<QQHH")
@@ -305,6 +307,8 @@ def check_runs(files: dict[int, int], runs: list[StoredRun], holes: list[int], a
             raise FormatError(where, f"checkpoint run points into data file {fid}, not in its file table")
         if off < MIN_RECORD_OFFSET or off & 7 or off + fmt.RECORD_HEADER_LEN > files[fid]:
             raise FormatError(where, "checkpoint run starts inside a file header, off alignment or past its file")
+        if first + count > MAX_POSITION or count > (files[fid] - off) // MIN_PUT_SIZE:
+            raise FormatError(where, "checkpoint run names more events than its file holds before its resume offset")
         prev = first + count
     if holes:
         where = at + _RUNS_HEAD.size + len(runs) * _RUN.size
@@ -552,6 +556,12 @@ def decode(buf: bytes, crc_kind: int, channel_id: bytes, mac: MetaMac | None = N
         cols.append(a)
         pos += 8 * n
     check_entries(files, cols[0], cols[1], cols[2], cols[3], queue_at)
+    if runs:
+        firsts = [r.first for r in runs]
+        for p in cols[0]:
+            i = bisect_right(firsts, p) - 1
+            if i >= 0 and p < runs[i].first + runs[i].length:
+                raise FormatError(queue_at, f"checkpoint queue entry at position {p} lies inside a run")
     return Snapshot(
         woid,
         next_pos,

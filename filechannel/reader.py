@@ -56,7 +56,7 @@ from .errors import (
 )
 from .events import Event
 from .logview import open_view
-from .scan import SEG_RE, CorruptionReport, LogRecord, Scanner, segment_name
+from .scan import LOST, SEG_RE, CorruptionReport, LogRecord, Scanner, segment_name
 
 logger = logging.getLogger(__name__)
 
@@ -762,9 +762,11 @@ class ChannelReader:
                 fd = fds.get(fid)
                 if fd is None:
                     fd = fds[fid] = self._fs.open_read(path)
-                buf = self._fs.pread(fd, size, off)
                 seed = fmt.file_seed(f.crc_kind, f.channel_id, fid)
                 try:
+                    if off == LOST:  # the queue's walk found no record for it (scan.committed_puts): damage
+                        raise CorruptLogError(path, 0, "the queued event's record is missing: no record found for it")
+                    buf = self._fs.pread(fd, size, off)
                     cipher = st.cipher if st is not None else None
                     if cipher is None and st is not None and st.header.cipher:
                         raise DecryptionError(

@@ -16,7 +16,7 @@ from filechannel.errors import FormatError
 
 CID = bytes(range(16))
 KIND = fmt.default_crc_kind()
-FILES = {3: 64 << 20, 4: 1 << 20}
+FILES = {3: 4 << 30, 4: 2 << 30}  # room for the PUT records of 60 M and 40 M events
 
 
 def _snap(
@@ -78,6 +78,13 @@ def _recrc(buf: bytearray) -> bytes:
     return bytes(buf)
 
 
+def test_an_entry_inside_a_run_is_refused() -> None:
+    # format.md: the entries outside runs "must not lie inside a run" (else a position is queued twice).
+    buf = ckpt.encode(_snap([StoredRun(10, 4, 3, 80)], entries=((12, 3, 200, 32),)), KIND)
+    with pytest.raises(FormatError, match="inside a run"):
+        ckpt.decode(buf, KIND, CID)
+
+
 @pytest.mark.parametrize(
     ("runs", "holes", "why"),
     [
@@ -86,7 +93,10 @@ def _recrc(buf: bytearray) -> bytes:
         ([StoredRun(0, 5, 9, 80)], [], "not in its file table"),
         ([StoredRun(0, 5, 3, 8)], [], "inside a file header"),
         ([StoredRun(0, 5, 3, 84)], [], "alignment"),
-        ([StoredRun(0, 5, 4, 1 << 20)], [], "past its file"),
+        ([StoredRun(0, 5, 4, FILES[4])], [], "past its file"),
+        ([StoredRun(0, 1 << 40, 3, 80)], [], "more events than its file holds"),
+        ([StoredRun(0, (4 << 30) // 40, 3, 80)], [], "more events than its file holds"),
+        ([StoredRun((1 << 63) - 2, 4, 3, 80)], [], "more events than its file holds"),
         ([StoredRun(0, 5, 3, 80)], [7], "outside every run"),
         ([StoredRun(0, 5, 3, 80)], [3, 2], "do not increase"),
     ],

@@ -53,7 +53,7 @@ def pad8(n: int) -> int:
     return (8 - n % 8) % 8
 
 
-PUT, TAKE, COMMIT, ROLLBACK, BATCH_END, RETIRE = 1, 2, 3, 4, 5, 6
+PUT, TAKE, COMMIT, ROLLBACK, BATCH_END, RETIRE, MARK = 1, 2, 3, 4, 5, 6, 7
 SEG_NAME = re.compile(r"^seg-([0-9a-f]{16})\.wal$")
 CKPT_NAME = re.compile(r"^ckpt-([0-9a-f]{16})\.ckpt$")
 DATA_MAGIC = b"\x89FCW\r\n\x1a\n"
@@ -180,8 +180,8 @@ def read_records(buf: bytes, ch: ChannelInfo, df: DataFile, newest: bool, start:
         op, flags, res1, plen, woid, txn = struct.unpack_from("<BBHIQQ", buf, pos)
         rcrc, res2 = struct.unpack_from("<II", buf, pos + 24)
         # flags: 1 ("sealed") exactly on the PUTs of an encrypted file, else 0
-        sealed = op == PUT and df.aead is not None
-        if op not in range(1, 7) or flags != (1 if sealed else 0) or res1 or res2:
+        sealed = op in (PUT, MARK) and df.aead is not None
+        if op not in range(1, 8) or flags != (1 if sealed else 0) or res1 or res2:
             raise DocFormatError(f"file {df.file_id}: bad frame at {pos}")
         if plen > len(buf) - pos - 32:
             raise DocFormatError(f"file {df.file_id}: payload_len past the end at {pos}")
@@ -358,7 +358,12 @@ class Checkpoint:
     next_file_id: int
     files: list[tuple[int, int]]
     taken: list[tuple[int, list[tuple[int, int]]]]
-    entries: list[tuple[int, int, int, int]]  # (position, file_id, offset, size)
+    entries: list[tuple[int, int, int, int]]  # (position, file_id, offset, size); version 6: outside every run
+    version: int = 2
+    runs: list[tuple[int, int, int, int]] = field(default_factory=list)  # (first_position, count, file_id, offset)
+    holes: list[int] = field(default_factory=list)
+    marks: dict[str, bytes] | None = None  # the marks table, when there is one (sealed: opened with KEYS)
+    queue: list[tuple[int, int, int, int]] = field(default_factory=list)  # runs + entries (decode_channel fills it)
 
 
 def read_checkpoint(path: str, ch: ChannelInfo) -> Checkpoint:
@@ -379,16 +384,19 @@ def read_checkpoint(path: str, ch: ChannelInfo) -> Checkpoint:
         raise DocFormatError("checkpoint trailer")
     if buf[0:8] != CKPT_MAGIC:
         raise DocFormatError("checkpoint magic")
-    version, reserved, kind = struct.unpack_from("<HHI", buf, 8)
-    if version not in (1, 2) or kind != ch.kind or buf[16:32] != ch.channel_id:
+    version, flags, kind = struct.unpack_from("<HHI", buf, 8)
+    if version not in (1, 2, 6) or kind != ch.kind or buf[16:32] != ch.channel_id:
         raise DocFormatError("checkpoint version, kind or channel")
-    assert reserved == 0
+    if flags not in ((0, 1, 3) if version == 6 else (0,)):
+        raise DocFormatError("checkpoint flags")
     woid, next_pos, next_txn, next_file, _created = struct.unpack_from("<QQQQQ", buf, 32)
     n_files, n_taken, n_events = struct.unpack_from("<IIQ", buf, 72)
     pos = 88
-    width = 16 if version == 1 else 24  # version 2: u32 data directory index, u32 reserved
+    width = 16 if version == 1 else 24  # version 2 on: u32 data directory index, u32 reserved
+    if pos + width * n_files + 4 > len(buf):
+        raise DocFormatError("checkpoint parts do not add up to its size")
     files = [struct.unpack_from("<QQ", buf, pos + width * i) for i in range(n_files)]
-    if version == 2:
+    if version != 1:
         dirs = [struct.unpack_from("<II", buf, pos + width * i + 16) for i in range(n_files)]
         assert all(r == 0 and d == 0 for d, r in dirs), "one data directory (the default): index 0"
     pos += width * n_files
@@ -398,6 +406,37 @@ def read_checkpoint(path: str, ch: ChannelInfo) -> Checkpoint:
         pos += 12
         taken.append((fid, [struct.unpack_from("<QQ", buf, pos + 16 * i) for i in range(nr)]))
         pos += 16 * nr
+    marks: dict[str, bytes] | None = None
+    if flags == 1:  # the marks table (version 3's)
+        marks, pos = read_marks_table(buf, pos)
+    elif flags == 3:  # sealed: u8 cipher, u8 k, u16 reserved, u32 c, 32-byte salt, key id, c bytes
+        cipher, k, res, c = struct.unpack_from("<BBHI", buf, pos)
+        if cipher not in (1, 2) or not 1 <= k <= 64 or res:
+            raise DocFormatError("sealed marks table")
+        salt = buf[pos + 8 : pos + 40]
+        key_id = buf[pos + 40 : pos + 40 + k].decode("ascii")
+        sealed = buf[pos + 40 + k : pos + 40 + k + c]
+        pos += 40 + k + c
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
+        from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+        info = b"filechannel/v2 checkpoint marks key" + bytes([cipher]) + ch.channel_id
+        key = HKDF(algorithm=hashes.SHA256(), length=32, salt=salt, info=info).derive(KEYS[key_id])
+        table = {1: AESGCM, 2: ChaCha20Poly1305}[cipher](key).decrypt(bytes(12), sealed, buf[:88])
+        marks, end = read_marks_table(table, 0)
+        assert end == len(table), "the sealed marks table is exactly a marks table"
+    runs: list[tuple[int, int, int, int]] = []
+    holes: list[int] = []
+    if version == 6:  # the runs table: u64 n_runs, u64 n_holes, 32-byte runs, 8-byte holes
+        n_runs, n_holes = struct.unpack_from("<QQ", buf, pos)
+        pos += 16
+        if pos + 32 * n_runs + 8 * n_holes + 4 > len(buf):
+            raise DocFormatError("checkpoint parts do not add up to its size")
+        runs = [struct.unpack_from("<QQQQ", buf, pos + 32 * i) for i in range(n_runs)]
+        pos += 32 * n_runs
+        holes = list(struct.unpack_from(f"<{n_holes}Q", buf, pos))
+        pos += 8 * n_holes
     if pos + 32 * n_events + 4 != len(buf):
         raise DocFormatError("checkpoint parts do not add up to its size")
     cols = [struct.unpack_from(f"<{n_events}q", buf, pos + 8 * n_events * c) for c in range(4)]
@@ -405,7 +444,88 @@ def read_checkpoint(path: str, ch: ChannelInfo) -> Checkpoint:
     assert [f for f, _ in files] == sorted({f for f, _ in files}), "file table ascending"
     assert [f for f, _ in taken] == sorted({f for f, _ in taken}), "taken table ascending"
     assert [e[0] for e in entries] == sorted({e[0] for e in entries}), "queue in position order"
-    return Checkpoint(woid, next_pos, next_txn, next_file, files, taken, entries)
+    # The runs' rules: non-empty, ascending and disjoint, offsets 8-aligned after the header and
+    # before the file's resume_offset, files in the file table; holes ascending, each inside a run;
+    # entries outside every run.
+    resume = dict(files)
+    prev_end = -1
+    for first, count, fid, off in runs:
+        assert count > 0, "runs non-empty"
+        assert first >= prev_end, "runs ascending, disjoint"
+        assert fid in resume, "a run's file is in the file table"
+        assert off % 8 == 0, "run offsets 8-aligned"
+        assert 80 <= off < resume[fid], "run offset inside its file's checkpointed part"
+        assert first + count < 1 << 63, "a run's positions are i64"
+        assert 40 * count <= resume[fid] - off, "a run's count fits its file"
+        prev_end = first + count
+
+    def in_run(p: int) -> bool:
+        return any(a <= p < a + c for a, c, _f, _o in runs)
+
+    assert holes == sorted(set(holes)), "holes ascending"
+    assert all(in_run(h) for h in holes), "holes inside runs"
+    assert not any(in_run(e[0]) for e in entries), "entries outside every run"
+    return Checkpoint(woid, next_pos, next_txn, next_file, files, taken, entries, version, runs, holes, marks)
+
+
+def read_marks_table(buf: bytes, pos: int) -> tuple[dict[str, bytes], int]:
+    """A marks table at ``pos``: u32 n, then n times (u64 woid, u64 file_id, u16 key_len, u16 value_len, key, value)."""
+    (n,) = struct.unpack_from("<I", buf, pos)
+    if n > 65536:
+        raise DocFormatError("too many marks")
+    pos += 4
+    marks: dict[str, bytes] = {}
+    for _ in range(n):
+        _woid, _fid, kl, vl = struct.unpack_from("<QQHH", buf, pos)
+        key = buf[pos + 20 : pos + 20 + kl].decode("utf-8")
+        marks[key] = buf[pos + 20 + kl : pos + 20 + kl + vl]
+        pos += 20 + kl + vl
+    return marks, pos
+
+
+def walk_run(df: DataFile, first: int, count: int, offset: int) -> dict[int, Pointer]:
+    """A run's events: the committed PUTs of ``df`` with positions in ``[first, first + count)``.
+
+    Walks the file's records forward from ``offset`` ("Runs table"): a transaction's PUTs
+    have consecutive woids and its TAKE (if any) and COMMIT follow them, so a COMMIT
+    ``(first, n_puts, n_takes)`` at woid ``w`` gives the PUT with woid ``v`` the position
+    ``first + v - (w - n_puts - (1 if n_takes else 0))``.
+    """
+    found: dict[int, Pointer] = {}
+    pend: dict[int, list[Rec]] = {}
+    for r in df.records:
+        if r.offset < offset:
+            continue
+        if r.op == PUT:
+            pend.setdefault(r.txn, []).append(r)
+        elif r.op == COMMIT:
+            c_first, n_puts, n_takes = struct.unpack("<QII", r.payload)
+            base = r.woid - n_puts - (1 if n_takes else 0)
+            for p in pend.pop(r.txn, []):
+                position = c_first + p.woid - base
+                if first <= position < first + count:
+                    found[position] = (p.file_id, p.offset, p.size)
+            if len(found) == count:
+                return found
+        elif r.op == ROLLBACK:
+            pend.pop(r.txn, None)
+    raise DocFormatError(f"run {first}+{count} in file {df.file_id} from {offset}: found {len(found)} events")
+
+
+def checkpoint_queue(ck: Checkpoint, dd: DataDir) -> list[tuple[int, int, int, int]]:
+    """The checkpoint's queue: its runs walked (less the holes) plus its entries outside runs.
+
+    Runs of files retired since the checkpoint are left out (their events were taken after it).
+    """
+    holes = set(ck.holes)
+    out = list(ck.entries)
+    for first, count, fid, off in ck.runs:
+        if fid not in dd.files:
+            continue
+        assert off >= dd.files[fid].header_len, "a run's offset is after its file's header"
+        got = walk_run(dd.files[fid], first, count, off)
+        out += [(p, *got[p]) for p in range(first, first + count) if p not in holes]
+    return sorted(out)
 
 
 def newest_checkpoint(directory: str, ch: ChannelInfo) -> tuple[str, Checkpoint] | None:
@@ -424,9 +544,10 @@ def newest_checkpoint(directory: str, ch: ChannelInfo) -> tuple[str, Checkpoint]
 def queue_from_checkpoint(ck: Checkpoint, directory: str, ch: ChannelInfo) -> Replay:
     """Start from a checkpoint: its queue minus retired files, then the records after resume offsets."""
     dpath = os.path.join(directory, "data")
-    live = read_data_dir(dpath, ch).files  # to know which files are live now
+    now = read_data_dir(dpath, ch)  # to know which files are live now
+    live = now.files
     resume = dict(ck.files)
-    base = {p: (f, o, s) for p, f, o, s in ck.entries if f in live}
+    base = {p: (f, o, s) for p, f, o, s in checkpoint_queue(ck, now) if f in live}
     records: list[Rec] = []
     for fid, df in live.items():
         buf = Path(dpath, f"seg-{fid:016x}.wal").read_bytes()
@@ -470,7 +591,8 @@ def check_checkpoint(ck: Checkpoint, directory: str, ch: ChannelInfo, dd: DataDi
     table = dict(ck.files)
     taken = {p for fid, ranges in ck.taken for a, c in ranges for p in range(a, a + c)}
     assert {fid for fid, _ in ck.taken} <= set(table), "taken table lists files of the file table"
-    for pos, fid, off, size in ck.entries:
+    ck.queue = checkpoint_queue(ck, dd)
+    for pos, fid, off, size in ck.queue:
         assert pos not in taken, "a queued position is not in the taken table"
         assert fid in table, "queue entries point into files of the file table"
         if fid not in dd.files:
@@ -481,7 +603,7 @@ def check_checkpoint(ck: Checkpoint, directory: str, ch: ChannelInfo, dd: DataDi
         assert off < table[fid], "a queued event was written before the checkpoint"
     last_on_disk = max((df.records[-1].woid for df in dd.files.values() if df.records), default=0)
     if ck.woid >= last_on_disk:  # nothing written after it: it is the queue
-        assert sorted(e[0] for e in ck.entries) == sorted(full.queue)
+        assert sorted(e[0] for e in ck.queue) == sorted(full.queue)
     from_ck = queue_from_checkpoint(ck, directory, ch)
     assert from_ck.queue == full.queue, "checkpoint + records after it == full replay"
 
@@ -673,7 +795,7 @@ def test_checkpoint_with_open_transactions_and_later_writes(tmp_path: Path) -> N
     ch.checkpoint()
     dec = decode_channel(d)
     assert dec.checkpoint is not None
-    assert [e[0] for e in dec.checkpoint.entries] == list(range(8))
+    assert [e[0] for e in dec.checkpoint.queue] == list(range(8))
     assert dec.checkpoint.woid == max(r.woid for df in dec.data.files.values() for r in df.records)
     open_tx.commit()
     with ch.transaction() as tx:
@@ -706,6 +828,32 @@ def test_abandoned_transactions_and_rollbacks(tmp_path: Path) -> None:
     ops = [r.op for df in dec.data.files.values() for r in df.records]
     assert ROLLBACK in ops
     assert served_after_open(d) == dec.events
+
+
+def test_a_queue_with_holes_and_marks_read_from_the_docs(tmp_path: Path) -> None:
+    """Takes replayed out of a run's middle leave holes; marks go in a plain marks table (flags 1)."""
+    d = str(tmp_path / "ch")
+    ch = filechannel.open(d, **OPTS)
+    with ch.transaction() as tx:
+        tx.mark("source-offset", b"42")
+        tx.put_many([bytes([i]) * (i + 1) for i in range(30)])
+    held = ch.transaction()
+    held.take_batch(10)  # open: its events stay queued
+    with ch.transaction() as tx:
+        assert [e.body[0] for e in tx.take_batch(10)] == list(range(10, 20))
+    ch.close()  # abandons ``held``
+    ch = filechannel.open(d, **OPTS, replay="full")  # a run of 30 events, 10 of them taken out of its middle
+    ch.checkpoint()
+    dec = decode_channel(d)
+    ck = dec.checkpoint
+    assert ck is not None
+    assert ck.version == 6
+    assert ck.marks == {"source-offset": b"42"} == ch.marks()
+    assert ck.holes == list(range(10, 20)), (ck.runs, ck.holes, ck.entries)
+    assert [e[0] for e in ck.queue] == [*range(10), *range(20, 30)]
+    assert [(p, b) for p, b, _ in dec.events] == [(p, bytes([p]) * (p + 1)) for p in [*range(10), *range(20, 30)]]
+    assert dec.events == served(ch)
+    check_everything(d, ch)
 
 
 def test_doc_tables_add_up() -> None:
@@ -775,6 +923,8 @@ def test_an_encrypted_channel_read_from_the_docs(tmp_path: Path) -> None:
             with ch.transaction() as tx:
                 for _ in range(rng.randint(1, 4)):
                     tx.put(rng.randbytes(rng.randint(0, 700)), headers=rng.choice(HEADER_CHOICES))
+                if rng.random() < 0.2:
+                    tx.mark(f"offset-{rng.randint(0, 3)}", rng.randbytes(rng.randint(0, 40)))
             if rng.random() < 0.3:
                 with ch.transaction() as tx:
                     tx.take_batch(rng.randint(1, 3))
@@ -787,4 +937,10 @@ def test_an_encrypted_channel_read_from_the_docs(tmp_path: Path) -> None:
     closed = decode_channel(d)
     assert closed.checkpoint is not None
     assert closed.events == served_after_open(d, encryption=runs[-1]["encryption"])
+    # The checkpoint's marks table is sealed (flags 3) and opens with the docs' key derivation.
+    assert closed.checkpoint.version == 6
+    assert closed.checkpoint.marks
+    again = filechannel.open(d, **OPTS, encryption=runs[-1]["encryption"])
+    assert closed.checkpoint.marks == again.marks()
+    again.close()
     KEYS.clear()

@@ -5,8 +5,10 @@ field claims or rescan what an offset points back to: frames claiming payloads
 to the end of the file, BATCH_ENDs that verify on their own and each claim a
 batch from the header to themselves (repeated for a MiB), TAKE frames whose
 range count matches a huge length, checkpoint entries of 2**40 bytes or at
-negative offsets, counts near the format's maxima, an ``ANCHOR`` larger than memory, ``.ack`` files nested or
-numbered to break a JSON parser, and every one of them truncated.
+negative offsets, checkpoint runs of 2**40 events, overlapping or in unknown
+files, holes outside their runs, counts near the format's maxima, an
+``ANCHOR`` larger than memory, ``.ack`` files nested or numbered to break a
+JSON parser, and every one of them truncated.
 
 They run in one subprocess (``tests/fuzz/limits_worker.py``) whose address
 space is capped with ``RLIMIT_AS`` (:data:`MEMORY`), each under a time limit of
@@ -182,33 +184,61 @@ def checkpoint_cases(root: Path) -> list[dict[str, Any]]:
     base = str(root / "ck-base")
     make_channel(base, False)
     ck_dir = os.path.join(base, "checkpoints")
-    names = sorted(n for n in os.listdir(ck_dir) if n.endswith(".ckpt"))
-    good = Path(ck_dir, names[-1]).read_bytes()
+    with filechannel.open(base, checkpoint_interval=0, **OPTS) as ch:
+        held = ch.transaction()
+        held.take_batch(8)  # open at the checkpoint: its events are entries outside the runs
+        ch.checkpoint()
+        name = sorted(n for n in os.listdir(ck_dir) if n.endswith(".ckpt"))[-1]
+        good = Path(ck_dir, name).read_bytes()
+        held.rollback()
+    drop_checkpoints(base)
+    Path(ck_dir, name).write_bytes(good)
     h, _ = valid_end(Path(segs(base)[-1]).read_bytes())
     kind, cid = h.crc_kind, h.channel_id
     snap = checkpoint.decode(good, kind, cid)
+    assert snap.runs, "a version 6 checkpoint with runs"
+    assert len(snap.positions) == 8, "and entries outside them"
+    run0 = snap.runs[0]
 
-    def with_entry(**edit: int) -> bytes:
+    def encoded(runs: list[Any] | None, holes: tuple[int, ...] | list[int] = (), **edit: int) -> bytes:
+        """``snap`` re-encoded: version 6 with ``runs`` and ``holes``, version 2 (per-event columns) without runs."""
         cols = {c: array("q", getattr(snap, c)) for c in ("positions", "file_ids", "offsets", "sizes")}
         for col, v in edit.items():
             cols[col][len(cols[col]) // 2] = v
         s = checkpoint.Snapshot(
             snap.woid, snap.next_position, snap.next_txn_id, snap.next_file_id, cid, snap.created_ns,
             dict(snap.files), cols["positions"], cols["file_ids"], cols["offsets"], cols["sizes"],
-            taken=dict(snap.taken), file_dirs=dict(snap.file_dirs),
+            taken=dict(snap.taken), file_dirs=dict(snap.file_dirs), runs=runs, holes=list(holes),
         )  # fmt: skip
         return checkpoint.encode(s, kind)
 
-    def with_head(**edit: int) -> bytes:
-        fields = list(checkpoint._HEAD.unpack_from(good, 0))
+    def run0_with(**edit: int) -> list[Any]:
+        return [run0._replace(**edit), *snap.runs[1:]]
+
+    def with_head(buf: bytes, **edit: int) -> bytes:
+        fields = list(checkpoint._HEAD.unpack_from(buf, 0))
         order = ["magic", "version", "r", "kind", "cid", "woid", "np", "nt", "nf", "created", "n_files", "n_tf", "n"]
         for k, v in edit.items():
             fields[order.index(k)] = v
-        body = checkpoint._HEAD.pack(*fields) + good[checkpoint._HEAD.size : -4]
+        body = checkpoint._HEAD.pack(*fields) + buf[checkpoint._HEAD.size : -4]
         return body + struct.pack("<I", fmt.crc(kind, body))
 
-    def big_queue(n: int) -> bytes:
-        # n entries, all pointing at one record (valid each alone), positions increasing.
+    def with_runs_head(n_runs: int | None = None, n_holes: int | None = None) -> bytes:
+        # The runs table's counts, rewritten in place (it follows the taken table; no marks here).
+        at = len(good) - 4 - 32 * len(snap.positions) - 32 * len(snap.runs) - 8 * len(snap.holes) - 16
+        old_runs, old_holes = struct.unpack_from("<QQ", good, at)
+        assert (old_runs, old_holes) == (len(snap.runs), len(snap.holes))
+        head = struct.pack("<QQ", old_runs if n_runs is None else n_runs, old_holes if n_holes is None else n_holes)
+        body = good[:at] + head + good[at + 16 : -4]
+        return body + struct.pack("<I", fmt.crc(kind, body))
+
+    def many_runs(n: int) -> bytes:
+        # n one-event runs from the first run's offset, positions after the real ones (found nowhere).
+        runs = [run0._replace(first=snap.next_position + i, length=1) for i in range(n)]
+        return encoded(runs)
+
+    def big_queue_v2(n: int) -> bytes:
+        # Version 2: n per-event entries, all pointing at one record (valid each alone), positions increasing.
         fid, off, size = snap.file_ids[0], snap.offsets[0], snap.sizes[0]
         s = checkpoint.Snapshot(
             snap.woid, snap.next_position + n, snap.next_txn_id, snap.next_file_id, cid, snap.created_ns,
@@ -217,25 +247,59 @@ def checkpoint_cases(root: Path) -> list[dict[str, Any]]:
         )  # fmt: skip
         return checkpoint.encode(s, kind)
 
+    end = run0.first + run0.length
+    v2 = encoded(None)
+    assert struct.unpack_from("<H", v2, 8)[0] == 2
     inputs = {
-        "size_2**40": with_entry(sizes=1 << 40),
-        "size_negative": with_entry(sizes=-(1 << 40)),
-        "offset_negative": with_entry(offsets=-4096),
-        "offset_2**62": with_entry(offsets=1 << 62),
-        "file_unknown": with_entry(file_ids=1 << 40),
-        "count_2**33": with_head(n=1 << 33),
-        "count_max": with_head(n=checkpoint.MAX_ENTRIES),
-        "files_max": with_head(n_files=fmt.MAX_LIVE_FILES),
-        "taken_max": with_head(n_tf=fmt.MAX_LIVE_FILES),
-        "queue_64k_one_record": big_queue(1 << 16),
+        # version 6: the runs table
+        "run_count_2**40": encoded(run0_with(length=1 << 40)),
+        "run_count_2**63": encoded(run0_with(length=(1 << 63) + 5)),
+        "run_past_int64": encoded(run0_with(first=(1 << 63) - 2, length=4)),
+        "run_offset_huge": encoded(run0_with(offset=1 << 62)),
+        "run_offset_negative": encoded(run0_with(offset=(1 << 64) - 4096)),
+        "run_offset_in_header": encoded(run0_with(offset=8)),
+        "run_file_unknown": encoded(run0_with(file_id=1 << 40)),
+        "runs_overlap": encoded([run0, run0._replace(first=end - 1), *snap.runs[1:]]),
+        "hole_outside_run": encoded(snap.runs, [end + 3]),
+        "hole_negative": encoded(snap.runs, [-5]),
+        "holes_repeated": encoded(snap.runs, [run0.first + 1, run0.first + 1]),
+        "entry_out_of_order": encoded(snap.runs, positions=run0.first + 1),
+        # the first run grown back over the last entry outside runs (positions still increase)
+        "entry_inside_run": encoded(run0_with(first=snap.positions[-1], length=end - snap.positions[-1])),
+        "entry_size_2**40": encoded(snap.runs, sizes=1 << 40),
+        "entry_offset_negative": encoded(snap.runs, offsets=-4096),
+        "runs_count_max": with_runs_head(n_runs=checkpoint.MAX_RUNS),
+        "runs_count_2**63": with_runs_head(n_runs=1 << 63),
+        "holes_count_max": with_runs_head(n_holes=checkpoint.MAX_ENTRIES),
+        "holes_count_2**63": with_runs_head(n_holes=1 << 63),
+        "count_2**33": with_head(good, n=1 << 33),
+        "count_max": with_head(good, n=checkpoint.MAX_ENTRIES),
+        "count_past_max": with_head(good, n=checkpoint.MAX_ENTRIES + 1),
+        "files_max": with_head(good, n_files=fmt.MAX_LIVE_FILES),
+        "files_past_max": with_head(good, n_files=fmt.MAX_LIVE_FILES + 1),
+        "taken_max": with_head(good, n_tf=fmt.MAX_LIVE_FILES),
+        "flags_unknown": with_head(good, r=4),
+        "queue_64k_runs": many_runs(1 << 16),
         "truncated_head": good[:40],
+        "truncated_runs": good[: len(good) - 4 - 32 * len(snap.positions) - 8],
         "truncated_body": good[:-9],
+        # version 2 (per-event columns), still read
+        "v2_size_2**40": encoded(None, sizes=1 << 40),
+        "v2_size_negative": encoded(None, sizes=-(1 << 40)),
+        "v2_offset_negative": encoded(None, offsets=-4096),
+        "v2_offset_2**62": encoded(None, offsets=1 << 62),
+        "v2_file_unknown": encoded(None, file_ids=1 << 40),
+        "v2_count_2**33": with_head(v2, n=1 << 33),
+        "v2_count_max": with_head(v2, n=checkpoint.MAX_ENTRIES),
+        "v2_flags": with_head(v2, r=1),
+        "v2_queue_64k_one_record": big_queue_v2(1 << 16),
+        "v2_truncated_body": v2[:-9],
     }
     cases: list[dict[str, Any]] = []
     for name, buf in inputs.items():
         d = str(root / f"ck-{name}")
         shutil.copytree(base, d)
-        p = os.path.join(d, "checkpoints", names[-1])
+        p = os.path.join(d, "checkpoints", name_of(base))
         Path(p).write_bytes(buf)
         b = budget(len(buf))
         cases.append(
@@ -245,6 +309,12 @@ def checkpoint_cases(root: Path) -> list[dict[str, Any]]:
         for target in ("verify", "reader"):
             cases.append({"name": f"checkpoint {name} {target}", "target": target, "path": d, "budget": b})
     return cases
+
+
+def name_of(d: str) -> str:
+    """The one checkpoint of ``d``."""
+    (name,) = (n for n in os.listdir(os.path.join(d, "checkpoints")) if n.endswith(".ckpt"))
+    return name
 
 
 def ack_line(line: bytes) -> bytes:
