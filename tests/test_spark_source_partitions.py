@@ -28,6 +28,7 @@ from filechannel.errors import ConfigError
 from filechannel.reader import Segment, read_segment
 from filechannel.spark import source
 from filechannel.spark.datasource import FileChannelDataSource, with_parallelism
+from filechannel.spark.offsets import share_partitions as _parts
 from filechannel.spark.source import (
     DEFAULT_MIN_PARTITIONS,
     MIN_SPLIT_BYTES,
@@ -35,7 +36,6 @@ from filechannel.spark.source import (
     FileChannelStreamReader,
     SegmentPartition,
     SourceOptions,
-    _parts,
 )
 
 SCHEMA = StructType(

@@ -21,12 +21,12 @@ import filechannel
 from filechannel._fs import DEFAULT_FS
 from filechannel.consumers import ConsumerStore
 from filechannel.errors import ConfigError, DataLossError
+from filechannel.spark.offsets import parse_offset as _parse_offset
 from filechannel.spark.source import (
     FileChannelBatchReader,
     FileChannelStreamReader,
     SourceOptions,
     _channel_id,
-    _parse_offset,
 )
 
 
