@@ -39,6 +39,8 @@ for var in PYTEST_ADDOPTS PYTEST_PLUGINS; do
 done
 # The whole suite in two runs: everything but Spark, then the Spark tests (one JVM). Each run names
 # its marker expression on the command line; pytest fails the second run if it selects no test at all.
+# The Spark run includes the soak: `python -m bench.soak --minutes 3 --seed 1` (tests/test_soak.py:
+# three agents, every write path, a Spark cluster, every fault kind; lost 0, duplicated 0).
 .venv/bin/python -m pytest -m "not spark"
 .venv/bin/python -m pytest -m spark
 # The pure-Python twin of the C accelerator (issue 14): the non-Spark, non-slow tests once more with

@@ -96,7 +96,7 @@ def show(item: Any, limit: int = 60) -> str:
     return f"{r[:limit]}...({len(r)} chars{size})"
 
 
-def _identity(key: Key) -> Callable[[Any], Hashable]:
+def identity_of(key: Key) -> Callable[[Any], Hashable]:
     """The function that maps an item to its identity (bytes-like values become bytes)."""
 
     def norm(v: Any) -> Hashable:
@@ -154,7 +154,7 @@ def compare(
         ordered: Also report the first item delivered out of produced order
             (first deliveries only; duplicates do not count as reordering).
     """
-    ident = _identity(key)
+    ident = identity_of(key)
     p_keys = [ident(x) for x in produced]
     d_keys = [ident(x) for x in delivered]
     p_count = Counter(p_keys)

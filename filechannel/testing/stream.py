@@ -47,7 +47,7 @@ from typing import Any
 from filechannel.errors import ConfigError
 from filechannel.events import Event
 
-from .checks import _identity, compare, show
+from .checks import compare, identity_of, show
 from .processes import AgentProcess, Child, ChildDied, StepFailed, kill_session, session_pids
 from .steps import (
     ACTIONS,
@@ -286,13 +286,13 @@ class _Run:
                 raise StepFailed(f"the sink's rows have no 'body' column ({', '.join(rows[0])}): pass key=")
             pkey = action.produced_key if action.produced_key is not None else action.key
             try:
-                p_ids = [_identity(pkey)(e) for e in self.produced]
+                p_ids = [identity_of(pkey)(e) for e in self.produced]
             except (KeyError, AttributeError, TypeError) as exc:
                 raise StepFailed(
                     f"key {pkey!r} does not apply to an added Event ({exc!r}): pass produced_key="
                 ) from None
             try:
-                d_ids = [_identity(action.key)(r) for r in rows]
+                d_ids = [identity_of(action.key)(r) for r in rows]
             except (KeyError, AttributeError, TypeError) as exc:
                 raise StepFailed(f"key {action.key!r} does not apply to the sink's rows ({exc!r})") from None
             report = compare(p_ids, d_ids)
