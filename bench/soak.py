@@ -553,6 +553,7 @@ class Soak:
 
     def setup(self) -> None:
         from filechannel.testing.pki import PKI
+        from filechannel.testing.processes import restartable_port
 
         a = self.args
         if self.work.exists():
@@ -599,8 +600,8 @@ class Soak:
                 "name": f"c{h[1:]}",
                 "channel": cid,
                 "dir": str(chan),
-                "flight": self.cl.free_port(),
-                "http": self.cl.free_port(),
+                "flight": restartable_port(),  # agents restart on their ports
+                "http": restartable_port(),
             }
         self.conf = {
             "work": str(self.work),

@@ -48,6 +48,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pipeline  # examples/pipeline.py: the producer, its ledger, the bodies
 
+from filechannel.testing.processes import restartable_port
 from filechannel.testing.stream import kill_session, session_pids
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -292,7 +293,7 @@ class Agent:
         self.channel = channel
         self.work = work
         self.pki = pki
-        self.port = free_port()
+        self.port = restartable_port()
         self.proc: Proc | None = None
         self.starts = 0
 

@@ -35,6 +35,7 @@ import filechannel
 from filechannel.agent import serve
 from filechannel.agent.forward import ForwardSettings, start_forward
 from filechannel.errors import ConfigError
+from filechannel.testing.processes import restartable_port
 
 OPTS: dict[str, Any] = {"minimum_required_space": 0}
 EVENT_TIME = msgpack.ExtType(0, (1_700_000_000).to_bytes(4, "big") + (123_456_789).to_bytes(4, "big"))
@@ -334,16 +335,10 @@ def test_forward_without_msgpack_says_which_extra(tmp_path: Path) -> None:
     assert "Traceback" not in r.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_chunks_are_committed_exactly_once_through_agent_sigkills(tmp_path: Path) -> None:
     """A client resending each chunk until acknowledged, through two SIGKILLs: every entry once."""
     d = new_channel(tmp_path / "c")
-    port = _free_port()
+    port = restartable_port()  # the agent is restarted on it
     args = ("--writable", "--forward", f"tcp://127.0.0.1:{port}", "--capacity", "100000")
     agent = AgentProcess([d], tmp_path / "port", *args)
     chunks = 60

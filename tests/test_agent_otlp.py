@@ -34,6 +34,7 @@ from test_agent_forward import drain, new_channel
 from test_agent_http import request
 
 from filechannel.agent import serve
+from filechannel.testing.processes import restartable_port
 
 OPTS: dict[str, Any] = {"minimum_required_space": 0}
 PB = {"Content-Type": "application/x-protobuf"}
@@ -254,11 +255,10 @@ def test_the_exporter_retries_through_agent_sigkills_at_least_once(tmp_path: Pat
     at most the requests in flight then (one here: one exporter, one request at a
     time); docs/otlp.md says so.
     """
-    from test_agent_forward import _free_port
     from test_agent_process import AgentProcess
 
     d = new_channel(tmp_path / "c")
-    port = _free_port()
+    port = restartable_port()  # the agent is restarted on it
     args = ("--writable", "--http", f"127.0.0.1:{port}")
     agent = AgentProcess([d], tmp_path / "port", *args)
     n, kills = 400, 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -225,3 +226,16 @@ def test_serve_takes_its_options_from_a_toml_file(tmp_path: Path) -> None:
     r = _cli("serve", "--config", str(tmp_path / "missing.toml"))
     assert r.returncode == 2
     assert "missing.toml" in r.stderr
+
+
+def test_restartable_ports_lie_below_the_ephemeral_range_and_are_free() -> None:
+    """An outgoing connection never takes such a port as its local one, so a restart can bind it again."""
+    from filechannel.testing.processes import restartable_port
+
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = [restartable_port() for _ in range(20)]
+    assert len(set(ports)) == len(ports)  # never the same port twice in one process
+    for port in ports:
+        assert 1024 <= port < low
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))

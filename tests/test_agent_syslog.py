@@ -39,6 +39,7 @@ from filechannel.agent import serve
 from filechannel.agent.syslog_source import SyslogSettings, start_syslog
 from filechannel.errors import ConfigError
 from filechannel.reader import ChannelReader
+from filechannel.testing.processes import restartable_port
 
 OPTS: dict[str, Any] = {"minimum_required_space": 0}
 ROOT = Path(__file__).resolve().parent.parent
@@ -585,12 +586,6 @@ class Rsyslog:
             self.proc.stderr.close()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 FORMAT = 'template="RSYSLOG_SyslogProtocol23Format"'
 
 
@@ -683,7 +678,7 @@ def test_rsyslog_omrelp_with_a_disk_assisted_queue_through_agent_sigkills(tmp_pa
     no answer for): at most omrelp's window (128) per kill, at least once overall.
     """
     d = make_channel(tmp_path / "c", 0)
-    port = free_port()
+    port = restartable_port()  # the agent is restarted on it
     rs = Rsyslog(
         tmp_path / "rs",
         f'action(type="omrelp" target="127.0.0.1" port="{port}" {FORMAT} windowSize="128" '

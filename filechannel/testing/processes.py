@@ -5,7 +5,8 @@ its own (so a SIGKILL of its process group takes the driver's JVM and Python
 workers too) and calls it over a pipe in length-prefixed pickles;
 :class:`AgentProcess` runs ``filechannel serve`` for ``agent=True``;
 :func:`session_pids` and :func:`kill_session` find and kill what a session
-started. The child side: :func:`child_main` serves one role's requests (the
+started; :func:`restartable_port` picks a port for a server that is killed and
+restarted on it. The child side: :func:`child_main` serves one role's requests (the
 producer commits events; the driver runs the user's query in a local
 SparkSession and can kill itself right after a ``foreachBatch`` function
 returns). :class:`StepFailed` and :class:`ChildDied` are how a call fails.
@@ -19,7 +20,9 @@ import logging
 import os
 import pickle
 import queue
+import random
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -115,6 +118,37 @@ def kill_session(sid: int, timeout: float = 5.0) -> list[int]:
         time.sleep(0.01)
         pids = session_pids(sid)
     return first
+
+
+_PORTS_GIVEN: set[int] = set()
+
+
+def restartable_port(host: str = "127.0.0.1") -> int:
+    """A free port for a server that is killed and then restarted on the same port.
+
+    The kernel's choice for port 0 comes from the ephemeral range, which is also
+    where every outgoing connection takes its local port: once the server is
+    killed, one of them can hold that port for as long as it stays open, and the
+    restart cannot bind. A port below that range is never handed out that way.
+    """
+    try:
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+        low = int(text.split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
+    for _ in range(500):
+        port = rng.randrange(max(1024, low - 12000), low)
+        if port in _PORTS_GIVEN:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _PORTS_GIVEN.add(port)
+        return port
+    raise OSError(f"no free port below the ephemeral range (from {low})")
 
 
 def _child_env() -> dict[str, str]:
@@ -245,7 +279,7 @@ class AgentProcess:
         self.channel_dir = channel_dir
         self.work = work
         self.timeout = timeout
-        self.port = 0
+        self.port = restartable_port()
         self.starts = 0
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -275,7 +309,7 @@ class AgentProcess:
                 self.port = int(port_file.read_text().strip())
                 return
             self.kill()
-            if time.monotonic() >= deadline or self.port == 0:
+            if time.monotonic() >= deadline:
                 tail = log.read_text(errors="replace").splitlines()[-10:]
                 raise StepFailed("the agent did not start; its log ends:\n" + "\n".join(tail))
             time.sleep(0.2)  # the old port not free yet: try again until the step's timeout
