@@ -272,7 +272,7 @@ def test_a_commit_waits_while_the_agents_channel_is_full_and_lands_once_when_dra
         with ch.transaction() as tx:
             for i in range(3):
                 tx.put(b"old-%d" % i)
-        target = AgentSinkTarget(AgentSinkOptions(a.location, full_wait=60))
+        target = AgentSinkTarget(AgentSinkOptions.from_spark({"agent": a.location}))  # the defaults
         rows = [(b"new-%d" % i, None) for i in range(3)]
         files, n, _ = target.stage(rows, partition=0, attempt=0, query="q1", batch_id=0)
         taken: list[bytes] = []
@@ -376,7 +376,7 @@ def _child(mnt: str, options: dict[str, Any]) -> None:
         keys = ("failed", "space_refusals", "channel_full", "files_retired", "disk_free", "queue_size")
         out = {k: s[k] for k in keys}
         sink = a.channels[cid].sink
-        out["stage_refusals"] = 0 if sink is None else sink.refusals
+        out["stage_refusals"] = getattr(sink, "refusals", 0)
         out["staging"] = sorted(os.listdir(staging)) if os.path.isdir(staging) else []
         return out
 

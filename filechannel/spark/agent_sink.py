@@ -360,8 +360,8 @@ class _FullWait:
             raise ChannelFullError(
                 f"{self.what}: the agent's channel stayed full for {waited:.0f} s (agentFullWaitMs="
                 f"{limit * 1000:.0f}): {exc}. Nothing of it was kept. Have the channel's consumers take or "
-                "acknowledge events (so data files retire), free disk space at the agent or raise its --capacity; "
-                "a restarted query then commits the batch, once",
+                "acknowledge events (so data files retire), free disk space at the agent, or raise its --capacity "
+                "or --max-bytes; then restart the query (it commits the batch once) or run the job again",
                 exc.reason,
             ) from None
         if self.refusals == 1 or (self.delay >= 2.0 and self.refusals % 15 == 0):
