@@ -12,6 +12,15 @@ acknowledges, so the channel takes and retires files), space comes back by
 itself, and the query finishes: every row is in the channel exactly once, each
 batch whole, and no staged file is left behind.
 
+First the tmpfs is filled with a file that is not the channel's, so the first
+tasks' stages are refused (the agent stages only above the floor) and wait;
+then the query's own rows fill it, and the driver's commits are refused and wait.
+
+Without a JVM: a stage whose write runs out of space (no floor) is the full
+error at the client and leaves no file; a commit waits for a consumer, then
+lands once; a channel that stays full fails the stage or the commit after
+``agentFullWaitMs`` with an error that says what to do.
+
 Skipped with the reason only where the kernel refuses a mount namespace; where
 ``unshare --mount`` works, a tmpfs that cannot be mounted fails the test.
 """
