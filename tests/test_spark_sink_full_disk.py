@@ -382,8 +382,14 @@ def _child(mnt: str, options: dict[str, Any]) -> None:
 
     def stats() -> dict[str, Any]:
         s = ch.stats()
-        keys = ("failed", "space_refusals", "channel_full", "files_retired", "disk_free", "queue_size")
-        out = {k: s[k] for k in keys}
+        out: dict[str, Any] = {
+            "failed": s["failed"],
+            "space_refusals": s["space_refusals"],
+            "channel_full": s["channel_full"],
+            "files_retired": s["files_retired"],
+            "disk_free": s["disk_free"],
+            "queue_size": s["queue_size"],
+        }
         sink = a.channels[cid].sink
         out["stage_refusals"] = getattr(sink, "refusals", 0)
         out["staging"] = sorted(os.listdir(staging)) if os.path.isdir(staging) else []
