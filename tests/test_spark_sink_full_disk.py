@@ -183,7 +183,9 @@ def test_a_full_disk_under_the_agent_makes_the_sink_wait_and_the_query_finishes_
         assert st["queue_size"] == 0, st
         assert st["staging"] == [], st  # refused before a staged file was made
         assert not st["failed"], st
-        before = _refused(agent.ask("unfill"))
+        agent.ask("unfill")
+        # Space came back: the waiting stages went through by themselves, and batch 0 committed.
+        before = _refused(_until(agent, q, lambda st: st["queue_size"] > 0, "the stages did not resume"))
 
         # Nothing takes: the query's own rows fill the disk, and the agent refuses (the floor, or a write undone).
         full = _until(agent, q, lambda st: _refused(st) > before, "the disk never filled")
