@@ -49,6 +49,28 @@ def java_problem() -> str | None:
     return None
 
 
+def require_java() -> None:
+    """Fail the calling test with :func:`java_problem`'s line when Java cannot run Spark (CI has it: no skip)."""
+    problem = java_problem()
+    if problem:
+        pytest.fail(problem, pytrace=False)
+
+
+def pids_mentioning(text: str) -> list[int]:
+    """The live processes other than this one whose command line holds ``text`` (what a run left behind)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                if text.encode() in f.read():
+                    out.append(int(d))
+        except OSError:
+            continue
+    return out
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark every test that uses the ``spark`` fixture (so ``-m "not spark"`` deselects it)."""
@@ -60,9 +82,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A local SparkSession with the ``filechannel`` data source registered, shared by the whole run."""
-    problem = java_problem()
-    if problem:
-        pytest.fail(problem, pytrace=False)
+    require_java()
     try:
         from pyspark.sql import SparkSession
 
