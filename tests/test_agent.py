@@ -549,29 +549,29 @@ def test_a_forged_record_of_an_encrypted_channel_fails_its_tag_at_the_client(tmp
     cid = cid_of(d)
     with serve([d], "grpc://127.0.0.1:0", keystore=ks) as agent, connect(agent.location, timeout=5) as c:
         assert len(c.read(cid, 0, 20, encryption=ks)) == 20
-        # Edit a sealed payload byte and fix the record's checksum: only the tag can tell.
-        path, _fid, rec, seed = put_records(d)[7]
-        kind = _crc_kind(d)
-        with open(path, "r+b") as fh:
-            fh.seek(rec.offset)
-            frame = bytearray(fh.read(rec.size))
-            frame[fmt.RECORD_HEADER_LEN + 5] ^= 0x01
-            n = len(rec.payload)
-            payload = bytes(frame[fmt.RECORD_HEADER_LEN : fmt.RECORD_HEADER_LEN + n])
-            crc = fmt.crc(kind, payload, fmt.crc(kind, bytes(frame[:24]), seed))
-            struct.pack_into("<II", frame, 24, crc, 0)
-            fh.seek(rec.offset)
-            fh.write(frame)
+        forge_sealed_byte(d, 7)
         with pytest.raises(
             filechannel.DecryptionError, match="position 7: record checksum is intact but its authentication tag fails"
         ):
             c.read(cid, 5, 10, encryption=ks)
 
 
-def _crc_kind(d: str) -> int:
+def forge_sealed_byte(d: str, position: int) -> None:
+    """Edit a sealed payload byte of the put at ``position`` and repair its record checksum: only the tag can tell."""
     from filechannel.directory import CHANNEL_FILE, decode_channel_file
 
-    return decode_channel_file(Path(d, CHANNEL_FILE).read_bytes())[1]
+    kind = decode_channel_file(Path(d, CHANNEL_FILE).read_bytes())[1]
+    path, _fid, rec, seed = put_records(d)[position]
+    with open(path, "r+b") as fh:
+        fh.seek(rec.offset)
+        frame = bytearray(fh.read(rec.size))
+        frame[fmt.RECORD_HEADER_LEN + 5] ^= 0x01
+        n = len(rec.payload)
+        payload = bytes(frame[fmt.RECORD_HEADER_LEN : fmt.RECORD_HEADER_LEN + n])
+        crc = fmt.crc(kind, payload, fmt.crc(kind, bytes(frame[:24]), seed))
+        struct.pack_into("<II", frame, 24, crc, 0)
+        fh.seek(rec.offset)
+        fh.write(frame)
 
 
 def test_an_encrypted_channel_without_the_agent_keystore_fails_at_start(tmp_path: Path) -> None:
@@ -656,18 +656,7 @@ def test_read_arrow_of_an_encrypted_channel_needs_its_key_and_catches_a_forged_r
         assert assert_read_arrow_is_read(c, cid, 0, 20)[0] == "raised"  # no key
         assert assert_read_arrow_is_read(c, cid, 0, 20, encryption=other)[0] == "raised"  # another key
         assert assert_read_arrow_is_read(c, cid, 0, 20, encryption=ks)[0] == "ok"
-        path, _fid, rec, seed = put_records(d)[7]
-        kind = _crc_kind(d)
-        with open(path, "r+b") as fh:  # a sealed byte edited and the checksum repaired: only the tag can tell
-            fh.seek(rec.offset)
-            frame = bytearray(fh.read(rec.size))
-            frame[fmt.RECORD_HEADER_LEN + 5] ^= 0x01
-            n = len(rec.payload)
-            payload = bytes(frame[fmt.RECORD_HEADER_LEN : fmt.RECORD_HEADER_LEN + n])
-            crc = fmt.crc(kind, payload, fmt.crc(kind, bytes(frame[:24]), seed))
-            struct.pack_into("<II", frame, 24, crc, 0)
-            fh.seek(rec.offset)
-            fh.write(frame)
+        forge_sealed_byte(d, 7)
         got = assert_read_arrow_is_read(c, cid, 5, 10, encryption=ks)
         assert got[0] == "raised"
         assert "authentication tag fails" in got[1][1]
