@@ -498,16 +498,39 @@ def test_a_unix_socket_agent(chan: str, tmp_path: Path) -> None:
 # -- end-to-end checks: damage and encryption ------------------------------------------------------------
 
 
-def test_an_edited_byte_on_disk_is_caught_by_the_client(agent: Any, chan: str) -> None:
-    cid = cid_of(chan)
-    c = connect(agent.location, timeout=5)
-    assert len(c.read(cid, 0, 100)) == 100  # the agent has indexed everything
-    path, _fid, rec, _seed = put_records(chan)[42]
+def flip_payload_byte(d: str, position: int) -> None:
+    """Flip a bit of the first payload byte of the put at ``position``, leaving its record checksum as it was."""
+    path, _fid, rec, _seed = put_records(d)[position]
     with open(path, "r+b") as fh:
         fh.seek(rec.offset + fmt.RECORD_HEADER_LEN)
         b = fh.read(1)
         fh.seek(rec.offset + fmt.RECORD_HEADER_LEN)
         fh.write(bytes([b[0] ^ 0x01]))
+
+
+def forge_sealed_byte(d: str, position: int) -> None:
+    """Edit a sealed payload byte of the put at ``position`` and repair its record checksum: only the tag can tell."""
+    from filechannel.directory import CHANNEL_FILE, decode_channel_file
+
+    kind = decode_channel_file(Path(d, CHANNEL_FILE).read_bytes())[1]
+    path, _fid, rec, seed = put_records(d)[position]
+    with open(path, "r+b") as fh:
+        fh.seek(rec.offset)
+        frame = bytearray(fh.read(rec.size))
+        frame[fmt.RECORD_HEADER_LEN + 5] ^= 0x01
+        n = len(rec.payload)
+        payload = bytes(frame[fmt.RECORD_HEADER_LEN : fmt.RECORD_HEADER_LEN + n])
+        crc = fmt.crc(kind, payload, fmt.crc(kind, bytes(frame[:24]), seed))
+        struct.pack_into("<II", frame, 24, crc, 0)
+        fh.seek(rec.offset)
+        fh.write(frame)
+
+
+def test_an_edited_byte_on_disk_is_caught_by_the_client(agent: Any, chan: str) -> None:
+    cid = cid_of(chan)
+    c = connect(agent.location, timeout=5)
+    assert len(c.read(cid, 0, 100)) == 100  # the agent has indexed everything
+    flip_payload_byte(chan, 42)
     with pytest.raises(filechannel.CorruptLogError, match="event at position 42: record checksum mismatch"):
         c.read(cid, 40, 45)
     assert len(c.read(cid, 43, 50)) == 7
@@ -554,24 +577,6 @@ def test_a_forged_record_of_an_encrypted_channel_fails_its_tag_at_the_client(tmp
             filechannel.DecryptionError, match="position 7: record checksum is intact but its authentication tag fails"
         ):
             c.read(cid, 5, 10, encryption=ks)
-
-
-def forge_sealed_byte(d: str, position: int) -> None:
-    """Edit a sealed payload byte of the put at ``position`` and repair its record checksum: only the tag can tell."""
-    from filechannel.directory import CHANNEL_FILE, decode_channel_file
-
-    kind = decode_channel_file(Path(d, CHANNEL_FILE).read_bytes())[1]
-    path, _fid, rec, seed = put_records(d)[position]
-    with open(path, "r+b") as fh:
-        fh.seek(rec.offset)
-        frame = bytearray(fh.read(rec.size))
-        frame[fmt.RECORD_HEADER_LEN + 5] ^= 0x01
-        n = len(rec.payload)
-        payload = bytes(frame[fmt.RECORD_HEADER_LEN : fmt.RECORD_HEADER_LEN + n])
-        crc = fmt.crc(kind, payload, fmt.crc(kind, bytes(frame[:24]), seed))
-        struct.pack_into("<II", frame, 24, crc, 0)
-        fh.seek(rec.offset)
-        fh.write(frame)
 
 
 def test_an_encrypted_channel_without_the_agent_keystore_fails_at_start(tmp_path: Path) -> None:
@@ -635,12 +640,7 @@ def test_read_arrow_catches_an_edited_byte_as_read_does(agent: Any, chan: str) -
     cid = cid_of(chan)
     c = connect(agent.location, timeout=5)
     assert len(c.read(cid, 0, 100)) == 100
-    path, _fid, rec, _seed = put_records(chan)[42]
-    with open(path, "r+b") as fh:
-        fh.seek(rec.offset + fmt.RECORD_HEADER_LEN)
-        b = fh.read(1)
-        fh.seek(rec.offset + fmt.RECORD_HEADER_LEN)
-        fh.write(bytes([b[0] ^ 0x01]))
+    flip_payload_byte(chan, 42)
     got = assert_read_arrow_is_read(c, cid, 40, 45)
     assert got[0] == "raised"
     assert "event at position 42: record checksum mismatch" in got[1][1]
