@@ -107,6 +107,17 @@ def mtls_client(pki: dict[str, Any], agent: Any, who: str = "client") -> Any:
     return connect(uri, tls_ca=pki["ca"], tls_cert=pki[who][0], tls_key=pki[who][1], timeout=5)
 
 
+def assert_not_consumer(client: Any, peer: str, cid: str, consumer: str, identity: str, ack: int) -> None:
+    """Each consumer call of ``client`` (certificate name ``peer``) as ``consumer`` is refused, a takeover too."""
+    for call in (
+        lambda: client.register(cid, consumer, "id-takeover", reset=True),
+        lambda: client.ack(cid, consumer, ack, identity),
+        lambda: client.available(cid, consumer, identity),
+    ):
+        with pytest.raises(AgentAuthError, match=f"'{peer}' may not act as consumer '{consumer}'"):
+            call()
+
+
 def cid_of(path: str) -> str:
     return filechannel.reader.channel_id_of(path).hex()
 
@@ -425,13 +436,7 @@ def test_a_certificate_name_acts_only_as_the_consumers_it_is_allowed(pki: dict[s
         assert len(other.read(cid, 0, 5)) == 5
         other.register(cid, "q-intruder", "id-other")
         assert other.ack(cid, "q-intruder", 2, "id-other") == 2
-        for call in (
-            lambda: other.register(cid, "q", "id-other", reset=True),
-            lambda: other.ack(cid, "q", 10, "id-good"),
-            lambda: other.available(cid, "q", "id-good"),
-        ):
-            with pytest.raises(AgentAuthError, match="'intruder' may not act as consumer 'q'"):
-                call()
+        assert_not_consumer(other, "intruder", cid, "q", "id-good", ack=10)
         assert good.available(cid, "q", "id-good")[0] == 3  # untouched
 
 
