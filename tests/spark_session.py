@@ -6,9 +6,10 @@ uses the fixture is marked ``spark`` (deselect them with ``-m "not spark"``).
 Java 17+ is required: without it each Spark test fails with one line saying so
 (CI has it, so a missing Java is an error, not a skip).
 
-Settings: ``local[2]``, ``spark.sql.shuffle.partitions=1``, no UI, 1 GiB of
-driver memory, the workers on this interpreter (``PYSPARK_PYTHON``), and the
-``filechannel`` data source registered.
+Settings: those of :func:`filechannel.testing.processes.local_spark` (``local[2]``,
+``spark.sql.shuffle.partitions=1``, no UI, 1 GiB of driver memory, the
+``filechannel`` data source registered), and the workers on this interpreter
+(``PYSPARK_PYTHON``).
 """
 
 from __future__ import annotations
@@ -84,29 +85,17 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A local SparkSession with the ``filechannel`` data source registered, shared by the whole run."""
     require_java()
     try:
-        from pyspark.sql import SparkSession
+        import pyspark.sql  # noqa: F401
 
-        import filechannel.spark
+        import filechannel.spark  # noqa: F401
     except ImportError as exc:
         pytest.fail(f"the Spark tests need the spark extra: {exc}", pytrace=False)
+    from filechannel.testing.processes import local_spark
+
     # The Python workers must be this interpreter (it has filechannel and pyarrow).
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    tmp = tmp_path_factory.mktemp("spark")
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("filechannel-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "1")
-        .config("spark.driver.memory", "1g")
-        .config("spark.local.dir", str(tmp / "local"))
-        .config("spark.sql.warehouse.dir", str(tmp / "warehouse"))
-        .config("spark.sql.streaming.stopTimeout", "30s")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    filechannel.spark.register(session)
+    session = local_spark("filechannel-tests", tmp_path_factory.mktemp("spark"))
     yield session
     session.stop()
