@@ -742,29 +742,20 @@ def test_an_agent_whose_tail_fails_to_start_stops_every_part_and_writes_no_port_
         raise RuntimeError("the tail thread cannot start")
 
     monkeypatch.setattr(TailSource, "start", refuse)
+    agent_options: dict[str, Any] = {
+        "writable": True,
+        "port_file": str(tmp_path / "port"),
+        "tail": [str(logdir / "*.log")],
+        "channel_options": {"minimum_required_space": 0},
+    }
     with pytest.raises(RuntimeError, match="cannot start"):
-        serve(
-            chan_dir,
-            "grpc://127.0.0.1:0",
-            writable=True,
-            port_file=str(tmp_path / "port"),
-            tail=[str(logdir / "*.log")],
-            channel_options={"minimum_required_space": 0},
-        )
+        serve(chan_dir, "grpc://127.0.0.1:0", **agent_options)
     assert written == []
     monkeypatch.setattr(server_mod, "replace_durably", real_replace)
     filechannel.open(chan_dir, **OPTS).close()  # the agent closed its channel
     monkeypatch.undo()
     append(logdir / "app.log", b"x\n")
-    agent = serve(
-        chan_dir,
-        "grpc://127.0.0.1:0",
-        writable=True,
-        port_file=str(tmp_path / "port"),
-        tail=[str(logdir / "*.log")],
-        tail_options={"poll_interval": 0.01},
-        channel_options={"minimum_required_space": 0},
-    )
+    agent = serve(chan_dir, "grpc://127.0.0.1:0", tail_options={"poll_interval": 0.01}, **agent_options)
     try:
         assert (tmp_path / "port").read_text() == f"{agent.port}\n"
         assert len(agent.tails) == 1
