@@ -105,7 +105,7 @@ class Frozen(NamedTuple):
     pins: list[tuple[Writer, Pin]]
 
 
-_LOCATE_WINDOW = 1 << 20  # bytes read first by locate_puts (most batches fit; it grows while the walk needs more)
+_LOCATE_WINDOW = 1 << 20  # bytes read first by locate_puts (most batches fit; Log.locate_window grows past it)
 _LOCATE_MAX = 1 << 24  # bytes one locate_puts call reads at most (unless one record needs more)
 _LOST_REASON = "the queued event's record is missing or damaged: walking the file found no record for it"
 
@@ -163,6 +163,8 @@ class Log(LogState):
         self._anchor_lock = threading.Lock()  # ANCHOR is written by checkpoints and by refreshes
         self._anchor_woid = -1  # the last write-order id of the state ANCHOR holds (see write_anchor)
         self.sealing_started = False
+        # The first window ``locate_puts`` reads: grown (and kept) when a batch does not fit in it.
+        self.locate_window = _LOCATE_WINDOW
         try:
             self._dir.open()
             anchor = self._dir.read_anchor()
@@ -349,49 +351,62 @@ class Log(LogState):
         Reads data file ``file_id`` forward from ``offset`` (a record boundary) a
         window at a time and walks it with ``scan.committed_puts``: the first ``want``
         committed PUTs with positions in ``[lo, hi)``, as a ``_runs.Located`` (fewer
-        when they span more than :data:`_LOCATE_MAX` bytes: call again). The
-        walk never passes the COMMIT of the last event it needs, all of whose
-        records were written before the event was published, so it never reads
-        what a writer is still writing.
+        when they span more than :data:`_LOCATE_MAX` bytes: call again). Each
+        window goes on where the last one's walk stopped (a record boundary after
+        the PUTs it found), so no byte is walked twice. A window in which the walk
+        finds nothing (a batch or a transaction longer than it) grows fourfold, and
+        the log remembers the size: later calls start there, never walking a cut
+        batch record by record again. The walk never passes the COMMIT of the last
+        event it needs, all of whose records were written before the event was
+        published, so it never reads what a writer is still writing.
 
         Raises:
             CorruptLogError: A frame there is not a record, or a COMMIT does not verify.
             OSError: Reading failed.
         """
         fd = self._read_fd(file_id)
-        window = min(_LOCATE_MAX, max(_LOCATE_WINDOW, min(want, hi - lo) * 200))
+        seed, plain = self.seeds[file_id], file_id not in self.ciphers and file_id not in self.undecryptable
+        end = min(hi, lo + want)  # the position after the last one asked for
+        first = -1
+        offsets: array[int] = array("q")
+        sizes: array[int] = array("q")
+        read = 0
+        window = min(_LOCATE_MAX, max(self.locate_window, (end - lo) * 200))
         while True:
             buf = self.fs.pread(fd, window, offset)
+            read += len(buf)
+            eof = len(buf) < window
             try:
                 got = committed_puts(
-                    buf,
-                    offset,
-                    offset,
-                    lo,
-                    hi,
-                    want,
-                    self.seeds[file_id],
-                    self.crc_kind,
-                    self.max_payload,
-                    len(buf) < window,
-                    file_id not in self.ciphers and file_id not in self.undecryptable,
+                    buf, offset, offset, lo, hi, end - lo, seed, self.crc_kind, self.max_payload, eof, plain
                 )
             except FormatError as exc:  # pragma: no cover - the walk steps over damage
                 raise CorruptLogError(self.files[file_id][1], exc.offset, exc.reason) from exc
-            if got.done:
-                return Located(got.first, got.offsets, got.sizes, got.next_offset)
-            if len(buf) < window:
+            k = len(got.offsets)
+            if k:
+                if first < 0:
+                    first = got.first
+                offsets += got.offsets
+                sizes += got.sizes
+                lo = got.first + k
+            offset = got.next_offset
+            if got.done or lo >= end:
+                return Located(first if first >= 0 else got.first, offsets, sizes, offset)
+            if eof:
                 # The file ends before every position of the run: their records are gone.
-                first = got.first if got.first >= 0 else lo
-                offsets, sizes = got.offsets, got.sizes
-                missing = min(hi, lo + want) - (first + len(offsets))
-                if missing > 0:
-                    offsets.extend(array("q", (LOST,)) * missing)
-                    sizes.extend(array("q", (0,)) * missing)
-                return Located(first, offsets, sizes, got.next_offset)
-            if len(got.offsets) and window >= _LOCATE_MAX:
-                return Located(got.first, got.offsets, got.sizes, got.next_offset)  # the rest: call again
-            window *= 4
+                if first < 0:
+                    first = lo
+                offsets.extend(array("q", (LOST,)) * (end - lo))
+                sizes.extend(array("q", (0,)) * (end - lo))
+                return Located(first, offsets, sizes, offset)
+            if k:
+                if read >= _LOCATE_MAX:
+                    return Located(first, offsets, sizes, offset)  # the rest: call again
+                window = min(_LOCATE_MAX, max(self.locate_window, (end - lo) * 200))
+            else:
+                window *= 4  # a batch (or one record) longer than the window: remembered, up to _LOCATE_MAX
+                if window > self.locate_window:
+                    self.locate_window = min(window, _LOCATE_MAX)
 
     def read_payload(self, file_id: int, offset: int, size: int, *, decrypt: bool = True) -> bytes:
         """Read and verify the record at a pointer; return its payload (decrypted).
