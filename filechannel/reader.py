@@ -26,7 +26,7 @@ import threading
 import time
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from types import TracebackType
@@ -56,7 +56,7 @@ from .errors import (
 )
 from .events import Event
 from .logview import open_view
-from .scan import LOST, SEG_RE, CorruptionReport, LogRecord, Scanner, segment_name
+from .scan import LOST, SEG_RE, CorruptionReport, LogRecord, PutWalk, Scanner, locate_puts, segment_name
 
 logger = logging.getLogger(__name__)
 
@@ -162,49 +162,269 @@ def _decode_put(
     return Event(body, headers, position)
 
 
-class _Index:
-    """Committed events known to the reader: four position-ordered ``array('q')`` columns."""
+MARK_EVERY = 4096
+"""Events between two of a run's marks: a read anywhere in a run walks at most this many to reach its start."""
 
-    __slots__ = ("fid", "off", "pos", "size")
+Columns = tuple["array[int]", "array[int]", "array[int]", "array[int]"]
+Locator = Callable[[int, int, int, int, int], PutWalk]
 
-    def __init__(self) -> None:
-        self.pos = array("q")
-        self.fid = array("q")
-        self.off = array("q")
-        self.size = array("q")
 
-    def __len__(self) -> int:
-        return len(self.pos)
+class _Run:
+    """Committed events ``lo .. hi - 1``: consecutive committed PUTs of data file ``fid``.
 
-    def add(self, position: int, file_id: int, offset: int, size: int) -> None:
-        pos = self.pos
-        if not pos or position > pos[-1]:
-            pos.append(position)
-            self.fid.append(file_id)
-            self.off.append(offset)
-            self.size.append(size)
-            return
-        i = bisect_left(pos, position)
-        if i < len(pos) and pos[i] == position:
-            return  # already known (replay is idempotent by position)
-        pos.insert(i, position)
-        self.fid.insert(i, file_id)
-        self.off.insert(i, offset)
-        self.size.insert(i, size)
+    Marks (``mpos``, ``moff``, ``mcum``): a position, a record boundary at or
+    before its record, and the bytes of this run's events from its first mark
+    up to it; the first mark is at or before ``lo``, later ones come every
+    :data:`MARK_EVERY` events as walks pass them. ``hint`` is where the last
+    walk stopped (the same three numbers): a consumer reading on starts there.
+    ``total``: the bytes of the events from the first mark up to ``hi``, once known.
+    """
 
-    def remove(self, first: int, count: int) -> None:
-        pos = self.pos
-        i = bisect_left(pos, first)
-        j = bisect_left(pos, first + count)
-        if j > i:
-            for col in (self.pos, self.fid, self.off, self.size):
-                del col[i:j]
+    __slots__ = ("fid", "hi", "hint", "lo", "mcum", "moff", "mpos", "total")
 
-    def span(self, start: int, end: int) -> tuple[int, int]:
-        return bisect_left(self.pos, start), bisect_left(self.pos, end)
+    def __init__(self, lo: int, hi: int, fid: int, offset: int, total: int | None = None) -> None:
+        self.lo = lo
+        self.hi = hi
+        self.fid = fid
+        self.mpos = array("q", (lo,))
+        self.moff = array("q", (offset,))
+        self.mcum = array("q", (0,))
+        self.hint: tuple[int, int, int] | None = None
+        self.total = total
+
+    def copy_from(self, lo: int, hi: int) -> _Run:
+        """The part ``lo .. hi - 1`` of this run, with the marks that still help."""
+        r = _Run.__new__(_Run)
+        r.lo, r.hi, r.fid = lo, hi, self.fid
+        k = max(0, bisect_right(self.mpos, lo) - 1)
+        m = bisect_left(self.mpos, hi, k)
+        r.mpos, r.moff, r.mcum = self.mpos[k:m], self.moff[k:m], self.mcum[k:m]
+        r.hint = self.hint if self.hint is not None and lo <= self.hint[0] < hi else None
+        r.total = self.total if hi == self.hi else None
+        return r
+
+    def extend(self, first: int, offsets: array[int], sizes: array[int]) -> None:
+        """Add the events ``first, first + 1, ...`` after ``hi`` (``total`` must be known)."""
+        assert self.total is not None
+        assert first == self.hi
+        cum = self.total
+        q = self.mpos[-1] + MARK_EVERY
+        j = 0
+        while q < first + len(offsets):
+            i = q - first
+            if i >= 0:
+                cum += sum(sizes[j:i])
+                j = i
+                self.mpos.append(q)
+                self.moff.append(offsets[i])
+                self.mcum.append(cum)
+            q += MARK_EVERY
+        self.total = cum + sum(sizes[j:])
+        self.hi = first + len(offsets)
+
+
+def _lo(r: _Run) -> int:
+    return r.lo
+
+
+class _RunIndex:
+    """The committed events known to a reader, as runs of one data file each: memory O(runs).
+
+    A run's events are found by walking its data file forward from a mark with
+    ``locate`` (``scan.locate_puts``: the queue's walk, the one damage policy).
+    """
+
+    __slots__ = ("locate", "runs")
+
+    def __init__(self, locate: Locator) -> None:
+        self.locate = locate
+        self.runs: list[_Run] = []
 
     def head(self) -> int | None:
-        return self.pos[0] if self.pos else None
+        return self.runs[0].lo if self.runs else None
+
+    def __len__(self) -> int:
+        return sum(r.hi - r.lo for r in self.runs)
+
+    def overlapping(self, start: int, end: int) -> list[_Run]:
+        """The runs holding a position in ``[start, end)``, in order."""
+        runs = self.runs
+        i = max(0, bisect_right(runs, start, key=_lo) - 1)
+        if i < len(runs) and runs[i].hi <= start:
+            i += 1
+        j = bisect_left(runs, end, i, key=_lo)
+        return runs[i:j]
+
+    # -- changes ---------------------------------------------------------------------
+
+    def add(self, first: int, file_id: int, offsets: array[int], sizes: array[int]) -> None:
+        """Add one commit's events (positions from ``first``); positions already held are kept as they are."""
+        end = first + len(offsets)
+        runs = self.runs
+        if runs and first < runs[-1].hi:
+            # Another data directory published later positions first, or a repeat: only the gaps.
+            gaps: list[tuple[int, int]] = []
+            p = first
+            for r in self.overlapping(first, end):
+                if r.lo > p:
+                    gaps.append((p, r.lo))
+                p = max(p, r.hi)
+            if p < end:
+                gaps.append((p, end))
+            for a, b in gaps:
+                i = bisect_left(runs, a, key=_lo)
+                self._put(i, a, file_id, offsets[a - first : b - first], sizes[a - first : b - first])
+            return
+        self._put(len(runs), first, file_id, offsets, sizes)
+
+    def _put(self, i: int, first: int, file_id: int, offsets: array[int], sizes: array[int]) -> None:
+        runs = self.runs
+        if i > 0:
+            prev = runs[i - 1]
+            if prev.hi == first and prev.fid == file_id and prev.total is not None:
+                prev.extend(first, offsets, sizes)
+                return
+        r = _Run(first, first, file_id, offsets[0], 0)
+        r.extend(first, offsets, sizes)
+        runs.insert(i, r)
+
+    def add_stored(self, first: int, count: int, file_id: int, offset: int, holes: list[int]) -> None:
+        """Add a run of the owner's queue (a scan from ``offset`` finds it), less ``holes`` (sorted)."""
+        p = first
+        for h in [*holes, first + count]:
+            if h > p:
+                self.runs.append(_Run(p, h, file_id, offset))
+            p = h + 1
+
+    def remove(self, first: int, count: int) -> None:
+        """Forget the events taken from ``[first, first + count)``."""
+        end = first + count
+        runs = self.runs
+        parts = self.overlapping(first, end)
+        if not parts:
+            return
+        i = runs.index(parts[0])
+        keep: list[_Run] = []
+        for r in parts:
+            if r.lo < first:
+                keep.append(r.copy_from(r.lo, first))
+            if r.hi > end:
+                keep.append(r.copy_from(end, r.hi))
+        runs[i : i + len(parts)] = keep
+
+    # -- walks -----------------------------------------------------------------------
+
+    def _walk(self, r: _Run, a: int, b: int, collect: bool) -> tuple[int | None, int | None, array[int], array[int]]:
+        """Walk ``r``'s file from its best mark at or before ``a`` through ``b - 1``.
+
+        Returns ``(cum at a, cum at b, offsets, sizes)``: the bytes of the run's
+        events before ``a`` and before ``b`` (None where a record was missing
+        before them), and with ``collect`` the pointers of ``a .. b - 1``
+        (:data:`~filechannel.scan.LOST` for a position whose record is not there).
+        Marks and the hint are left where the walk passed.
+
+        Raises:
+            FileNotFoundError: The data file is gone (retired).
+            OSError: Reading failed.
+        """
+        k = bisect_right(r.mpos, a) - 1
+        p, off, cum = r.mpos[k], r.moff[k], r.mcum[k]
+        if r.hint is not None and p < r.hint[0] <= a:
+            p, off, cum = r.hint
+        offs: array[int] = array("q")
+        sizes: array[int] = array("q")
+        cum_a: int | None = cum if p == a else None
+        known = True
+        while p < b:
+            got = self.locate(r.fid, off, p, b, b - p) if off >= 0 else None
+            n = len(got.offsets) if got is not None else 0
+            if got is None or got.first != p or not n:
+                # Not where the run says: every position left reads as missing (damage, reported by the read).
+                if collect:
+                    lo = max(a, p)
+                    offs.extend(array("q", (LOST,)) * (b - lo))
+                    sizes.extend(array("q", (0,)) * (b - lo))
+                return cum_a, None, offs, sizes
+            g_offs, g_sizes = got.offsets, got.sizes
+            if LOST in g_offs:
+                known = False
+            i0 = max(0, a - p)
+            if cum_a is None and p + n >= a and i0 <= n:
+                cum_a = cum + sum(g_sizes[:i0]) if known else None
+            if collect and i0 < n:
+                offs.extend(g_offs[i0:])
+                sizes.extend(g_sizes[i0:])
+            if known:
+                q = r.mpos[-1] + MARK_EVERY
+                j = 0
+                c = cum
+                while q < p + n:
+                    if q >= p and g_offs[q - p] >= 0:
+                        c += sum(g_sizes[j : q - p])
+                        j = q - p
+                        r.mpos.append(q)
+                        r.moff.append(g_offs[q - p])
+                        r.mcum.append(c)
+                    q += MARK_EVERY
+                cum += sum(g_sizes)
+            p += n
+            off = got.next_offset
+            if known and p < r.hi:
+                r.hint = (p, off, cum)
+        if not known:
+            return cum_a, None, offs, sizes
+        if b == r.hi:
+            r.total = cum
+        return cum_a, cum, offs, sizes
+
+    def cum(self, r: _Run, p: int) -> int | None:
+        """The bytes of ``r``'s events from its first mark up to position ``p`` (None: a record is missing)."""
+        if p == r.hi and r.total is not None:
+            return r.total
+        k = bisect_right(r.mpos, p) - 1
+        if r.mpos[k] == p:
+            return r.mcum[k]
+        if r.hint is not None and r.hint[0] == p:
+            return r.hint[2]
+        return self._walk(r, p, p, False)[0]
+
+    def record_bytes(self, start: int, end: int) -> int:
+        """The bytes of the records of the events held in ``[start, end)`` (missing records count 0)."""
+        total = 0
+        for r in self.overlapping(start, end):
+            a, b = max(r.lo, start), min(r.hi, end)
+            hi = self.cum(r, b)
+            lo = self.cum(r, a)
+            if hi is None or lo is None:
+                _, _, _, sizes = self._walk(r, a, b, True)
+                total += sum(sizes)
+            else:
+                total += hi - lo
+        return total
+
+    def columns(self, start: int, end: int, limit: int | None = None) -> Columns:
+        """The events held in ``[start, end)`` (the first ``limit``) as columns: positions, files, offsets, sizes."""
+        pos: array[int] = array("q")
+        fid: array[int] = array("q")
+        off: array[int] = array("q")
+        size: array[int] = array("q")
+        for r in self.overlapping(start, end):
+            a, b = max(r.lo, start), min(r.hi, end)
+            if limit is not None:
+                b = min(b, a + limit - len(pos))
+            _, _, o, s = self._walk(r, a, b, True)
+            pos.extend(range(a, b))
+            fid.extend(array("q", (r.fid,)) * (b - a))
+            off.extend(o)
+            size.extend(s)
+            if limit is not None and len(pos) >= limit:
+                break
+        return pos, fid, off, size
+
+    def first_pointer(self, r: _Run) -> tuple[int, int]:
+        """The offset and size of ``r``'s first event's record (offset LOST when it is missing)."""
+        _, _, o, s = self._walk(r, r.lo, r.lo + 1, True)
+        return o[0], s[0]
 
 
 class _FileState:
@@ -261,9 +481,18 @@ class _Follower:
             self.consumer_acks = log.consumer_acks  # how far the owner saw each ack go (ANCHOR, checkpoint)
             self.max_payload = log.max_payload
             self.corruption: list[CorruptionReport] = list(log.corruption)
-            self.index = _Index()
-            for p, f, o, s in q:
-                self.index.add(p, f, o, s)
+            # The owner's queue as runs (no event is looked at): reads walk the data files from them.
+            self.index = _RunIndex(self.locate)
+            runs, entries, holes = q.stored()
+            k = 0
+            for r in runs:
+                while k < len(holes) and holes[k] < r.first:
+                    k += 1
+                m = bisect_left(holes, r.first + r.length, k)
+                self.index.add_stored(r.first, r.length, r.file_id, r.offset, holes[k:m])
+            for p, fid, off, size in entries:  # rolled-back takes waiting outside the runs: one each
+                self.index.add(p, fid, array("q", (off,)), array("q", (size,)))
+            del q, runs, entries
             self.files: dict[int, _FileState] = {}
             # The oldest authenticated (format version 2) file: a plaintext or version 1 file
             # appearing after it was forged or copied in, as recovery rules at open.
@@ -465,8 +694,36 @@ class _Follower:
             self.frontier[st.dir_index] = max(self.frontier[st.dir_index], s.last_woid)
             self._apply(s.plain())
 
-    def gap_is_final(self, k: int) -> bool:
-        """Whether the positions missing before index entry ``k`` can never be written.
+    def locate(self, file_id: int, offset: int, lo: int, hi: int, want: int) -> PutWalk:
+        """The committed PUTs of ``[lo, hi)`` in data file ``file_id``, walked from ``offset`` (``scan.locate_puts``).
+
+        Raises:
+            FileNotFoundError: The file is gone (retired).
+            CorruptLogError: The walk could not step over damage.
+        """
+        st = self.files.get(file_id)
+        path = st.path if st is not None else os.path.join(self.data_dirs[0], segment_name(file_id))
+        fd = self.fs.open_read(path)
+        fs = self.fs
+        try:
+            return locate_puts(
+                lambda n, at: fs.pread(fd, n, at),
+                offset,
+                lo,
+                hi,
+                want,
+                fmt.file_seed(self.crc_kind, self.channel_id, file_id),
+                self.crc_kind,
+                self.max_payload,
+                st is None or not st.header.cipher,
+            )
+        except FormatError as exc:  # pragma: no cover - the walk steps over damage
+            raise CorruptLogError(path, exc.offset, exc.reason) from exc
+        finally:
+            fs.close(fd)
+
+    def gap_is_final(self, run: _Run) -> bool:
+        """Whether the positions missing before ``run`` (after the run before it) can never be written.
 
         Positions and write-order ids are handed out together, in the same order,
         so a commit holding a missing position has write-order ids below those of
@@ -476,13 +733,18 @@ class _Follower:
         failed after its positions were assigned, such as one refused for lack of
         space).
         """
-        idx = self.index
-        p = idx.pos[k]
+        p = run.lo
         woid = self._first_woids.get(p)
         if woid is None:
-            fid, off, size = idx.fid[k], idx.off[k], idx.size[k]
+            fid = run.fid
             st = self.files.get(fid)
             if st is None:
+                return False
+            try:
+                off, size = self.index.first_pointer(run)
+            except FileNotFoundError:
+                return False
+            if off == LOST:
                 return False
             try:
                 fd = self.fs.open_read(st.path)
@@ -504,17 +766,22 @@ class _Follower:
         return all(w >= woid for w in self.frontier)
 
     def _apply(self, records: list[LogRecord]) -> None:
-        puts: dict[int, list[tuple[int, int, int]]] = {}
+        puts: dict[int, tuple[int, array[int], array[int]]] = {}
         takes: dict[int, list[tuple[int, int]]] = {}
         for r in records:
             if r.op == fmt.PUT:
-                puts.setdefault(r.txn_id, []).append((r.file_id, r.offset, r.size))
+                got = puts.get(r.txn_id)
+                if got is None:
+                    got = puts[r.txn_id] = (r.file_id, array("q"), array("q"))
+                got[1].append(r.offset)
+                got[2].append(r.size)
             elif r.op == fmt.TAKE:
                 takes[r.txn_id] = fmt.decode_take(r.payload)
             elif r.op == fmt.COMMIT:
                 first, n, _ = fmt.decode_commit(r.payload)
-                for i, (f, o, s) in enumerate(puts.pop(r.txn_id, [])[:n]):
-                    self.index.add(first + i, f, o, s)
+                mine = puts.pop(r.txn_id, None)
+                if mine is not None and n:
+                    self.index.add(first, mine[0], mine[1][:n], mine[2][:n])
                 for a, c in takes.pop(r.txn_id, []):
                     self.index.remove(a, c)
                 self.visible_end = max(self.visible_end, first + n)
@@ -648,13 +915,11 @@ class ChannelReader:
             # earlier one is written: stop at the first position not yet seen, unless
             # nothing can fill it any more (a failed commit's positions).
             with f.lock:
-                i, j = f.index.span(start, end)
-                pos = f.index.pos
                 expect = start
-                for k in range(i, j):
-                    if pos[k] != expect and not f.gap_is_final(k):
+                for r in f.index.overlapping(start, end):
+                    if max(r.lo, start) != expect and not f.gap_is_final(r):
                         break
-                    expect = pos[k] + 1
+                    expect = min(r.hi, end)
                 end = expect
         return start, max(start, end)
 
@@ -742,21 +1007,15 @@ class ChannelReader:
             )
         low = self._start(f) if self._acked is not None else f.index.head()
         if low is not None and start < low and start < end:
-            i, _ = f.index.span(start, end)
-            if self._acked is not None or i == 0:
-                why = "below this consumer's acknowledged mark" if self._acked is not None else "already taken"
-                raise DataLossError(start, min(end, low), f"positions {why}")
+            why = "below this consumer's acknowledged mark" if self._acked is not None else "already taken"
+            raise DataLossError(start, min(end, low), f"positions {why}")
 
     def _read_entries(self, f: _Follower, start: int, end: int, limit: int | None) -> list[Event]:
-        idx = f.index
-        i, j = idx.span(start, end)
-        if limit is not None:
-            j = min(j, i + limit)
+        pos_c, fid_c, off_c, size_c = f.index.columns(start, end, limit)
         out: list[Event] = []
         fds: dict[int, int] = {}
         try:
-            for k in range(i, j):
-                fid, off, size, p = idx.fid[k], idx.off[k], idx.size[k], idx.pos[k]
+            for p, fid, off, size in zip(pos_c, fid_c, off_c, size_c, strict=True):
                 st = f.files.get(fid)
                 path = st.path if st is not None else os.path.join(f.data_dirs[0], segment_name(fid))
                 fd = fds.get(fid)
@@ -788,7 +1047,10 @@ class ChannelReader:
         """For each position in ``starts``: the record bytes of the events in ``[start, end)`` (depth, a lag).
 
         ``end`` is what :meth:`available` said (at most the visible end). A
-        sum over the index this reader keeps: no data file is read.
+        difference of byte counts the reader's runs keep: a data file is read
+        only to reach a start inside a run (at most a few thousand events from
+        one of its marks) or, once, to count a run the reader has not walked
+        yet (one the owner's queue held when the reader opened).
 
         Raises:
             ValueError: ``end`` beyond what this reader has seen.
@@ -799,8 +1061,7 @@ class ChannelReader:
                 raise ValueError(f"end {end} is beyond the visible end {f.visible_end}")
             out = []
             for start in starts:
-                i, j = f.index.span(start, end)
-                out.append(sum(f.index.size[i:j]) if j > i else 0)
+                out.append(f.index.record_bytes(start, end) if start < end else 0)
             return out
 
     def segments(
@@ -838,10 +1099,10 @@ class ChannelReader:
     def _segments(
         self, f: _Follower, start: int, end: int, max_bytes: int, parts: int = 1, min_bytes: int = 0
     ) -> list[Segment]:
-        idx = f.index
-        i, j = idx.span(start, end)
+        pos_c, fid_c, off_c, size_c = f.index.columns(start, end)
+        i, j = 0, len(pos_c)
         out: list[Segment] = []
-        total = sum(idx.size[i:j]) if parts > 1 else 0
+        total = sum(size_c) if parts > 1 else 0
         if min_bytes > 0:
             parts = min(parts, total // min_bytes)
         parts = max(1, min(parts, j - i))
@@ -850,17 +1111,17 @@ class ChannelReader:
         )
         k = i
         while k < j:
-            fid = idx.fid[k]
-            first_off = idx.off[k]
+            fid = fid_c[k]
+            first_off = off_c[k]
             run = before * parts // total if parts > 1 else 0
-            before += idx.size[k]
+            before += size_c[k]
             m = k + 1
-            while m < j and idx.fid[m] == fid and idx.off[m] > idx.off[m - 1]:
-                if idx.off[m] + idx.size[m] - first_off > max_bytes:
+            while m < j and fid_c[m] == fid and off_c[m] > off_c[m - 1]:
+                if off_c[m] + size_c[m] - first_off > max_bytes:
                     break
                 if parts > 1 and before * parts // total != run:
                     break
-                before += idx.size[m]
+                before += size_c[m]
                 m += 1
             last = m - 1
             st = f.files.get(fid)
@@ -873,10 +1134,10 @@ class ChannelReader:
                     f.channel_id,
                     f.crc_kind,
                     first_off,
-                    idx.off[last] + idx.size[last] - first_off,
-                    tuple(idx.pos[k:m]),
-                    tuple(o - first_off for o in idx.off[k:m]),
-                    tuple(idx.size[k:m]),
+                    off_c[last] + size_c[last] - first_off,
+                    tuple(pos_c[k:m]),
+                    tuple(o - first_off for o in off_c[k:m]),
+                    tuple(size_c[k:m]),
                     h.cipher if h is not None else 0,
                     h.key_id if h is not None else "",
                     h.salt if h is not None else b"",
@@ -1064,13 +1325,11 @@ def _plan_arrow(reader: ChannelReader, start: int, end: int) -> list[Any]:
         f.refresh()
     with f.lock:
         reader._check_held(f, start, end)
-        idx = f.index
-        i, j = idx.span(start, end)
-        pos, fid, off, size = idx.pos[i:j], idx.fid[i:j], idx.off[i:j], idx.size[i:j]
+        pos, fid, off, size = f.index.columns(start, end)
         files = dict(f.files)
         data_dir = f.data_dirs[0]
         channel_id, crc_kind = f.channel_id, f.crc_kind
-    n = j - i
+    n = len(pos)
     if not n:
         return []
 
