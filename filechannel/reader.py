@@ -61,6 +61,7 @@ from .scan import LOST, SEG_RE, CorruptionReport, LogRecord, PutWalk, Scanner, l
 logger = logging.getLogger(__name__)
 
 DEFAULT_SEGMENT_BYTES = 8 << 20
+HEADER_GUESS = 4096  # bytes of a data file read first for its header (fmt.MAX_HEADER_LEN if it is longer)
 
 
 @dataclass(frozen=True)
@@ -586,11 +587,22 @@ class _Follower:
         except FileNotFoundError:
             return None
         try:
-            head = self.fs.pread(fd, fmt.MAX_HEADER_LEN, 0)
+            # Most headers are short: the largest one (a list of live files) is read only when it is one.
+            head = self.fs.pread(fd, HEADER_GUESS, 0)
+            try:
+                h = fmt.decode_file_header(head)
+                if not isinstance(h, fmt.FileHeader) and len(head) == HEADER_GUESS:
+                    head = self.fs.pread(fd, fmt.MAX_HEADER_LEN, 0)
+                    h = fmt.decode_file_header(head)
+            except FormatError as exc:
+                bad: FormatError | None = exc
+            else:
+                bad = None
         finally:
             self.fs.close(fd)
         try:
-            h = fmt.decode_file_header(head)
+            if bad is not None:
+                raise bad
         except FormatError as exc:
             if newest:
                 return None  # the owner may be writing it right now; a later call sees it whole
