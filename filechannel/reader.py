@@ -34,6 +34,7 @@ from typing import Any
 
 from . import format as fmt
 from ._fs import DEFAULT_FS, FS
+from ._queue import Columns
 from .config import CORRUPTION_POLICIES, ChannelConfig
 from .consumers import ConsumerStore, validate_name
 from .crypto import (
@@ -174,7 +175,6 @@ its end anyway; keeping what it found makes reading a run in small steps cost
 one walk per :data:`READ_AHEAD` events, not one per step.
 """
 
-Columns = tuple["array[int]", "array[int]", "array[int]", "array[int]"]
 Locator = Callable[[int, int, int, int, int], PutWalk]
 
 
