@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from . import format as fmt
 from ._fs import DEFAULT_FS, FS
@@ -62,6 +62,7 @@ from .scan import LOST, SEG_RE, CorruptionReport, LogRecord, PutWalk, Scanner, l
 logger = logging.getLogger(__name__)
 
 DEFAULT_SEGMENT_BYTES = 8 << 20
+_T = TypeVar("_T")
 HEADER_GUESS = 4096  # bytes of a data file read first for its header (fmt.MAX_HEADER_LEN if it is longer)
 
 
@@ -403,9 +404,11 @@ class _RunIndex:
     def _find(self, r: _Run, off: int, p: int, b: int) -> PutWalk:
         """Walk ``r``'s file from ``off`` for ``p .. b - 1`` and up to :data:`READ_AHEAD` more (kept)."""
         got = self.locate(r.fid, off, p, r.hi, max(b - p, min(READ_AHEAD, r.hi - p)))
-        if got.first == p and len(got.offsets) > b - p:
+        k = b - p
+        if got.first == p and len(got.offsets) > k:
+            if got.offsets[k] < 0:  # the next record is missing: no place to go on from, walk just the range
+                return self.locate(r.fid, off, p, b, k)
             self.ahead = (r.fid, p, got.offsets, got.sizes, got.next_offset)
-            k = b - p
             return PutWalk(p, got.offsets[:k], got.sizes[:k], got.offsets[k], True)
         return got
 
@@ -1101,13 +1104,32 @@ class ChannelReader:
             ValueError: ``end`` beyond what this reader has seen.
         """
         f = self._state()
-        with f.lock:
-            if end > f.visible_end:
-                raise ValueError(f"end {end} is beyond the visible end {f.visible_end}")
-            out = []
-            for start in starts:
-                out.append(f.index.record_bytes(start, end) if start < end else 0)
-            return out
+        if end > f.visible_end:
+            raise ValueError(f"end {end} is beyond the visible end {f.visible_end}")
+        lo = min(starts, default=end)
+
+        def count() -> list[int]:
+            return [f.index.record_bytes(start, end) if start < end else 0 for start in starts]
+
+        return self._walking(f, lo, end, count, check=False)
+
+    def _walking(self, f: _Follower, start: int, end: int, work: Callable[[], _T], check: bool = True) -> _T:
+        """Run ``work`` (which walks data files) under the reader's lock; a file retired meanwhile: refresh, once.
+
+        Raises:
+            DataLossError: A data file is gone even after a refresh (or, with ``check``, as :meth:`_check_held`).
+        """
+        for attempt in range(2):
+            try:
+                with f.lock:
+                    if check:
+                        self._check_held(f, start, end)
+                    return work()
+            except FileNotFoundError:
+                if attempt:
+                    raise DataLossError(start, end, "a data file was retired while it was read") from None
+                f.refresh()  # the RETIRE and the takes before it: the runs that pointed there are gone
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def segments(
         self, start: int, end: int, max_bytes: int = DEFAULT_SEGMENT_BYTES, *, parts: int = 1, min_bytes: int = 0
@@ -1137,9 +1159,7 @@ class ChannelReader:
         f = self._state()
         if end > f.visible_end:
             f.refresh()
-        with f.lock:
-            self._check_held(f, start, end)
-            return self._segments(f, start, end, max_bytes, parts, min_bytes)
+        return self._walking(f, start, end, lambda: self._segments(f, start, end, max_bytes, parts, min_bytes))
 
     def _segments(
         self, f: _Follower, start: int, end: int, max_bytes: int, parts: int = 1, min_bytes: int = 0
@@ -1370,7 +1390,10 @@ def _plan_arrow(reader: ChannelReader, start: int, end: int) -> list[Any]:
         f.refresh()
     with f.lock:
         reader._check_held(f, start, end)
-        pos, fid, off, size = f.index.columns(start, end)
+        try:
+            pos, fid, off, size = f.index.columns(start, end)
+        except FileNotFoundError:  # retired meanwhile: read() refreshes and says what is gone
+            raise DataLossError(start, end, "a data file was retired while it was read") from None
         files = dict(f.files)
         data_dir = f.data_dirs[0]
         channel_id, crc_kind = f.channel_id, f.crc_kind

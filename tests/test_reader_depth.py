@@ -144,3 +144,26 @@ def test_reads_polls_segments_and_byte_counts_agree_with_a_drain(tmp_path: Path)
         assert [(e.position, e.body) for e in events[:10_000]] == drained
         assert [e.body for e in events] == [_body(i) for i in range(45_000, n + 10)]
         assert rd.record_bytes([start], end) == [sum(sizes[45_000:]) + 10 * _record_size(_body(n))]
+
+
+def test_a_record_the_walk_cannot_find_is_damage_at_exactly_its_position(tmp_path: Path) -> None:
+    d = str(tmp_path / "ch")
+    n = 30_000
+    _fill(d, n)
+    victim = 12_345
+    (seg,) = ChannelReader(d).segments(victim, victim + 1)
+    with open(seg.path, "r+b") as fh:  # the record's op byte: no longer a record the walk can step on
+        fh.seek(seg.offset)
+        fh.write(b"\xee")
+    with pytest.raises(filechannel.CorruptLogError):
+        ChannelReader(d).read(12_000, 13_000)
+    rd = ChannelReader(d, on_corruption="skip")
+    got = rd.read(12_000, 13_000)
+    assert [e.position for e in got] == [p for p in range(12_000, 13_000) if p != victim]
+    assert [e.body for e in got] == [_body(p) for p in range(12_000, 13_000) if p != victim]
+    assert [c.lost_positions for c in rd.corruption] == [[(victim, victim + 1)]]
+    # Reads that start past it, or end before it, never meet it.
+    assert [e.position for e in ChannelReader(d).read(victim + 1, victim + 50)] == list(range(victim + 1, victim + 50))
+    assert len(ChannelReader(d).read(0, victim)) == victim
+    size = _record_size(_body(0))
+    assert ChannelReader(d, on_corruption="skip").record_bytes([12_000], 13_000) == [999 * size]
