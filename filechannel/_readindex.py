@@ -31,7 +31,12 @@ its end anyway; keeping what it found makes reading a run in small steps cost
 one walk per :data:`READ_AHEAD` events, not one per step.
 """
 
-Locator = Callable[[int, int, int, int, int], PutWalk]
+READ_AHEAD_BYTES = 2 << 20
+"""At most about this many bytes of records read ahead (fewer than :data:`READ_AHEAD` pointers for large events)."""
+
+Locator = Callable[[int, int, int, int, int, int], PutWalk]
+"""``locate(file_id, offset, lo, hi, want, event_bytes)``: as ``_runs.Locate`` (a :class:`~filechannel.scan.PutWalk`),
+``event_bytes`` the record bytes per event the walk should expect (how much to read at once)."""
 
 
 class Run:
@@ -127,13 +132,14 @@ class RunIndex:
     ``locate`` (``scan.locate_puts``: the queue's walk, the one damage policy).
     """
 
-    __slots__ = ("ahead", "locate", "runs")
+    __slots__ = ("ahead", "event_bytes", "locate", "runs")
 
     def __init__(self, locate: Locator) -> None:
         self.locate = locate
         self.runs: list[Run] = []
         # The pointers the last walk found: (file id, first position, offsets, sizes, offset after them).
         self.ahead: tuple[int, int, array[int], array[int], int] | None = None
+        self.event_bytes = 200  # record bytes per event, as the last walk found them
 
     def head(self) -> int | None:
         return self.runs[0].lo if self.runs else None
@@ -283,11 +289,15 @@ class RunIndex:
 
     def _find(self, r: Run, off: int, p: int, b: int) -> PutWalk:
         """Walk ``r``'s file from ``off`` for ``p .. b - 1`` and up to :data:`READ_AHEAD` more (kept)."""
-        got = self.locate(r.fid, off, p, r.hi, max(b - p, min(READ_AHEAD, r.hi - p)))
+        ahead = min(READ_AHEAD, max(64, READ_AHEAD_BYTES // self.event_bytes))
+        got = self.locate(r.fid, off, p, r.hi, max(b - p, min(ahead, r.hi - p)), self.event_bytes)
+        n = len(got.offsets)
+        if n:
+            self.event_bytes = max(32, sum(got.sizes) // n + 8)
         k = b - p
-        if got.first == p and len(got.offsets) > k:
+        if got.first == p and n > k:
             if got.offsets[k] < 0:  # the next record is missing: no place to go on from, walk just the range
-                return self.locate(r.fid, off, p, b, k)
+                return self.locate(r.fid, off, p, b, k, self.event_bytes)
             self.ahead = (r.fid, p, got.offsets, got.sizes, got.next_offset)
             return PutWalk(p, got.offsets[:k], got.sizes[:k], got.offsets[k], True)
         return got

@@ -443,7 +443,7 @@ class _Follower:
             self.frontier[st.dir_index] = max(self.frontier[st.dir_index], s.last_woid)
             self._apply(s.plain())
 
-    def locate(self, file_id: int, offset: int, lo: int, hi: int, want: int) -> PutWalk:
+    def locate(self, file_id: int, offset: int, lo: int, hi: int, want: int, event_bytes: int = 200) -> PutWalk:
         """The committed PUTs of ``[lo, hi)`` in data file ``file_id``, walked from ``offset`` (``scan.locate_puts``).
 
         Raises:
@@ -465,6 +465,7 @@ class _Follower:
                 self.crc_kind,
                 self.max_payload,
                 st is None or not st.header.cipher,
+                event_bytes,
             )
         except FormatError as exc:  # pragma: no cover - the walk steps over damage
             raise CorruptLogError(path, exc.offset, exc.reason) from exc

@@ -1046,6 +1046,7 @@ def locate_puts(
     kind: int,
     max_payload: int,
     fast: bool = True,
+    event_bytes: int = 200,
 ) -> PutWalk:
     """Find queued events' records in one data file: :func:`committed_puts` over windows read with ``pread``.
 
@@ -1055,13 +1056,14 @@ def locate_puts(
     (fewer when they span more than :data:`LOCATE_MAX` bytes: call again from
     ``next_offset``). Positions the file ends before are kept as :data:`LOST`.
     The walk never passes the COMMIT of the last event it needs, so it never
-    reads what a writer is still writing. ``fast``: as for :func:`committed_puts`.
+    reads what a writer is still writing. ``fast``: as for :func:`committed_puts`;
+    ``event_bytes``: the record bytes per event to expect (the first window's size).
 
     Raises:
         FormatError: Never in practice (the walk steps over damage).
         OSError: Reading failed.
     """
-    window = min(LOCATE_MAX, max(LOCATE_WINDOW, min(want, hi - lo) * 200))
+    window = min(LOCATE_MAX, max(LOCATE_WINDOW, min(want, hi - lo) * event_bytes))
     while True:
         buf = pread(window, offset)
         eof = len(buf) < window

@@ -39,7 +39,7 @@ class Files:
         self.ends[fid] = off
         return offs
 
-    def locate(self, fid: int, offset: int, lo: int, hi: int, want: int) -> PutWalk:
+    def locate(self, fid: int, offset: int, lo: int, hi: int, want: int, event_bytes: int = 200) -> PutWalk:
         offs, sizes = array("q"), array("q")
         nxt = offset
         for off, p, sz in self.recs[fid]:
