@@ -229,6 +229,8 @@ class RunIndex:
             OSError: Reading failed.
         """
         p, off, cum = r.mark(a)
+        # Reading on from where the last walk stopped: read ahead too (a read elsewhere walks just what it needs).
+        on = r.hint is not None and r.hint[0] == a
         if r.hint is not None and p < r.hint[0] <= a:
             p, off, cum = r.hint
         offs: array[int] = array("q")
@@ -236,7 +238,7 @@ class RunIndex:
         cum_a: int | None = cum if p == a else None
         known = True
         while p < b:
-            got = self._ahead(r.fid, p, b) or (self._find(r, off, p, b) if off >= 0 else None)
+            got = self._ahead(r.fid, p, b) or (self._find(r, off, p, b, on) if off >= 0 else None)
             n = len(got.offsets) if got is not None else 0
             if got is None or got.first != p or not n:
                 # Not where the run says: every position left reads as missing (damage, reported by the read).
@@ -287,9 +289,9 @@ class RunIndex:
             return None  # the next record is missing: a walk says so
         return PutWalk(p, got[2][i:j], got[3][i:j], nxt, True)
 
-    def _find(self, r: Run, off: int, p: int, b: int) -> PutWalk:
-        """Walk ``r``'s file from ``off`` for ``p .. b - 1`` and up to :data:`READ_AHEAD` more (kept)."""
-        ahead = min(READ_AHEAD, max(64, READ_AHEAD_BYTES // self.event_bytes))
+    def _find(self, r: Run, off: int, p: int, b: int, on: bool) -> PutWalk:
+        """Walk ``r``'s file from ``off`` for ``p .. b - 1`` (reading ``on``: and :data:`READ_AHEAD` more, kept)."""
+        ahead = min(READ_AHEAD, max(64, READ_AHEAD_BYTES // self.event_bytes)) if on else 0
         got = self.locate(r.fid, off, p, r.hi, max(b - p, min(ahead, r.hi - p)), self.event_bytes)
         n = len(got.offsets)
         if n:
