@@ -295,20 +295,12 @@ class _Follower:
         try:
             # Most headers are short: the largest one (a list of live files) is read only when it is one.
             head = self.fs.pread(fd, HEADER_GUESS, 0)
-            try:
-                h = fmt.decode_file_header(head)
-                if not isinstance(h, fmt.FileHeader) and len(head) == HEADER_GUESS:
-                    head = self.fs.pread(fd, fmt.MAX_HEADER_LEN, 0)
-                    h = fmt.decode_file_header(head)
-            except FormatError as exc:
-                bad: FormatError | None = exc
-            else:
-                bad = None
+            if len(head) == HEADER_GUESS and _cut_short(head):
+                head = self.fs.pread(fd, fmt.MAX_HEADER_LEN, 0)
         finally:
             self.fs.close(fd)
         try:
-            if bad is not None:
-                raise bad
+            h = fmt.decode_file_header(head)
         except FormatError as exc:
             if newest:
                 return None  # the owner may be writing it right now; a later call sees it whole
@@ -993,6 +985,14 @@ class ChannelReader:
         from .arrow import read_segment_arrow
 
         return read_segment_arrow(segment, encryption)
+
+
+def _cut_short(head: bytes) -> bool:
+    """Whether ``head`` holds only the start of a longer data file header."""
+    try:
+        return fmt.decode_file_header(head) is fmt.INCOMPLETE
+    except FormatError:
+        return False
 
 
 def _check_range(start: int, end: int) -> None:
