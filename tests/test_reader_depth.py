@@ -173,3 +173,24 @@ def test_a_record_the_walk_cannot_find_is_damage_at_exactly_its_position(tmp_pat
     assert len(ChannelReader(d).read(0, victim)) == victim
     size = _record_size(_body(0))
     assert ChannelReader(d, on_corruption="skip").record_bytes([12_000], 13_000) == [999 * size]
+
+
+def test_an_encrypted_channel_is_read_from_its_runs_with_the_key(tmp_path: Path) -> None:
+    from filechannel import Encryption
+
+    enc = Encryption(keys={"k1": bytes(range(32))}, active_key="k1")
+    d = str(tmp_path / "ch")
+    n = 25_000
+    with filechannel.open(d, encryption=enc, **OPTIONS) as ch:
+        for i in range(0, n, 5_000):
+            with ch.transaction() as tx:
+                tx.put_many([_body(k) for k in range(i, i + 5_000)])
+    rd = ChannelReader(d, encryption=enc)
+    assert rd.available() == (0, n)
+    for a, b in ((0, 3), (4_999, 5_002), (17_000, 17_100), (n - 2, n)):
+        assert [e.body for e in rd.read(a, b)] == [_body(k) for k in range(a, b)]
+    seg = rd.segments(12_000, 12_010)[0]
+    assert [e.body for e in filechannel.read_segment(seg, encryption=enc)] == [_body(k) for k in range(12_000, 12_010)]
+    # Without the key the events stay sealed: the reader refuses rather than guess.
+    with pytest.raises(filechannel.DecryptionError):
+        ChannelReader(d).read(0, 1)
