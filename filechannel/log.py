@@ -24,7 +24,6 @@ import itertools
 import logging
 import os
 import threading
-from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple, cast
@@ -53,15 +52,16 @@ from .recovery import Recovery
 from .retention import retire_files
 from .scan import (
     INF_WOID,
+    LOCATE_WINDOW,
     LOST,
     CorruptionReport,
     FileScan,
     LogRecord,
     PutRun,
     ScanRecord,
-    committed_puts,
     expand_runs,
     format_ranges,
+    locate_puts,
     merge_ranges,
     ranges_of,
     segment_name,
@@ -105,8 +105,6 @@ class Frozen(NamedTuple):
     pins: list[tuple[Writer, Pin]]
 
 
-_LOCATE_WINDOW = 1 << 20  # bytes read first by locate_puts (most batches fit; Log.locate_window grows past it)
-_LOCATE_MAX = 1 << 24  # bytes one locate_puts call reads at most (unless one record needs more)
 _LOST_REASON = "the queued event's record is missing or damaged: walking the file found no record for it"
 
 # Log.read_events reads adjacent records with one pread, up to this many bytes at a time.
@@ -163,8 +161,8 @@ class Log(LogState):
         self._anchor_lock = threading.Lock()  # ANCHOR is written by checkpoints and by refreshes
         self._anchor_woid = -1  # the last write-order id of the state ANCHOR holds (see write_anchor)
         self.sealing_started = False
-        # The first window ``locate_puts`` reads: grown (and kept) when a batch does not fit in it.
-        self.locate_window = _LOCATE_WINDOW
+        # The least window locate_puts reads: grown (and kept) when a batch did not fit in it.
+        self.locate_window = LOCATE_WINDOW
         try:
             self._dir.open()
             anchor = self._dir.read_anchor()
@@ -351,62 +349,37 @@ class Log(LogState):
         Reads data file ``file_id`` forward from ``offset`` (a record boundary) a
         window at a time and walks it with ``scan.committed_puts``: the first ``want``
         committed PUTs with positions in ``[lo, hi)``, as a ``_runs.Located`` (fewer
-        when they span more than :data:`_LOCATE_MAX` bytes: call again). Each
-        window goes on where the last one's walk stopped (a record boundary after
-        the PUTs it found), so no byte is walked twice. A window in which the walk
-        finds nothing (a batch or a transaction longer than it) grows fourfold, and
-        the log remembers the size: later calls start there, never walking a cut
-        batch record by record again. The walk never passes the COMMIT of the last
-        event it needs, all of whose records were written before the event was
-        published, so it never reads what a writer is still writing.
+        when they span more than :data:`scan.LOCATE_MAX` bytes: call again). The
+        walk never passes the COMMIT of the last event it needs, all of whose
+        records were written before the event was published, so it never reads
+        what a writer is still writing. The log keeps the least window the walks
+        needed (:attr:`locate_window`: grown when a batch did not fit in it), so a
+        batch longer than the first window is walked for nothing once per log,
+        not once per run (the spot check at reopen samples up to 16 runs' heads).
 
         Raises:
             CorruptLogError: A frame there is not a record, or a COMMIT does not verify.
             OSError: Reading failed.
         """
         fd = self._read_fd(file_id)
-        seed, plain = self.seeds[file_id], file_id not in self.ciphers and file_id not in self.undecryptable
-        end = min(hi, lo + want)  # the position after the last one asked for
-        first = -1
-        offsets: array[int] = array("q")
-        sizes: array[int] = array("q")
-        read = 0
-        window = min(_LOCATE_MAX, max(self.locate_window, (end - lo) * 200))
-        while True:
-            buf = self.fs.pread(fd, window, offset)
-            read += len(buf)
-            eof = len(buf) < window
-            try:
-                got = committed_puts(
-                    buf, offset, offset, lo, hi, end - lo, seed, self.crc_kind, self.max_payload, eof, plain
-                )
-            except FormatError as exc:  # pragma: no cover - the walk steps over damage
-                raise CorruptLogError(self.files[file_id][1], exc.offset, exc.reason) from exc
-            k = len(got.offsets)
-            if k:
-                if first < 0:
-                    first = got.first
-                offsets += got.offsets
-                sizes += got.sizes
-                lo = got.first + k
-            offset = got.next_offset
-            if got.done or lo >= end:
-                return Located(first if first >= 0 else got.first, offsets, sizes, offset)
-            if eof:
-                # The file ends before every position of the run: their records are gone.
-                if first < 0:
-                    first = lo
-                offsets.extend(array("q", (LOST,)) * (end - lo))
-                sizes.extend(array("q", (0,)) * (end - lo))
-                return Located(first, offsets, sizes, offset)
-            if k:
-                if read >= _LOCATE_MAX:
-                    return Located(first, offsets, sizes, offset)  # the rest: call again
-                window = min(_LOCATE_MAX, max(self.locate_window, (end - lo) * 200))
-            else:
-                window *= 4  # a batch (or one record) longer than the window: remembered, up to _LOCATE_MAX
-                if window > self.locate_window:
-                    self.locate_window = min(window, _LOCATE_MAX)
+        try:
+            got = locate_puts(
+                lambda n, at: self.fs.pread(fd, n, at),
+                offset,
+                lo,
+                hi,
+                want,
+                self.seeds[file_id],
+                self.crc_kind,
+                self.max_payload,
+                file_id not in self.ciphers and file_id not in self.undecryptable,
+                window=self.locate_window,
+            )
+        except FormatError as exc:  # pragma: no cover - the walk steps over damage
+            raise CorruptLogError(self.files[file_id][1], exc.offset, exc.reason) from exc
+        if got.window > self.locate_window:
+            self.locate_window = got.window  # a race with another walk keeps one of two good sizes
+        return Located(got.first, got.offsets, got.sizes, got.next_offset)
 
     def read_payload(self, file_id: int, offset: int, size: int, *, decrypt: bool = True) -> bytes:
         """Read and verify the record at a pointer; return its payload (decrypted).

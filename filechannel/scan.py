@@ -22,7 +22,7 @@ import logging
 import os
 import re
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -768,7 +768,9 @@ class PutWalk:
     ``next_offset``: the record boundary after the last one found (``start`` when
     none was); ``done``: ``want`` PUTs were kept, or one at ``hi`` or beyond was
     reached (otherwise the buffer ended first: read more); ``damaged``: the offsets
-    of frames the walk stepped over (it resumed at the next record that verifies).
+    of frames the walk stepped over (it resumed at the next record that verifies);
+    ``window``: from :func:`locate_puts`, the first window a later call should read
+    (grown past the one it was given when a batch did not fit; 0 from ``committed_puts``).
     """
 
     first: int
@@ -777,6 +779,7 @@ class PutWalk:
     next_offset: int
     done: bool
     damaged: tuple[int, ...] = ()
+    window: int = 0
 
 
 class _Kept:
@@ -1027,3 +1030,86 @@ def committed_puts(
             py_batch = pos + size + base
         pos += size
     return kept.result(False, damaged)
+
+
+LOCATE_WINDOW = 1 << 20
+"""Bytes :func:`locate_puts` reads first (most batches fit; it grows while the walk needs more)."""
+
+LOCATE_MAX = 1 << 24
+"""Bytes one :func:`locate_puts` call reads at most (unless one record needs more)."""
+
+
+def locate_puts(
+    pread: Callable[[int, int], bytes],
+    offset: int,
+    lo: int,
+    hi: int,
+    want: int,
+    seed: int,
+    kind: int,
+    max_payload: int,
+    fast: bool = True,
+    event_bytes: int = 200,
+    window: int = LOCATE_WINDOW,
+) -> PutWalk:
+    """Find queued events' records in one data file: :func:`committed_puts` over windows read with ``pread``.
+
+    ``pread(n, offset)`` reads the file. From ``offset`` (a record boundary at
+    or before the record of ``lo``) the file is read a window at a time and
+    walked: the first ``want`` committed PUTs with positions in ``[lo, hi)``
+    (fewer when they span more than :data:`LOCATE_MAX` bytes: call again from
+    ``next_offset``). Positions the file ends before are kept as :data:`LOST`.
+    The walk never passes the COMMIT of the last event it needs, so it never
+    reads what a writer is still writing. ``fast``: as for :func:`committed_puts`;
+    ``event_bytes``: the record bytes per event to expect (the first window's size).
+
+    Each window goes on from where the walk of the one before stopped (a record
+    boundary after the PUTs it found): no byte is walked twice. A window in which
+    the walk found nothing (a batch, or one record, longer than it: walked record
+    by record for nothing) is read again four times as large. ``window`` is the
+    least window to read; the result's ``window`` is that least grown past such a
+    batch, for the caller to pass next time (``Log.locate_puts`` keeps it), so
+    a cut batch is walked for nothing once, not at every call.
+
+    Raises:
+        FormatError: Never in practice (the walk steps over damage).
+        OSError: Reading failed.
+    """
+    end = min(hi, lo + want)  # the position after the last one asked for
+    first = -1
+    offsets: array[int] = array("q")
+    sizes: array[int] = array("q")
+    damaged: tuple[int, ...] = ()
+    least = window
+    read = 0
+    size = min(LOCATE_MAX, max(least, (end - lo) * event_bytes))
+    while True:
+        buf = pread(size, offset)
+        read += len(buf)
+        eof = len(buf) < size
+        got = committed_puts(buf, offset, offset, lo, hi, end - lo, seed, kind, max_payload, eof, fast)
+        damaged += got.damaged
+        k = len(got.offsets)
+        if k:
+            if first < 0:
+                first = got.first
+            offsets += got.offsets
+            sizes += got.sizes
+            lo = got.first + k
+        offset = got.next_offset
+        if got.done or lo >= end:
+            return PutWalk(first if first >= 0 else got.first, offsets, sizes, offset, True, damaged, least)
+        if eof:
+            # The file ends before every position of the run: their records are gone.
+            if first < 0:
+                first = lo
+            offsets.extend(array("q", (LOST,)) * (end - lo))
+            sizes.extend(array("q", (0,)) * (end - lo))
+            return PutWalk(first, offsets, sizes, offset, True, damaged, least)
+        if k:
+            if read >= LOCATE_MAX:
+                return PutWalk(first, offsets, sizes, offset, False, damaged, least)  # the rest: call again
+            size = min(LOCATE_MAX, max(least, (end - lo) * event_bytes))
+        else:
+            size *= 4  # may pass LOCATE_MAX: one record longer than it
+            least = max(least, min(size, LOCATE_MAX))

@@ -20,7 +20,7 @@ import pytest
 
 import filechannel
 from filechannel import format as fmt
-from filechannel import log as log_module
+from filechannel import scan
 from filechannel.log import Log
 
 BATCH = 10_000
@@ -45,7 +45,7 @@ class _Walks:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls: list[list[tuple[int, int, bool, int, bool]]] = []
-        walk = log_module.committed_puts
+        walk = scan.committed_puts
         locate = Log.locate_puts
 
         def spy_walk(buf: bytes, base: int, start: int, *args: Any) -> Any:
@@ -58,7 +58,7 @@ class _Walks:
             self.calls.append([])
             return locate(log, *args)
 
-        monkeypatch.setattr(log_module, "committed_puts", spy_walk)
+        monkeypatch.setattr(scan, "committed_puts", spy_walk)
         monkeypatch.setattr(Log, "locate_puts", spy_locate)
 
     def fruitless(self) -> int:
