@@ -13,7 +13,10 @@ channel and prints one JSON line with the row of the issue's table:
 - ``reopen_seconds`` and ``rss_after_reopen_mb`` (growth over the fresh
   process's baseline, after close and reopen);
 - ``take_rate``: events per second taken from the head of the reopened
-  channel (``take_batch(1000)`` per transaction, ``TAKE_EVENTS`` of them);
+  channel (``take_batch(1000)`` per transaction, ``TAKE_EVENTS`` of them), and
+  ``take_cpu_rate``, the same over the taking thread's CPU time (on a shared
+  machine the wall rate swings with others' load; the gap to the CPU rate is
+  waiting, for the disk or for a core);
 - the reader (``ChannelReader``, a view, on the closed channel before the
   reopen): ``reader_open_seconds`` to open it and answer ``available()``,
   ``reader_rss_mb`` its memory growth, ``reader_read_rate`` events per second
@@ -156,12 +159,12 @@ def one(d: str, n: int) -> dict[str, Any]:
     rss_reopen = _rss() - rss0
     queued = ch.size
     m = min(TAKE_EVENTS, queued)
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.thread_time()
     got = 0
     while got < m:
         with ch.transaction() as tx:
             got += len(tx.take_batch(min(TAKE_BATCH, m - got)))
-    take_seconds = time.perf_counter() - t0
+    take_seconds, take_cpu = time.perf_counter() - t0, time.thread_time() - cpu0
     ch.close()
     return {
         "queued": n,
@@ -174,6 +177,7 @@ def one(d: str, n: int) -> dict[str, Any]:
         "reopen_seconds": round(reopen, 4),
         "rss_after_reopen_mb": round(rss_reopen / 1e6, 1),
         "take_rate": round(got / take_seconds),
+        "take_cpu_rate": round(got / take_cpu),
         **reader,
     }
 

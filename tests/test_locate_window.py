@@ -12,6 +12,7 @@ still return every event once, in order, on the C path and the pure-Python one.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +109,7 @@ def test_one_locate_never_walks_the_same_bytes_twice(
     assert positions == list(range(positions[0], positions[0] + BATCH * BATCHES))
     again = 0
     for call in walks.calls:
-        for (s0, _w0, _e0, found0, _d0), (s1, _w1, _e1, _f1, _d1) in zip(call, call[1:], strict=False):
+        for (s0, _w0, _e0, found0, _d0), (s1, _w1, _e1, _f1, _d1) in itertools.pairwise(call):
             if found0 and s1 <= s0:  # the walk before found events, yet this one started no further
                 again += 1
     assert sum(len(c) for c in walks.calls) > len(walks.calls), "no call needed a second window: nothing checked"
