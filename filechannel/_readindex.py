@@ -407,7 +407,7 @@ class RunIndex:
         out: list[int] = []
         for start in starts:
             total = 0
-            for r in (self.overlapping(start, end) if start < end else ()):
+            for r in self.overlapping(start, end) if start < end else ():
                 a, b = max(r.lo, start), min(r.hi, end)
                 total += max(0, at(r, b) - at(r, a))
             out.append(total)

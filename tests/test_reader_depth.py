@@ -17,9 +17,8 @@ from pathlib import Path
 import pytest
 
 import filechannel
-from filechannel import ChannelReader
+from filechannel import ChannelReader, scan
 from filechannel import format as fmt
-from filechannel import scan
 from filechannel._fs import OsFS
 
 N = 300_000

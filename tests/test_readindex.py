@@ -173,7 +173,8 @@ def test_runs_not_walked_yet_count_their_extent_without_walking_then_exact() -> 
     # The runs' extents: their records and the 24 bytes between commits (one in file 1, none after
     # the hole's split: the run before it reaches to the next run's first mark, the same offset).
     assert got[0] == offs1b[-1] + 40 - offs1[0] + 30 * 48 == sum(exact.values()) + 40 + 24
-    assert got[3] == 30 * 48 and got[5] == 0
+    assert got[3] == 30 * 48
+    assert got[5] == 0
     assert got[4] == 30 * 48 * 13 // 30  # a start inside a part not walked: events taken as equal
     # Once walked, exact (a start in the middle too).
     cold.columns(0, 130)
