@@ -22,6 +22,19 @@ for ``writeStream.format("filechannel").option("agent", URI)``:
   commit under it is refused. A batch job's commit records its job id in the
   mark ``spark-sink:jobs`` (the last 16 job ids; ``spark-sink:jobs:<name>``
   per certificate name), so a retried job commit is a no-op too.
+* **Room.** Staged files live on the channel directory's file system, beside
+  the channel's data: a stage keeps the channel's free-space floor
+  (``minimum_required_space``) free for the records of takes, acknowledgements
+  and retirements, through which space comes back. Before it reads the first
+  row, and again every :data:`STAGE_CHECK_BYTES` of rows, it waits up to the
+  channel's ``keep_alive`` for the floor plus what it is about to write (and
+  what the staged file may still hold unwritten), then refuses with
+  :class:`~filechannel.errors.DiskSpaceError`; a write that runs out of space
+  anyway (ENOSPC, EDQUOT) is :class:`~filechannel.errors.DiskFullError`. Both
+  are the channel's full error (``ChannelFullError``, which Flight's error
+  carries to the client); the partial file is removed and the channel is
+  untouched, and the sink's task sends its rows again when there is room
+  (``filechannel.spark.agent_sink``).
 * **Abort and cleanup.** ``sink_abort`` deletes a batch's staged files; every
   commit deletes its query's staged files of batches up to its own (every
   attempt), and any staged or temporary file older than ``staleStagingSeconds``.
@@ -39,14 +52,21 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from filechannel._fs import DEFAULT_FS, FS
 from filechannel.channel import FileChannel
-from filechannel.errors import ChannelError, InvalidEventError, TransactionCapacityError
+from filechannel.errors import (
+    ChannelError,
+    DiskFullError,
+    DiskSpaceError,
+    InvalidEventError,
+    TransactionCapacityError,
+)
 from filechannel.permissions import fs_for
+from filechannel.space import ENOSPC_ERRNOS, POLL_S
 from filechannel.staged import (
     DEFAULT_STALE_STAGING,
     SINK_DIR,
@@ -65,7 +85,7 @@ from filechannel.staged import (
     stream_prefix,
 )
 
-__all__ = ["JOBS_MARK", "MARK_PREFIX", "AgentSink", "StageRequest", "batch_mark"]
+__all__ = ["JOBS_MARK", "MARK_PREFIX", "STAGE_CHECK_BYTES", "AgentSink", "StageRequest", "batch_mark"]
 
 from .idempotency import Claim, commit_once, decode_claim
 
@@ -78,6 +98,9 @@ JOBS_MARK = "spark-sink:jobs"
 RECENT_JOBS = 16
 _JOB_RE = re.compile(r"[A-Za-z0-9]{1,40}")
 _MAX_ID = (1 << 63) - 1
+STAGE_CHECK_BYTES = 256 * 1024
+"""Bytes of rows a stage takes between two looks at the free space."""
+_UNWRITTEN = 1 << 20  # a staged file being written holds up to about this much not yet written (staged.py)
 
 
 def batch_mark(query: str) -> str:
@@ -156,6 +179,7 @@ class AgentSink:
         self._lock = threading.Lock()  # orders the sink's commits (and the job mark's read-modify-write)
         self._names = threading.Lock()
         self._last_ns = 0
+        self.refusals = 0  # stages refused for want of space (the floor, or a write that ran out)
 
     # -- staging --------------------------------------------------------------------------
 
@@ -175,6 +199,8 @@ class AgentSink:
         Raises:
             EventTooLargeError: A row (with the sink's headers) exceeds the channel's ``max_event_size``.
             InvalidEventError: A header is not valid text.
+            DiskSpaceError: Too little free space (:meth:`room`), or a write ran out of it
+                (``DiskFullError``): a full channel; nothing is left under the staged name.
             OSError: Writing failed (nothing is left under the staged name).
         """
         overhead = 0
@@ -183,11 +209,71 @@ class AgentSink:
             assert req.batch_id is not None
             overhead = headers_overhead(sink_headers(req.query, req.batch_id))
         cfg = self.channel.config
-        name, rows, size = stage_events(
-            self.fs, self.staging_dir, self._name(req), events, cfg.max_event_size, overhead, cfg.encryption
-        )
+        try:
+            name, rows, size = stage_events(
+                self.fs,
+                self.staging_dir,
+                self._name(req),
+                self._with_room(events),
+                cfg.max_event_size,
+                overhead,
+                cfg.encryption,
+            )
+        except DiskSpaceError:
+            self.refusals += 1
+            raise
+        except OSError as exc:
+            if exc.errno not in ENOSPC_ERRNOS:
+                raise
+            # The staged file is removed (stage_events); nothing of it is used, so nothing is trusted.
+            self.refusals += 1
+            raise DiskFullError(self.staging_dir, exc.errno, cfg.minimum_required_space) from exc
         logger.debug("staged %d rows (%d bytes) as %s", rows, size, name)
         return name, rows, size
+
+    def _with_room(
+        self, events: Iterable[tuple[bytes, Mapping[str, str] | None]]
+    ) -> Iterator[tuple[bytes, Mapping[str, str] | None]]:
+        """``events``, looking for room before the first row is read and every :data:`STAGE_CHECK_BYTES` after."""
+        self.room(STAGE_CHECK_BYTES)
+        handed = since = 0
+        for body, headers in events:
+            n = len(body) + (sum(len(k) + len(v) for k, v in headers.items()) if headers else 0)
+            if since + n > STAGE_CHECK_BYTES:
+                self.room(STAGE_CHECK_BYTES + n + min(handed, _UNWRITTEN))
+                since = 0
+            handed += n
+            since += n
+            yield body, headers
+
+    def room(self, nbytes: int, wait: float | None = None) -> None:
+        """Return once the staging area's file system has ``minimum_required_space`` + ``nbytes`` free.
+
+        Waits up to ``wait`` seconds (default: the channel's ``keep_alive``), looking again
+        every ``POLL_S``; a channel without a floor (0) never waits.
+
+        Raises:
+            DiskSpaceError: Still too little free space (``reason="min_free"``); nothing was written.
+        """
+        floor = self.channel.config.minimum_required_space
+        if not floor:
+            return
+        need = floor + nbytes
+        deadline = time.monotonic() + (self.channel.config.keep_alive if wait is None else wait)
+        while True:
+            free = self.fs.free_space(self.directory)
+            if free >= need:
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                err = DiskSpaceError(self.directory, free, floor, needed=need)
+                err.args = (
+                    f"no room to stage a Spark task's rows: only {free} bytes free on {self.directory}, under "
+                    f"minimum_required_space={floor} plus the {nbytes} bytes about to be staged; consumers must "
+                    "take (or acknowledge) events so that data files retire, or free disk space",
+                )
+                raise err
+            time.sleep(min(left, POLL_S))
 
     # -- commits --------------------------------------------------------------------------
 

@@ -125,7 +125,8 @@ class SinkOptions:
                 raise ConfigError(
                     key,
                     "unknown option of the filechannel sink through an agent (known: agent, channel, tlsCa, tlsCert, "
-                    "tlsKey, tokenFile, agentTimeoutMs, agentRetryMs, staleStagingSeconds, checkpointLocation)",
+                    "tlsKey, tokenFile, agentTimeoutMs, agentRetryMs, agentFullWaitMs, staleStagingSeconds, "
+                    "checkpointLocation)",
                 )
         if not str(opts["agent"]).strip():
             raise ConfigError("agent", "give the agent's URI, e.g. grpc+tls://host:8815")
