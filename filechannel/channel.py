@@ -102,7 +102,7 @@ class FileChannel:
         self.checkpoint_fallbacks = rec.fallbacks
         log = self._log = rec.log
         st = self._core = ChannelState(self.directory, self.config, log, rec.queue, rec.files, marks, consumers)
-        self._lock, self._queue, self._marks, self._cache = st.lock, st.queue, st.marks, st.cache
+        self._lock, self._queue, self._marks = st.lock, st.queue, st.marks
         self._retirer = Retirer(log, st.lock, rec.files, marks, lambda: st.closed, background)
         st.on_freed = self._retirer.want
         self._checkpointer = Checkpointer(log, self._store, self.config, st.lock, self._capture, lambda: st.closed)
