@@ -7,11 +7,11 @@ the checks of each put and take against the channel's options, the commit
 through ``Log`` and the rollback, and the ``on_corruption`` policy applied to
 records found damaged when taken. The state it shares with the channel and
 with the other transactions (the queue, capacity, the take cache, the marks)
-is ``channelstate.ChannelState``'s; this module changes it only through that
-class's paths. It also holds the two takes the channel makes on its own
-behalf: the acknowledged events of external consumers
-(:func:`take_acknowledged`) and the open takes a checkpoint counts
-(:func:`open_takes`).
+is ``channelstate.ChannelState``'s; this module changes it through that
+class's paths. It also holds what the channel asks of transactions on its
+own behalf: the take-only commits of what external consumers acknowledged
+(:func:`take_acknowledged`) and the open transactions' takes a checkpoint
+counts as queued (:func:`open_takes`).
 """
 
 from __future__ import annotations
