@@ -557,11 +557,7 @@ class Scanner:
         return b""
 
     def report_short_file(self, size: int, vouched: int, last_woid: int) -> None:
-        """The file is ``size`` bytes, shorter than the ``vouched`` a checkpoint recorded: acknowledged bytes are gone.
-
-        Raises ``CorruptLogError``, or (``on_corruption="skip"``) reports the loss of every
-        record after ``last_woid``.
-        """
+        """The file is ``size`` bytes, under the ``vouched`` a checkpoint recorded: raise, or report (skip) the loss."""
         reason = f"data file is {vouched - size} bytes shorter than the checkpoint recorded ({vouched} bytes)"
         log = self.log
         if log.config.on_corruption != "skip":
