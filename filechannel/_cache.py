@@ -7,8 +7,9 @@ passed. It knows nothing of files, locks or the queue; the channel calls it
 under its own lock.
 
 A commit's events have consecutive positions, so a commit is one entry (a
-run): its first position, its bodies and headers, and how many of them are
-still held. Adding a commit costs one entry whatever its size, and eviction
+run: its first position, its bodies and headers, and how many of them are
+still held; small commits whose positions follow on share one, see
+:data:`MERGE_MAX`). Adding a commit costs one entry whatever its size, and eviction
 drops whole runs, lowest positions first (the events a FIFO take reaches
 soonest are also the oldest). Taking an event clears its slot; a run whose
 slots are all cleared is dropped.
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 from bisect import bisect_right, insort
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 # What a cached event costs in memory, as counted (``cache_bytes``): a model measured with
 # tracemalloc on CPython 3.11 (64-bit), rounded up so the count is not below the real cost:
@@ -43,6 +44,15 @@ OVERHEAD = 56
 HEADERS_OVERHEAD = 176
 #: Bytes counted per header entry, besides the text (the key's and value's str objects, the dict slot).
 HEADER_ENTRY = 104
+
+#: Events one run may hold by merging commits whose positions follow on (one-event producers): a
+#: commit costs a run object and two lists, which the garbage collector walks on every full collection,
+#: so a cache of many small commits would pause every thread for tens of milliseconds; merged, it
+#: holds a few objects per ``MERGE_MAX`` events. Bigger commits stay runs of their own.
+MERGE_MAX = 1024
+#: A merged run counts at most this share of the limit (``limit // MERGE_SHARE`` bytes), so that
+#: evicting one never drops much more than the limit asks.
+MERGE_SHARE = 32
 
 #: What a hit returns by default (``pop`` without ``take``): the fields of the Event a take hands out.
 Cached = tuple[bytes, Mapping[str, str], int]
@@ -75,7 +85,7 @@ class _Run:
     ``lo`` is cleared (a pop there needs no search for None).
     """
 
-    __slots__ = ("bodies", "extra", "headers", "holes", "left", "lo", "load", "nbytes")
+    __slots__ = ("bodies", "extra", "headers", "holes", "left", "lo", "load", "merged", "nbytes")
 
     def __init__(
         self, bodies: list[bytes | None], headers: Sequence[Mapping[str, str]], nbytes: int, extra: int
@@ -88,6 +98,7 @@ class _Run:
         self.lo = 0
         self.holes = False
         self.load: Load | None = None  # a lazy run's: makes bodies and headers at its first take
+        self.merged = False  # later commits were appended (``headers`` is then the run's own list)
 
     def loaded(self) -> list[bytes | None]:
         """The run's bodies, made now if the run is lazy (see :meth:`TakeCache.add_lazy`)."""
@@ -139,7 +150,41 @@ class TakeCache:
                 + HEADER_ENTRY * sum(map(len, headers))
                 + max(0, payload_bytes - body_bytes)
             )
+        if self._extend_last(first, bodies, headers, body_bytes, extra):
+            return
         self._insert(first, _Run(list(bodies), headers, body_bytes + extra, extra), n)
+
+    def _extend_last(
+        self, first: int, bodies: Sequence[bytes], headers: Sequence[Mapping[str, str]], body_bytes: int, extra: int
+    ) -> bool:
+        """Append a small commit to the newest run when its positions follow on (see :data:`MERGE_MAX`)."""
+        firsts = self._firsts
+        if len(firsts) <= self._head:
+            return False
+        last_first = firsts[-1]
+        run = self._runs.get(last_first)
+        n = len(bodies)
+        if (
+            run is None
+            or run.load is not None
+            or last_first + len(run.bodies) != first
+            or len(run.bodies) + n > MERGE_MAX
+            or run.nbytes + body_bytes + extra > self.limit // MERGE_SHARE
+        ):
+            return False
+        if not run.merged:  # its headers may be the committer's list: extend a copy
+            run.headers = list(run.headers)
+            run.merged = True
+        run.bodies.extend(bodies)
+        cast("list[Mapping[str, str]]", run.headers).extend(headers)
+        run.left += n
+        run.nbytes += body_bytes + extra
+        run.extra += extra
+        self.nbytes += body_bytes + extra
+        self.events += n
+        if self.nbytes > self.limit:
+            self._evict()
+        return True
 
     def add_lazy(self, first: int, n: int, nbytes: int, load: Load) -> None:
         """:meth:`add` of a commit whose bodies are made only if a take reaches them.

@@ -87,6 +87,13 @@ class FS(Protocol):
     def size(self, fd: int) -> int:
         """Return the current size of an open file."""
 
+    def dup(self, fd: int) -> int:
+        """Return a second descriptor of the same open file (its writes, its sync errors, its data).
+
+        A sync through it covers what was written through ``fd``, and reports the
+        write-back errors ``fd`` would (they share one open file description).
+        """
+
     def fdatasync(self, fd: int) -> None:
         """Make a file's data durable."""
 
@@ -242,6 +249,10 @@ class OsFS:
     def size(self, fd: int) -> int:
         """Return the current size of an open file."""
         return os.fstat(fd).st_size
+
+    def dup(self, fd: int) -> int:
+        """Return a second descriptor of the same open file description."""
+        return os.dup(fd)
 
     def fdatasync(self, fd: int) -> None:
         """Make a file's data durable."""

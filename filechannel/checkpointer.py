@@ -6,7 +6,9 @@ seconds (paced over ``checkpoint_spread`` of it) and refreshes an encrypted
 channel's ANCHOR every ``anchor_interval``, and the checkpoint counters of
 ``stats()``. What a checkpoint holds is taken from the channel (its queue, its
 open transactions' takes, its per-file take runs and marks) while the log's
-writers are held still; how it is encoded and made durable belongs to
+writers are held still, only for as long as it takes to read them (O(runs),
+no I/O: the data files are synced to the frozen lengths after the writers are
+released); how it is encoded and made durable belongs to
 ``checkpoint.CheckpointStore``.
 """
 
@@ -137,14 +139,21 @@ class Checkpointer:
         """
         t0 = time.monotonic()
         log = self._log
-        # Writers are held only for what is small: the queue's runs (O(runs), not
-        # O(events)) and the entries outside them; encoded and written after the
-        # writers and the channel lock are released.
-        with log.freeze() as files, self._chan_lock:
+        # Writers and the channel lock are held only while the lengths, counters and
+        # the queue's runs are read (O(runs + files), not O(events), and no I/O).
+        # What the files hold up to those lengths is made durable after, while
+        # commits run, and before anything is written that vouches for it.
+        with log.freeze_lengths() as frozen, self._chan_lock:
+            files = frozen.files
             woid, next_pos, next_txn, next_file = log.counters()
             (runs, entries, holes), taken, marks = self._capture(files)
             file_dirs = log.file_dirs(files)
             auth = log.frozen_auth_state(files) if log.meta_mac is not None else None
+        try:
+            log.make_durable(frozen)
+        except OSError:
+            self.stats["checkpoint_failures"] += 1
+            raise
         cols = [array("q", [e[i] for e in entries]) for i in range(4)]
         snap = Snapshot(
             woid,

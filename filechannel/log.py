@@ -27,7 +27,7 @@ import threading
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from . import format as fmt
 from ._fs import FS
@@ -67,7 +67,7 @@ from .scan import (
     segment_name,
 )
 from .space import ENOSPC_ERRNOS, SpaceGuard
-from .writer import PREALLOC_STEP, CommitResult, Item, RollbackItem, Writer
+from .writer import PREALLOC_STEP, CommitResult, Item, Pin, RollbackItem, Writer
 
 __all__ = [
     "CHANNEL_FILE",
@@ -80,6 +80,7 @@ __all__ = [
     "WAL_FILE",
     "CommitResult",
     "CorruptionReport",
+    "Frozen",
     "Log",
     "LogRecord",
     "PutRun",
@@ -95,6 +96,14 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+
+class Frozen(NamedTuple):
+    """What :meth:`Log.freeze_lengths` yields: the files' lengths, and the syncs that make them durable."""
+
+    files: dict[int, int]
+    pins: list[tuple[Writer, Pin]]
+
 
 _LOCATE_WINDOW = 1 << 20  # bytes read first by locate_puts (most batches fit; it grows while the walk needs more)
 _LOCATE_MAX = 1 << 24  # bytes one locate_puts call reads at most (unless one record needs more)
@@ -512,6 +521,8 @@ class Log(LogState):
 
         Yields the replay resume offset of every live data file: records after
         it have write-order ids above :attr:`last_woid` as read inside the block.
+        The writers are held through the fdatasync of what is not durable yet;
+        :meth:`freeze_lengths` holds them only while the lengths are read.
 
         Raises:
             ChannelClosedError: The log has failed or is closed.
@@ -532,14 +543,74 @@ class Log(LogState):
                             raise
                         self.fsyncs += 1
                         w.synced = w.offset
-                files = {fid: self.file_end.get(fid, 0) for fid in self.files}
-                for w in self._writers:
-                    if w.fd is not None:
-                        files[w.file_id] = w.offset
-                yield files
+                yield self._frozen_files()
             finally:
                 for lk in reversed(locks):
                     lk.release()
+
+    def _frozen_files(self) -> dict[int, int]:
+        files = {fid: self.file_end.get(fid, 0) for fid in self.files}
+        for w in self._writers:
+            if w.fd is not None:
+                files[w.file_id] = w.offset
+        return files
+
+    @contextmanager
+    def freeze_lengths(self) -> Iterator[Frozen]:
+        """:meth:`freeze` without the fdatasync: every writer held still only while the block runs.
+
+        Yields a :class:`Frozen` whose ``files`` are as :meth:`freeze` yields, not
+        yet all durable: after the block, :meth:`make_durable` makes them so
+        (committers run while it syncs), and nothing may vouch for them before.
+        The block should be short: commits wait for it.
+
+        Raises:
+            ChannelClosedError: The log has failed or is closed.
+        """
+        with self._retire_lock:
+            locks = [w.io_lock for w in self._writers]
+            for lk in locks:
+                lk.acquire()
+            pins: list[tuple[Writer, Pin]] = []
+            try:
+                self.check_writable()
+                for w in self._writers:
+                    pin = w.pin()
+                    if pin is not None:
+                        pins.append((w, pin))
+                frozen = Frozen(self._frozen_files(), pins)
+                yield frozen
+            except BaseException:
+                self._unpin(pins)
+                raise
+            finally:
+                for lk in reversed(locks):
+                    lk.release()
+
+    def make_durable(self, frozen: Frozen) -> None:
+        """Make the files :meth:`freeze_lengths` yielded durable to those lengths (call once, after it).
+
+        Raises:
+            OSError: An fdatasync failed (the log fails too).
+            ChannelClosedError: The log has failed (what it yielded may not be durable).
+        """
+        pins = list(frozen.pins)
+        frozen.pins.clear()
+        try:
+            while pins:
+                w, pin = pins.pop(0)
+                w.sync_pinned(pin)
+        finally:
+            self._unpin(pins)
+
+    @staticmethod
+    def _unpin(pins: list[tuple[Writer, Pin]]) -> None:
+        for w, pin in pins:
+            try:
+                w.unpin(pin)
+            except OSError:  # the log has failed; the first error is what the caller sees
+                pass
+        pins.clear()
 
     def frozen_auth_state(self, files: dict[int, int]) -> fmt.AuthState | None:
         """The authenticated live files at the lengths :meth:`freeze` yielded; call inside it."""
@@ -550,14 +621,15 @@ class Log(LogState):
         """Vouch in ``ANCHOR`` for every authenticated file as durable now (encrypted channels; False: none).
 
         Between checkpoints, so that whole batches cut from the end of the newest
-        file are caught at the next open (the writers are held for an fdatasync of
-        what is not yet durable, as a checkpoint holds them).
+        file are caught at the next open (the writers are held while the lengths are
+        read, and what is not yet durable is synced after, as for a checkpoint).
         """
         if self.meta_mac is None:
             return False
-        with self.freeze() as files:
+        with self.freeze_lengths() as frozen:
             woid = self.last_woid
-            state = self.frozen_auth_state(files)
+            state = self.frozen_auth_state(frozen.files)
+        self.make_durable(frozen)
         self.write_anchor(state, woid)
         return True
 

@@ -26,7 +26,7 @@ import time
 from array import array
 from collections.abc import Callable, Sequence
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from . import format as fmt
 from .errors import ChannelClosedError, ChannelFullError
@@ -162,6 +162,14 @@ class Item:
         else:
             n = _NOTE_SIZE * len(retire)
         self.nbytes = n
+
+
+class Pin(NamedTuple):
+    """A data file pinned for a sync outside ``io_lock`` (:meth:`Writer.pin`)."""
+
+    fd: int
+    file_id: int
+    length: int
 
 
 class Writer:
@@ -675,6 +683,53 @@ class Writer:
                 return
             self.log.fsyncs += 1
             self.synced = self.offset
+
+    def pin(self) -> Pin | None:
+        """What :meth:`sync_pinned` needs to make the file's bytes so far durable later (``io_lock`` held).
+
+        None when they are durable already. Otherwise a second descriptor of the
+        file being written (so a roll that closes the writer's own cannot pull it
+        away), its id and its length now; the caller passes it to :meth:`sync_pinned`
+        or :meth:`unpin`.
+        """
+        if self.fd is None or self.synced == self.offset:
+            return None
+        return Pin(self.log.fs.dup(self.fd), self.file_id, self.offset)
+
+    def sync_pinned(self, pin: Pin) -> None:
+        """Make the pinned file durable up to the pinned length, without holding ``io_lock`` for the sync.
+
+        Committers keep appending meanwhile. The descriptor shares the writer's open
+        file, so a write-back error is reported to one of the two syncs: the one
+        that sees it fails the log, and this one then checks, under ``io_lock`` (which
+        every other sync of the file holds), that no sync failed before it returned.
+
+        Raises:
+            OSError: The fdatasync failed (the log has failed).
+            ChannelClosedError: The log failed meanwhile (perhaps the bytes are not durable).
+        """
+        log = self.log
+        try:
+            try:
+                log.fs.fdatasync(pin.fd)
+            except OSError as exc:
+                log.fail(exc, f"fdatasync of {self.path_of(pin.file_id)} failed")
+                raise
+        finally:
+            self.unpin(pin)
+        with self.io_lock:
+            log.check_writable()
+            log.fsyncs += 1
+            if self.file_id == pin.file_id and self.fd is not None and self.synced < pin.length <= self.offset:
+                self.synced = pin.length
+
+    def unpin(self, pin: Pin) -> None:
+        """Release a pin's descriptor (its bytes may not be durable)."""
+        try:
+            self.log.fs.close(pin.fd)
+        except OSError as exc:  # a deferred write-back error: the file's bytes may not be durable
+            self.log.fail(exc, f"closing a descriptor of {self.path_of(pin.file_id)} failed")
+            raise
 
     def drain_on_close(self) -> OSError | None:
         """The log closes: write what is pending, release its committers, then :meth:`close`.

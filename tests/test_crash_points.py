@@ -387,9 +387,31 @@ class Driver:
         self.ch.sync()
         self.durable_upto = len(self.acked)
 
-    def checkpoint(self) -> None:
-        if hasattr(self.ch, "checkpoint"):
+    def checkpoint(self, durable: bool = False, during: Callable[[], None] | None = None) -> None:
+        """A checkpoint; ``during`` runs once the writers are let go, before the data files are synced.
+
+        With ``durable`` (``fsync="interval"``), every commit before the checkpoint began is
+        durable once it returns: the checkpoint vouches for the files' lengths as it froze them.
+        """
+        if not hasattr(self.ch, "checkpoint"):
+            return
+        before = len(self.acked)
+        log = self.ch._log
+        if during is not None:
+            plain = log.make_durable
+
+            def hooked(frozen: Any) -> None:
+                during()  # committers go on while the checkpoint's syncs are still to come
+                plain(frozen)
+
+            log.make_durable = hooked  # type: ignore[method-assign]
+        try:
             self.ch.checkpoint()
+        finally:
+            if during is not None:
+                del log.make_durable
+        if durable:
+            self.durable_upto = max(self.durable_upto, before)
 
     def anchor(self) -> None:
         """An encrypted channel's ANCHOR refresh (``anchor_interval``'s step): it makes everything durable first."""
@@ -829,6 +851,21 @@ def w_runs(d: Driver) -> None:
     d.txn(takes=4)
 
 
+def w_interval_checkpoints(d: Driver) -> None:
+    # fsync="interval": a checkpoint reads the files' lengths with the writers held, then syncs the
+    # files to them while commits go on (one lands in between, here), and only then vouches for
+    # them; every commit before it began is durable once it returns, across a roll and a reopen.
+    d.txn(puts=[200, 200])
+    d.txn(puts=[300], takes=1)
+    d.checkpoint(durable=True, during=lambda: d.txn(puts=[150, 151]))
+    d.txn(takes=2, puts=[900, 900, 900])  # rolls
+    d.checkpoint(durable=True, during=lambda: d.txn(takes=1, puts=[900]))  # rolls while it syncs
+    d.txn(puts=[60])
+    d.reopen()
+    d.txn(takes=1, puts=[70])
+    d.checkpoint(durable=True)
+
+
 COMMIT = dict(BASE_OPTS)
 INTERVAL = dict(BASE_OPTS, fsync="interval", fsync_interval=3600.0)
 
@@ -852,6 +889,16 @@ CASES = [
     pytest.param(w_take_only_opens, COMMIT, "posix", 60, id="take-only-opens-posix"),
     pytest.param(w_take_only_opens, INTERVAL, "posix", 40, id="take-only-opens-interval-posix"),
     pytest.param(w_checkpoint, COMMIT, "posix", 40, id="checkpoint-posix"),
+    pytest.param(w_interval_checkpoints, INTERVAL, "posix", 60, id="interval-checkpoints-posix"),
+    pytest.param(w_interval_checkpoints, INTERVAL, "ext4", 40, id="interval-checkpoints-ext4"),
+    pytest.param(
+        w_interval_checkpoints,
+        dict(INTERVAL, encryption=ENCRYPTION),
+        "posix",
+        60,
+        id="encrypted-interval-checkpoints-posix",
+        marks=ENC_MARKS,
+    ),
     pytest.param(w_interval, INTERVAL, "posix", 40, id="interval-posix"),
     pytest.param(w_basic, dict(COMMIT, data_dirs=["/sim/disk2"]), "posix", 40, id="external-data-dir-posix"),
     pytest.param(w_upgrade_data_dirs, COMMIT, "posix", 30, id="upgrade-data-dirs-posix"),

@@ -372,6 +372,11 @@ class SimFS:
         self._done("create", path)
         return fd
 
+    def dup(self, fd: int) -> int:
+        """Return a second descriptor of the same file (a sync through it covers the file's writes)."""
+        of = self._fd(fd)
+        return self._new_fd(of.node, of.path, of.writable)
+
     def open_read(self, path: str) -> int:
         """Open an existing file read-only."""
         return self._new_fd(self._file(path), path, False)
@@ -813,6 +818,7 @@ for _name in (
     "create",
     "open_read",
     "open_rw",
+    "dup",
     "replace",
     "unlink",
     "fsync_dir",
