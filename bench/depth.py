@@ -13,7 +13,13 @@ channel and prints one JSON line with the row of the issue's table:
 - ``reopen_seconds`` and ``rss_after_reopen_mb`` (growth over the fresh
   process's baseline, after close and reopen);
 - ``take_rate``: events per second taken from the head of the reopened
-  channel (``take_batch(1000)`` per transaction, ``TAKE_EVENTS`` of them).
+  channel (``take_batch(1000)`` per transaction, ``TAKE_EVENTS`` of them);
+- the reader (``ChannelReader``, a view, on the closed channel before the
+  reopen): ``reader_open_seconds`` to open it and answer ``available()``,
+  ``reader_rss_mb`` its memory growth, ``reader_read_rate`` events per second
+  read from the head (``read`` of 1000 at a time, ``READ_EVENTS`` of them)
+  and ``reader_lag_bytes_seconds`` for ``record_bytes`` of the whole queue
+  (the first one walks the runs the reader has not read yet).
 
 The first size is the shallow reference: each later row also carries
 ``take_ratio``, its take rate over the first size's (measured in this run).
@@ -39,6 +45,8 @@ BODY = b"x" * 100
 BATCH = 10_000
 TAKE_EVENTS = 200_000
 TAKE_BATCH = 1000
+READ_EVENTS = 200_000
+READ_BATCH = 1000
 OPTIONS: dict[str, Any] = {
     "fsync": "interval",
     "checkpoint_interval": 0,
@@ -74,6 +82,42 @@ def _put1_loop(ch: Any, stop: threading.Event, out: list[tuple[float, float]]) -
         out.append((t0, clock()))
 
 
+def reader_row(d: str) -> dict[str, Any]:
+    """Open a ``ChannelReader`` on the channel in ``d`` and measure its memory, open, read and byte count."""
+    from filechannel import ChannelReader
+
+    _trim()
+    rss0 = _rss()
+    t0 = time.perf_counter()
+    rd = ChannelReader(d)
+    start, end = rd.available()
+    opened = time.perf_counter() - t0
+    _trim()
+    grown = _rss() - rss0
+    m = min(READ_EVENTS, end - start)
+    t0 = time.perf_counter()
+    got = 0
+    pos = start
+    while got < m:
+        events = rd.read(pos, min(end, pos + min(READ_BATCH, m - got)))
+        got += len(events)
+        last = events[-1].position
+        assert last is not None
+        pos = last + 1
+    read_seconds = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    lag_bytes = rd.record_bytes([start], end)[0]
+    lag_seconds = time.perf_counter() - t0
+    rd.close()
+    return {
+        "reader_open_seconds": round(opened, 4),
+        "reader_rss_mb": round(grown / 1e6, 1),
+        "reader_read_rate": round(got / read_seconds),
+        "reader_lag_bytes": lag_bytes,
+        "reader_lag_bytes_seconds": round(lag_seconds, 4),
+    }
+
+
 def one(d: str, n: int) -> dict[str, Any]:
     """Build a channel of ``n`` queued events in ``d`` and measure its row (in this process)."""
     import filechannel
@@ -103,6 +147,7 @@ def one(d: str, n: int) -> dict[str, Any]:
     th.join()
     during = [b - a for a, b in lat if a < c1 and b > c0]
     ch.close()
+    reader = reader_row(d)
     _trim()
     t0 = time.perf_counter()
     ch = filechannel.open(d, **OPTIONS)
@@ -129,6 +174,7 @@ def one(d: str, n: int) -> dict[str, Any]:
         "reopen_seconds": round(reopen, 4),
         "rss_after_reopen_mb": round(rss_reopen / 1e6, 1),
         "take_rate": round(got / take_seconds),
+        **reader,
     }
 
 
@@ -146,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [200_000, 1_000_000] if args.quick else [int(s) for s in args.sizes.split(",")]
     machine = {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()}
     print(json.dumps({"bench": "depth", "machine": machine}), flush=True)
-    shallow = None
+    shallow: dict[str, Any] | None = None
     for n in sizes:
         root = tempfile.mkdtemp(prefix="fc-depth-", dir=args.data_dir)
         try:
@@ -157,8 +203,9 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             shutil.rmtree(root, ignore_errors=True)
         if shallow is None:
-            shallow = row["take_rate"]
-        row["take_ratio"] = round(row["take_rate"] / shallow, 3)
+            shallow = row
+        row["take_ratio"] = round(row["take_rate"] / shallow["take_rate"], 3)
+        row["reader_read_ratio"] = round(row["reader_read_rate"] / shallow["reader_read_rate"], 3)
         print(json.dumps({"bench": "depth", **row}), flush=True)
     return 0
 

@@ -67,6 +67,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -177,57 +178,75 @@ def _paced(stop: threading.Event, rate: float, batch: int, rng: random.Random) -
     return n
 
 
-def run_http(conf: dict[str, Any], host: str, rate: float) -> int:
-    """POST batches to the host's agent, each with an Idempotency-Key, retried until ``200``."""
-    import http.client
+def _retry(attempt: Callable[[], bool]) -> None:
+    """Call ``attempt`` until it returns True, 0.2 s apart at first, then up to 2 s."""
+    delay = 0.2
+    while not attempt():
+        time.sleep(delay)
+        delay = min(2.0, delay * 1.5)
 
+
+def _produce(conf: dict[str, Any], name: str, rate: float, send: Callable[[int, int, int], None]) -> int:
+    """Producer ``name``'s batches at ``rate`` events/s until SIGTERM, each ``send(k, a, b)`` (batch k, seqs a..b).
+
+    Its ledger logs a batch (``I k a b``) before sending it and its acknowledgement (``A k n``)
+    after; a restarted producer first resends its unacknowledged batch with the same k.
+    """
     s = _Stopper()
-    name = f"http-{host}"
     ledger_path = Path(conf["work"]) / "ledgers" / f"{name}.log"
-    ctx = ssl.create_default_context(cafile=conf["ca"])
-    ctx.load_cert_chain(conf["producer_cert"], conf["producer_key"])
-    port = conf["agents"][host]["http"]
-    url = f"/v1/channels/{conf['agents'][host]['name']}/events"
     led = Ledger.read(ledger_path)
     k = max(led.intents, default=-1)
     seq = max((b for _, b in led.intents.values()), default=-1) + 1
     rng = random.Random(f"{name}-{k}")
-    pending = None if k < 0 or k in led.acked else (k, *led.intents[k])
-
-    def post(kk: int, a: int, b: int) -> None:
-        events = [{"headers": {"p": name, "s": str(i)}, "body": body_of(name, i).decode()} for i in range(a, b + 1)]
-        data = json.dumps(events).encode()
-        delay = 0.2
-        while True:
-            conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=10)
-            try:
-                conn.request("POST", url, data, {"Content-Type": "application/json", "Idempotency-Key": f"{name}-{kk}"})
-                r = conn.getresponse()
-                r.read()
-                if r.status == 200:
-                    return
-                if r.status not in (503, 500, 408):
-                    raise RuntimeError(f"{name}: POST answered {r.status}")
-            except (OSError, http.client.HTTPException) as exc:
-                print(f"{name}: batch {kk}: {type(exc).__name__}; retrying", flush=True)
-            finally:
-                conn.close()
-            time.sleep(delay)
-            delay = min(2.0, delay * 1.5)
-
-    if pending is not None:
-        post(*pending)
-        _append(ledger_path, f"A {pending[0]} {pending[2] - pending[1] + 1}\n")
+    if k >= 0 and k not in led.acked:
+        a, b = led.intents[k]
+        send(k, a, b)
+        _append(ledger_path, f"A {k} {b - a + 1}\n")
     print(f"{name} ready at seq {seq}", flush=True)
     while not s.stop.is_set():
         n = _paced(s.stop, rate, 10, rng)
         k += 1
         a, b = seq, seq + n - 1
         _append(ledger_path, f"I {k} {a} {b}\n")
-        post(k, a, b)
+        send(k, a, b)
         _append(ledger_path, f"A {k} {n}\n")
         seq = b + 1
     return 0
+
+
+def run_http(conf: dict[str, Any], host: str, rate: float) -> int:
+    """POST batches to the host's agent, each with an Idempotency-Key, retried until ``200``."""
+    import http.client
+
+    name = f"http-{host}"
+    ctx = ssl.create_default_context(cafile=conf["ca"])
+    ctx.load_cert_chain(conf["producer_cert"], conf["producer_key"])
+    port = conf["agents"][host]["http"]
+    url = f"/v1/channels/{conf['agents'][host]['name']}/events"
+
+    def post(kk: int, a: int, b: int) -> None:
+        events = [{"headers": {"p": name, "s": str(i)}, "body": body_of(name, i).decode()} for i in range(a, b + 1)]
+        data = json.dumps(events).encode()
+
+        def attempt() -> bool:
+            conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=10)
+            try:
+                conn.request("POST", url, data, {"Content-Type": "application/json", "Idempotency-Key": f"{name}-{kk}"})
+                r = conn.getresponse()
+                r.read()
+                if r.status == 200:
+                    return True
+                if r.status not in (503, 500, 408):
+                    raise RuntimeError(f"{name}: POST answered {r.status}")
+            except (OSError, http.client.HTTPException) as exc:
+                print(f"{name}: batch {kk}: {type(exc).__name__}; retrying", flush=True)
+            finally:
+                conn.close()
+            return False
+
+        _retry(attempt)
+
+    return _produce(conf, name, rate, post)
 
 
 def run_flight(conf: dict[str, Any], host: str, rate: float) -> int:
@@ -235,31 +254,24 @@ def run_flight(conf: dict[str, Any], host: str, rate: float) -> int:
     from filechannel.agent import AgentTimeoutError, AgentUnavailableError, connect
     from filechannel.errors import ChannelError
 
-    s = _Stopper()
     name = f"flight-{host}"
-    ledger_path = Path(conf["work"]) / "ledgers" / f"{name}.log"
     agent = conf["agents"][host]
     uri = f"grpc+tls://127.0.0.1:{agent['flight']}"
-    led = Ledger.read(ledger_path)
-    k = max(led.intents, default=-1)
-    seq = max((b for _, b in led.intents.values()), default=-1) + 1
-    rng = random.Random(f"{name}-{k}")
-    pending = None if k < 0 or k in led.acked else (k, *led.intents[k])
     client: Any = None
 
     def put(kk: int, a: int, b: int) -> None:
-        nonlocal client
         bodies = [body_of(name, i) for i in range(a, b + 1)]
         headers = [{"p": name, "s": str(i)} for i in range(a, b + 1)]
-        delay = 0.2
-        while True:
+
+        def attempt() -> bool:
+            nonlocal client
             try:
                 if client is None:
                     client = connect(
                         uri, tls_ca=conf["ca"], tls_cert=conf["producer_cert"], tls_key=conf["producer_key"], timeout=10
                     )
                 client.put_batch(agent["channel"], bodies, headers, producer=name, sequence=kk)
-                return
+                return True
             except (AgentUnavailableError, AgentTimeoutError) as exc:
                 print(f"{name}: batch {kk}: {type(exc).__name__}; retrying", flush=True)
                 if client is not None:
@@ -268,22 +280,11 @@ def run_flight(conf: dict[str, Any], host: str, rate: float) -> int:
                     client = None
             except ChannelError as exc:  # full, or the disk under its floor: nothing was put
                 print(f"{name}: batch {kk}: {type(exc).__name__}: {exc}; retrying", flush=True)
-            time.sleep(delay)
-            delay = min(2.0, delay * 1.5)
+            return False
 
-    if pending is not None:
-        put(*pending)
-        _append(ledger_path, f"A {pending[0]} {pending[2] - pending[1] + 1}\n")
-    print(f"{name} ready at seq {seq}", flush=True)
-    while not s.stop.is_set():
-        n = _paced(s.stop, rate, 10, rng)
-        k += 1
-        a, b = seq, seq + n - 1
-        _append(ledger_path, f"I {k} {a} {b}\n")
-        put(k, a, b)
-        _append(ledger_path, f"A {k} {n}\n")
-        seq = b + 1
-    return 0
+        _retry(attempt)
+
+    return _produce(conf, name, rate, put)
 
 
 def tail_lines(files: Path) -> dict[str, list[int]]:
@@ -333,51 +334,17 @@ def run_tail(conf: dict[str, Any], host: str, rate: float) -> int:
 
 def run_driver(conf: dict[str, Any]) -> int:
     """Read the agents (through the proxies) into a Parquet table; restart the query when it fails."""
-    from pyspark.sql import SparkSession
-
-    import filechannel.spark
-
-    work = Path(conf["work"])
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    builder = SparkSession.builder.appName("filechannel-soak")
-    for key, v in conf["session"].items():
-        builder = builder.config(key, v)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    filechannel.spark.register(spark)
-    agents = ",".join(f"grpc+tls://127.0.0.1:{a['proxy']}" for a in conf["agents"].values())
-    runs = 0
-    while not stop.is_set():
-        runs += 1
-        q = (
-            spark.readStream.format("filechannel")
-            .option("agents", agents)
-            .option("tlsCa", conf["ca"])
-            .option("tlsCert", conf["spark_cert"])
-            .option("tlsKey", conf["spark_key"])
-            .option("consumer", CONSUMER)
-            .option("maxEventsPerTrigger", "20000")
-            .option("maxEventsPerPartition", "5000")
-            .option("agentTimeoutMs", "5000")
-            .load()
-            .writeStream.format("parquet")
-            .option("path", str(work / "table"))
-            .option("checkpointLocation", str(work / "checkpoint"))
-            .trigger(processingTime="2 seconds")
-            .start()
-        )
-        print(f"query run {runs} started", flush=True)
-        while not stop.is_set() and q.isActive:
-            time.sleep(0.2)
-        if stop.is_set():
-            q.stop()
-            break
-        err = q.exception()
-        print(f"query run {runs} failed: {str(err).splitlines()[0] if err else 'stopped'}; restarting", flush=True)
-        time.sleep(1.0)
-    spark.stop()
-    return 0
+    options = {
+        "agents": ",".join(f"grpc+tls://127.0.0.1:{a['proxy']}" for a in conf["agents"].values()),
+        "tlsCa": conf["ca"],
+        "tlsCert": conf["spark_cert"],
+        "tlsKey": conf["spark_key"],
+        "consumer": CONSUMER,
+        "maxEventsPerTrigger": "20000",
+        "maxEventsPerPartition": "5000",
+        "agentTimeoutMs": "5000",
+    }
+    return int(cluster_module().drive("filechannel-soak", conf["session"], options, Path(conf["work"]), 2))
 
 
 # ------------------------------------------------------------------------------------------

@@ -69,6 +69,7 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import filechannel
@@ -81,27 +82,12 @@ PUT_TX = 10_000
 
 
 def _session(tmp: str) -> Any:
-    from pyspark.sql import SparkSession
-
-    import filechannel.spark
+    from filechannel.testing.processes import local_spark
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("filechannel-bench")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "1")
-        .config("spark.driver.memory", "1g")
-        .config("spark.local.dir", os.path.join(tmp, "local"))
-        .config("spark.sql.warehouse.dir", os.path.join(tmp, "warehouse"))
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    filechannel.spark.register(spark)
-    return spark
+    return local_spark("filechannel-bench", Path(tmp))
 
 
 def _fill(path: str, n: int, size: int) -> None:
@@ -203,6 +189,17 @@ def _distinct_bodies(F: Any, size: int) -> Any:
     return F.substring(F.concat(*parts), 1, size)
 
 
+def _sink(df: Any, n: int, path: str) -> None:
+    """``df`` (n rows) written into a new channel at ``path`` by the sink, in one transaction."""
+    (
+        df.write.format("filechannel")
+        .option("channel.capacity", str(max(n * 2, 1000)))
+        .option("channel.transaction_capacity", str(max(n, 1000)))
+        .mode("append")
+        .save(path)
+    )
+
+
 def run_sink(
     spark: Any, root: str, n: int, size: int, tag: str, distinct: bool = False
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -212,13 +209,7 @@ def run_sink(
     df = spark.range(n, numPartitions=2).select(body.alias("body")).cache()
     df.count()
     t0 = time.perf_counter()
-    (
-        df.write.format("filechannel")
-        .option("channel.capacity", str(max(n * 2, 1000)))
-        .option("channel.transaction_capacity", str(max(n, 1000)))
-        .mode("append")
-        .save(os.path.join(root, f"sink-{tag}"))
-    )
+    _sink(df, n, os.path.join(root, f"sink-{tag}"))
     t_sink = time.perf_counter() - t0
     t0 = time.perf_counter()
     df.write.parquet(os.path.join(root, f"spq-{tag}"))
@@ -272,13 +263,7 @@ def run_sink_headers(spark: Any, root: str, n: int, size: int, tag: str) -> dict
     out: dict[str, dict[str, Any]] = {}
     for case, frame in (("headers", df), ("no headers", df.select("body"))):
         t0 = time.perf_counter()
-        (
-            frame.write.format("filechannel")
-            .option("channel.capacity", str(max(n * 2, 1000)))
-            .option("channel.transaction_capacity", str(max(n, 1000)))
-            .mode("append")
-            .save(os.path.join(root, f"hsink-{case.replace(' ', '')}-{tag}"))
-        )
+        _sink(frame, n, os.path.join(root, f"hsink-{case.replace(' ', '')}-{tag}"))
         out[f"filechannel sink, {case}"] = {"events_per_s": n / (time.perf_counter() - t0)}
         t0 = time.perf_counter()
         frame.write.format("fcfloor").mode("append").save()

@@ -348,41 +348,35 @@ class Agent:
 # The driver process
 
 
-def run_query(args: argparse.Namespace) -> int:
-    """The driver: read the agents into a Parquet table; restart the query when it fails; stop on SIGTERM."""
+def drive(app: str, session: dict[str, str], options: dict[str, str], work: Path, trigger: float) -> int:
+    """A driver: read with ``options`` into the Parquet table ``work/table``; restart the query when it fails.
+
+    ``session`` is the Spark session's config; the query's checkpoint is ``work/checkpoint``
+    and its micro-batches come every ``trigger`` seconds. Stops on SIGTERM.
+    """
     from pyspark.sql import SparkSession
 
     import filechannel.spark
 
-    work = Path(args.workdir)
-    conf = json.loads((work / "session.json").read_text())
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    builder = SparkSession.builder.appName("filechannel-cluster")
-    for k, v in conf.items():
+    builder = SparkSession.builder.appName(app)
+    for k, v in session.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     filechannel.spark.register(spark)
-    agents = (work / "agents").read_text().strip()
-    # The query's TLS files (paths: the executors read them on the worker), unless --insecure.
-    tls = json.loads((work / "tls.json").read_text())
     runs = 0
     while not stop.is_set():
         runs += 1
         q = (
             spark.readStream.format("filechannel")
-            .options(**tls)
-            .option("agents", agents)
-            .option("consumer", CONSUMER)
-            .option("maxEventsPerTrigger", str(args.max_events))
-            .option("maxEventsPerPartition", str(max(1, args.max_events // 4)))
-            .option("agentTimeoutMs", "3000")
+            .options(**options)
             .load()
             .writeStream.format("parquet")
             .option("path", str(work / "table"))
             .option("checkpointLocation", str(work / "checkpoint"))
-            .trigger(processingTime=f"{args.trigger} seconds")
+            .trigger(processingTime=f"{trigger} seconds")
             .start()
         )
         print(f"query run {runs} started", flush=True)
@@ -396,6 +390,21 @@ def run_query(args: argparse.Namespace) -> int:
         time.sleep(1.0)
     spark.stop()
     return 0
+
+
+def run_query(args: argparse.Namespace) -> int:
+    """The driver: read the agents into a Parquet table; restart the query when it fails; stop on SIGTERM."""
+    work = Path(args.workdir)
+    options = {
+        "agents": (work / "agents").read_text().strip(),
+        "consumer": CONSUMER,
+        "maxEventsPerTrigger": str(args.max_events),
+        "maxEventsPerPartition": str(max(1, args.max_events // 4)),
+        "agentTimeoutMs": "3000",
+        # The query's TLS files (paths: the executors read them on the worker), unless --insecure.
+        **json.loads((work / "tls.json").read_text()),
+    }
+    return drive("filechannel-cluster", json.loads((work / "session.json").read_text()), options, work, args.trigger)
 
 
 # ------------------------------------------------------------------------------------------

@@ -2153,6 +2153,89 @@ arrow_slice(const unsigned char *offs, int wide, Py_ssize_t i, Py_ssize_t data_l
     return 0;
 }
 
+/* The offsets of rows [offset, offset + n) of a binary column (int32, or int64 when ``wide``);
+   NULL with a ValueError naming ``who`` when the buffer holds fewer. */
+static const unsigned char *
+arrow_rows(const Py_buffer *offs, int wide, Py_ssize_t n, Py_ssize_t offset, const char *who)
+{
+    Py_ssize_t width = wide ? 8 : 4;
+    if (n < 0 || offset < 0 || offs->len / width < offset + n + 1) {
+        PyErr_Format(PyExc_ValueError, "%s: the offsets buffer is shorter than the column", who);
+        return NULL;
+    }
+    return (const unsigned char *)offs->buf + width * offset;
+}
+
+/* The headers column of arrow_puts and arrow_payload_column, a map<string, string>: the
+   6-tuple (map offsets, key offsets, key data, value offsets, value data, validity or None). */
+typedef struct {
+    Py_buffer b[6]; /* the five buffers, then the validity bitmap when there is one */
+    int held;       /* how many of b are held */
+    const unsigned char *mo, *valid;
+    Py_ssize_t n_keys, n_vals;
+} arrow_maps;
+
+/* Hold the buffers of ``headers`` for a column of n rows; -1 with an error when they are not
+   that shape (release m either way). */
+static int
+arrow_maps_open(arrow_maps *m, PyObject *headers, Py_ssize_t n)
+{
+    m->held = 0;
+    if (!PyTuple_Check(headers) || PyTuple_GET_SIZE(headers) != 6) {
+        PyErr_SetString(PyExc_TypeError, "arrow_puts: headers must be a 6-tuple of buffers or None");
+        return -1;
+    }
+    for (; m->held < 5; m->held++)
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(headers, m->held), &m->b[m->held], PyBUF_SIMPLE) < 0)
+            return -1;
+    PyObject *valid_obj = PyTuple_GET_ITEM(headers, 5);
+    if (valid_obj != Py_None) {
+        if (PyObject_GetBuffer(valid_obj, &m->b[5], PyBUF_SIMPLE) < 0)
+            return -1;
+        m->held = 6;
+        if (m->b[5].len * 8 < n) {
+            PyErr_SetString(PyExc_ValueError, "arrow_puts: the validity bitmap is shorter than the column");
+            return -1;
+        }
+    }
+    if (m->b[0].len / 4 < n + 1) {
+        PyErr_SetString(PyExc_ValueError, "arrow_puts: the map offsets are shorter than the column");
+        return -1;
+    }
+    m->mo = m->b[0].buf;
+    m->valid = m->held == 6 ? m->b[5].buf : NULL;
+    m->n_keys = m->b[1].len / 4 - 1;
+    m->n_vals = m->b[3].len / 4 - 1;
+    return 0;
+}
+
+static void
+arrow_maps_release(arrow_maps *m)
+{
+    for (int k = 0; k < m->held; k++)
+        PyBuffer_Release(&m->b[k]);
+    m->held = 0;
+}
+
+/* The entries [*x, *y) of row i's map (none for a null map); -1 with a ValueError when they
+   lie outside the key or value columns. */
+static int
+arrow_map_row(const arrow_maps *m, Py_ssize_t i, Py_ssize_t *x, Py_ssize_t *y)
+{
+    int32_t a, b;
+    memcpy(&a, m->mo + 4 * i, 4);
+    memcpy(&b, m->mo + 4 * (i + 1), 4);
+    if (m->valid != NULL && !(m->valid[i >> 3] >> (i & 7) & 1))
+        b = a; /* a null map: no headers */
+    if (a < 0 || b < a || b > m->n_keys || b > m->n_vals) {
+        PyErr_SetString(PyExc_ValueError, "arrow_puts: a map offset lies outside its entries");
+        return -1;
+    }
+    *x = a;
+    *y = b;
+    return 0;
+}
+
 /* One row's headers as a dict (strict UTF-8, a repeated key keeps its last value); NULL with
    *bad (0 key, 1 value) and no error set when a key or value is not strict UTF-8. */
 static PyObject *
@@ -2237,16 +2320,10 @@ sp_arrow_puts(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "y*y*nnpOO", &offs, &data, &n, &offset, &wide, &no_headers, &headers))
         return NULL;
     PyObject *out = NULL, *payloads = NULL, *bodies = NULL, *dicts = NULL;
-    Py_buffer hb[6];
-    int nhb = 0;
-    Py_ssize_t width = wide ? 8 : 4;
-    if (n < 0 || offset < 0 || offs.len / width < offset + n + 1) {
-        PyErr_SetString(PyExc_ValueError, "arrow_puts: the offsets buffer is shorter than the column");
-        goto done;
-    }
-    const unsigned char *ob = (const unsigned char *)offs.buf + width * offset;
+    arrow_maps m = {.held = 0};
+    const unsigned char *ob = arrow_rows(&offs, wide, n, offset, "arrow_puts");
     const unsigned char *db = (const unsigned char *)data.buf;
-    if ((payloads = PyList_New(n)) == NULL)
+    if (ob == NULL || (payloads = PyList_New(n)) == NULL)
         goto done;
     if (headers == Py_None) {
         for (Py_ssize_t i = 0; i < n; i++) {
@@ -2262,30 +2339,8 @@ sp_arrow_puts(PyObject *self, PyObject *args)
         payloads = NULL;
         goto done;
     }
-    /* headers: (map offsets, key offsets, key data, value offsets, value data, validity or None) */
-    if (!PyTuple_Check(headers) || PyTuple_GET_SIZE(headers) != 6) {
-        PyErr_SetString(PyExc_TypeError, "arrow_puts: headers must be a 6-tuple of buffers or None");
+    if (arrow_maps_open(&m, headers, n) < 0)
         goto done;
-    }
-    for (; nhb < 5; nhb++)
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(headers, nhb), &hb[nhb], PyBUF_SIMPLE) < 0)
-            goto done;
-    PyObject *valid_obj = PyTuple_GET_ITEM(headers, 5);
-    if (valid_obj != Py_None) {
-        if (PyObject_GetBuffer(valid_obj, &hb[5], PyBUF_SIMPLE) < 0)
-            goto done;
-        nhb = 6;
-        if (hb[5].len * 8 < n) {
-            PyErr_SetString(PyExc_ValueError, "arrow_puts: the validity bitmap is shorter than the column");
-            goto done;
-        }
-    }
-    if (hb[0].len / 4 < n + 1) {
-        PyErr_SetString(PyExc_ValueError, "arrow_puts: the map offsets are shorter than the column");
-        goto done;
-    }
-    const unsigned char *mo = hb[0].buf, *valid = nhb == 6 ? hb[5].buf : NULL;
-    Py_ssize_t n_keys = hb[1].len / 4 - 1, n_vals = hb[3].len / 4 - 1;
     if ((bodies = PyList_New(n)) == NULL || (dicts = PyList_New(n)) == NULL)
         goto done;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -2296,17 +2351,8 @@ sp_arrow_puts(PyObject *self, PyObject *args)
         if (body == NULL)
             goto done;
         PyList_SET_ITEM(bodies, i, body);
-        int32_t x, y;
-        memcpy(&x, mo + 4 * i, 4);
-        memcpy(&y, mo + 4 * (i + 1), 4);
-        if (valid != NULL && !(valid[i >> 3] >> (i & 7) & 1))
-            y = x; /* a null map: no headers */
-        if (x < 0 || y < x || y > n_keys || y > n_vals) {
-            PyErr_SetString(PyExc_ValueError, "arrow_puts: a map offset lies outside its entries");
+        if (arrow_map_row(&m, i, &m0, &m1) < 0)
             goto done;
-        }
-        m0 = x;
-        m1 = y;
         PyObject *d, *payload;
         if (m0 == m1) {
             d = no_headers;
@@ -2318,7 +2364,7 @@ sp_arrow_puts(PyObject *self, PyObject *args)
             }
         } else {
             int bad = -1;
-            d = arrow_row_dict(hb[1].buf, hb[2].buf, hb[2].len, hb[3].buf, hb[4].buf, hb[4].len, m0, m1, &bad);
+            d = arrow_row_dict(m.b[1].buf, m.b[2].buf, m.b[2].len, m.b[3].buf, m.b[4].buf, m.b[4].len, m0, m1, &bad);
             if (d == NULL) {
                 if (bad >= 0)
                     out = Py_BuildValue("(ns)", i, bad == 0 ? "key" : "value");
@@ -2334,8 +2380,7 @@ sp_arrow_puts(PyObject *self, PyObject *args)
     out = Py_BuildValue("(NNN)", payloads, bodies, dicts);
     payloads = bodies = dicts = NULL;
 done:
-    for (int k = 0; k < nhb; k++)
-        PyBuffer_Release(&hb[k]);
+    arrow_maps_release(&m);
     Py_XDECREF(payloads);
     Py_XDECREF(bodies);
     Py_XDECREF(dicts);
@@ -2529,68 +2574,33 @@ sp_arrow_payload_column(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "y*y*nnpO", &offs, &data, &n, &offset, &wide, &headers))
         return NULL;
     PyObject *result = NULL;
-    Py_buffer hb[6];
-    int nhb = 0;
+    arrow_maps m = {.held = 0};
     gbuf out = {NULL, NULL, 0, 0}, co = {NULL, NULL, 0, 0};
     hlist h = {NULL, 0, 0};
-    Py_ssize_t longest = 0, width = wide ? 8 : 4;
-    if (n < 0 || offset < 0 || offs.len / width < offset + n + 1) {
-        PyErr_SetString(PyExc_ValueError, "arrow_puts: the offsets buffer is shorter than the column");
+    Py_ssize_t longest = 0;
+    const unsigned char *ob = arrow_rows(&offs, wide, n, offset, "arrow_puts");
+    if (ob == NULL || arrow_maps_open(&m, headers, n) < 0)
         goto done;
-    }
-    if (!PyTuple_Check(headers) || PyTuple_GET_SIZE(headers) != 6) {
-        PyErr_SetString(PyExc_TypeError, "arrow_puts: headers must be a 6-tuple of buffers or None");
-        goto done;
-    }
-    for (; nhb < 5; nhb++)
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(headers, nhb), &hb[nhb], PyBUF_SIMPLE) < 0)
-            goto done;
-    PyObject *valid_obj = PyTuple_GET_ITEM(headers, 5);
-    if (valid_obj != Py_None) {
-        if (PyObject_GetBuffer(valid_obj, &hb[5], PyBUF_SIMPLE) < 0)
-            goto done;
-        nhb = 6;
-        if (hb[5].len * 8 < n) {
-            PyErr_SetString(PyExc_ValueError, "arrow_puts: the validity bitmap is shorter than the column");
-            goto done;
-        }
-    }
-    if (hb[0].len / 4 < n + 1) {
-        PyErr_SetString(PyExc_ValueError, "arrow_puts: the map offsets are shorter than the column");
-        goto done;
-    }
-    const unsigned char *ob = (const unsigned char *)offs.buf + width * offset;
     const unsigned char *db = (const unsigned char *)data.buf;
-    const unsigned char *mo = hb[0].buf, *valid = nhb == 6 ? hb[5].buf : NULL;
-    const unsigned char *kd = hb[2].buf, *vd = hb[4].buf;
-    Py_ssize_t n_keys = hb[1].len / 4 - 1, n_vals = hb[3].len / 4 - 1;
+    const unsigned char *kd = m.b[2].buf, *vd = m.b[4].buf;
     {
         /* enough for every payload: the rows' bodies, a count each, every entry of the map column */
         int32_t m_first, m_last;
-        memcpy(&m_first, mo, 4);
-        memcpy(&m_last, mo + 4 * n, 4);
+        memcpy(&m_first, m.mo, 4);
+        memcpy(&m_last, m.mo + 4 * n, 4);
         Py_ssize_t entries = m_last > m_first ? (Py_ssize_t)(m_last - m_first) : 0;
-        if (column_start(&out, &co, data.len + 4 * n + 8 * entries + hb[2].len + hb[4].len, n) < 0)
+        if (column_start(&out, &co, data.len + 4 * n + 8 * entries + m.b[2].len + m.b[4].len, n) < 0)
             goto done;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        Py_ssize_t a, b;
-        if (arrow_slice(ob, wide, i, data.len, &a, &b) < 0)
+        Py_ssize_t a, b, x, y;
+        if (arrow_slice(ob, wide, i, data.len, &a, &b) < 0 || arrow_map_row(&m, i, &x, &y) < 0)
             goto done;
-        int32_t x, y;
-        memcpy(&x, mo + 4 * i, 4);
-        memcpy(&y, mo + 4 * (i + 1), 4);
-        if (valid != NULL && !(valid[i >> 3] >> (i & 7) & 1))
-            y = x; /* a null map: no headers */
-        if (x < 0 || y < x || y > n_keys || y > n_vals) {
-            PyErr_SetString(PyExc_ValueError, "arrow_puts: a map offset lies outside its entries");
-            goto done;
-        }
         h.n = 0;
         for (Py_ssize_t j = x; j < y; j++) { /* as a dict: a repeated key keeps its first place, last value */
             Py_ssize_t ka, kb, va, vb;
-            if (arrow_slice(hb[1].buf, 0, j, hb[2].len, &ka, &kb) < 0 ||
-                arrow_slice(hb[3].buf, 0, j, hb[4].len, &va, &vb) < 0)
+            if (arrow_slice(m.b[1].buf, 0, j, m.b[2].len, &ka, &kb) < 0 ||
+                arrow_slice(m.b[3].buf, 0, j, m.b[4].len, &va, &vb) < 0)
                 goto done;
             if (!strict_utf8(kd + ka, kb - ka)) {
                 result = Py_BuildValue("(ns)", i, "key");
@@ -2613,8 +2623,7 @@ sp_arrow_payload_column(PyObject *self, PyObject *args)
     }
     result = column_result(&out, &co, longest);
 done:
-    for (int k = 0; k < nhb; k++)
-        PyBuffer_Release(&hb[k]);
+    arrow_maps_release(&m);
     Py_XDECREF(out.obj);
     Py_XDECREF(co.obj);
     PyMem_Free(h.e);
@@ -2796,15 +2805,9 @@ sp_put_column(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "y*y*nnp", &offs, &data, &n, &offset, &wide))
         return NULL;
     PyObject *out = NULL, *obytes = NULL, *dbytes = NULL;
-    Py_ssize_t width = wide ? 8 : 4;
-    if (n < 0 || offset < 0 || offs.len / width < offset + n + 1) {
-        PyErr_SetString(PyExc_ValueError, "put_column: the offsets buffer is shorter than the column");
+    const unsigned char *ob = arrow_rows(&offs, wide, n, offset, "put_column");
+    if (ob == NULL || (obytes = PyBytes_FromStringAndSize(NULL, (n + 1) * 8)) == NULL)
         goto done;
-    }
-    obytes = PyBytes_FromStringAndSize(NULL, (n + 1) * 8);
-    if (obytes == NULL)
-        goto done;
-    const unsigned char *ob = (const unsigned char *)offs.buf + width * offset;
     int64_t *o = (int64_t *)PyBytes_AS_STRING(obytes);
     for (Py_ssize_t i = 0; i <= n; i++) {
         if (wide) {

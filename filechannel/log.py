@@ -24,7 +24,6 @@ import itertools
 import logging
 import os
 import threading
-from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple, cast
@@ -59,9 +58,9 @@ from .scan import (
     LogRecord,
     PutRun,
     ScanRecord,
-    committed_puts,
     expand_runs,
     format_ranges,
+    locate_puts,
     merge_ranges,
     ranges_of,
     segment_name,
@@ -105,8 +104,6 @@ class Frozen(NamedTuple):
     pins: list[tuple[Writer, Pin]]
 
 
-_LOCATE_WINDOW = 1 << 20  # bytes read first by locate_puts (most batches fit; it grows while the walk needs more)
-_LOCATE_MAX = 1 << 24  # bytes one locate_puts call reads at most (unless one record needs more)
 _LOST_REASON = "the queued event's record is missing or damaged: walking the file found no record for it"
 
 # Log.read_events reads adjacent records with one pread, up to this many bytes at a time.
@@ -349,7 +346,7 @@ class Log(LogState):
         Reads data file ``file_id`` forward from ``offset`` (a record boundary) a
         window at a time and walks it with ``scan.committed_puts``: the first ``want``
         committed PUTs with positions in ``[lo, hi)``, as a ``_runs.Located`` (fewer
-        when they span more than :data:`_LOCATE_MAX` bytes: call again). The
+        when they span more than :data:`scan.LOCATE_MAX` bytes: call again). The
         walk never passes the COMMIT of the last event it needs, all of whose
         records were written before the event was published, so it never reads
         what a writer is still writing.
@@ -359,39 +356,21 @@ class Log(LogState):
             OSError: Reading failed.
         """
         fd = self._read_fd(file_id)
-        window = min(_LOCATE_MAX, max(_LOCATE_WINDOW, min(want, hi - lo) * 200))
-        while True:
-            buf = self.fs.pread(fd, window, offset)
-            try:
-                got = committed_puts(
-                    buf,
-                    offset,
-                    offset,
-                    lo,
-                    hi,
-                    want,
-                    self.seeds[file_id],
-                    self.crc_kind,
-                    self.max_payload,
-                    len(buf) < window,
-                    file_id not in self.ciphers and file_id not in self.undecryptable,
-                )
-            except FormatError as exc:  # pragma: no cover - the walk steps over damage
-                raise CorruptLogError(self.files[file_id][1], exc.offset, exc.reason) from exc
-            if got.done:
-                return Located(got.first, got.offsets, got.sizes, got.next_offset)
-            if len(buf) < window:
-                # The file ends before every position of the run: their records are gone.
-                first = got.first if got.first >= 0 else lo
-                offsets, sizes = got.offsets, got.sizes
-                missing = min(hi, lo + want) - (first + len(offsets))
-                if missing > 0:
-                    offsets.extend(array("q", (LOST,)) * missing)
-                    sizes.extend(array("q", (0,)) * missing)
-                return Located(first, offsets, sizes, got.next_offset)
-            if len(got.offsets) and window >= _LOCATE_MAX:
-                return Located(got.first, got.offsets, got.sizes, got.next_offset)  # the rest: call again
-            window *= 4
+        try:
+            got = locate_puts(
+                lambda n, at: self.fs.pread(fd, n, at),
+                offset,
+                lo,
+                hi,
+                want,
+                self.seeds[file_id],
+                self.crc_kind,
+                self.max_payload,
+                file_id not in self.ciphers and file_id not in self.undecryptable,
+            )
+        except FormatError as exc:  # pragma: no cover - the walk steps over damage
+            raise CorruptLogError(self.files[file_id][1], exc.offset, exc.reason) from exc
+        return Located(got.first, got.offsets, got.sizes, got.next_offset)
 
     def read_payload(self, file_id: int, offset: int, size: int, *, decrypt: bool = True) -> bytes:
         """Read and verify the record at a pointer; return its payload (decrypted).

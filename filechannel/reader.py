@@ -26,14 +26,15 @@ import threading
 import time
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from . import format as fmt
 from ._fs import DEFAULT_FS, FS
+from ._readindex import Run, RunIndex
 from .config import CORRUPTION_POLICIES, ChannelConfig
 from .consumers import ConsumerStore, validate_name
 from .crypto import (
@@ -56,11 +57,13 @@ from .errors import (
 )
 from .events import Event
 from .logview import open_view
-from .scan import LOST, SEG_RE, CorruptionReport, LogRecord, Scanner, segment_name
+from .scan import LOST, SEG_RE, CorruptionReport, LogRecord, PutWalk, Scanner, locate_puts, segment_name
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_SEGMENT_BYTES = 8 << 20
+_T = TypeVar("_T")
+HEADER_GUESS = 4096  # bytes of a data file read first for its header (fmt.MAX_HEADER_LEN if it is longer)
 
 
 @dataclass(frozen=True)
@@ -162,51 +165,6 @@ def _decode_put(
     return Event(body, headers, position)
 
 
-class _Index:
-    """Committed events known to the reader: four position-ordered ``array('q')`` columns."""
-
-    __slots__ = ("fid", "off", "pos", "size")
-
-    def __init__(self) -> None:
-        self.pos = array("q")
-        self.fid = array("q")
-        self.off = array("q")
-        self.size = array("q")
-
-    def __len__(self) -> int:
-        return len(self.pos)
-
-    def add(self, position: int, file_id: int, offset: int, size: int) -> None:
-        pos = self.pos
-        if not pos or position > pos[-1]:
-            pos.append(position)
-            self.fid.append(file_id)
-            self.off.append(offset)
-            self.size.append(size)
-            return
-        i = bisect_left(pos, position)
-        if i < len(pos) and pos[i] == position:
-            return  # already known (replay is idempotent by position)
-        pos.insert(i, position)
-        self.fid.insert(i, file_id)
-        self.off.insert(i, offset)
-        self.size.insert(i, size)
-
-    def remove(self, first: int, count: int) -> None:
-        pos = self.pos
-        i = bisect_left(pos, first)
-        j = bisect_left(pos, first + count)
-        if j > i:
-            for col in (self.pos, self.fid, self.off, self.size):
-                del col[i:j]
-
-    def span(self, start: int, end: int) -> tuple[int, int]:
-        return bisect_left(self.pos, start), bisect_left(self.pos, end)
-
-    def head(self) -> int | None:
-        return self.pos[0] if self.pos else None
-
-
 class _FileState:
     """What the reader knows of one live data file."""
 
@@ -261,9 +219,18 @@ class _Follower:
             self.consumer_acks = log.consumer_acks  # how far the owner saw each ack go (ANCHOR, checkpoint)
             self.max_payload = log.max_payload
             self.corruption: list[CorruptionReport] = list(log.corruption)
-            self.index = _Index()
-            for p, f, o, s in q:
-                self.index.add(p, f, o, s)
+            # The owner's queue as runs (no event is looked at): reads walk the data files from them.
+            self.index = RunIndex(self.locate)
+            runs, entries, holes = q.stored()
+            k = 0
+            for r in runs:
+                while k < len(holes) and holes[k] < r.first:
+                    k += 1
+                m = bisect_left(holes, r.first + r.length, k)
+                self.index.add_stored(r.first, r.length, r.file_id, r.offset, holes[k:m])
+            for p, fid, off, size in entries:  # rolled-back takes waiting outside the runs: one each
+                self.index.add(p, fid, array("q", (off,)), array("q", (size,)))
+            del q, runs, entries
             self.files: dict[int, _FileState] = {}
             # The oldest authenticated (format version 2) file: a plaintext or version 1 file
             # appearing after it was forged or copied in, as recovery rules at open.
@@ -326,7 +293,10 @@ class _Follower:
         except FileNotFoundError:
             return None
         try:
-            head = self.fs.pread(fd, fmt.MAX_HEADER_LEN, 0)
+            # Most headers are short: the largest one (a list of live files) is read only when it is one.
+            head = self.fs.pread(fd, HEADER_GUESS, 0)
+            if len(head) == HEADER_GUESS and _cut_short(head):
+                head = self.fs.pread(fd, fmt.MAX_HEADER_LEN, 0)
         finally:
             self.fs.close(fd)
         try:
@@ -465,8 +435,37 @@ class _Follower:
             self.frontier[st.dir_index] = max(self.frontier[st.dir_index], s.last_woid)
             self._apply(s.plain())
 
-    def gap_is_final(self, k: int) -> bool:
-        """Whether the positions missing before index entry ``k`` can never be written.
+    def locate(self, file_id: int, offset: int, lo: int, hi: int, want: int, event_bytes: int = 200) -> PutWalk:
+        """The committed PUTs of ``[lo, hi)`` in data file ``file_id``, walked from ``offset`` (``scan.locate_puts``).
+
+        Raises:
+            FileNotFoundError: The file is gone (retired).
+            CorruptLogError: The walk could not step over damage.
+        """
+        st = self.files.get(file_id)
+        path = st.path if st is not None else os.path.join(self.data_dirs[0], segment_name(file_id))
+        fd = self.fs.open_read(path)
+        fs = self.fs
+        try:
+            return locate_puts(
+                lambda n, at: fs.pread(fd, n, at),
+                offset,
+                lo,
+                hi,
+                want,
+                fmt.file_seed(self.crc_kind, self.channel_id, file_id),
+                self.crc_kind,
+                self.max_payload,
+                st is None or not st.header.cipher,
+                event_bytes,
+            )
+        except FormatError as exc:  # pragma: no cover - the walk steps over damage
+            raise CorruptLogError(path, exc.offset, exc.reason) from exc
+        finally:
+            fs.close(fd)
+
+    def gap_is_final(self, run: Run) -> bool:
+        """Whether the positions missing before ``run`` (after the run before it) can never be written.
 
         Positions and write-order ids are handed out together, in the same order,
         so a commit holding a missing position has write-order ids below those of
@@ -476,13 +475,18 @@ class _Follower:
         failed after its positions were assigned, such as one refused for lack of
         space).
         """
-        idx = self.index
-        p = idx.pos[k]
+        p = run.lo
         woid = self._first_woids.get(p)
         if woid is None:
-            fid, off, size = idx.fid[k], idx.off[k], idx.size[k]
+            fid = run.fid
             st = self.files.get(fid)
             if st is None:
+                return False
+            try:
+                off, size = self.index.first_pointer(run)
+            except FileNotFoundError:
+                return False
+            if off == LOST:
                 return False
             try:
                 fd = self.fs.open_read(st.path)
@@ -504,17 +508,22 @@ class _Follower:
         return all(w >= woid for w in self.frontier)
 
     def _apply(self, records: list[LogRecord]) -> None:
-        puts: dict[int, list[tuple[int, int, int]]] = {}
+        puts: dict[int, tuple[int, array[int], array[int]]] = {}
         takes: dict[int, list[tuple[int, int]]] = {}
         for r in records:
             if r.op == fmt.PUT:
-                puts.setdefault(r.txn_id, []).append((r.file_id, r.offset, r.size))
+                got = puts.get(r.txn_id)
+                if got is None:
+                    got = puts[r.txn_id] = (r.file_id, array("q"), array("q"))
+                got[1].append(r.offset)
+                got[2].append(r.size)
             elif r.op == fmt.TAKE:
                 takes[r.txn_id] = fmt.decode_take(r.payload)
             elif r.op == fmt.COMMIT:
                 first, n, _ = fmt.decode_commit(r.payload)
-                for i, (f, o, s) in enumerate(puts.pop(r.txn_id, [])[:n]):
-                    self.index.add(first + i, f, o, s)
+                mine = puts.pop(r.txn_id, None)
+                if mine is not None and n:
+                    self.index.add(first, mine[0], mine[1][:n], mine[2][:n])
                 for a, c in takes.pop(r.txn_id, []):
                     self.index.remove(a, c)
                 self.visible_end = max(self.visible_end, first + n)
@@ -648,13 +657,11 @@ class ChannelReader:
             # earlier one is written: stop at the first position not yet seen, unless
             # nothing can fill it any more (a failed commit's positions).
             with f.lock:
-                i, j = f.index.span(start, end)
-                pos = f.index.pos
                 expect = start
-                for k in range(i, j):
-                    if pos[k] != expect and not f.gap_is_final(k):
+                for r in f.index.overlapping(start, end):
+                    if max(r.lo, start) != expect and not f.gap_is_final(r):
                         break
-                    expect = pos[k] + 1
+                    expect = min(r.hi, end)
                 end = expect
         return start, max(start, end)
 
@@ -742,27 +749,23 @@ class ChannelReader:
             )
         low = self._start(f) if self._acked is not None else f.index.head()
         if low is not None and start < low and start < end:
-            i, _ = f.index.span(start, end)
-            if self._acked is not None or i == 0:
-                why = "below this consumer's acknowledged mark" if self._acked is not None else "already taken"
-                raise DataLossError(start, min(end, low), f"positions {why}")
+            why = "below this consumer's acknowledged mark" if self._acked is not None else "already taken"
+            raise DataLossError(start, min(end, low), f"positions {why}")
 
     def _read_entries(self, f: _Follower, start: int, end: int, limit: int | None) -> list[Event]:
-        idx = f.index
-        i, j = idx.span(start, end)
-        if limit is not None:
-            j = min(j, i + limit)
+        pos_c, fid_c, off_c, size_c = f.index.columns(start, end, limit)
         out: list[Event] = []
         fds: dict[int, int] = {}
+        seeds: dict[int, int] = {}
         try:
-            for k in range(i, j):
-                fid, off, size, p = idx.fid[k], idx.off[k], idx.size[k], idx.pos[k]
+            for p, fid, off, size in zip(pos_c, fid_c, off_c, size_c, strict=True):
                 st = f.files.get(fid)
                 path = st.path if st is not None else os.path.join(f.data_dirs[0], segment_name(fid))
                 fd = fds.get(fid)
                 if fd is None:
                     fd = fds[fid] = self._fs.open_read(path)
-                seed = fmt.file_seed(f.crc_kind, f.channel_id, fid)
+                    seeds[fid] = fmt.file_seed(f.crc_kind, f.channel_id, fid)
+                seed = seeds[fid]
                 try:
                     if off == LOST:  # the queue's walk found no record for it (scan.committed_puts): damage
                         raise CorruptLogError(path, 0, "the queued event's record is missing: no record found for it")
@@ -788,20 +791,41 @@ class ChannelReader:
         """For each position in ``starts``: the record bytes of the events in ``[start, end)`` (depth, a lag).
 
         ``end`` is what :meth:`available` said (at most the visible end). A
-        sum over the index this reader keeps: no data file is read.
+        difference of byte counts the reader's runs keep: a data file is read
+        only to reach a start inside a run (at most a few thousand events from
+        one of its marks) or, once, to count a run the reader has not walked
+        yet (one the owner's queue held when the reader opened).
 
         Raises:
             ValueError: ``end`` beyond what this reader has seen.
         """
         f = self._state()
-        with f.lock:
-            if end > f.visible_end:
-                raise ValueError(f"end {end} is beyond the visible end {f.visible_end}")
-            out = []
-            for start in starts:
-                i, j = f.index.span(start, end)
-                out.append(sum(f.index.size[i:j]) if j > i else 0)
-            return out
+        if end > f.visible_end:
+            raise ValueError(f"end {end} is beyond the visible end {f.visible_end}")
+        lo = min(starts, default=end)
+
+        def count() -> list[int]:
+            return [f.index.record_bytes(start, end) if start < end else 0 for start in starts]
+
+        return self._walking(f, lo, end, count, check=False)
+
+    def _walking(self, f: _Follower, start: int, end: int, work: Callable[[], _T], check: bool = True) -> _T:
+        """Run ``work`` (which walks data files) under the reader's lock; a file retired meanwhile: refresh, once.
+
+        Raises:
+            DataLossError: A data file is gone even after a refresh (or, with ``check``, as :meth:`_check_held`).
+        """
+        for attempt in range(2):
+            try:
+                with f.lock:
+                    if check:
+                        self._check_held(f, start, end)
+                    return work()
+            except FileNotFoundError:
+                if attempt:
+                    raise DataLossError(start, end, "a data file was retired while it was read") from None
+                f.refresh()  # the RETIRE and the takes before it: the runs that pointed there are gone
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def segments(
         self, start: int, end: int, max_bytes: int = DEFAULT_SEGMENT_BYTES, *, parts: int = 1, min_bytes: int = 0
@@ -831,17 +855,15 @@ class ChannelReader:
         f = self._state()
         if end > f.visible_end:
             f.refresh()
-        with f.lock:
-            self._check_held(f, start, end)
-            return self._segments(f, start, end, max_bytes, parts, min_bytes)
+        return self._walking(f, start, end, lambda: self._segments(f, start, end, max_bytes, parts, min_bytes))
 
     def _segments(
         self, f: _Follower, start: int, end: int, max_bytes: int, parts: int = 1, min_bytes: int = 0
     ) -> list[Segment]:
-        idx = f.index
-        i, j = idx.span(start, end)
+        pos_c, fid_c, off_c, size_c = f.index.columns(start, end)
+        i, j = 0, len(pos_c)
         out: list[Segment] = []
-        total = sum(idx.size[i:j]) if parts > 1 else 0
+        total = sum(size_c) if parts > 1 else 0
         if min_bytes > 0:
             parts = min(parts, total // min_bytes)
         parts = max(1, min(parts, j - i))
@@ -850,17 +872,17 @@ class ChannelReader:
         )
         k = i
         while k < j:
-            fid = idx.fid[k]
-            first_off = idx.off[k]
+            fid = fid_c[k]
+            first_off = off_c[k]
             run = before * parts // total if parts > 1 else 0
-            before += idx.size[k]
+            before += size_c[k]
             m = k + 1
-            while m < j and idx.fid[m] == fid and idx.off[m] > idx.off[m - 1]:
-                if idx.off[m] + idx.size[m] - first_off > max_bytes:
+            while m < j and fid_c[m] == fid and off_c[m] > off_c[m - 1]:
+                if off_c[m] + size_c[m] - first_off > max_bytes:
                     break
                 if parts > 1 and before * parts // total != run:
                     break
-                before += idx.size[m]
+                before += size_c[m]
                 m += 1
             last = m - 1
             st = f.files.get(fid)
@@ -873,10 +895,10 @@ class ChannelReader:
                     f.channel_id,
                     f.crc_kind,
                     first_off,
-                    idx.off[last] + idx.size[last] - first_off,
-                    tuple(idx.pos[k:m]),
-                    tuple(o - first_off for o in idx.off[k:m]),
-                    tuple(idx.size[k:m]),
+                    off_c[last] + size_c[last] - first_off,
+                    tuple(pos_c[k:m]),
+                    tuple(o - first_off for o in off_c[k:m]),
+                    tuple(size_c[k:m]),
                     h.cipher if h is not None else 0,
                     h.key_id if h is not None else "",
                     h.salt if h is not None else b"",
@@ -963,6 +985,14 @@ class ChannelReader:
         from .arrow import read_segment_arrow
 
         return read_segment_arrow(segment, encryption)
+
+
+def _cut_short(head: bytes) -> bool:
+    """Whether ``head`` holds only the start of a longer data file header."""
+    try:
+        return fmt.decode_file_header(head) is fmt.INCOMPLETE
+    except FormatError:
+        return False
 
 
 def _check_range(start: int, end: int) -> None:
@@ -1064,13 +1094,14 @@ def _plan_arrow(reader: ChannelReader, start: int, end: int) -> list[Any]:
         f.refresh()
     with f.lock:
         reader._check_held(f, start, end)
-        idx = f.index
-        i, j = idx.span(start, end)
-        pos, fid, off, size = idx.pos[i:j], idx.fid[i:j], idx.off[i:j], idx.size[i:j]
+        try:
+            pos, fid, off, size = f.index.columns(start, end)
+        except FileNotFoundError:  # retired meanwhile: read() refreshes and says what is gone
+            raise DataLossError(start, end, "a data file was retired while it was read") from None
         files = dict(f.files)
         data_dir = f.data_dirs[0]
         channel_id, crc_kind = f.channel_id, f.crc_kind
-    n = j - i
+    n = len(pos)
     if not n:
         return []
 

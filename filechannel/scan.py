@@ -22,7 +22,7 @@ import logging
 import os
 import re
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -1027,3 +1027,58 @@ def committed_puts(
             py_batch = pos + size + base
         pos += size
     return kept.result(False, damaged)
+
+
+LOCATE_WINDOW = 1 << 20
+"""Bytes :func:`locate_puts` reads first (most batches fit; it grows while the walk needs more)."""
+
+LOCATE_MAX = 1 << 24
+"""Bytes one :func:`locate_puts` call reads at most (unless one record needs more)."""
+
+
+def locate_puts(
+    pread: Callable[[int, int], bytes],
+    offset: int,
+    lo: int,
+    hi: int,
+    want: int,
+    seed: int,
+    kind: int,
+    max_payload: int,
+    fast: bool = True,
+    event_bytes: int = 200,
+) -> PutWalk:
+    """Find queued events' records in one data file: :func:`committed_puts` over windows read with ``pread``.
+
+    ``pread(n, offset)`` reads the file. From ``offset`` (a record boundary at
+    or before the record of ``lo``) the file is read a window at a time and
+    walked: the first ``want`` committed PUTs with positions in ``[lo, hi)``
+    (fewer when they span more than :data:`LOCATE_MAX` bytes: call again from
+    ``next_offset``). Positions the file ends before are kept as :data:`LOST`.
+    The walk never passes the COMMIT of the last event it needs, so it never
+    reads what a writer is still writing. ``fast``: as for :func:`committed_puts`;
+    ``event_bytes``: the record bytes per event to expect (the first window's size).
+
+    Raises:
+        FormatError: Never in practice (the walk steps over damage).
+        OSError: Reading failed.
+    """
+    window = min(LOCATE_MAX, max(LOCATE_WINDOW, min(want, hi - lo) * event_bytes))
+    while True:
+        buf = pread(window, offset)
+        eof = len(buf) < window
+        got = committed_puts(buf, offset, offset, lo, hi, want, seed, kind, max_payload, eof, fast)
+        if got.done:
+            return got
+        if eof:
+            # The file ends before every position of the run: their records are gone.
+            first = got.first if got.first >= 0 else lo
+            offsets, sizes = got.offsets, got.sizes
+            missing = min(hi, lo + want) - (first + len(offsets))
+            if missing > 0:
+                offsets.extend(array("q", (LOST,)) * missing)
+                sizes.extend(array("q", (0,)) * missing)
+            return PutWalk(first, offsets, sizes, got.next_offset, True, got.damaged)
+        if len(got.offsets) and window >= LOCATE_MAX:
+            return got  # the rest: call again
+        window *= 4

@@ -140,10 +140,30 @@ def readings_from_status(status: dict[str, Any]) -> tuple[ChannelReading, ...]:
     return tuple(out)
 
 
-class AgentSource:
-    """An agent, asked over Arrow Flight (its ``status`` action; the deadline is ``timeout``)."""
+class _AgentReadings:
+    """What the two ways of asking an agent share: ``sample`` and ``check`` around the subclass's ``read``."""
 
     kind = "agent"
+    target: str
+
+    def read(self) -> Sample:
+        """The agent now (raises ``ChannelError`` when it cannot be reached or answers nonsense)."""
+        raise NotImplementedError
+
+    def sample(self) -> Sample:
+        """The agent now, or why it cannot be reached."""
+        try:
+            return self.read()
+        except (ChannelError, OSError) as exc:
+            return Sample(self.target, self.kind, time.monotonic(), error=str(exc))
+
+    def check(self) -> None:
+        """Read once; raise when the target cannot be read."""
+        self.read()
+
+
+class AgentSource(_AgentReadings):
+    """An agent, asked over Arrow Flight (its ``status`` action; the deadline is ``timeout``)."""
 
     def __init__(self, uri: str, **settings: Any) -> None:
         from .agent.client import AgentSettings  # the agent extra: only when an agent is watched
@@ -161,17 +181,6 @@ class AgentSource:
             raise ChannelError(f"{self.target}: the status answer does not decode ({exc!r})") from None
         conns = st.get("connections")
         return Sample(self.target, self.kind, t, channels, dict(conns) if isinstance(conns, dict) else None)
-
-    def sample(self) -> Sample:
-        """The agent now, or why it cannot be reached."""
-        try:
-            return self.read()
-        except (ChannelError, OSError) as exc:
-            return Sample(self.target, self.kind, time.monotonic(), error=str(exc))
-
-    def check(self) -> None:
-        """Read once; raise when the target cannot be read."""
-        self.read()
 
     def close(self) -> None:
         """Close the connection."""
@@ -230,10 +239,8 @@ def readings_from_metrics(text: str) -> tuple[tuple[ChannelReading, ...], dict[s
     return tuple(out), conns
 
 
-class MetricsSource:
+class MetricsSource(_AgentReadings):
     """An agent's HTTP ``/metrics`` (``http://HOST:PORT``; the path defaults to ``/metrics``), with a deadline."""
-
-    kind = "agent"
 
     def __init__(
         self,
@@ -281,17 +288,6 @@ class MetricsSource:
         except (KeyError, TypeError, ValueError) as exc:
             raise ChannelError(f"{self._url}: the metrics do not parse ({exc})") from None
         return Sample(self.target, self.kind, t, channels, conns)
-
-    def sample(self) -> Sample:
-        """The agent now, or why it cannot be reached."""
-        try:
-            return self.read()
-        except (ChannelError, OSError) as exc:
-            return Sample(self.target, self.kind, time.monotonic(), error=str(exc))
-
-    def check(self) -> None:
-        """Read once; raise when the target cannot be read."""
-        self.read()
 
     def close(self) -> None:
         """Nothing to close: each sample is one request."""

@@ -6,6 +6,7 @@ import io
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,32 @@ def put(ch: filechannel.FileChannel, *bodies: bytes) -> None:
     with ch.transaction() as tx:
         for b in bodies:
             tx.put(b)
+
+
+class WaitingPut:
+    """:func:`put` of ``body`` in a thread of its own, for a test of a put that waits for room.
+
+    ``done`` is set once the put returned or raised (``errors``: what it raised).
+    """
+
+    def __init__(self, ch: filechannel.FileChannel, body: bytes) -> None:
+        self.done = threading.Event()
+        self.errors: list[BaseException] = []
+        self._thread = threading.Thread(target=self._run, args=(ch, body), daemon=True)
+        self._thread.start()
+
+    def _run(self, ch: filechannel.FileChannel, body: bytes) -> None:
+        try:
+            put(ch, body)
+        except BaseException as exc:
+            self.errors.append(exc)
+        self.done.set()
+
+    def finish(self, timeout: float) -> None:
+        """Assert that the put ends within ``timeout`` seconds, and without an error."""
+        assert self.done.wait(timeout), "the waiting put did not resume when files retired"
+        self._thread.join()
+        assert not self.errors, self.errors
 
 
 def put_records(d: str | Path) -> list[tuple[str, int, fmt.Record, int]]:

@@ -6,9 +6,10 @@ uses the fixture is marked ``spark`` (deselect them with ``-m "not spark"``).
 Java 17+ is required: without it each Spark test fails with one line saying so
 (CI has it, so a missing Java is an error, not a skip).
 
-Settings: ``local[2]``, ``spark.sql.shuffle.partitions=1``, no UI, 1 GiB of
-driver memory, the workers on this interpreter (``PYSPARK_PYTHON``), and the
-``filechannel`` data source registered.
+Settings: those of :func:`filechannel.testing.processes.local_spark` (``local[2]``,
+``spark.sql.shuffle.partitions=1``, no UI, 1 GiB of driver memory, the
+``filechannel`` data source registered), and the workers on this interpreter
+(``PYSPARK_PYTHON``).
 """
 
 from __future__ import annotations
@@ -49,6 +50,28 @@ def java_problem() -> str | None:
     return None
 
 
+def require_java() -> None:
+    """Fail the calling test with :func:`java_problem`'s line when Java cannot run Spark (CI has it: no skip)."""
+    problem = java_problem()
+    if problem:
+        pytest.fail(problem, pytrace=False)
+
+
+def pids_mentioning(text: str) -> list[int]:
+    """The live processes other than this one whose command line holds ``text`` (what a run left behind)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                if text.encode() in f.read():
+                    out.append(int(d))
+        except OSError:
+            continue
+    return out
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark every test that uses the ``spark`` fixture (so ``-m "not spark"`` deselects it)."""
@@ -60,33 +83,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A local SparkSession with the ``filechannel`` data source registered, shared by the whole run."""
-    problem = java_problem()
-    if problem:
-        pytest.fail(problem, pytrace=False)
+    require_java()
     try:
-        from pyspark.sql import SparkSession
+        import pyspark.sql  # noqa: F401
 
-        import filechannel.spark
+        import filechannel.spark  # noqa: F401
     except ImportError as exc:
         pytest.fail(f"the Spark tests need the spark extra: {exc}", pytrace=False)
+    from filechannel.testing.processes import local_spark
+
     # The Python workers must be this interpreter (it has filechannel and pyarrow).
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    tmp = tmp_path_factory.mktemp("spark")
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("filechannel-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "1")
-        .config("spark.driver.memory", "1g")
-        .config("spark.local.dir", str(tmp / "local"))
-        .config("spark.sql.warehouse.dir", str(tmp / "warehouse"))
-        .config("spark.sql.streaming.stopTimeout", "30s")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    filechannel.spark.register(session)
+    session = local_spark("filechannel-tests", tmp_path_factory.mktemp("spark"))
     yield session
     session.stop()

@@ -107,6 +107,17 @@ def mtls_client(pki: dict[str, Any], agent: Any, who: str = "client") -> Any:
     return connect(uri, tls_ca=pki["ca"], tls_cert=pki[who][0], tls_key=pki[who][1], timeout=5)
 
 
+def assert_not_consumer(client: Any, peer: str, cid: str, consumer: str, identity: str, ack: int) -> None:
+    """Each consumer call of ``client`` (certificate name ``peer``) as ``consumer`` is refused, a takeover too."""
+    for call in (
+        lambda: client.register(cid, consumer, "id-takeover", reset=True),
+        lambda: client.ack(cid, consumer, ack, identity),
+        lambda: client.available(cid, consumer, identity),
+    ):
+        with pytest.raises(AgentAuthError, match=f"'{peer}' may not act as consumer '{consumer}'"):
+            call()
+
+
 def cid_of(path: str) -> str:
     return filechannel.reader.channel_id_of(path).hex()
 
@@ -425,13 +436,7 @@ def test_a_certificate_name_acts_only_as_the_consumers_it_is_allowed(pki: dict[s
         assert len(other.read(cid, 0, 5)) == 5
         other.register(cid, "q-intruder", "id-other")
         assert other.ack(cid, "q-intruder", 2, "id-other") == 2
-        for call in (
-            lambda: other.register(cid, "q", "id-other", reset=True),
-            lambda: other.ack(cid, "q", 10, "id-good"),
-            lambda: other.available(cid, "q", "id-good"),
-        ):
-            with pytest.raises(AgentAuthError, match="'intruder' may not act as consumer 'q'"):
-                call()
+        assert_not_consumer(other, "intruder", cid, "q", "id-good", ack=10)
         assert good.available(cid, "q", "id-good")[0] == 3  # untouched
 
 
@@ -498,16 +503,39 @@ def test_a_unix_socket_agent(chan: str, tmp_path: Path) -> None:
 # -- end-to-end checks: damage and encryption ------------------------------------------------------------
 
 
-def test_an_edited_byte_on_disk_is_caught_by_the_client(agent: Any, chan: str) -> None:
-    cid = cid_of(chan)
-    c = connect(agent.location, timeout=5)
-    assert len(c.read(cid, 0, 100)) == 100  # the agent has indexed everything
-    path, _fid, rec, _seed = put_records(chan)[42]
+def flip_payload_byte(d: str, position: int) -> None:
+    """Flip a bit of the first payload byte of the put at ``position``, leaving its record checksum as it was."""
+    path, _fid, rec, _seed = put_records(d)[position]
     with open(path, "r+b") as fh:
         fh.seek(rec.offset + fmt.RECORD_HEADER_LEN)
         b = fh.read(1)
         fh.seek(rec.offset + fmt.RECORD_HEADER_LEN)
         fh.write(bytes([b[0] ^ 0x01]))
+
+
+def forge_sealed_byte(d: str, position: int) -> None:
+    """Edit a sealed payload byte of the put at ``position`` and repair its record checksum: only the tag can tell."""
+    from filechannel.directory import CHANNEL_FILE, decode_channel_file
+
+    kind = decode_channel_file(Path(d, CHANNEL_FILE).read_bytes())[1]
+    path, _fid, rec, seed = put_records(d)[position]
+    with open(path, "r+b") as fh:
+        fh.seek(rec.offset)
+        frame = bytearray(fh.read(rec.size))
+        frame[fmt.RECORD_HEADER_LEN + 5] ^= 0x01
+        n = len(rec.payload)
+        payload = bytes(frame[fmt.RECORD_HEADER_LEN : fmt.RECORD_HEADER_LEN + n])
+        crc = fmt.crc(kind, payload, fmt.crc(kind, bytes(frame[:24]), seed))
+        struct.pack_into("<II", frame, 24, crc, 0)
+        fh.seek(rec.offset)
+        fh.write(frame)
+
+
+def test_an_edited_byte_on_disk_is_caught_by_the_client(agent: Any, chan: str) -> None:
+    cid = cid_of(chan)
+    c = connect(agent.location, timeout=5)
+    assert len(c.read(cid, 0, 100)) == 100  # the agent has indexed everything
+    flip_payload_byte(chan, 42)
     with pytest.raises(filechannel.CorruptLogError, match="event at position 42: record checksum mismatch"):
         c.read(cid, 40, 45)
     assert len(c.read(cid, 43, 50)) == 7
@@ -549,29 +577,11 @@ def test_a_forged_record_of_an_encrypted_channel_fails_its_tag_at_the_client(tmp
     cid = cid_of(d)
     with serve([d], "grpc://127.0.0.1:0", keystore=ks) as agent, connect(agent.location, timeout=5) as c:
         assert len(c.read(cid, 0, 20, encryption=ks)) == 20
-        # Edit a sealed payload byte and fix the record's checksum: only the tag can tell.
-        path, _fid, rec, seed = put_records(d)[7]
-        kind = _crc_kind(d)
-        with open(path, "r+b") as fh:
-            fh.seek(rec.offset)
-            frame = bytearray(fh.read(rec.size))
-            frame[fmt.RECORD_HEADER_LEN + 5] ^= 0x01
-            n = len(rec.payload)
-            payload = bytes(frame[fmt.RECORD_HEADER_LEN : fmt.RECORD_HEADER_LEN + n])
-            crc = fmt.crc(kind, payload, fmt.crc(kind, bytes(frame[:24]), seed))
-            struct.pack_into("<II", frame, 24, crc, 0)
-            fh.seek(rec.offset)
-            fh.write(frame)
+        forge_sealed_byte(d, 7)
         with pytest.raises(
             filechannel.DecryptionError, match="position 7: record checksum is intact but its authentication tag fails"
         ):
             c.read(cid, 5, 10, encryption=ks)
-
-
-def _crc_kind(d: str) -> int:
-    from filechannel.directory import CHANNEL_FILE, decode_channel_file
-
-    return decode_channel_file(Path(d, CHANNEL_FILE).read_bytes())[1]
 
 
 def test_an_encrypted_channel_without_the_agent_keystore_fails_at_start(tmp_path: Path) -> None:
@@ -635,12 +645,7 @@ def test_read_arrow_catches_an_edited_byte_as_read_does(agent: Any, chan: str) -
     cid = cid_of(chan)
     c = connect(agent.location, timeout=5)
     assert len(c.read(cid, 0, 100)) == 100
-    path, _fid, rec, _seed = put_records(chan)[42]
-    with open(path, "r+b") as fh:
-        fh.seek(rec.offset + fmt.RECORD_HEADER_LEN)
-        b = fh.read(1)
-        fh.seek(rec.offset + fmt.RECORD_HEADER_LEN)
-        fh.write(bytes([b[0] ^ 0x01]))
+    flip_payload_byte(chan, 42)
     got = assert_read_arrow_is_read(c, cid, 40, 45)
     assert got[0] == "raised"
     assert "event at position 42: record checksum mismatch" in got[1][1]
@@ -656,18 +661,7 @@ def test_read_arrow_of_an_encrypted_channel_needs_its_key_and_catches_a_forged_r
         assert assert_read_arrow_is_read(c, cid, 0, 20)[0] == "raised"  # no key
         assert assert_read_arrow_is_read(c, cid, 0, 20, encryption=other)[0] == "raised"  # another key
         assert assert_read_arrow_is_read(c, cid, 0, 20, encryption=ks)[0] == "ok"
-        path, _fid, rec, seed = put_records(d)[7]
-        kind = _crc_kind(d)
-        with open(path, "r+b") as fh:  # a sealed byte edited and the checksum repaired: only the tag can tell
-            fh.seek(rec.offset)
-            frame = bytearray(fh.read(rec.size))
-            frame[fmt.RECORD_HEADER_LEN + 5] ^= 0x01
-            n = len(rec.payload)
-            payload = bytes(frame[fmt.RECORD_HEADER_LEN : fmt.RECORD_HEADER_LEN + n])
-            crc = fmt.crc(kind, payload, fmt.crc(kind, bytes(frame[:24]), seed))
-            struct.pack_into("<II", frame, 24, crc, 0)
-            fh.seek(rec.offset)
-            fh.write(frame)
+        forge_sealed_byte(d, 7)
         got = assert_read_arrow_is_read(c, cid, 5, 10, encryption=ks)
         assert got[0] == "raised"
         assert "authentication tag fails" in got[1][1]

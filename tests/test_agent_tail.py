@@ -465,28 +465,34 @@ def test_sigkill_loop_while_appending_and_rotating_keeps_every_line_once(chan_di
 # -- filechannel serve --tail --------------------------------------------------------------------------
 
 
-def test_serve_tail_follows_files_into_the_served_channel(chan_dir: str, logdir: Path, tmp_path: Path) -> None:
-    pytest.importorskip("pyarrow.flight")
+def serve_until(chan_dir: str, port_file: Path, n: int, *args: str) -> None:
+    """Serve ``chan_dir`` (``filechannel serve`` with ``args``) until it holds ``n`` events, then SIGTERM it: exit 0."""
     from test_agent_process import AgentProcess
 
     from filechannel.reader import ChannelReader
 
-    filechannel.open(chan_dir, **OPTS).close()
-    append(logdir / "app.log", lines("a", 0, 30))
-    name = os.path.basename(chan_dir)
-    agent = AgentProcess([chan_dir], tmp_path / "port", "--writable", "--tail", f"{name}={logdir / '*.log'}")
+    agent = AgentProcess([chan_dir], port_file, *args)
     try:
         deadline = time.monotonic() + 30
         while True:
             with ChannelReader(chan_dir) as view:
-                if view.available()[1] >= 30:
+                if view.available()[1] >= n:
                     break
-            assert time.monotonic() < deadline, "the agent put fewer than 30 lines within 30 s"
+            assert agent.proc.poll() is None, agent.proc.communicate()[1]
+            assert time.monotonic() < deadline, f"the agent put fewer than {n} lines within 30 s"
             time.sleep(0.1)
         agent.proc.send_signal(signal.SIGTERM)
         assert agent.proc.wait(30) == 0
     finally:
         agent.kill()
+
+
+def test_serve_tail_follows_files_into_the_served_channel(chan_dir: str, logdir: Path, tmp_path: Path) -> None:
+    pytest.importorskip("pyarrow.flight")
+    filechannel.open(chan_dir, **OPTS).close()
+    append(logdir / "app.log", lines("a", 0, 30))
+    name = os.path.basename(chan_dir)
+    serve_until(chan_dir, tmp_path / "port", 30, "--writable", "--tail", f"{name}={logdir / '*.log'}")
     with filechannel.open(chan_dir, **OPTS) as ch:
         assert bodies(ch) == expect("a", 0, 30)
 
@@ -685,27 +691,10 @@ def test_serve_tail_starts_on_a_channel_with_a_small_transaction_capacity(
     chan_dir: str, logdir: Path, tmp_path: Path
 ) -> None:
     pytest.importorskip("pyarrow.flight")
-    from test_agent_process import AgentProcess
-
-    from filechannel.reader import ChannelReader
-
     filechannel.open(chan_dir, capacity=1000, transaction_capacity=100, **OPTS).close()
     append(logdir / "app.log", lines("a", 0, 250))
     small = ("--capacity", "1000", "--transaction-capacity", "100")
-    agent = AgentProcess([chan_dir], tmp_path / "port", "--writable", *small, "--tail", str(logdir / "*.log"))
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            with ChannelReader(chan_dir) as view:
-                if view.available()[1] >= 250:
-                    break
-            assert agent.proc.poll() is None, agent.proc.communicate()[1]
-            assert time.monotonic() < deadline, "the agent put fewer than 250 lines within 30 s"
-            time.sleep(0.1)
-        agent.proc.send_signal(signal.SIGTERM)
-        assert agent.proc.wait(30) == 0
-    finally:
-        agent.kill()
+    serve_until(chan_dir, tmp_path / "port", 250, "--writable", *small, "--tail", str(logdir / "*.log"))
     with filechannel.open(chan_dir, capacity=1000, transaction_capacity=100, **OPTS) as ch:
         assert bodies(ch) == expect("a", 0, 250)
 
@@ -753,29 +742,20 @@ def test_an_agent_whose_tail_fails_to_start_stops_every_part_and_writes_no_port_
         raise RuntimeError("the tail thread cannot start")
 
     monkeypatch.setattr(TailSource, "start", refuse)
+    agent_options: dict[str, Any] = {
+        "writable": True,
+        "port_file": str(tmp_path / "port"),
+        "tail": [str(logdir / "*.log")],
+        "channel_options": {"minimum_required_space": 0},
+    }
     with pytest.raises(RuntimeError, match="cannot start"):
-        serve(
-            chan_dir,
-            "grpc://127.0.0.1:0",
-            writable=True,
-            port_file=str(tmp_path / "port"),
-            tail=[str(logdir / "*.log")],
-            channel_options={"minimum_required_space": 0},
-        )
+        serve(chan_dir, "grpc://127.0.0.1:0", **agent_options)
     assert written == []
     monkeypatch.setattr(server_mod, "replace_durably", real_replace)
     filechannel.open(chan_dir, **OPTS).close()  # the agent closed its channel
     monkeypatch.undo()
     append(logdir / "app.log", b"x\n")
-    agent = serve(
-        chan_dir,
-        "grpc://127.0.0.1:0",
-        writable=True,
-        port_file=str(tmp_path / "port"),
-        tail=[str(logdir / "*.log")],
-        tail_options={"poll_interval": 0.01},
-        channel_options={"minimum_required_space": 0},
-    )
+    agent = serve(chan_dir, "grpc://127.0.0.1:0", tail_options={"poll_interval": 0.01}, **agent_options)
     try:
         assert (tmp_path / "port").read_text() == f"{agent.port}\n"
         assert len(agent.tails) == 1

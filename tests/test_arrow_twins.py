@@ -301,21 +301,14 @@ def string_array(values: list[bytes]) -> pa.Array:
     )
 
 
-@needs_c
-@TWIN
-@given(
-    bodies=st.lists(st.binary(max_size=30), max_size=10),
-    rows=st.lists(st.one_of(st.none(), st.lists(st.tuples(raw_text, raw_text), max_size=3)), max_size=10),
-    start=st.integers(0, 3),
-    large=st.booleans(),
-)
-def test_puts_twin_same_payloads(
-    monkeypatch: pytest.MonkeyPatch,
-    bodies: list[bytes],
-    rows: list[list[tuple[bytes, bytes]] | None],
-    start: int,
-    large: bool,
-) -> None:
+def header_batch(
+    bodies: list[bytes], rows: list[list[tuple[bytes, bytes]] | None], start: int, large: bool
+) -> tuple[pa.RecordBatch, list[bytes]]:
+    """A batch of ``body`` (large_binary if ``large``) and ``headers`` (None: a null map), and its bodies.
+
+    Its rows are the first of ``bodies`` and ``rows`` paired, sliced from ``start`` (an Arrow
+    offset, as a slice of a bigger batch has); the header bytes are kept as given, even not UTF-8.
+    """
     n = min(len(bodies), len(rows))
     body = pa.array(bodies[:n], type=pa.large_binary() if large else pa.binary()).slice(min(start, n))
     pairs = [p for r in rows[:n] if r is not None for p in r]
@@ -330,13 +323,30 @@ def test_puts_twin_same_payloads(
         min(start, n)
     )
     batch = pa.RecordBatch.from_arrays([body, headers], names=["body", "headers"])
+    return batch, bodies[min(start, n) : n]
+
+
+header_batches = st.builds(
+    header_batch,
+    bodies=st.lists(st.binary(max_size=30), max_size=10),
+    rows=st.lists(st.one_of(st.none(), st.lists(st.tuples(raw_text, raw_text), max_size=3)), max_size=10),
+    start=st.integers(0, 3),
+    large=st.booleans(),
+)
+
+
+@needs_c
+@TWIN
+@given(case=header_batches)
+def test_puts_twin_same_payloads(monkeypatch: pytest.MonkeyPatch, case: tuple[pa.RecordBatch, list[bytes]]) -> None:
+    batch, bodies = case
     marker = object()
     c, py = both(monkeypatch, lambda: arrow.prepare_puts(batch, marker))
     same_outcome(c, py)
     if c[0] == "ok":  # and what put() of each row would store
         payloads, got_bodies, dicts, _ = c[1]
         for i, (b, p, d) in enumerate(zip(got_bodies, payloads, dicts, strict=True)):
-            assert b == bodies[min(start, n) + i]
+            assert b == bodies[i]
             want = fmt.encode_event(b, d if d is not marker else None)
             assert p == (want if c[1][3] else b)
 
@@ -346,34 +356,12 @@ def test_puts_twin_same_payloads(
 
 @needs_c
 @TWIN
-@given(
-    bodies=st.lists(st.binary(max_size=30), max_size=10),
-    rows=st.lists(st.one_of(st.none(), st.lists(st.tuples(raw_text, raw_text), max_size=3)), max_size=10),
-    start=st.integers(0, 3),
-    large=st.booleans(),
-)
-@example(bodies=[b"x"], rows=[[(b"a", b"1"), (b"b", b"2"), (b"a", b"3")]], start=0, large=False)
+@given(case=header_batches)
+@example(case=header_batch([b"x"], [[(b"a", b"1"), (b"b", b"2"), (b"a", b"3")]], 0, False))
 def test_payload_column_twin_is_prepare_puts_joined(
-    monkeypatch: pytest.MonkeyPatch,
-    bodies: list[bytes],
-    rows: list[list[tuple[bytes, bytes]] | None],
-    start: int,
-    large: bool,
+    monkeypatch: pytest.MonkeyPatch, case: tuple[pa.RecordBatch, list[bytes]]
 ) -> None:
-    n = min(len(bodies), len(rows))
-    body = pa.array(bodies[:n], type=pa.large_binary() if large else pa.binary()).slice(min(start, n))
-    pairs = [p for r in rows[:n] if r is not None for p in r]
-    offs, at = [0], 0
-    for r in rows[:n]:
-        at += len(r or [])
-        offs.append(at)
-    keys = string_array([k for k, _ in pairs])
-    vals = string_array([v for _, v in pairs])
-    mask = pa.array([r is None for r in rows[:n]], type=pa.bool_())
-    headers = pa.MapArray.from_arrays(pa.array(offs, type=pa.int32()), keys, vals, type=MAP, mask=mask).slice(
-        min(start, n)
-    )
-    batch = pa.RecordBatch.from_arrays([body, headers], names=["body", "headers"])
+    batch, _ = case
     c, py = both(monkeypatch, lambda: arrow.payload_columns(batch))
     same_outcome(c, py)
     ref = both(monkeypatch, lambda: arrow.prepare_puts(batch, None))[1]

@@ -47,6 +47,15 @@ def put_all(d: str, bodies: list[bytes], **kw: Any) -> None:
                 tx.put(b)
 
 
+def put_and_ack(d: str, n: int, k: int) -> int:
+    """Put ``n`` events ``event-<i>``, then acknowledge ``k`` of them as consumer ``r1``; its first position."""
+    put_all(d, [b"event-%d" % i for i in range(n)])
+    with filechannel.ChannelReader(d, "r1", encryption=enc()) as r:
+        start, _end = r.available()
+        r.ack(start + k)
+    return start
+
+
 def take_all(d: str, **kw: Any) -> tuple[list[bytes], dict[str, Any]]:
     out = []
     with filechannel.open(d, encryption=enc(), **OPTS, **kw) as ch:
@@ -168,10 +177,7 @@ def test_skip_mode_reports_the_positions_of_anchored_batches_cut_and_never_reiss
 def test_an_older_ack_put_back_is_refused_not_read_again(tmp_path: Path) -> None:
     """Choice: refused (CorruptLogError for the reader, verify reports it, the owner applies nothing for it)."""
     d = str(tmp_path / "c")
-    put_all(d, [b"event-%d" % i for i in range(8)])
-    with filechannel.ChannelReader(d, "r1", encryption=enc()) as r:
-        start, _end = r.available()
-        r.ack(start + 3)
+    start = put_and_ack(d, 8, 3)
     ack = Path(d, "consumers", "r1.ack")
     old = ack.read_bytes()  # valid and MACed: the attacker kept a copy
     with filechannel.ChannelReader(d, "r1", encryption=enc()) as r:
@@ -191,10 +197,7 @@ def test_an_older_ack_put_back_is_refused_not_read_again(tmp_path: Path) -> None
 
 def test_a_reset_and_a_new_registration_are_not_taken_for_an_older_ack(tmp_path: Path) -> None:
     d = str(tmp_path / "c")
-    put_all(d, [b"event-%d" % i for i in range(8)])
-    with filechannel.ChannelReader(d, "r1", encryption=enc()) as r:
-        start, _end = r.available()
-        r.ack(start + 6)
+    start = put_and_ack(d, 8, 6)
     with filechannel.open(d, encryption=enc(), **OPTS):
         pass  # the owner records the ack it saw
     keystore = tmp_path / "keys.json"
@@ -233,9 +236,7 @@ def test_the_authenticated_list_round_trips_and_still_reads_the_version_without_
 def test_anchor_rewritten_at_open_keeps_the_next_position_and_the_ack_marks(tmp_path: Path) -> None:
     """A key rotation rewrites ANCHOR at open: what it vouched for (positions, acks) stays vouched for."""
     d = str(tmp_path / "c")
-    put_all(d, [b"event-%d" % i for i in range(5)])
-    with filechannel.ChannelReader(d, "r1", encryption=enc()) as r:
-        r.ack(r.available()[0] + 2)
+    put_and_ack(d, 5, 2)
     with filechannel.open(d, encryption=enc(), **OPTS):
         pass  # the owner reads r1's ack; its close records it
     before = fmt.decode_auth_state(fmt.split_sealed(Path(d, "ANCHOR").read_bytes())[0])

@@ -20,10 +20,9 @@ import pytest
 from helpers import contents, put
 
 import filechannel
-from filechannel import _fs, _queue
+from filechannel import _fs
 from filechannel import checkpoint as ckpt
 from filechannel import format as fmt
-from filechannel._queue import EventQueue
 
 OPTS = {
     "max_file_size": 4096,
@@ -781,72 +780,9 @@ def test_store_writes_in_blocks_flushes_as_it_goes_and_shrinks_before_unlink(
     assert store.load(store.list()[0], fmt.CRC32_ZLIB, snaps[2].channel_id).positions == snaps[2].positions
 
 
-def _entries(q: EventQueue) -> list[tuple[int, int, int, int]]:
-    return list(q)
-
-
-def _flatten(windows: list[tuple[int, int, ckpt.Columns]]) -> list[tuple[int, int, int, int]]:
-    out: list[tuple[int, int, int, int]] = []
-    for first, end, cols in windows:
-        out += zip(*(c[first:end] for c in cols), strict=True)
-    return out
-
-
-@pytest.mark.parametrize("seed", range(30))
-def test_lent_queue_windows_do_not_change_while_the_queue_does(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_queue, "_COMPACT_MIN", 4)
-    rnd = random.Random(seed)
-    q = EventQueue()
-    nxt = 1
-    for _ in range(rnd.randrange(0, 40)):
-        q.append(nxt, 1, nxt * 10, 5)
-        nxt += 1
-    for _ in range(rnd.randrange(0, 3)):
-        if len(q):
-            q.push_back(q.pop(rnd.randrange(1, 4)))
-    held = q.pop(rnd.randrange(0, 3))  # taken by an open transaction
-    want = sorted([*_entries(q), *held])
-    windows = q.lend(held)
-    assert _flatten(windows) == want
-    model = _entries(q)
-    for _ in range(rnd.randrange(0, 80)):
-        r = rnd.random()
-        if r < 0.35:
-            q.append(nxt, 2, nxt, 1)
-            model.append((nxt, 2, nxt, 1))
-            nxt += 1
-        elif r < 0.45 and model:  # out of order, as when another data directory publishes first
-            gap = max(e[0] for e in model) + 1000 + nxt
-            q.append(gap, 3, 0, 1)
-            model.append((gap, 3, 0, 1))
-            nxt = gap + 1
-            p = gap - 1 - rnd.randrange(0, 3)
-            if all(e[0] != p for e in model):
-                q.append(p, 3, 1, 1)
-                model.append((p, 3, 1, 1))
-        elif r < 0.85:
-            k = rnd.randrange(1, 6)
-            got = q.pop(k)
-            model.sort()
-            assert got == model[: len(got)]
-            del model[: len(got)]
-        else:
-            got = q.pop(1)
-            q.push_back(got)
-        assert _flatten(windows) == want  # the lent windows never change
-        assert sorted(_entries(q)) == sorted(model)
-    with_lent = q._lent
-    q.give_back(windows)
-    assert q._lent == max(0, with_lent - 1)
-    assert sorted(_entries(q)) == sorted(model)
-    q.pop(1)  # compaction may run again
-    assert q._lent == 0 or q._pos is not windows[-1][2][0]
-
-
 def test_checkpoint_holds_the_queue_as_it_was_while_commits_and_takes_continue(
     chan_dir: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_queue, "_COMPACT_MIN", 8)
     monkeypatch.setattr(ckpt, "CHUNK", 64)
     fs = _SlowCheckpointFS()
     ch = filechannel.open(chan_dir, fs=fs, **OPTS)

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 import filechannel
 from filechannel import format as fmt
 from filechannel import scan
-from filechannel._queue import EventQueue
+from filechannel._runs import Located, RunQueue
 from filechannel.log import Log
 from filechannel.replay import _place_runs, replay_queue
 
@@ -131,12 +131,16 @@ def _run(txn: int, fid: int, woid: int, offs: list[int], col: tuple[array[int], 
     return scan.PutRun(scan.PUT_RUN, woid, txn, fid, start, len(offs), o, z)
 
 
+def _no_locate(fid: int, offset: int, lo: int, hi: int, want: int) -> Located:
+    raise AssertionError("a queue whose runs hold their pointers never scans")
+
+
 def test_place_runs_places_run_by_run_or_hands_back() -> None:
     col1: tuple[array[int], array[int]] = (array("q", [1, 2]), array("q", [3, 4]))  # rows of other runs first
     col2: tuple[array[int], array[int]] = (array("q"), array("q"))
     a = _run(7, 1, 10, [64, 128, 192], col1)
     b = _run(7, 2, 14, [40, 80], col2)  # the same transaction, continued in the next file
-    q = EventQueue()
+    q = RunQueue(_no_locate)
     assert _place_runs(q, 100, 5, [a, b])
     assert list(q) == [
         (100, 1, 64, 164),
@@ -145,7 +149,7 @@ def test_place_runs_places_run_by_run_or_hands_back() -> None:
         (103, 2, 40, 140),
         (104, 2, 80, 180),
     ]
-    q = EventQueue()
+    q = RunQueue(_no_locate)
     assert _place_runs(q, 0, 0, [])
     assert not list(q)
     # A count the COMMIT does not claim, or a salvaged record among them: nothing placed.
@@ -187,23 +191,19 @@ def test_replay_queue_after_salvage_places_runs_and_records(tmp_path: Path) -> N
     queued=st.sets(st.integers(0, 3000), max_size=400),
     extra=st.sets(st.integers(0, 3000), max_size=100),
     returned=st.sets(st.integers(0, 3000), max_size=5),
-    chunk=st.sampled_from([1, 3, 64, 1 << 16]),
     shuffle=st.randoms(use_true_random=False),
 )
-def test_queue_missing_is_a_set_difference(
-    queued: set[int], extra: set[int], returned: set[int], chunk: int, shuffle: Any
-) -> None:
-    q = EventQueue()
+def test_queue_missing_is_a_set_difference(queued: set[int], extra: set[int], returned: set[int], shuffle: Any) -> None:
+    q = RunQueue(_no_locate)
     ret = returned - queued
     for p in sorted(queued):
         q.append(p, 1, p * 8, 8)
-    for p in sorted(ret):
-        q._returned.append((p, 1, p * 8, 8))  # rolled-back takes, held beside the columns
+    q.push_back([(p, 1, p * 8, 8) for p in sorted(ret)])  # rolled-back takes, held beside the runs
     want = list(queued | extra | ret)
     shuffle.shuffle(want)  # a checkpoint's positions need not be sorted for this
     positions = array("q", want)
     expected = set(want) - queued - ret
-    assert q.missing(positions, chunk) == expected
+    assert q.missing(positions) == expected
 
 
 def test_trim_heap_on_both_paths() -> None:

@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 import pytest
-from helpers import contents, put, run_cli
+from helpers import WaitingPut, contents, put, run_cli
 from simfs import SimFS
 
 import filechannel
@@ -88,25 +88,12 @@ def test_a_put_waiting_for_max_bytes_goes_through_when_a_file_retires() -> None:
     n = 30
     ch = open_ch(fs, max_bytes=3 * 4096, keep_alive=10)
     assert ch.stats()["data_bytes"] > 3 * 4096
-    done = threading.Event()
-    errors: list[BaseException] = []
-
-    def producer() -> None:
-        try:
-            put(ch, b"waited")
-        except BaseException as exc:
-            errors.append(exc)
-        done.set()
-
-    t = threading.Thread(target=producer)
-    t.start()
+    waiting = WaitingPut(ch, b"waited")
     time.sleep(0.3)
-    assert not done.is_set(), "the put did not wait for room"
+    assert not waiting.done.is_set(), "the put did not wait for room"
     assert take_all(ch) == n
     ch.retire_files()
-    assert done.wait(5), "the waiting put did not resume when files retired"
-    t.join()
-    assert not errors
+    waiting.finish(5)
     assert [b for _, b in contents(ch)] == [b"waited"]
     ch.close()
 

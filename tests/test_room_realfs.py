@@ -21,7 +21,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -85,6 +84,8 @@ def _fill_with_other_data(mnt: str) -> None:
 
 
 def _child_channel(mnt: str) -> dict[str, object]:
+    from helpers import WaitingPut
+
     import filechannel
 
     ch = filechannel.open(os.path.join(mnt, "ch"), keep_alive=20, **OPTS)
@@ -97,21 +98,9 @@ def _child_channel(mnt: str) -> dict[str, object]:
     _fill_with_other_data(mnt)
     time.sleep(1.1)  # the channel trusts a free-space reading (less its own writes) for up to a second
     t0 = time.monotonic()
-    done = threading.Event()
-    errors: list[BaseException] = []
-
-    def producer() -> None:
-        try:
-            with ch.transaction() as t:
-                t.put(b"waited")
-        except BaseException as exc:
-            errors.append(exc)
-        done.set()
-
-    th = threading.Thread(target=producer)
-    th.start()
+    waiting = WaitingPut(ch, b"waited")
     time.sleep(0.5)
-    assert not done.is_set(), "the put did not wait on a full disk"
+    assert not waiting.done.is_set(), "the put did not wait on a full disk"
     st = ch.stats()
     assert not st["failed"]
     under_floor = shutil.disk_usage(mnt).free < OPTS["minimum_required_space"]
@@ -125,10 +114,8 @@ def _child_channel(mnt: str) -> dict[str, object]:
                 else:
                     others.append(e.body.decode())
     ch.retire_files()
-    assert done.wait(10), "the waiting put did not resume when files retired"
+    waiting.finish(10)
     waited = time.monotonic() - t0
-    th.join()
-    assert not errors, errors
     with ch.transaction() as t:
         t.put(b"last")
     st = ch.stats()

@@ -22,31 +22,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from spark_session import java_problem
+from spark_session import pids_mentioning, require_java
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _pids_mentioning(text: str) -> list[int]:
-    out = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                if text.encode() in f.read():
-                    out.append(int(d))
-        except OSError:
-            continue
-    return out
 
 
 @pytest.mark.spark
 @pytest.mark.slow
 def test_a_three_minute_soak_with_every_fault_kind_loses_and_duplicates_nothing(tmp_path: Path) -> None:
-    problem = java_problem()
-    if problem:
-        pytest.fail(problem, pytrace=False)
+    require_java()
     from bench.soak import KINDS, disk_fault_supported
 
     work = tmp_path / "soak"
@@ -83,6 +67,6 @@ def test_a_three_minute_soak_with_every_fault_kind_loses_and_duplicates_nothing(
             assert s["faults"][kind] >= 1, f"{kind} never injected: {report}"
     assert s["fault_kinds_missing"] == [], report
     assert s["processes_left"] == 0, report
-    assert _pids_mentioning(str(work)) == []
+    assert pids_mentioning(str(work)) == []
     if s.get("png"):
         assert png.stat().st_size > 10_000

@@ -18,32 +18,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from spark_session import java_problem
+from spark_session import pids_mentioning, require_java
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = ROOT / "examples" / "cluster.py"
 
 
-def _pids_mentioning(text: str) -> list[int]:
-    out = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                if text.encode() in f.read():
-                    out.append(int(d))
-        except OSError:
-            continue
-    return out
-
-
 @pytest.mark.spark
 @pytest.mark.slow
 def test_three_agents_a_blind_worker_and_kills_deliver_each_channel_exactly_once(tmp_path: Path) -> None:
-    problem = java_problem()
-    if problem:
-        pytest.fail(problem, pytrace=False)
+    require_java()
     work = tmp_path / "cluster"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     argv = [sys.executable, str(CLUSTER), str(work), "--rate", "300", "--phase-seconds", "3"]
@@ -70,7 +54,7 @@ def test_three_agents_a_blind_worker_and_kills_deliver_each_channel_exactly_once
     assert m, out
     assert int(m.group(1)) >= 1, out  # an executor was there to kill
     assert "processes left behind: 0" in out
-    assert _pids_mentioning(str(work)) == []
+    assert pids_mentioning(str(work)) == []
     # the executors read through the agents, never the files (they could not see them)
     stderr = "\n".join(p.read_text(errors="replace") for p in (work / "spark" / "worker").glob("app-*/*/stderr"))
     assert "FilesNotVisibleError" not in stderr

@@ -8,10 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from filechannel import format as fmt
-from filechannel._queue import EventQueue, Taken
+from filechannel._queue import Taken
+from filechannel._runs import Located, RunQueue
 from filechannel.takes import file_runs as _file_runs
 from filechannel.takes import ranges as _ranges
 from filechannel.takes import take_runs as _take_runs
+
+
+def _no_locate(fid: int, offset: int, lo: int, hi: int, want: int) -> Located:
+    raise AssertionError("a queue whose runs hold their pointers never scans")
 
 
 def _ranges_by_loop(positions: list[int]) -> list[tuple[int, int]]:
@@ -114,8 +119,8 @@ _queue_ops = st.lists(
 @given(ops=_queue_ops)
 def test_taken_columns_match_the_entries(ops: list[tuple]) -> None:
     """A take popped as columns (``Taken``) holds what ``pop`` hands out; ``one_run`` agrees with the loops."""
-    q = EventQueue()
-    model = EventQueue()  # the same history through pop() only
+    q = RunQueue(_no_locate)
+    model = RunQueue(_no_locate)  # the same history through pop() only
     nxt = 0
     gaps: list[tuple[int, int]] = []  # (first, count) left free by an append, filled later out of order
     for op in ops:

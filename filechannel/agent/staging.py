@@ -319,27 +319,18 @@ class AgentSink:
         with self._lock:
             claim = self._claim(query)
             last = -1 if claim is None else int(claim.state)
-            payloads: list[bytes] = []
-
-            def done(_: Claim) -> bool:
-                if batch_id <= last:
-                    return True
-                payloads.extend(self._read(files, rows, what))
-                self._check_size(len(payloads), what)
-                return not payloads
-
-            dup = commit_once(
-                self.channel,
-                what=f"the sink's query id {query!r}",
+            payloads = self._commit_staged(
+                files,
+                rows,
+                what,
+                committed_before=batch_id <= last,
+                key=f"the sink's query id {query!r}",
                 owner=owner,
                 claim=claim if claim is not None else Claim("-1", None),
-                done=done,
-                put=lambda tx: put_chunks(tx, [payload_chunk(payloads)], sink_headers(query, batch_id)),
-                mark=lambda: (batch_mark(query), str(batch_id)),
-                sync=True,  # durable before the driver hears of it, whatever the fsync mode
+                headers=sink_headers(query, batch_id),
+                mark=(batch_mark(query), str(batch_id)),
             )
-            if dup is None:
-                logger.info("committed %s: %d events", what, len(payloads))
+            if payloads is not None:
                 out = {"committed": True, "reason": "committed", "rows": len(payloads), "last_batch": batch_id}
             elif batch_id <= last:
                 logger.info("%s: already committed (the channel's mark says %d); skipped", what, last)
@@ -374,27 +365,18 @@ class AgentSink:
         with self._lock:
             raw = self.channel.mark(mark)
             recent = raw.decode("ascii", "replace").split() if raw else []
-            payloads: list[bytes] = []
-
-            def done(_: Claim) -> bool:
-                if job in recent:
-                    return True
-                payloads.extend(self._read(files, rows, what))
-                self._check_size(len(payloads), what)
-                return not payloads
-
-            dup = commit_once(
-                self.channel,
-                what=f"batch job {job!r}",
+            payloads = self._commit_staged(
+                files,
+                rows,
+                what,
+                committed_before=job in recent,
+                key=f"batch job {job!r}",
                 owner=None,  # bound by the mark's name
                 claim=Claim(" ".join(recent), None),
-                done=done,
-                put=lambda tx: put_chunks(tx, [payload_chunk(payloads)], {}),
-                mark=lambda: (mark, " ".join([*recent, job][-RECENT_JOBS:])),
-                sync=True,
+                headers={},
+                mark=(mark, " ".join([*recent, job][-RECENT_JOBS:])),
             )
-            if dup is None:
-                logger.info("committed %s: %d events", what, len(payloads))
+            if payloads is not None:
                 out = {"committed": True, "reason": "committed", "rows": len(payloads)}
             elif job in recent:
                 out = {"committed": False, "reason": "already committed", "rows": 0}
@@ -403,6 +385,48 @@ class AgentSink:
         self.discard(job_prefix(job), files)
         self.sweep(stale_staging)
         return out
+
+    def _commit_staged(
+        self,
+        files: Sequence[str],
+        rows: int | None,
+        what: str,
+        *,
+        committed_before: bool,
+        key: str,
+        owner: str | None,
+        claim: Claim,
+        headers: dict[str, str],
+        mark: tuple[str, str],
+    ) -> list[bytes] | None:
+        """Put the staged rows with ``mark`` in one durable transaction (``commit_once`` on ``key``).
+
+        Returns the rows committed; None when ``committed_before`` (nothing is read) or the
+        files hold no rows. Raises as :meth:`commit_batch`.
+        """
+        payloads: list[bytes] = []
+
+        def done(_: Claim) -> bool:
+            if committed_before:
+                return True
+            payloads.extend(self._read(files, rows, what))
+            self._check_size(len(payloads), what)
+            return not payloads
+
+        dup = commit_once(
+            self.channel,
+            what=key,
+            owner=owner,
+            claim=claim,
+            done=done,
+            put=lambda tx: put_chunks(tx, [payload_chunk(payloads)], headers),
+            mark=lambda: mark,
+            sync=True,  # durable before the writer hears of it, whatever the fsync mode
+        )
+        if dup is not None:
+            return None
+        logger.info("committed %s: %d events", what, len(payloads))
+        return payloads
 
     def _read(self, files: Sequence[str], rows: int | None, what: str) -> list[bytes]:
         payloads: list[bytes] = []

@@ -38,6 +38,7 @@ import asyncio
 import base64
 import binascii
 import concurrent.futures
+import functools
 import hashlib
 import json
 import logging
@@ -47,7 +48,7 @@ import ssl
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ParamSpec, Protocol
 
 from aiohttp import web
 
@@ -115,6 +116,7 @@ class Agent(Protocol):
 __all__ = ["HttpServer", "HttpSettings", "channel_samples", "parse_http_address", "readiness"]
 
 logger = logging.getLogger("filechannel.agent.http")
+_P = ParamSpec("_P")
 
 NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
 KEY_RE = re.compile(r"^[A-Za-z0-9._:-]{1,100}$")
@@ -660,7 +662,8 @@ class HttpServer:
         if len(bodies) > cap:
             raise _BadRequest(413, f"{len(bodies)} events in one request, over transaction_capacity={cap}: send fewer")
         fingerprint = hashlib.sha256(ctype.encode() + b"\0" + data).hexdigest()[:32]
-        duplicate, took = await self._put(ch, channel, key, fingerprint, bodies, headers, _peer_name(request))
+        ring = self._rings[ch.cid]
+        duplicate, took = await self._put(ch, ring.put, channel, key, fingerprint, bodies, headers, _peer_name(request))
         if duplicate:
             self.metrics.http_duplicates.labels(name).inc()
         else:
@@ -688,27 +691,19 @@ class HttpServer:
         return channel
 
     async def _put(
-        self,
-        ch: _Served,
-        channel: FileChannel,
-        key: str | None,
-        fingerprint: str,
-        bodies: list[bytes],
-        headers: list[dict[str, str] | None],
-        owner: str | None = None,
+        self, ch: _Served, put: Callable[_P, tuple[bool, float]], *args: _P.args, **kwargs: _P.kwargs
     ) -> tuple[bool, float]:
-        """Commit the events in the pool: (duplicate, seconds); a channel's refusal as its HTTP status.
+        """``put(*args)``, channel ``ch``'s :meth:`KeyRing.put`, in the pool: (duplicate, seconds).
+
+        A channel's refusal comes out as its HTTP status.
 
         Raises:
             _BadRequest: The refusal's status (:data:`STATUS`): 422 (a key's other body), 403 (another
                 certificate's key), 503 with Retry-After (full, no disk space, failed), 413 (too large),
                 400 (an invalid event), 500 (I/O).
         """
-        ring = self._rings[ch.cid]
         try:
-            return await self._loop.run_in_executor(  # type: ignore[no-any-return]
-                self._pool, ring.put, channel, key, fingerprint, bodies, headers, owner
-            )
+            return await self._loop.run_in_executor(self._pool, functools.partial(put, *args, **kwargs))
         except (ChannelError, OSError) as exc:
             raise refusal(exc, ch.name) from None
 
@@ -753,7 +748,8 @@ class HttpServer:
             cap = channel.config.transaction_capacity
             if len(bodies) > cap:
                 raise _BadRequest(413, f"{len(bodies)} log records in one request, over transaction_capacity={cap}")
-            took = (await self._put(ch, channel, None, "", bodies, headers))[1] if bodies else 0.0
+            ring = self._rings[ch.cid]
+            took = (await self._put(ch, ring.put, channel, None, "", bodies, headers))[1] if bodies else 0.0
         except _BadRequest as exc:
             resp = web.Response(
                 status=exc.status,

@@ -8,7 +8,6 @@ read-only view (no lock, no writer) and reports damage itself.
 from __future__ import annotations
 
 import argparse
-import bisect
 import json
 import os
 import sys
@@ -18,6 +17,7 @@ from typing import Any
 
 from filechannel import format as fmt
 from filechannel._fs import DEFAULT_FS, read_file
+from filechannel._runs import RunQueue
 from filechannel.channel import FileChannel
 from filechannel.checkpoint import CHECKPOINT_DIR, CheckpointStore
 from filechannel.config import ChannelConfig
@@ -40,16 +40,23 @@ def _store(directory: str) -> CheckpointStore:
     return CheckpointStore(DEFAULT_FS, os.path.join(directory, CHECKPOINT_DIR))
 
 
-def _readonly_channel_state(
-    directory: str, encryption: Encryption | None = None
-) -> tuple[Log, list[tuple[int, int, int, int]]]:
+def _readonly_channel_state(directory: str, encryption: Encryption | None = None) -> tuple[Log, RunQueue]:
     view = open_view(
         directory,
         ChannelConfig(encryption=encryption),
         progress=progress_line if sys.stderr.isatty() else None,
         keyless_ok=True,
     )
-    return view.log, view.entries()
+    return view.log, view.replay()
+
+
+def _head_and_tail(queue: RunQueue) -> tuple[int | None, int | None]:
+    """The first and last queued positions, from the queue's runs (no data file is read)."""
+    runs, entries, _ = queue.stored()  # a run never begins or ends with a hole
+    tails = [runs[-1].first + runs[-1].length - 1] if runs else []
+    if entries:
+        tails.append(entries[-1][0])
+    return queue.first_position(), max(tails, default=None)
 
 
 def cmd_stat(args: argparse.Namespace) -> int:
@@ -58,9 +65,10 @@ def cmd_stat(args: argparse.Namespace) -> int:
         raise ChannelError("--json and --prometheus: give one of them")
     existing_channel(args.dir)
     progress_line(f"reading {args.dir} ...")
-    log, entries = _readonly_channel_state(args.dir, encryption_of(args))
+    log, queue = _readonly_channel_state(args.dir, encryption_of(args))
     try:
         st = log.stats()
+        head, tail = _head_and_tail(queue)
         files = []
         for fid in log.file_ids():
             path = log.file_path(fid)
@@ -68,9 +76,9 @@ def cmd_stat(args: argparse.Namespace) -> int:
         info: dict[str, Any] = {
             "directory": args.dir,
             "in_use": in_use(args.dir),
-            "queue_size": len(entries),
-            "head_position": entries[0][0] if entries else None,
-            "tail_position": entries[-1][0] if entries else None,
+            "queue_size": len(queue),
+            "head_position": head,
+            "tail_position": tail,
             "next_position": log.next_position,
             "last_woid": log.last_woid,
             "files": files,
@@ -86,7 +94,7 @@ def cmd_stat(args: argparse.Namespace) -> int:
             "last_open": _last_open(args.dir),
             "accelerator": fmt.accelerator(),
         }
-        info.update(_consumers_info(args.dir, log, entries))
+        info.update(_consumers_info(args.dir, log, queue))
         info["stats"] = st
     finally:
         log.close()
@@ -169,7 +177,7 @@ def _last_open(directory: str) -> dict[str, Any] | None:
     return out
 
 
-def _consumers_info(directory: str, log: Log, entries: list[tuple[int, int, int, int]]) -> dict[str, Any]:
+def _consumers_info(directory: str, log: Log, queue: RunQueue) -> dict[str, Any]:
     """Return ``consumers`` (and ``consumers_problem`` if the registry is damaged) for ``stat``."""
     out: dict[str, Any] = {}
     try:
@@ -177,36 +185,55 @@ def _consumers_info(directory: str, log: Log, entries: list[tuple[int, int, int,
     except CorruptLogError as exc:
         registry = {}
         out["consumers_problem"] = str(exc)
-    out["consumers"] = _consumer_rows(registry, log, entries)
+    out["consumers"] = _consumer_rows(registry, log, queue)
     return out
 
 
-def _consumer_rows(
-    registry: dict[str, ConsumerState], log: Log, entries: list[tuple[int, int, int, int]]
-) -> list[dict[str, Any]]:
+def _consumer_rows(registry: dict[str, ConsumerState], log: Log, queue: RunQueue) -> list[dict[str, Any]]:
     """One object per consumer, the same in ``stat`` and ``consumers`` (sorted by name).
 
     Its name, acknowledged position, identity, registration time, the queued events and
     bytes at or after its position, and the data file of the oldest of them (which it
-    keeps from retiring; None when it has none).
+    keeps from retiring; None when it has none). Counts and files come from the
+    queue's runs; the bytes from one walk of the queue from the lowest position
+    (a chunk of pointers at a time, never a list of every event).
     """
-    positions = [e[0] for e in entries]
+    lag_bytes = _bytes_at_or_after(queue, sorted({c.acked for c in registry.values()}))
+    size = len(queue)
     rows = []
     for name in sorted(registry):
         c = registry[name]
-        i = bisect.bisect_left(positions, c.acked)
+        oldest = queue.first_file_at_or_after(c.acked)
         rows.append(
             {
                 "name": name,
                 "acked": c.acked,
                 "identity": c.identity,
                 "registered_ns": c.registered_ns,
-                "lag_events": len(entries) - i,
-                "lag_bytes": sum(e[3] for e in entries[i:]),
-                "oldest_file": log.file_path(entries[i][1]) if i < len(entries) else None,
+                "lag_events": size - queue.count_below(c.acked),
+                "lag_bytes": lag_bytes[c.acked],
+                "oldest_file": log.file_path(oldest[1]) if oldest is not None else None,
             }
         )
     return rows
+
+
+def _bytes_at_or_after(queue: RunQueue, marks: list[int]) -> dict[int, int]:
+    """For each of ``marks`` (sorted): the record bytes of the queued events at or after it (one walk)."""
+    if not marks:
+        return {}
+    buckets = [0] * (len(marks) + 1)  # buckets[k]: events with marks[k - 1] <= position < marks[k]
+    k = 0
+    for position, _, _, size in queue:
+        while k < len(marks) and marks[k] <= position:
+            k += 1
+        buckets[k] += size
+    out: dict[int, int] = {}
+    total = 0
+    for i in range(len(marks), 0, -1):
+        total += buckets[i]
+        out[marks[i - 1]] = total
+    return out
 
 
 def cmd_consumers(args: argparse.Namespace) -> int:
@@ -254,9 +281,9 @@ def cmd_consumers(args: argparse.Namespace) -> int:
     if args.to_earliest or args.to_latest or args.to_position is not None or args.dry_run:
         raise ChannelError("--to-earliest, --to-latest, --to-position and --dry-run go with --reset NAME")
     registry = store.list()
-    log, entries = _lenient_channel_state(args.dir)
+    log, queue = _lenient_channel_state(args.dir)
     try:
-        rows = _consumer_rows(registry, log, entries)
+        rows = _consumer_rows(registry, log, queue)
         next_position = log.next_position
     finally:
         log.close()
@@ -327,10 +354,10 @@ def _consumer_names(store: ConsumerStore) -> list[str]:
         return []
 
 
-def _lenient_channel_state(directory: str) -> tuple[Log, list[tuple[int, int, int, int]]]:
+def _lenient_channel_state(directory: str) -> tuple[Log, RunQueue]:
     """The channel's queue as its files say now (read-only, no key needed; lenient about damage)."""
     view = open_view(directory, ChannelConfig(on_corruption="skip"), keyless_ok=True)
-    return view.log, view.entries()
+    return view.log, view.replay()
 
 
 def _checkpoint_info(log: Log) -> dict[str, Any] | None:

@@ -797,16 +797,8 @@ class TailSource:
             while len(events) < budget:
                 j = data.find(delim, i)
                 if j >= 0 and j - i <= room:
-                    body = data[i:j]
-                    hdrs = {"file": f.path, "offset": str(pos + i)}
-                    if split is not None:
-                        hdrs["split"] = str(split)
-                        split = None
-                    events.append((body, hdrs))
-                    nbytes += len(body)
-                    i = j + dl
-                    continue
-                if n - i > room or (j >= 0 and j - i > room):
+                    end, after = j, j + dl  # a line
+                elif n - i > room or (j >= 0 and j - i > room):
                     body = data[i : i + room]
                     if split is None:
                         split = pos + i
@@ -815,16 +807,18 @@ class TailSource:
                     nbytes += len(body)
                     i += room
                     continue
-                if final and j < 0 and i < n and n < size:
-                    body = data[i:]
-                    hdrs = {"file": f.path, "offset": str(pos + i)}
-                    if split is not None:
-                        hdrs["split"] = str(split)
-                        split = None
-                    events.append((body, hdrs))
-                    nbytes += len(body)
-                    i = n
-                break
+                elif final and j < 0 and i < n and n < size:
+                    end = after = n  # the unterminated tail (then nothing is left: the loop ends)
+                else:
+                    break
+                body = data[i:end]
+                hdrs = {"file": f.path, "offset": str(pos + i)}
+                if split is not None:  # the last piece of a split line
+                    hdrs["split"] = str(split)
+                    split = None
+                events.append((body, hdrs))
+                nbytes += len(body)
+                i = after
             pos += i
             if i == 0 or n < size:
                 break

@@ -8,8 +8,9 @@ workers too) and calls it over a pipe in length-prefixed pickles;
 started; :func:`restartable_port` picks a port for a server that is killed and
 restarted on it. The child side: :func:`child_main` serves one role's requests (the
 producer commits events; the driver runs the user's query in a local
-SparkSession and can kill itself right after a ``foreachBatch`` function
-returns). :class:`StepFailed` and :class:`ChildDied` are how a call fails.
+SparkSession, :func:`local_spark`, which the test plugin and benches use too, and
+can kill itself right after a ``foreachBatch`` function returns). :class:`StepFailed`
+and :class:`ChildDied` are how a call fails.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -385,36 +386,47 @@ class _ProducerServer:
         return {"error": f"unknown request {op!r}"}
 
 
+def local_spark(app: str, work: Path, conf: Mapping[str, str] | None = None) -> Any:
+    """A ``local[2]`` SparkSession for tests and benchmarks, the ``filechannel`` format registered.
+
+    No UI, one shuffle partition, 1 GiB of driver memory, a streaming query's stop waited for
+    at most 30 s, Spark's scratch space and warehouse under ``work``; then ``conf``. Imports PySpark.
+    """
+    from pyspark.sql import SparkSession
+
+    import filechannel.spark
+
+    builder = (
+        SparkSession.builder.master("local[2]")
+        .appName(app)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "1")
+        .config("spark.driver.memory", "1g")
+        .config("spark.local.dir", str(work / "spark-local"))
+        .config("spark.sql.warehouse.dir", str(work / "warehouse"))
+        .config("spark.sql.streaming.stopTimeout", "30s")
+    )
+    for k, v in (conf or {}).items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    filechannel.spark.register(spark)
+    return spark
+
+
 class _DriverServer:
     """The driver: a SparkSession, the user's query, and the crash hooks."""
 
     def __init__(self, config: dict[str, Any], reply: Callable[[dict[str, Any]], None]) -> None:
-        from pyspark.sql import SparkSession
         from pyspark.sql.streaming.readwriter import DataStreamWriter
-
-        import filechannel.spark
 
         self.config = config
         self.reply = reply
         self.armed = bool(config["armed"])
         self.query: Any = None
         self.foreach_batch = False
-        work = Path(config["work_dir"])
-        builder = (
-            SparkSession.builder.master("local[2]")
-            .appName("filechannel-stream-test")
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.sql.shuffle.partitions", "1")
-            .config("spark.local.dir", str(work / "spark-local"))
-            .config("spark.sql.warehouse.dir", str(work / "warehouse"))
-            .config("spark.sql.streaming.stopTimeout", "30s")
-        )
-        for k, v in config["spark_conf"].items():
-            builder = builder.config(k, v)
-        self.spark = builder.getOrCreate()
-        self.spark.sparkContext.setLogLevel("ERROR")
-        filechannel.spark.register(self.spark)
+        self.spark = local_spark("filechannel-stream-test", Path(config["work_dir"]), config["spark_conf"])
         self._patch(DataStreamWriter)
         self.function = self._load(config["query"])
         self.read_output = self._load(config["read_output"]) if config["read_output"] else None
