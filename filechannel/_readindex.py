@@ -306,17 +306,6 @@ class RunIndex:
             return PutWalk(p, got.offsets[:k], got.sizes[:k], got.offsets[k], True)
         return got
 
-    def cum(self, r: Run, p: int) -> int | None:
-        """The bytes of ``r``'s events from its first mark up to position ``p`` (None: a record is missing)."""
-        if p == r.hi and r.total is not None:
-            return r.total
-        m = r.mark(p)
-        if m[0] == p:
-            return m[2]
-        if r.hint is not None and r.hint[0] == p:
-            return r.hint[2]
-        return self._walk(r, p, p, False)[0]
-
     def _anchor(self, r: Run, p: int) -> tuple[int, int, int]:
         """The furthest point known at or before ``p``: position, offset, bytes before it (a mark or the hint)."""
         m = r.mark(p)
