@@ -120,7 +120,7 @@ def stage_replay(d: str, n: int) -> float:
     took = time.perf_counter() - t0
     assert ch.size == n, (ch.size, n)
     # leave without writing a checkpoint, so every repeat replays the same files
-    ch._closed = True
+    ch._core.closed = True
     ch._ckpt_stop.set()
     ch._log.close()
     return took

@@ -22,7 +22,7 @@ channel and prints one JSON line with the row of the issue's table:
   ``reader_rss_mb`` its memory growth, ``reader_read_rate`` events per second
   read from the head (``read`` of 1000 at a time, ``READ_EVENTS`` of them)
   and ``reader_lag_bytes_seconds`` for ``record_bytes`` of the whole queue
-  (the first one walks the runs the reader has not read yet).
+  (runs the reader has not read yet count their extent in the data files: no walk).
 
 The first size is the shallow reference: each later row also carries
 ``take_ratio``, its take rate over the first size's (measured in this run).

@@ -54,7 +54,7 @@ def time_open(d: str, replay: str) -> tuple[float, int, str]:
     took = time.perf_counter() - t0
     size, source = ch.size, ch.stats()["recovery_source"]
     # Leave without rewriting the checkpoint, so every repeat opens the same state.
-    ch._closed = True
+    ch._core.closed = True
     ch._ckpt_stop.set()
     ch._log.close()
     return took, size, source

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from ._queue import Columns
 from .scan import LOST, PutWalk
@@ -132,10 +132,11 @@ class RunIndex:
     ``locate`` (``scan.locate_puts``: the queue's walk, the one damage policy).
     """
 
-    __slots__ = ("ahead", "event_bytes", "locate", "runs")
+    __slots__ = ("ahead", "event_bytes", "file_end", "locate", "runs")
 
-    def __init__(self, locate: Locator) -> None:
+    def __init__(self, locate: Locator, file_end: Callable[[int], int | None] | None = None) -> None:
         self.locate = locate
+        self.file_end = file_end  # a data file's visible end (where the last run's extent in it ends), if known
         self.runs: list[Run] = []
         # The pointers the last walk found: (file id, first position, offsets, sizes, offset after them).
         self.ahead: tuple[int, int, array[int], array[int], int] | None = None
@@ -248,11 +249,10 @@ class RunIndex:
                     sizes.extend(array("q", (0,)) * (b - lo))
                 return cum_a, None, offs, sizes
             g_offs, g_sizes = got.offsets, got.sizes
-            if LOST in g_offs:
-                known = False
+            lost_at = g_offs.index(LOST) if LOST in g_offs else n  # the bytes before it are still known
             i0 = max(0, a - p)
             if cum_a is None and p + n >= a and i0 <= n:
-                cum_a = cum + sum(g_sizes[:i0]) if known else None
+                cum_a = cum + sum(g_sizes[:i0]) if known and i0 <= lost_at else None
             if collect and i0 < n:
                 offs.extend(g_offs[i0:])
                 sizes.extend(g_sizes[i0:])
@@ -260,13 +260,15 @@ class RunIndex:
                 q = r.last_mark() + MARK_EVERY
                 j = 0
                 c = cum
-                while q < p + n:
+                while q < p + lost_at:
                     if q >= p and g_offs[q - p] >= 0:
                         c += sum(g_sizes[j : q - p])
                         j = q - p
                         r.add_mark(q, g_offs[q - p], c)
                     q += MARK_EVERY
                 cum += sum(g_sizes)
+            if lost_at < n:
+                known = False
             p += n
             off = got.next_offset
             if known and p < r.hi:
@@ -304,30 +306,101 @@ class RunIndex:
             return PutWalk(p, got.offsets[:k], got.sizes[:k], got.offsets[k], True)
         return got
 
-    def cum(self, r: Run, p: int) -> int | None:
-        """The bytes of ``r``'s events from its first mark up to position ``p`` (None: a record is missing)."""
+    def _anchor(self, r: Run, p: int) -> tuple[int, int, int]:
+        """The furthest point known at or before ``p``: position, offset, bytes before it (a mark or the hint)."""
+        m = r.mark(p)
+        h = r.hint
+        return h if h is not None and m[0] < h[0] <= p else m
+
+    def _extent_ends(self, i: int) -> dict[int, int | None]:
+        """Per run from ``runs[i]`` on (by ``id``): where its extent in its data file ends.
+
+        The first mark's offset of the next run of the same file, else the
+        file's visible end (``file_end``; None when it is not known).
+        """
+        out: dict[int, int | None] = {}
+        nxt: dict[int, int] = {}
+        file_end = self.file_end
+        for r in reversed(self.runs[i:]):
+            e = nxt.get(r.fid)
+            out[id(r)] = e if e is not None else (file_end(r.fid) if file_end is not None else None)
+            nxt[r.fid] = r.o0
+        return out
+
+    def _bytes_at(self, r: Run, p: int, ends: Callable[[], dict[int, int | None]]) -> int:
+        """The bytes of ``r``'s records from its first mark up to ``p``: exact, or its extent where not read yet.
+
+        Exact at ``hi`` once a walk reached it, and within :data:`MARK_EVERY`
+        events of a mark or the hint (a bounded walk; a missing record counts 0).
+        Further on, in a part no walk has passed (a run the owner's queue held
+        when the reader opened), nothing is read: the bytes of the run's data
+        file from its newest mark (the first one: a record boundary at or before
+        its first record) to where the run's extent ends (:meth:`_extent_ends`),
+        spread evenly over the positions after the mark.
+        """
         if p == r.hi and r.total is not None:
             return r.total
-        m = r.mark(p)
-        if m[0] == p:
-            return m[2]
-        if r.hint is not None and r.hint[0] == p:
-            return r.hint[2]
-        return self._walk(r, p, p, False)[0]
+        q, off, cum = self._anchor(r, p)
+        if q == p:
+            return cum
+        if p - q <= MARK_EVERY:
+            got = self._walk(r, p, p, False)[0]
+            if got is not None:
+                return got
+            sizes = self._walk(r, q, p, True)[3]  # a record is missing: count the ones there
+            return cum + sum(sizes)
+        # From the newest mark: its offset is its record's (the hint's may be where a walk resumes, earlier).
+        q, off, cum = r.mark(p)
+        if r.total is not None:
+            return cum + (r.total - cum) * (p - q) // (r.hi - q)
+        e = ends().get(id(r))
+        span = e - off if e is not None else self.event_bytes * (r.hi - q)
+        return cum + max(0, span) * (p - q) // (r.hi - q)
 
     def record_bytes(self, start: int, end: int) -> int:
-        """The bytes of the records of the events held in ``[start, end)`` (missing records count 0)."""
-        total = 0
-        for r in self.overlapping(start, end):
-            a, b = max(r.lo, start), min(r.hi, end)
-            hi = self.cum(r, b)
-            lo = self.cum(r, a)
-            if hi is None or lo is None:
-                _, _, _, sizes = self._walk(r, a, b, True)
-                total += sum(sizes)
-            else:
-                total += hi - lo
-        return total
+        """The bytes of the records of the events held in ``[start, end)``: :meth:`record_bytes_many`."""
+        return self.record_bytes_many([start], end)[0]
+
+    def record_bytes_many(self, starts: Sequence[int], end: int) -> list[int]:
+        """For each of ``starts``: the bytes of the records of the events held in ``[start, end)``.
+
+        Exact where the reader knows the records: runs it followed as they were
+        written, and the parts of the others its walks passed (a missing record
+        counts 0). A part of a run no walk has passed is counted from its
+        extent in its data file (:meth:`_bytes_at`): the file's bytes a reader
+        still has to read for it, with the records that are not queued PUTs
+        between them (COMMITs, TAKEs, ...), so at most a little more than the
+        exact sum; a start inside such a part is placed as if its events were of
+        equal size. The data files are read only for a walk of at most
+        :data:`MARK_EVERY` events at each end of a run: no I/O grows with depth.
+        """
+        runs = self.runs
+        lo = min((s for s in starts if s < end), default=end)
+        first = self.overlapping(lo, end)
+        cache: dict[tuple[int, int], int] = {}
+        ends: dict[int, int | None] | None = None
+
+        def get_ends() -> dict[int, int | None]:
+            nonlocal ends
+            if ends is None:
+                ends = self._extent_ends(runs.index(first[0]))
+            return ends
+
+        def at(r: Run, p: int) -> int:
+            key = (id(r), p)
+            got = cache.get(key)
+            if got is None:
+                got = cache[key] = self._bytes_at(r, p, get_ends)
+            return got
+
+        out: list[int] = []
+        for start in starts:
+            total = 0
+            for r in self.overlapping(start, end) if start < end else ():
+                a, b = max(r.lo, start), min(r.hi, end)
+                total += max(0, at(r, b) - at(r, a))
+            out.append(total)
+        return out
 
     def columns(self, start: int, end: int, limit: int | None = None) -> Columns:
         """The events held in ``[start, end)`` (the first ``limit``) as columns: positions, files, offsets, sizes."""

@@ -641,7 +641,7 @@ class Log(LogState):
 
     def counters(self) -> tuple[int, int, int, int]:
         """Return ``(last woid, next position, next txn id, next file id)``; call inside :meth:`freeze`."""
-        return self.next_woid - 1, self.next_position, self._txn_peek, self.next_file_id
+        return self.next_woid - 1, self.next_position, self.peek_txn_id(), self.next_file_id
 
     # -- space, state, stats ------------------------------------------------------
 

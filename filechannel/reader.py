@@ -220,7 +220,7 @@ class _Follower:
             self.max_payload = log.max_payload
             self.corruption: list[CorruptionReport] = list(log.corruption)
             # The owner's queue as runs (no event is looked at): reads walk the data files from them.
-            self.index = RunIndex(self.locate)
+            self.index = RunIndex(self.locate, self.file_end)
             runs, entries, holes = q.stored()
             k = 0
             for r in runs:
@@ -434,6 +434,11 @@ class _Follower:
             self.last_woid[st.dir_index] = max(prev, s.last_woid)
             self.frontier[st.dir_index] = max(self.frontier[st.dir_index], s.last_woid)
             self._apply(s.plain())
+
+    def file_end(self, file_id: int) -> int | None:
+        """Where the records this reader has verified in data file ``file_id`` end (None: not a live file)."""
+        st = self.files.get(file_id)
+        return st.end if st is not None else None
 
     def locate(self, file_id: int, offset: int, lo: int, hi: int, want: int, event_bytes: int = 200) -> PutWalk:
         """The committed PUTs of ``[lo, hi)`` in data file ``file_id``, walked from ``offset`` (``scan.locate_puts``).
@@ -788,13 +793,24 @@ class ChannelReader:
         return out
 
     def record_bytes(self, starts: Sequence[int], end: int) -> list[int]:
-        """For each position in ``starts``: the record bytes of the events in ``[start, end)`` (depth, a lag).
+        """For each position in ``starts``: the bytes of the events in ``[start, end)`` (depth, a lag).
 
-        ``end`` is what :meth:`available` said (at most the visible end). A
-        difference of byte counts the reader's runs keep: a data file is read
-        only to reach a start inside a run (at most a few thousand events from
-        one of its marks) or, once, to count a run the reader has not walked
-        yet (one the owner's queue held when the reader opened).
+        ``end`` is what :meth:`available` said (at most the visible end). What
+        the number is: the exact sum of the events' record sizes (the same as
+        ``filechannel stat``'s ``lag_bytes``) wherever this reader knows the
+        records, that is for events it followed as the owner wrote them and in
+        the parts of the queue its reads have walked; for a part it has not
+        read yet (events the owner's queue held when the reader opened), the
+        bytes of the data file that part spans (from its first record, or the
+        furthest point a walk reached, to the next part's first record in the
+        same file or the end of what was written to the file): the bytes a
+        consumer still has to read, which also count the few records between
+        the events that are not events (COMMITs, TAKEs), so a little more than
+        the exact sum (about 0.1% with transactions of a thousand 100 B
+        events). A start inside such a part is placed as if its events were of
+        equal size. No I/O grows with the depth: a data file is read only to
+        reach a start or ``end`` within a few thousand events of where a walk
+        passed (``_readindex.MARK_EVERY``).
 
         Raises:
             ValueError: ``end`` beyond what this reader has seen.
@@ -803,11 +819,7 @@ class ChannelReader:
         if end > f.visible_end:
             raise ValueError(f"end {end} is beyond the visible end {f.visible_end}")
         lo = min(starts, default=end)
-
-        def count() -> list[int]:
-            return [f.index.record_bytes(start, end) if start < end else 0 for start in starts]
-
-        return self._walking(f, lo, end, count, check=False)
+        return self._walking(f, lo, end, lambda: f.index.record_bytes_many(starts, end), check=False)
 
     def _walking(self, f: _Follower, start: int, end: int, work: Callable[[], _T], check: bool = True) -> _T:
         """Run ``work`` (which walks data files) under the reader's lock; a file retired meanwhile: refresh, once.

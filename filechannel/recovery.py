@@ -502,7 +502,7 @@ class Recovery:
             if len(buf) < size:  # only the header was read: the checkpoint covers the rest
                 s = FileScan(fid, path, h, [], size, size, max(prev_woid, h.base_woid - 1))
                 if vouched > size:  # pragma: no cover - a header-only read means size == resume offset
-                    Scanner(self.st, path, fid, buf, h)._truncated(size, vouched, s.last_woid)
+                    Scanner(self.st, path, fid, buf, h).report_short_file(size, vouched, s.last_woid)
             else:
                 s = Scanner(self.st, path, fid, buf, h, auth=self.st.ciphers.get(fid)).scan(
                     False, prev_woid, start, floor, vouched, compact=True

@@ -446,7 +446,7 @@ class Scanner:
         n = len(buf)
         fid = self.file_id
         if vouched > n:
-            self._truncated(n + base, vouched + base, last_woid)
+            self.report_short_file(n + base, vouched + base, last_woid)
         auth = self.auth
         prev_tag = self._chain_start(g) if auth is not None else b""
         forged = False
@@ -556,8 +556,8 @@ class Scanner:
             return bytes(self.buf[g - fmt.BATCH_TAG_LEN : g])
         return b""
 
-    def _truncated(self, size: int, vouched: int, last_woid: int) -> None:
-        """The file is shorter than a checkpoint recorded: acknowledged bytes are gone."""
+    def report_short_file(self, size: int, vouched: int, last_woid: int) -> None:
+        """The file is ``size`` bytes, under the ``vouched`` a checkpoint recorded: raise, or report (skip) the loss."""
         reason = f"data file is {vouched - size} bytes shorter than the checkpoint recorded ({vouched} bytes)"
         log = self.log
         if log.config.on_corruption != "skip":

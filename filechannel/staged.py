@@ -677,7 +677,7 @@ def put_chunks(tx: Any, chunks: list[StagedChunk], extra: Mapping[str, str]) -> 
         col = fmt.PutColumn(head)
         for _, data, offsets, n, _ in chunks:
             col.add(data, offsets, n)
-        tx._put_column(col, max(c[4] for c in chunks))
+        tx.put_column(col, max(c[4] for c in chunks))
         return
     col = fmt.PutColumn(b"")  # no head: each row is a whole payload
     longest = 0
@@ -688,4 +688,4 @@ def put_chunks(tx: Any, chunks: list[StagedChunk], extra: Mapping[str, str]) -> 
             return
         col.add(got[0], got[1], n)
         longest = max(longest, got[2])
-    tx._put_column(col, longest)
+    tx.put_column(col, longest)

@@ -17,7 +17,8 @@ back through ``scan.py``. What is its own:
   in it, so :meth:`WriteAheadLog.clean` needs no index;
 * cleaning by time (files are retired the channel's way: a durable RETIRE
   record, then the unlink), in the foreground or on a background thread;
-* ``dump_wal`` and ``verify_wal`` for the ``filechannel wal`` command.
+* ``dump_wal`` and ``verify_wal`` for the ``filechannel wal`` command. Reading records back (for
+  ``read``, ``read_all`` and those tools) is ``walread``'s.
 
 A write-ahead log directory is marked by a ``WAL`` file; a channel refuses it
 and it refuses a channel.
@@ -31,7 +32,6 @@ import os
 import threading
 import time as _time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +39,6 @@ from . import format as fmt
 from ._fs import DEFAULT_FS, FS
 from .checkpoint import CheckpointStore, Snapshot
 from .config import ChannelConfig
-from .crypto import SEALED_WITHOUT_KEY, TAMPERED, FileCipher
 from .errors import (
     WAL_HINT,
     ChannelClosedError,
@@ -48,14 +47,25 @@ from .errors import (
     DecryptionError,
     FormatError,
     InvalidHandleError,
-    NotAChannelError,
     RecordTooLargeError,
 )
 from .log import Log
 from .logview import open_view
 from .permissions import fs_for
-from .recovery import first_record
-from .scan import CorruptionReport, PutRun, Scanner
+from .scan import CorruptionReport, PutRun
+from .walread import (
+    SEALED,
+    Entry,
+    ScanContext,
+    Slot,
+    close_all,
+    entries,
+    in_wal_words,
+    kept_ends,
+    open_payload,
+    sealed_end,
+    worded,
+)
 from .writer import Item
 
 __all__ = ["RecordHandle", "WalReport", "WriteAheadLog", "dump_wal", "verify_wal"]
@@ -135,144 +145,6 @@ class _TimePolicy:
         return _WalItem(self.log.new_txn_id(), span, start, self.log.seal_overhead, durable=False)
 
 
-@dataclass
-class _ScanContext:
-    """What ``scan.Scanner`` asks of the directory it reads (for reads after opening)."""
-
-    channel_id: bytes
-    crc_kind: int
-    max_payload: int
-    config: ChannelConfig
-    reports: list[CorruptionReport] = field(default_factory=list)
-
-    def report_corruption(self, report: CorruptionReport) -> None:
-        self.reports.append(report)
-        logger.error("on_corruption='skip': %s", report.describe())
-
-    def note_torn_tail(self, path: str, start: int, size: int, reason: str) -> None:  # pragma: no cover
-        # Files are scanned as sealed (only up to what was written and verified), so
-        # a torn tail cannot be seen here; recovery at open dealt with the real one.
-        logger.warning("%s: unverified bytes from %d to %d: %s", path, start, size, reason)
-
-
-@dataclass
-class _Slot:
-    """A file to read: its id, path, the length to read and, until read, an open descriptor."""
-
-    fid: int
-    path: str
-    end: int
-    fd: int | None
-
-
-def _close_all(fs: FS, files: Sequence[_Slot]) -> None:
-    """Close the descriptors of the files not read (an iteration stopped early)."""
-    for f in files:
-        fd, f.fd = f.fd, None
-        if fd is not None:
-            try:
-                fs.close(fd)
-            except OSError:
-                pass
-
-
-@dataclass(frozen=True)
-class _Entry:
-    """One record as the scan of a file yields it (for ``read_all`` and ``dump``)."""
-
-    file_id: int
-    offset: int
-    length: int
-    woid: int
-    kind: int
-    time_ns: int
-    data: bytes
-
-
-def _open_payload(log: Log, fid: int, path: str, head: bytes, offset: int, payload: bytes) -> bytes:
-    """Decrypt a PUT payload of an encrypted file (as stored otherwise).
-
-    Raises:
-        DecryptionError: The authentication tag fails (tampered, moved, wrong key),
-            or the file is encrypted and no key was given.
-    """
-    cipher: FileCipher | None = log.cipher_of(fid)
-    if cipher is not None:
-        plain = cipher.open(head, offset, payload)
-        if plain is None:
-            raise DecryptionError(path, offset, TAMPERED, cipher.key_id)
-        return plain
-    if log.is_encrypted(fid):
-        raise DecryptionError(path, offset, "the data file is encrypted and no key for it was given")
-    if head[1] == fmt.FLAG_SEALED:
-        raise DecryptionError(path, offset, SEALED_WITHOUT_KEY)
-    return payload
-
-
-def _sealed_end(log: Log, fid: int) -> int | None:
-    """How far to read a file no longer written: all of a recovered one, else its written end.
-
-    A recovered file is read whole: in skip mode its end of verified batches may
-    lie before records salvaged from damage. A torn tail was cut off at open, or,
-    read-only, is left out.
-    """
-    size = log.file_sizes.get(fid)
-    if size is None or any(path == log.file_path(fid) for path, _start, _size in log.torn_tails):
-        return log.file_end.get(fid)  # a torn tail stays on disk in a read-only inspection
-    return size
-
-
-def _kept_ends(log: Log) -> dict[int, int]:
-    """The recovered files whose kept bytes reach past their last verified batch, and how far.
-
-    That happens only with ``on_corruption="skip"``: records salvaged from damaged
-    bytes that the newest checkpoint vouched for (acknowledged, and returned by
-    this open). A checkpoint written later must go on vouching for them, up to
-    the file's size, or the next open would take them for a torn tail and cut
-    them: a record lost after it was delivered. Call it before replay, which
-    drops the vouching checkpoint.
-    """
-    voucher = log.voucher
-    if voucher is None:
-        return {}
-    out: dict[int, int] = {}
-    for fid, vouched in voucher.files.items():
-        size, end = log.file_sizes.get(fid), log.file_end.get(fid)
-        if size is not None and end is not None and min(vouched, size) > end:
-            out[fid] = min(vouched, size)
-    return out
-
-
-@contextmanager
-def _in_wal_words() -> Iterator[None]:
-    """Give the errors the shared channel code raises a write-ahead log's words.
-
-    A damage report names ``filechannel wal verify``, not the channel's ``verify``
-    (which refuses a log); a directory that is not a log says so, not that it is
-    "not a filechannel directory".
-    """
-    try:
-        yield
-    except CorruptLogError as exc:
-        exc.rehint(WAL_HINT)
-        raise
-    except NotAChannelError as exc:
-        if exc.expected != "a filechannel directory":
-            raise
-        reason = exc.reason
-        if reason.startswith("it is a channel"):
-            reason = "it is a channel (open it with filechannel.open; the `filechannel` channel commands inspect it)"
-        elif reason.startswith("no CHANNEL file"):
-            reason = "no CHANNEL file (create a write-ahead log with filechannel.WriteAheadLog)"
-        raise NotAChannelError(exc.path, reason, expected="a write-ahead log") from None
-
-
-def _worded(records: Iterator[Any]) -> Iterator[Any]:
-    """``records``, with the errors raised while iterating them in a write-ahead log's words."""
-    with _in_wal_words():
-        yield from records
-
-
 def _to_ns(t: float | None, what: str = "time", clamp: bool = False) -> int:
     if t is None:
         return _time.time_ns()
@@ -284,85 +156,6 @@ def _to_ns(t: float | None, what: str = "time", clamp: bool = False) -> int:
     if not _EMPTY < ns <= _I64_MAX:
         raise ValueError(f"{what} {t!r} is out of range (about ±292 years around 1970)")
     return ns
-
-
-_SEALED = -1  # an _Entry kind: the record is encrypted and no key was given (dump and verify only)
-
-
-def _entries(log: Log, ctx: _ScanContext, files: Sequence[_Slot], keyless: bool = False) -> Iterator[_Entry]:
-    """Yield the committed records of ``files`` in write order (closing each once read).
-
-    Each file is read up to ``end`` (what was written and verified) and walked
-    by ``scan.Scanner`` as a sealed file: damage raises ``CorruptLogError``, or
-    with ``on_corruption="skip"`` is stepped over and reported in ``ctx``. An
-    encrypted file whose key the log holds has its batch tags checked: a batch
-    forged or edited since the log was opened is damage, never read.
-    """
-    prev_woid = 0
-    fs = log.fs
-    for slot in files:
-        fid, path, fd = slot.fid, slot.path, slot.fd
-        if fd is None:
-            continue
-        slot.fd = None
-        try:
-            buf = fs.pread(fd, slot.end, 0)
-        finally:
-            fs.close(fd)
-        start: int | None = None
-        try:
-            decoded = fmt.decode_file_header(buf)
-            if not isinstance(decoded, fmt.FileHeader):
-                raise FormatError(0, "file shorter than its header")
-            if decoded.channel_id != log.channel_id or decoded.file_id != fid:
-                raise FormatError(0, "file header names another log or file")
-            header = decoded
-        except FormatError as exc:
-            if ctx.config.on_corruption != "skip":
-                raise CorruptLogError(path, exc.offset, exc.reason) from exc
-            # As recovery does: only the header is lost; the records are read with the
-            # seed the file name gives, from the first one that verifies.
-            start = first_record(log, buf, fid)
-            ctx.report_corruption(CorruptionReport(path, exc.offset, f"file header: {exc.reason}", start, file_id=fid))
-            header = fmt.FileHeader(log.crc_kind, log.channel_id, fid, 0, 0, 0, 0)
-        # An authenticated file (format version 2) read with its key: every batch's tag must verify
-        # and chain to the one before, as at open. Without the key (dump, verify) tags go unchecked.
-        scan = Scanner(ctx, path, fid, buf, header, auth=log.cipher_of(fid)).scan(False, prev_woid, start)
-        prev_woid = scan.last_woid
-        puts: dict[int, list[tuple[int, int, int]]] = {}
-        for r in scan.plain():
-            if r.op == fmt.PUT:
-                puts.setdefault(r.txn_id, []).append((r.offset, r.size, r.woid))
-            elif r.op == fmt.COMMIT:
-                for off, size, woid in puts.pop(r.txn_id, []):
-                    n = fmt.record_length_at(buf, off)
-                    start = off + fmt.RECORD_HEADER_LEN
-                    if keyless and log.is_encrypted(fid) and log.cipher_of(fid) is None:
-                        yield _Entry(fid, off, size, woid, _SEALED, 0, b"")
-                        continue
-                    try:
-                        payload = _open_payload(log, fid, path, buf[off : off + 24], off, buf[start : start + n])
-                    except DecryptionError as exc:
-                        if ctx.config.on_corruption != "skip" or log.cipher_of(fid) is None:
-                            raise
-                        ctx.report_corruption(CorruptionReport(path, off, exc.reason, size, file_id=fid))
-                        continue
-                    try:
-                        kind, t, data = fmt.decode_wal_payload(payload)
-                    except FormatError as exc:
-                        # The checksum verified, so these bytes were written as they are.
-                        raise CorruptLogError(path, off, f"not a write-ahead log record: {exc.reason}") from exc
-                    yield _Entry(fid, off, size, woid, kind, t, data)
-        for txn, lost in puts.items():  # skip mode: PUTs whose COMMIT was damaged
-            ctx.report_corruption(
-                CorruptionReport(
-                    path,
-                    lost[0][0],
-                    f"the COMMIT record of write {txn} is lost: its {len(lost)} record(s) dropped",
-                    0,
-                    file_id=fid,
-                )
-            )
 
 
 class WriteAheadLog:
@@ -437,7 +230,7 @@ class WriteAheadLog:
         self._max_data = self.config.max_event_size - fmt.WAL_HEAD_LEN - _SPAN_BYTES - tag
         self._fs = fs_for(fs or DEFAULT_FS, self.config.permissions)
         self._store = CheckpointStore(self._fs, os.path.join(self.directory, CHECKPOINT_DIR))
-        with _in_wal_words():
+        with in_wal_words():
             self._log = Log(self.directory, self.config, fs=self._fs, checkpoints=self._store, wal=True)
         self._closed = False
         self._closing = False
@@ -450,8 +243,8 @@ class WriteAheadLog:
         try:
             self.log_id = self._log.channel_id.hex()
             self.corruption: list[CorruptionReport] = list(self._log.corruption)
-            self._kept = _kept_ends(self._log)  # before replay drops the checkpoint that vouched
-            with _in_wal_words():
+            self._kept = kept_ends(self._log)  # before replay drops the checkpoint that vouched
+            with in_wal_words():
                 self._load_spans()
             self._policy = _TimePolicy(self._log, round(self.rolling_interval * _NS), self._spans)
             for w in self._log.writers:
@@ -660,7 +453,7 @@ class WriteAheadLog:
                 )
         except FormatError as exc:
             raise CorruptLogError(path, handle.offset + exc.offset, exc.reason, WAL_HINT) from exc
-        payload = _open_payload(log, fid, path, bytes(buf[:24]), handle.offset, rec.payload)
+        payload = open_payload(log, fid, path, bytes(buf[:24]), handle.offset, rec.payload)
         try:
             kind, _t, data = fmt.decode_wal_payload(payload)
             if kind != fmt.WAL_RECORD:
@@ -687,7 +480,7 @@ class WriteAheadLog:
                 if fid == w.file_id and w.fd is not None:
                     return int(w.offset)
         try:
-            return _sealed_end(log, fid)
+            return sealed_end(log, fid)
         except KeyError:
             return None
 
@@ -696,17 +489,17 @@ class WriteAheadLog:
             fd = self._fds[fid]
             return bytes(self._fs.pread(fd, n, offset))
 
-    def _snapshot(self) -> list[_Slot]:
+    def _snapshot(self) -> list[Slot]:
         """Every live file with the length written and verified so far, opened for reading."""
         log = self._log
         files: list[tuple[int, str, int]] = []
         for w in log.writers:
             with w.io_lock:  # a consistent (file, end) list: no batch is half written meanwhile
                 for fid in log.file_ids():
-                    end = w.offset if fid == w.file_id and w.fd is not None else _sealed_end(log, fid)
+                    end = w.offset if fid == w.file_id and w.fd is not None else sealed_end(log, fid)
                     if end is not None:
                         files.append((fid, log.file_path(fid), end))
-        out: list[_Slot] = []
+        out: list[Slot] = []
         for fid, path, end in sorted(files):
             try:
                 fd: int | None = self._fs.open_read(path)
@@ -715,7 +508,7 @@ class WriteAheadLog:
                     if fid not in self._cleaned:
                         raise CorruptLogError(path, 0, "data file is missing") from None
                 fd = None  # cleaned meanwhile: it held only records older than the threshold
-            out.append(_Slot(fid, path, end, fd))
+            out.append(Slot(fid, path, end, fd))
         return out
 
     def read_all(self) -> Iterator[bytes]:
@@ -731,17 +524,17 @@ class WriteAheadLog:
             ChannelClosedError: The log is closed.
         """
         self._check_open()
-        return _worded(self._read_all())
+        return worded(self._read_all())
 
     def _read_all(self) -> Iterator[bytes]:
         files = self._snapshot()
-        ctx = _ScanContext(self._log.channel_id, self._log.crc_kind, self._log.max_payload, self.config)
+        ctx = ScanContext(self._log.channel_id, self._log.crc_kind, self._log.max_payload, self.config)
         try:
-            for e in _entries(self._log, ctx, files):
+            for e in entries(self._log, ctx, files):
                 if e.kind == fmt.WAL_RECORD:
                     yield e.data
         finally:
-            _close_all(self._fs, files)
+            close_all(self._fs, files)
             self.corruption.extend(ctx.reports)
 
     # -- cleaning -------------------------------------------------------------------
@@ -915,22 +708,22 @@ class WalReport:
 
 def _open_readonly(directory: str | os.PathLike[str], fs: FS | None, encryption: Any) -> Log:
     config = ChannelConfig(on_corruption="skip", replay="full", encryption=encryption)
-    with _in_wal_words():
+    with in_wal_words():
         return open_view(directory, config, fs=fs, replay=False, keyless_ok=True, wal=True).log
 
 
-def _walk(log: Log, ctx: _ScanContext) -> Iterator[_Entry]:
+def _walk(log: Log, ctx: ScanContext) -> Iterator[Entry]:
     fs = log.fs
-    files: list[_Slot] = []
+    files: list[Slot] = []
     try:
         for fid in log.file_ids():
             path = log.file_path(fid)
-            end = _sealed_end(log, fid)
+            end = sealed_end(log, fid)
             if end is not None:
-                files.append(_Slot(fid, path, end, fs.open_read(path)))
-        yield from _entries(log, ctx, files, keyless=True)
+                files.append(Slot(fid, path, end, fs.open_read(path)))
+        yield from entries(log, ctx, files, keyless=True)
     finally:
-        _close_all(fs, files)
+        close_all(fs, files)
 
 
 def dump_wal(
@@ -948,10 +741,10 @@ def dump_wal(
     """
     log = _open_readonly(directory, fs, encryption)
     try:
-        ctx = _ScanContext(log.channel_id, log.crc_kind, log.max_payload, log.config)
-        for e in _worded(_walk(log, ctx)):
+        ctx = ScanContext(log.channel_id, log.crc_kind, log.max_payload, log.config)
+        for e in worded(_walk(log, ctx)):
             d: dict[str, Any] = {"file": e.file_id, "offset": e.offset, "woid": e.woid}
-            if e.kind == _SEALED:
+            if e.kind == SEALED:
                 d["kind"] = "encrypted"
                 yield d
                 continue
@@ -985,13 +778,13 @@ def verify_wal(directory: str | os.PathLike[str], *, encryption: Any = None, fs:
             rep.problems.append(c.describe())
         for path, start, size in log.torn_tails:  # size: the tail's length in bytes
             rep.notes.append(f"{path}: torn tail of {size} bytes from byte {start} (never acknowledged)")
-        ctx = _ScanContext(log.channel_id, log.crc_kind, log.max_payload, log.config)
+        ctx = ScanContext(log.channel_id, log.crc_kind, log.max_payload, log.config)
         spans: dict[int, int] = {}
         first: set[int] = set()
         sealed = 0
         sealed_files: set[int] = set()
-        for e in _worded(_walk(log, ctx)):
-            if e.kind == _SEALED:
+        for e in worded(_walk(log, ctx)):
+            if e.kind == SEALED:
                 sealed += 1
                 sealed_files.add(e.file_id)
                 first.add(e.file_id)

@@ -220,3 +220,29 @@ def test_metrics_need_the_token_health_does_not(tmp_path: Path) -> None:
         assert r.status == 200
         assert b"filechannel_agent_info" in r.read()
         conn.close()
+
+
+def test_metrics_at_depth_count_the_runs_not_read_yet_from_their_extent(tmp_path: Path) -> None:
+    # A deep queue the agent's reader has never walked: the scrape counts the queued bytes and a
+    # consumer's lag from the runs' extents in the data files (ChannelReader.record_bytes), so it
+    # reads no data file in proportion to the depth, and the numbers stay within 0.1% of stat's.
+    d = str(tmp_path / "c")
+    n, body = 60_000, b"y" * 100
+    with filechannel.open(d, **OPTS, capacity=1 << 20, checkpoint_interval=0, max_file_size=2 << 20) as ch:
+        for _ in range(0, n, 10_000):
+            with ch.transaction() as tx:
+                tx.put_many([body] * 10_000)
+    with ChannelReader(d, "q") as r:
+        r.available()
+        r.ack(25_000)
+    info = stat_json(d)
+    exact = info["consumers"][0]["lag_bytes"]
+    size = exact // (n - 25_000)
+    with serve([d], "grpc://127.0.0.1:0", http="127.0.0.1:0") as a:
+        got = scrape(a.http.port)
+    c = (("channel", "c"),)
+    labels = (("channel", "c"), ("consumer", "q"))
+    assert got[("filechannel_channel_size", c)] == n
+    assert n * size <= got[("filechannel_channel_bytes", c)] <= n * size * 1.001
+    assert got[("filechannel_consumer_lag_events", labels)] == n - 25_000
+    assert exact <= got[("filechannel_consumer_lag_bytes", labels)] <= exact * 1.001

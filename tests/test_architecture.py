@@ -151,6 +151,66 @@ def test_the_checker_catches_a_violation(tmp_path: Path) -> None:
         test_only_fs_makes_durability_calls(bad)
 
 
+def _private_members(tree: ast.Module) -> set[str]:
+    """The private names (``_x``, not dunders) a module's classes define: methods, ``self._x`` and class attributes."""
+    out: set[str] = set()
+    for cls in ast.walk(tree):
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        for node in ast.walk(cls):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                out.add(node.name)
+            elif (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.ctx, ast.Store)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "self"
+            ):
+                out.add(node.attr)
+        for node in cls.body:
+            if isinstance(node, ast.Assign):
+                out.update(t.id for t in node.targets if isinstance(t, ast.Name))
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                out.add(node.target.id)
+    return {m for m in out if m.startswith("_") and not m.startswith("__")}
+
+
+def _reach_ins(modules: list[Path]) -> list[str]:
+    """Uses of a private member that only classes of *other* modules define (``obj._x``, or ``self._x`` inherited).
+
+    A name some class of the using module defines too is taken as its own (the check cannot tell
+    the two apart without types): it finds the side doors, not every one.
+    """
+    trees = {p: _tree(p) for p in modules}
+    own = {p: _private_members(t) for p, t in trees.items()}
+    found = []
+    for path, tree in trees.items():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute) or not node.attr.startswith("_") or node.attr.startswith("__"):
+                continue
+            if node.attr in own[path]:
+                continue
+            owners = sorted(q.name for q in trees if q != path and node.attr in own[q])
+            if owners:
+                found.append(f"{path.name}:{node.lineno} uses {ast.unparse(node)}, private to {', '.join(owners)}")
+    return found
+
+
+def test_no_module_reaches_into_another_modules_private_members() -> None:
+    """A module uses another's classes through their public names: no ``tx._put_column``, no base-class privates."""
+    found = _reach_ins(MODULES)
+    assert not found, "give these a public name:\n" + "\n".join(found)
+
+
+def test_the_reach_in_check_sees_a_side_door(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text('"""A."""\n\n\nclass A:\n    def _secret(self):\n        return 1\n')
+    (tmp_path / "b.py").write_text('"""B."""\n\n\ndef f(a):\n    return a._secret()\n')
+    (tmp_path / "c.py").write_text('"""C."""\n\n\nclass C:\n    def _secret(self):\n        return self._secret()\n')
+    found = _reach_ins(sorted(tmp_path.glob("*.py")))
+    assert len(found) == 1, found
+    assert found[0] == "b.py:5 uses a._secret, private to a.py, c.py", found
+
+
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: p.name)
 def test_every_module_has_a_docstring(path: Path) -> None:
     doc = ast.get_docstring(_tree(path)) or ""

@@ -38,7 +38,7 @@ def op(d: str, **kw: object) -> filechannel.FileChannel:
 
 def crash(ch: filechannel.FileChannel) -> None:
     """Stop without the checkpoint a clean close writes (the log's bytes stay as they are)."""
-    ch._closed = True
+    ch._core.closed = True
     ch._ckpt_stop.set()
     ch._log.close()
 

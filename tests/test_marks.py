@@ -96,7 +96,7 @@ def test_mark_counts_are_bounded(chan_dir: str, monkeypatch: pytest.MonkeyPatch)
             with pytest.raises(TransactionCapacityError, match="in one transaction"):
                 tx.mark("one-more", b"")
         assert len(ch.marks()) == fmt.MAX_MARKS_PER_RECORD
-        monkeypatch.setattr(filechannel.channel, "MAX_MARKS", fmt.MAX_MARKS_PER_RECORD + 1)
+        monkeypatch.setattr(filechannel.channelstate, "MAX_MARKS", fmt.MAX_MARKS_PER_RECORD + 1)
         with ch.transaction() as tx:
             tx.mark("k1", b"known keys are fine")
             tx.mark("new", b"")

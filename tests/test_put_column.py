@@ -309,7 +309,7 @@ def test_put_arrow_keeps_a_column_and_makes_no_bytes_per_row(tmp_path: Path, mon
             assert len(tx._payloads) == 5000
         assert "arrow_puts" not in made
         assert "encode_puts" not in made
-        cache = ch._cache
+        cache = ch._core.cache
         assert len(cache._runs) == 1
         assert next(iter(cache._runs.values())).load is not None
         assert cache.nbytes == sum(map(len, bodies)) + OVERHEAD * len(bodies)
@@ -397,7 +397,7 @@ def test_a_lazy_cache_run_evicted_untaken_never_makes_its_events(tmp_path: Path)
         for bodies in (a, b):
             with ch.transaction() as tx:
                 tx.put_arrow(pa.array(bodies, pa.binary()))
-        runs = ch._cache._runs
+        runs = ch._core.cache._runs
         assert list(runs) == [100]  # the first run was evicted
         run = runs[100]
         load = run.load

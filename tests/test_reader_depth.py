@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import filechannel
-from filechannel import ChannelReader
+from filechannel import ChannelReader, scan
 from filechannel import format as fmt
 from filechannel._fs import OsFS
 
@@ -103,6 +103,36 @@ def test_opening_a_reader_on_a_deep_queue_reads_no_data_file_and_holds_no_entry_
     assert fs.data_bytes < first // 2
 
 
+def test_byte_counts_at_depth_read_no_data_file_and_are_the_runs_extents(deep: str) -> None:
+    # The agent's /metrics, `status` and `filechannel top` ask a reader for the queued bytes and
+    # each consumer's lag in bytes; a reader that walked every run it has not read yet to count
+    # them would read every data file (20 GB at 100 M queued events) inside a scrape.
+    fs = _CountingFS()
+    rd = ChannelReader(deep, fs=fs)
+    start, end = rd.available()
+    size = _record_size(_body(0))
+    starts = [start, 1, 4_095, 133_457, 150_000, 299_999, end]
+    exact = [(end - s) * size for s in starts]
+    # The head, the end, run boundaries and starts deep in a run: no data file is read at all.
+    fs.data_bytes = 0
+    far = rd.record_bytes([start, 133_457, 150_000, 299_999, end], end)
+    assert fs.data_bytes == 0
+    # A start within a mark's stretch (MARK_EVERY events) of a run's first record is placed
+    # exactly: one walk each, which reads to its transaction's COMMIT (here 10 000 events, in a
+    # window of scan.LOCATE_WINDOW grown four times once), whatever the depth.
+    got = rd.record_bytes(starts, end)
+    assert [got[0], *got[3:]] == far  # the walks changed none of the others
+    assert [got[0] - got[1], got[0] - got[2]] == [size, 4_095 * size]  # the events before them: exact
+    assert fs.data_bytes <= 2 * 5 * scan.LOCATE_WINDOW < _data_bytes(deep) // 3, fs.data_bytes
+    # The runs' extents in their data files: the events' records, plus a COMMIT and a
+    # BATCH_END per 10 000 of them and the file's last batch (0.1% and a record at most).
+    for g, e in zip(got, exact, strict=True):
+        assert e <= g <= e + e // 1000 + size, (g, e)
+    # Once the reader has walked the runs (segments() walks every event's record), exact.
+    rd.segments(start, end)
+    assert rd.record_bytes(starts, end) == exact
+
+
 def test_reads_polls_segments_and_byte_counts_agree_with_a_drain(tmp_path: Path) -> None:
     d = str(tmp_path / "ch")
     n = 120_000
@@ -121,7 +151,14 @@ def test_reads_polls_segments_and_byte_counts_agree_with_a_drain(tmp_path: Path)
             assert [e.position for e in got] == want
             assert [e.body for e in got] == [_body(i) for i in want]
         starts = [0, 1, 4_095, 4_096, 50_001, n - 1, n]
-        assert rd.record_bytes(starts, n) == [sum(sizes[s:]) for s in starts]
+        exact = [sum(sizes[s:]) for s in starts]
+        got = rd.record_bytes(starts, n)
+        if rd is live:  # it followed every record as it was written
+            assert got == exact
+        else:  # parts of the owner's runs no read has walked: their extent, a COMMIT per 10 000 events more
+            assert all(e <= g <= e + e // 1000 for g, e in zip(got, exact, strict=True)), (got, exact)
+            rd.segments(0, n)  # walks every run: exact from now on
+            assert rd.record_bytes(starts, n) == exact
         assert rd.record_bytes([100], 70_000) == [sum(sizes[100:70_000])]
         segs = rd.segments(12_345, 98_765, 1 << 20, parts=3)
         assert [p for s in segs for p in s.positions] == list(range(12_345, 98_765))
@@ -172,7 +209,10 @@ def test_a_record_the_walk_cannot_find_is_damage_at_exactly_its_position(tmp_pat
     assert [e.position for e in ChannelReader(d).read(victim + 1, victim + 50)] == list(range(victim + 1, victim + 50))
     assert len(ChannelReader(d).read(0, victim)) == victim
     size = _record_size(_body(0))
-    assert ChannelReader(d, on_corruption="skip").record_bytes([12_000], 13_000) == [999 * size]
+    assert rd.record_bytes([12_000], 13_000) == [999 * size]  # walked: exact, the missing record counts 0
+    # Not walked yet: the extent in the data file, the missing record's bytes still in it.
+    (fresh,) = ChannelReader(d, on_corruption="skip").record_bytes([12_000], 13_000)
+    assert abs(fresh - 1000 * size) <= size, fresh
 
 
 def test_an_encrypted_channel_is_read_from_its_runs_with_the_key(tmp_path: Path) -> None:

@@ -154,3 +154,28 @@ def test_a_position_the_walk_does_not_find_reads_as_lost() -> None:
     assert list(got[10:]) == [LOST, LOST]
     assert list(sizes[10:]) == [0, 0]
     assert idx.record_bytes(0, 12) == 400
+
+
+def test_runs_not_walked_yet_count_their_extent_without_walking_then_exact() -> None:
+    files = Files()
+    offs1 = files.write(1, 0, [40] * 50)  # file 1: positions 0..49, then 50..99 in a later commit
+    offs1b = files.write(1, 50, [40] * 50)
+    offs2 = files.write(2, 100, [48] * 30)  # file 2: positions 100..129
+    cold = RunIndex(files.locate, files.ends.get)
+    cold.add_stored(0, 100, 1, offs1[0], [60])  # position 60 taken out of order: a hole, two runs
+    cold.add_stored(100, 30, 2, offs2[0], [])
+    exact = {p: 40 for p in range(100) if p != 60} | {p: 48 for p in range(100, 130)}
+    files.walked = 0
+    starts = [0, 30, 61, 100, 117, 130]
+    got = cold.record_bytes_many(starts, 130)
+    # Only the starts within MARK_EVERY (4 here) of a run's first record are walked to.
+    assert files.walked == 0
+    # The runs' extents: their records and the 24 bytes between commits (one in file 1, none after
+    # the hole's split: the run before it reaches to the next run's first mark, the same offset).
+    assert got[0] == offs1b[-1] + 40 - offs1[0] + 30 * 48 == sum(exact.values()) + 40 + 24
+    assert got[3] == 30 * 48
+    assert got[5] == 0
+    assert got[4] == 30 * 48 * 13 // 30  # a start inside a part not walked: events taken as equal
+    # Once walked, exact (a start in the middle too).
+    cold.columns(0, 130)
+    assert cold.record_bytes_many(starts, 130) == [sum(b for p, b in exact.items() if p >= s) for s in starts]

@@ -31,7 +31,7 @@ import filechannel
 from filechannel import ChannelReader
 from filechannel._fs import DEFAULT_FS, FS
 from filechannel.consumers import ConsumerStore
-from filechannel.spark import sink
+from filechannel.spark import sink, sink_commit
 from filechannel.spark.sink import HEADER_BATCH, SinkCommitter, SinkLockedError, SinkOptions, stage_events
 
 # --------------------------------------------------------------------------
@@ -113,7 +113,7 @@ def test_a_refused_batch_leaves_nothing_and_commits_later(tmp_path: Path) -> Non
         c.commit_batch(QUERY, 0, names)
     assert len(bodies_of(o.path)) == 8  # none of the batch
     assert guards(o.path) == []  # settled at once: nothing stays pinned
-    assert sink._StateStore(DEFAULT_FS, o).load(QUERY).pending is None
+    assert sink.StateStore(DEFAULT_FS, o).load(QUERY).pending is None
     with (
         filechannel.open(o.path, minimum_required_space=0, capacity=10, transaction_capacity=10) as ch,
         ch.transaction() as tx,
@@ -179,8 +179,8 @@ def _planted_intent(o: SinkOptions, landed: bool, others: int) -> None:
     """Leave the state an interrupted commit of batch 0 (2 rows) leaves, then let another producer write."""
     c = SinkCommitter(o)
     c.ensure_channel()
-    ConsumerStore(DEFAULT_FS, o.path).register(sink._guard_name(QUERY), "guard", 0)
-    sink._StateStore(DEFAULT_FS, o).save(sink.QueryState(QUERY, -1, sink.Pending(0, 0, 2)))
+    ConsumerStore(DEFAULT_FS, o.path).register(sink_commit._guard_name(QUERY), "guard", 0)
+    sink.StateStore(DEFAULT_FS, o).save(sink.QueryState(QUERY, -1, sink.Pending(0, 0, 2)))
     with filechannel.open(o.path, minimum_required_space=0) as ch:
         if landed:
             with ch.transaction() as tx:
@@ -200,7 +200,7 @@ def test_an_interrupted_commit_is_settled_from_the_channel(tmp_path: Path, lande
     got = bodies_of(o.path)
     assert sorted(got) == [b"a", b"b", b"other", b"other", b"other"]
     assert guards(o.path) == []
-    assert sink._StateStore(DEFAULT_FS, o).load(QUERY) == sink.QueryState(QUERY, 0, None)
+    assert sink.StateStore(DEFAULT_FS, o).load(QUERY) == sink.QueryState(QUERY, 0, None)
 
 
 def test_the_guard_keeps_the_intended_position_readable(tmp_path: Path) -> None:
@@ -294,7 +294,7 @@ def test_crash_at_every_point_of_a_commit_then_replay_puts_the_batch_once(
             assert guards(SIM, crashed) == [], where
             assert crashed.listdir(o.queries_dir) == [f"{QUERY}.state"], where  # no temporaries left
             assert crashed.listdir(o.staging_dir) == [], where
-            assert sink._StateStore(crashed, o).load(QUERY) == sink.QueryState(QUERY, 1, None), where
+            assert sink.StateStore(crashed, o).load(QUERY) == sink.QueryState(QUERY, 1, None), where
             assert SinkCommitter(o, fs=crashed).commit_batch(QUERY, 1, replay).reason == "already committed"
             checked += 1
     print(f"\nsink commit ({fsync}): {len(snaps)} persistence points x {len(variants)} variants = {checked} checked")

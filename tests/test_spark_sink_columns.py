@@ -208,14 +208,14 @@ def test_a_column_with_a_head_mixed_with_other_puts_writes_put_many_bytes(tmp_pa
 
     with filechannel.open(a) as ch, ch.transaction() as tx:
         if order == "column first":
-            tx._put_column(column(hdr), 69)
+            tx.put_column(column(hdr), 69)
             tx.put_many([b"x", b"y"])
         elif order == "column last":
             tx.put_many([b"x", b"y"])
-            tx._put_column(column(hdr), 69)
+            tx.put_column(column(hdr), 69)
         else:
-            tx._put_column(column(hdr), 69)
-            tx._put_column(column(other), 69)
+            tx.put_column(column(hdr), 69)
+            tx.put_column(column(other), 69)
     with filechannel.open(b) as ch, ch.transaction() as tx:
         if order == "column first":
             tx.put_many(bodies, headers=hdr)
@@ -241,7 +241,7 @@ def test_a_committed_column_with_a_head_is_taken_from_the_cache_with_its_headers
     col.add(data, offsets, n)
     with filechannel.open(str(tmp_path / "c")) as ch:
         with ch.transaction() as tx:
-            tx._put_column(col, 2)
+            tx.put_column(col, 2)
         with ch.transaction() as tx:
             evs = tx.take_batch(5)
     assert [(e.body, dict(e.headers)) for e in evs] == [(b"a", hdr), (b"bc", hdr)]
@@ -312,11 +312,11 @@ def test_a_column_of_whole_payloads_mixed_with_other_puts_writes_put_many_bytes(
     with filechannel.open(a) as ch:
         with ch.transaction() as tx:
             if order == "column first":
-                tx._put_column(col, max(map(len, col.payloads())))
+                tx.put_column(col, max(map(len, col.payloads())))
                 tx.put_many([b"p", b"q"], headers={"z": "1"})
             else:
                 tx.put_many([b"p", b"q"])
-                tx._put_column(col, max(map(len, col.payloads())))
+                tx.put_column(col, max(map(len, col.payloads())))
         with ch.transaction() as tx:  # before the twin's comparison: a take and rollback write records
             got = [(e.body, dict(e.headers)) for e in tx.take_batch(100)]
             tx.rollback()

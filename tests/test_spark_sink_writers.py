@@ -191,7 +191,7 @@ def test_commit_twice_with_the_same_messages_puts_once(tmp_path: Path, fake_task
     assert bodies_of(d) == [b"a", b"b", b"c", b"d"]
     assert [e.headers[HEADER_BATCH] for e in view(d)] == ["0", "0", "1", "1"]
     assert staged_files(w.options) == []
-    st = sink._StateStore(DEFAULT_FS, w.options).load(QUERY)
+    st = sink.StateStore(DEFAULT_FS, w.options).load(QUERY)
     assert st == sink.QueryState(QUERY, 1, None)
 
 

@@ -632,11 +632,11 @@ def test_a_record_of_the_wrong_kind_is_never_returned(tmp_path: Path) -> None:
 
 
 def dump_wal_open(w: filechannel.WriteAheadLog) -> list[object]:
-    from filechannel.wal import _entries, _ScanContext
+    from filechannel.walread import ScanContext, entries
 
     log = w._log
-    ctx = _ScanContext(log.channel_id, log.crc_kind, log.max_payload, log.config)
-    return list(_entries(log, ctx, w._snapshot()))
+    ctx = ScanContext(log.channel_id, log.crc_kind, log.max_payload, log.config)
+    return list(entries(log, ctx, w._snapshot()))
 
 
 # --------------------------------------------------------------------------

@@ -30,6 +30,11 @@ optional certificate-name allow-list per channel, an optional bearer token
 checked by middleware before any handler runs; an address other hosts reach
 needs client authentication (or ``insecure_allow_anyone``); a unix socket is
 mode 0600. :func:`check` is ``serve --check``: the start's checks, as a dry run.
+
+Its rooms: each served channel (view, readers, owned channel, producers'
+puts) is ``served.ServedChannel``; the Arrow side of the streams (put and
+stage streams read and checked, a segment as the batch DoGet sends) is
+``streams.py``'s; the Spark sink's staging area is ``staging.py``'s.
 """
 
 from __future__ import annotations
@@ -37,7 +42,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import struct
 import tempfile
 import threading
 import time
@@ -47,14 +51,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.flight as fl
 
 from filechannel._fs import DEFAULT_FS, is_locked, replace_durably
 from filechannel._version import __version__
-from filechannel.channel import FileChannel, channel_config, open_channel
-from filechannel.config import ChannelConfig
-from filechannel.consumers import ConsumerStore, validate_name
+from filechannel.channel import channel_config, open_channel
+from filechannel.consumers import validate_name
 from filechannel.crypto import Encryption, as_encryption
 from filechannel.directory import CHANNEL_FILE, LOCK_FILE, decode_channel_file, lock_holder
 from filechannel.errors import (
@@ -62,13 +64,9 @@ from filechannel.errors import (
     ChannelLockedError,
     ConfigError,
     ConsumerIdentityError,
-    CorruptLogError,
     DataLossError,
-    EventTooLargeError,
-    InvalidEventError,
-    TransactionCapacityError,
 )
-from filechannel.reader import ChannelReader, Segment, channel_id_of
+from filechannel.reader import channel_id_of
 from filechannel.sources.tail import TailSource, make_tails
 from filechannel.staged import DEFAULT_STALE_STAGING
 
@@ -86,8 +84,10 @@ from .auth import (
     read_token,
 )
 from .errors import AgentError, AgentProtocolError, UnknownChannelError
-from .idempotency import Claim, KeyLocks, KeyOwnerError, commit_once, put_events
-from .staging import AgentSink, StageRequest
+from .idempotency import KeyOwnerError
+from .served import ServedChannel
+from .staging import StageRequest
+from .streams import read_put_stream, segment_batch, stream_events
 from .syslog_source import SyslogSources, resolve, start_syslog
 
 __all__ = ["Agent", "AgentConfig", "check", "serve"]
@@ -196,139 +196,12 @@ class AgentConfig:
         return listen
 
 
-class _Served:
-    """One served channel: its view, its consumers' readers, and the lock that keeps handlers apart."""
-
-    def __init__(self, directory: str, cid: str, crc_kind: int, encryption: Encryption | None, on_corruption: str):
-        self.directory = directory
-        self.cid = cid
-        self.name = os.path.basename(os.path.normpath(directory))
-        self.crc_kind = crc_kind
-        self.encryption = encryption
-        self.on_corruption = on_corruption
-        self.lock = threading.Lock()
-        self.view = ChannelReader(directory, encryption=encryption, on_corruption=on_corruption)
-        self.readers: dict[tuple[str, str | None], ChannelReader] = {}
-        self.channel: FileChannel | None = None  # the owned channel, when the agent is writable
-        self.sink: AgentSink | None = None  # the Spark sink's staging area (staging.py), made at first use
-        self._producer_locks = KeyLocks()
-
-    def put(
-        self,
-        producer: str,
-        sequence: int,
-        bodies: list[bytes],
-        headers: list[dict[str, str] | None],
-        owner: str | None = None,
-    ) -> Any:
-        """Commit ``bodies`` and the producer's ``sequence`` as one transaction, unless already committed.
-
-        One put per producer at a time (striped locks), so a retry racing its
-        original never commits twice; producers commit in parallel (and share
-        fsyncs). The mark commits with the events (``idempotency.commit_once``,
-        the agent's one exactly-once protocol). A producer id belongs to the certificate name (``owner``) that
-        first put under it: the mark records it, in the same transaction as the
-        events, so it survives restarts; another name's put under that id is
-        refused, so one writer can never mark another's sequence numbers as
-        committed. Without a certificate name (no mutual TLS) nothing is bound.
-        Returns the answer of the wire format (``protocol.py``).
-
-        Raises:
-            KeyOwnerError: ``producer`` belongs to another certificate name (``FlightUnauthorizedError``).
-        """
-        channel = self.channel
-        assert channel is not None
-        key = proto.producer_mark(producer)
-        with self._producer_locks.of(producer):
-            raw = channel.mark(key)
-            committed, bound = proto.decode_producer_mark(raw)
-            dup = commit_once(
-                channel,
-                what=f"producer id {producer!r}",
-                owner=owner,
-                claim=None if raw is None else Claim(str(committed), bound),
-                done=lambda _: sequence <= committed,
-                put=lambda tx: put_events(tx, bodies, headers),
-                mark=lambda: (key, str(sequence)),
-            )
-            if dup is not None:
-                return {"v": 1, "duplicate": True, "sequence": sequence, "committed": committed, "events": 0}
-            return {"v": 1, "duplicate": False, "sequence": sequence, "committed": sequence, "events": len(bodies)}
-
-    def sink_store(self) -> AgentSink:
-        """The Spark sink's staging area and commits of this channel (a writable agent's only)."""
-        if self.channel is None:
-            raise AgentError(
-                "", f"channel {self.cid} is served read-only: start the agent with --writable for the Spark sink"
-            )
-        with self.lock:
-            if self.sink is None:
-                self.sink = AgentSink(self.channel, self.directory)
-            return self.sink
-
-    def reader(self, consumer: str, identity: str | None, reset: bool = False) -> ChannelReader:
-        """The reader of ``consumer`` under ``identity`` (registered, or its identity checked, now)."""
-        key = (consumer, identity)
-        r = self.readers.get(key)
-        if r is not None and not reset:
-            # Another process (or agent) may have taken the name over since this reader registered.
-            cur = ConsumerStore(DEFAULT_FS, self.directory).get(consumer)
-            if cur is not None and cur.identity != identity:
-                self.readers.pop(key, None)
-                raise ConsumerIdentityError(consumer, cur.identity, identity)
-            return r
-        r = ChannelReader(
-            self.directory,
-            consumer,
-            identity=identity,
-            reset=reset,
-            encryption=self.encryption,
-            on_corruption=self.on_corruption,
-        )
-        r.acked  # noqa: B018  (registers the consumer, or checks its identity, now)
-        if reset:
-            for k in [k for k in self.readers if k[0] == consumer]:
-                self.readers.pop(k).close()
-        self.readers[key] = r
-        return r
-
-    def describe(self) -> dict[str, Any]:
-        start, end = self.view.available()
-        consumers = {
-            c.name: {"identity": c.identity, "acked": c.acked, "lag": max(0, end - c.acked)}
-            for c in ConsumerStore(DEFAULT_FS, self.directory).list().values()
-        }
-        return {"channel": self.cid, "name": self.name, "start": start, "end": end, "consumers": consumers}
-
-    def status(self) -> dict[str, Any]:
-        """What ``status`` answers of this channel (``filechannel top`` shows it).
-
-        :meth:`describe`, plus the queued bytes (``bytes``, each consumer's
-        ``lag_bytes``), the file system's free bytes (``disk_free``) and, for an
-        owned channel, its fsync histogram (``fsync_seconds_buckets``).
-        """
-        out = self.describe()
-        start, end = out["start"], out["end"]
-        rows = sorted(out["consumers"].items())
-        sizes = self.view.record_bytes([start, *(max(start, c["acked"]) for _, c in rows)], end)
-        out["bytes"] = sizes[0]
-        for (_, c), b in zip(rows, sizes[1:], strict=True):
-            c["lag_bytes"] = b
-        try:
-            out["disk_free"] = DEFAULT_FS.free_space(self.directory)
-        except OSError:
-            out["disk_free"] = None
-        if self.channel is not None and not self.channel.closed:
-            out["fsync_seconds_buckets"] = self.channel.stats()["fsync_seconds_buckets"]
-        return out
-
-
-def _load(config: AgentConfig, d: str, encryption: Encryption | None) -> _Served:
+def _load(config: AgentConfig, d: str, encryption: Encryption | None) -> ServedChannel:
     """Channel directory ``d`` of ``config``, read only: its id, channel file and name (the view not loaded)."""
     directory = os.path.abspath(d)
     cid = channel_id_of(directory).hex()
     _, crc_kind, _ = decode_channel_file(_read(os.path.join(directory, CHANNEL_FILE)))
-    ch = _Served(directory, cid, crc_kind, encryption, config.on_corruption)
+    ch = ServedChannel(directory, cid, crc_kind, encryption, config.on_corruption)
     ch.name = config.names.get(d, ch.name)
     return ch
 
@@ -341,7 +214,7 @@ def _owner_options(config: AgentConfig, encryption: Encryption | None) -> dict[s
     return opts
 
 
-def _same_channel(served: Mapping[str, _Served], ch: _Served) -> None:
+def _same_channel(served: Mapping[str, ServedChannel], ch: ServedChannel) -> None:
     if ch.cid in served:
         raise ConfigError(
             "directories",
@@ -349,9 +222,9 @@ def _same_channel(served: Mapping[str, _Served], ch: _Served) -> None:
         )
 
 
-def _open_channels(config: AgentConfig) -> dict[str, _Served]:
+def _open_channels(config: AgentConfig) -> dict[str, ServedChannel]:
     encryption = as_encryption(config.keystore) if config.keystore else None
-    served: dict[str, _Served] = {}
+    served: dict[str, ServedChannel] = {}
     for d in config.directories:
         ch = _load(config, d, encryption)
         _same_channel(served, ch)
@@ -434,7 +307,7 @@ def check(config: AgentConfig) -> tuple[dict[str, Any], list[Exception]]:
     encryption = attempt(lambda: as_encryption(config.keystore)) if config.keystore else None
     key_ok = not config.keystore or encryption is not None
     options = attempt(lambda: channel_config(_owner_options(config, encryption))) if config.writable else None
-    served: dict[str, _Served] = {}
+    served: dict[str, ServedChannel] = {}
     channels: list[dict[str, Any]] = []
 
     def one(d: str) -> None:
@@ -552,11 +425,11 @@ class _FlightServer(fl.FlightServerBase):  # type: ignore[misc]
             return None
         return ident.decode("utf-8", "replace") if isinstance(ident, bytes) else str(ident)
 
-    def _visible(self, context: Any) -> list[_Served]:
+    def _visible(self, context: Any) -> list[ServedChannel]:
         peer = self._peer(context)
         return [ch for cid, ch in self._agent.channels.items() if allowed(self._agent.config.allow, cid, peer)]
 
-    def _channel(self, context: Any, cid: object) -> _Served:
+    def _channel(self, context: Any, cid: object) -> ServedChannel:
         if not isinstance(cid, str):
             raise AgentProtocolError("", "the request names no channel")
         ch = self._agent.channels.get(cid.lower())
@@ -570,7 +443,7 @@ class _FlightServer(fl.FlightServerBase):  # type: ignore[misc]
             )
         return ch
 
-    def _writable(self, context: Any, cid: object) -> _Served:
+    def _writable(self, context: Any, cid: object) -> ServedChannel:
         """:meth:`_channel`, for a call that writes: refused to a certificate name not in ``writers``."""
         ch = self._channel(context, cid)
         peer = self._peer(context)
@@ -612,7 +485,7 @@ class _FlightServer(fl.FlightServerBase):  # type: ignore[misc]
 
     # -- discovery -------------------------------------------------------------------------
 
-    def _info(self, ch: _Served) -> Any:
+    def _info(self, ch: ServedChannel) -> Any:
         with ch.lock:
             start, end = ch.view.available()
         meta = {"v": proto.WIRE_VERSION, "channel": ch.cid, "name": ch.name, "start": start, "end": end}
@@ -649,7 +522,7 @@ class _FlightServer(fl.FlightServerBase):  # type: ignore[misc]
             with ch.lock:
                 segments = ch.view.segments(start, end, max_bytes) if end > start else []
             schema = proto.batch_schema(ch.cid, ch.crc_kind)
-            batches = [_segment_batch(schema, s) for s in segments]
+            batches = [segment_batch(schema, s) for s in segments]
             logger.debug("do_get %s [%d, %d): %d segments to %s", cid, start, end, len(segments), context.peer())
             return fl.RecordBatchStream(pa.Table.from_batches(batches, schema=schema))
 
@@ -665,7 +538,7 @@ class _FlightServer(fl.FlightServerBase):  # type: ignore[misc]
             ch = self._writable(context, cid)
             if ch.channel is None:
                 raise AgentError("", f"channel {ch.cid} is served read-only: start the agent with --writable to put")
-            bodies, headers = _read_put_stream(reader, ch.channel.config)
+            bodies, headers = read_put_stream(reader, ch.channel.config)
             t0 = time.monotonic()
             result: dict[str, Any] = ch.put(producer, sequence, bodies, headers, owner=self._peer(context))
             if self._agent.metrics is not None and not result["duplicate"]:
@@ -761,7 +634,7 @@ class _FlightServer(fl.FlightServerBase):  # type: ignore[misc]
         cmd = proto.decode_stage_command(command)
         store = self._writable(context, cmd.pop("channel")).sink_store()
         req = StageRequest(**cmd)
-        name, rows, size = store.stage(req, _stream_events(reader))
+        name, rows, size = store.stage(req, stream_events(reader))
         logger.debug("sink stage %s: %d rows from %s", name, rows, context.peer())
         return {"v": proto.WIRE_VERSION, "staged": name, "rows": rows, "bytes": size}
 
@@ -795,156 +668,6 @@ class _FlightServer(fl.FlightServerBase):  # type: ignore[misc]
         if query is None:
             raise AgentProtocolError("", "a sink commit names a query and batch, or a job")
         return store.commit_batch(query, proto.int_field(req, "batch"), files, rows, float(stale), owner=owner)
-
-
-def _bodies(batch: Any, max_event_size: int) -> Any:
-    """The ``body`` column of one batch of a put stream, checked before anything is taken from it.
-
-    Raises:
-        AgentProtocolError: A null body.
-        EventTooLargeError: A body over ``max_event_size``.
-    """
-    col = batch.column("body")
-    if col.null_count:
-        raise AgentProtocolError("", "a body is null")
-    if len(col):
-        biggest = pc.max(pc.binary_length(col)).as_py()
-        if biggest > max_event_size:
-            raise EventTooLargeError(biggest, max_event_size)
-    return col
-
-
-def _stream_events(reader: Any) -> Iterator[tuple[bytes, dict[str, str] | None]]:
-    """The rows of a stage stream, one by one (the put schema: ``body`` binary, optional ``headers``).
-
-    The staging area checks each row's size as it takes it (``staging.py``).
-
-    Raises:
-        AgentProtocolError: Another schema, or a null body.
-        InvalidEventError: A null header value.
-    """
-    names = _event_columns(reader.schema, "stage")
-    for chunk in reader:
-        batch = chunk.data
-        if batch is None:
-            continue
-        col = batch.column("body")
-        if col.null_count:
-            raise AgentProtocolError("", "a body is null")
-        maps = batch.column("headers").to_pylist() if "headers" in names else None
-        for i, body in enumerate(col.to_pylist()):
-            headers = None
-            if maps is not None and maps[i]:
-                headers = dict(maps[i])
-                if any(v is None for v in headers.values()):
-                    raise InvalidEventError("a header value is null; headers are strings")
-            yield body, headers
-
-
-def _event_columns(schema: Any, kind: str) -> set[str]:
-    """The columns of a ``kind`` stream's ``schema``, checked: ``body`` (binary) and optional ``headers``.
-
-    Raises:
-        AgentProtocolError: Another schema.
-    """
-    names = set(schema.names)
-    if "body" not in names or not names <= {"body", "headers"}:
-        raise AgentProtocolError(
-            "", f"a {kind} stream has a body column and an optional headers column, not {schema.names}"
-        )
-    if not (pa.types.is_binary(schema.field("body").type) or pa.types.is_large_binary(schema.field("body").type)):
-        raise AgentProtocolError("", f"the body column is binary, not {schema.field('body').type}")
-    if "headers" in names and schema.field("headers").type != pa.map_(pa.string(), pa.string()):
-        raise AgentProtocolError("", f"the headers column is map<string, string>, not {schema.field('headers').type}")
-    return names
-
-
-MAX_PUT_BYTES = 512 << 20
-"""The most body bytes one DoPut stream may carry, whatever the channel's limits allow."""
-
-
-def put_limit(config: ChannelConfig) -> int:
-    """The most body bytes a DoPut stream may carry into a channel of ``config`` (a ``ChannelConfig``).
-
-    ``max_event_size`` times ``transaction_capacity``, at most :data:`MAX_PUT_BYTES`
-    (and never below one event of ``max_event_size``).
-    """
-    return max(config.max_event_size, min(config.max_event_size * config.transaction_capacity, MAX_PUT_BYTES))
-
-
-def _read_put_stream(reader: Any, config: ChannelConfig) -> tuple[list[bytes], list[dict[str, str] | None]]:
-    """The events of a DoPut stream: ``body`` (binary, not null) and optional ``headers`` (map<string, string>).
-
-    Checked batch by batch against the channel's limits (``config``, a
-    ``ChannelConfig``), so an oversized put is refused at the first batch that
-    goes over, not after the whole stream is in memory. (A single gRPC message is
-    still received whole: pyarrow does not let a server set gRPC's receive limit.)
-
-    Raises:
-        AgentProtocolError: Another schema, or a null body.
-        TransactionCapacityError: More events than the channel's ``transaction_capacity``,
-            or more body bytes than :func:`put_limit`.
-        EventTooLargeError: A body over ``max_event_size``.
-    """
-    names = _event_columns(reader.schema, "put")
-    capacity = config.transaction_capacity
-    limit = put_limit(config)
-    bodies: list[bytes] = []
-    headers: list[dict[str, str] | None] = []
-    size = 0
-    for chunk in reader:
-        batch = chunk.data
-        if batch is None:
-            continue
-        if len(bodies) + batch.num_rows > capacity:
-            raise TransactionCapacityError(
-                f"a put of more than transaction_capacity={capacity} events; send smaller batches"
-            )
-        col = _bodies(batch, config.max_event_size)
-        size += col.nbytes
-        if size > limit:
-            raise TransactionCapacityError(
-                f"a put of more than {limit} bytes (max_event_size times transaction_capacity, at most "
-                f"{MAX_PUT_BYTES}); send smaller batches"
-            )
-        bodies += col.to_pylist()
-        if "headers" in names:
-            headers += [dict(h) if h else None for h in batch.column("headers").to_pylist()]
-        else:
-            headers += [None] * batch.num_rows
-    return bodies, headers
-
-
-def _segment_batch(schema: Any, s: Segment) -> Any:
-    """One segment as a one-row record batch: its bytes read with one pread."""
-    try:
-        fd = DEFAULT_FS.open_read(s.path)
-    except FileNotFoundError:
-        raise DataLossError(
-            s.start, s.end, f"data file {os.path.basename(s.path)} is gone (retired after an acknowledgement)"
-        ) from None
-    try:
-        raw = DEFAULT_FS.pread(fd, s.length, s.offset)
-    finally:
-        DEFAULT_FS.close(fd)
-    if len(raw) != s.length:
-        raise CorruptLogError(s.path, s.offset + len(raw), f"the data file ends inside positions [{s.start}, {s.end})")
-    return pa.record_batch(
-        [
-            pa.array([s.file_id], pa.int64()),
-            pa.array([s.offset], pa.int64()),
-            pa.Array.from_buffers(  # the bytes as read, not copied
-                pa.large_binary(), 1, [None, pa.py_buffer(struct.pack("=2q", 0, len(raw))), pa.py_buffer(raw)]
-            ),
-            pa.array([s.positions], pa.list_(pa.int64())),
-            pa.array([s.offsets], pa.list_(pa.int64())),
-            pa.array([s.sizes], pa.list_(pa.int64())),
-            pa.array([s.cipher], pa.int32()),
-            pa.array([s.key_id], pa.string()),
-            pa.array([s.salt], pa.binary()),
-        ],
-        schema=schema,
-    )
 
 
 class ConnectionTracker:

@@ -88,7 +88,7 @@ if TYPE_CHECKING:
 
 
 class _Served(Protocol):
-    """What the HTTP side uses of one channel the agent serves (``server._Served``; this module sits below it)."""
+    """What the HTTP side uses of one channel the agent serves (``served.ServedChannel``)."""
 
     cid: str
     name: str

@@ -5,25 +5,32 @@ This module owns what :mod:`filechannel.spark.source` and
 built and parsed (:func:`make_offset`, :func:`parse_offset`; Spark compares
 offsets as JSON strings, so they are canonical), ``startingPosition`` /
 ``endingPosition`` (checked, keyed by channel, resolved per channel), how a
-micro-batch's read limit and ``minPartitions`` are shared among channels, and
-the errors (with their hints) of a checkpoint that does not fit its channels.
-No Spark is imported here.
+micro-batch's read limit and ``minPartitions`` are shared among channels
+(:class:`Pacing`: the ``availableNow`` end and the ``minEventsPerTrigger``
+wait), the query token an offset carries (:func:`bind_query`), and the errors
+(with their hints) of a checkpoint that does not fit its channels or its
+consumer (:func:`identity_guard`). No Spark is imported here.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
-from filechannel.errors import ChannelError, ConfigError, DataLossError
+from filechannel.errors import ChannelError, ConfigError, ConsumerIdentityError, DataLossError
 
 __all__ = [
     "AHEAD_HINT",
     "BEHIND_HINT",
     "CheckpointMismatchError",
+    "Pacing",
+    "bind_query",
     "check_position_keys",
+    "identity_guard",
     "lost",
     "make_offset",
     "one_position",
@@ -176,3 +183,99 @@ BEHIND_HINT = (
     "this query's Spark checkpoint is older than what its consumer acknowledged (a checkpoint restored from an "
     "older copy?), so those events cannot be delivered again; to accept it, start the query on a new checkpoint"
 )
+
+
+def bind_query(held: str | None, query: str) -> str:
+    """The query token a reader reads under: ``held`` (the first it saw), which ``query`` must match.
+
+    Raises:
+        CheckpointMismatchError: Offsets of two queries in one checkpoint.
+    """
+    if held is not None and query != held:
+        raise CheckpointMismatchError(
+            f"filechannel source: offsets of two queries ({held!r} and {query!r}) in one checkpoint"
+        )
+    return query
+
+
+@contextmanager
+def identity_guard(consumer: str, where: str) -> Iterator[None]:
+    """Turn a refused consumer identity (of ``consumer`` at channel ``where``) into the checkpoint's error.
+
+    Raises:
+        CheckpointMismatchError: The consumer belongs to another query (the body raised ``ConsumerIdentityError``).
+    """
+    try:
+        yield
+    except ConsumerIdentityError as exc:
+        raise CheckpointMismatchError(
+            f"filechannel source: consumer {consumer!r} of channel {where} belongs to another query "
+            f"(identity {exc.recorded!r}; this query is {exc.given!r}): either this query's Spark checkpoint "
+            "is not the one that consumer was reading with (lost, deleted or moved: a new checkpoint starts a "
+            "new query), or a second query reads under the same name. Give a second query its own "
+            "option('consumer', NAME); or, to continue under this name from its acknowledged position, set "
+            "option('resetConsumer', 'true') (events the old query delivered after its last "
+            "acknowledgement, at most its last micro-batch, are delivered again)"
+        ) from exc
+
+
+class Pacing:
+    """How much of what the channels hold the next micro-batch takes, for both stream readers.
+
+    Holds the ``availableNow`` end (:attr:`target`, set when Spark prepares such
+    a query) and when fewer than ``minEventsPerTrigger`` events started waiting.
+
+    Args:
+        consumer: The consumer name (named in errors).
+        max_trigger_delay: ``maxTriggerDelay`` in seconds: the longest a micro-batch waits for the minimum.
+    """
+
+    def __init__(self, consumer: str, max_trigger_delay: float) -> None:
+        self.consumer = consumer
+        self.max_trigger_delay = max_trigger_delay
+        self.target: dict[str, int] | None = None  # availableNow: each channel's end at prepare time
+        self.waiting_since: float | None = None  # minEventsPerTrigger: when fewer events started waiting
+
+    def admit(self, avail: Mapping[str, int], cap: int | None, least: int | None) -> dict[str, int]:
+        """How many events of each channel the next micro-batch takes, of ``avail``.
+
+        At most ``cap`` in all (shared fairly; None: everything), and nothing
+        while fewer than ``least`` are there (see :meth:`too_few`).
+        """
+        take = share(avail, cap) if cap is not None else dict(avail)
+        if least is not None and self.too_few(sum(take.values()), least):
+            return dict.fromkeys(take, 0)
+        return take
+
+    def too_few(self, n: int, least: int) -> bool:
+        """``minEventsPerTrigger`` = ``least``: whether a micro-batch of ``n`` events waits for more.
+
+        It waits no longer than ``maxTriggerDelay`` since events first waited; an
+        ``availableNow`` query never waits.
+        """
+        if self.target is None and 0 < n < least:
+            now = time.monotonic()
+            if self.waiting_since is None:
+                self.waiting_since = now
+            if now - self.waiting_since < self.max_trigger_delay:
+                return True
+        self.waiting_since = None
+        return False
+
+    def available_from(self, where: str, cid: str, s: int, acked: int, end: int) -> int:
+        """Events of channel ``cid`` (named ``where`` in errors) from ``s``, which holds ``[acked, end)``.
+
+        Within the ``availableNow`` end, if one was recorded.
+
+        Raises:
+            DataLossError: ``s`` is beyond the channel's end, or below what this consumer acknowledged.
+        """
+        if s > end:
+            raise lost(where, DataLossError(end, s, f"the channel holds positions below {end} only"), AHEAD_HINT)
+        if s < acked:
+            raise lost(
+                where, DataLossError(s, acked, f"consumer {self.consumer!r} acknowledged them already"), BEHIND_HINT
+            )
+        if self.target is not None:
+            end = min(end, self.target.get(cid, s))
+        return max(0, end - s)

@@ -56,7 +56,9 @@ from filechannel.reader import ChannelReader
 from .offsets import (
     AHEAD_HINT,
     CheckpointMismatchError,
+    bind_query,
     check_position_keys,
+    identity_guard,
     lost,
     make_offset,
     parse_offset,
@@ -287,15 +289,7 @@ class AgentStreamReader(FileChannelStreamReader):
                 c.close()
 
     def _paths(self) -> dict[str, str]:
-        return self._channels() if self.options.paths else {}
-
-    def _use_query(self, query: str) -> None:
-        if self._query is None:
-            self._query = query
-        elif query != self._query:
-            raise CheckpointMismatchError(
-                f"filechannel source: offsets of two queries ({self._query!r} and {query!r}) in one checkpoint"
-            )
+        return self.channels() if self.options.paths else {}
 
     def _label(self, cid: str) -> str:
         return f"{cid} (agent {self._where.get(cid, '?')})"
@@ -332,7 +326,7 @@ class AgentStreamReader(FileChannelStreamReader):
 
     def _register(self, cid: str, query: str) -> int:
         uri = self._where[cid]
-        with self._identity(self._label(cid)):
+        with identity_guard(self.consumer, self._label(cid)):
             acked = self._client(uri).register(
                 cid, self.consumer, IDENTITY_PREFIX + query, reset=self.options.reset and cid not in self._registered
             )
@@ -349,14 +343,14 @@ class AgentStreamReader(FileChannelStreamReader):
         where = f"{cid} (agent {uri})"
         at = resolve_position(self.options.starting, "startingPosition", cid, where, acked, end, "earliest")
         if at > acked:
-            with self._identity(self._label(cid)):
+            with identity_guard(self.consumer, self._label(cid)):
                 at = self._client(uri).ack(cid, self.consumer, at, IDENTITY_PREFIX + query)
         return at
 
     def _available(self, cid: str, query: str) -> tuple[int, int]:
         if cid not in self._registered:
             self._register(cid, query)
-        with self._identity(self._label(cid)):
+        with identity_guard(self.consumer, self._label(cid)):
             return self._client(self._where[cid]).available(cid, self.consumer, IDENTITY_PREFIX + query)
 
     def _hold(self, down: Mapping[str, AgentUnavailableError], held: Mapping[str, int]) -> None:
@@ -386,8 +380,8 @@ class AgentStreamReader(FileChannelStreamReader):
 
     def initialOffset(self) -> dict[str, Any]:
         """Start a new query at each channel's acknowledged position (the head for a new consumer)."""
-        query = self._new_query or self._query or uuid.uuid4().hex[:16]
-        self._new_query = query
+        query = self.new_query or self.query or uuid.uuid4().hex[:16]
+        self.new_query = query
         positions: dict[str, int] = {}
         served, down = self._discover()
         self._hold(down, {})
@@ -404,7 +398,7 @@ class AgentStreamReader(FileChannelStreamReader):
                 if cur is not None:  # see FileChannelStreamReader.initialOffset
                     positions[cid] = int(cur["acked"])
                 else:
-                    self._use_query(query)
+                    self.query = bind_query(self.query, query)
                     positions[cid] = self._start_at(cid, query)
         if not positions:
             raise AgentUnavailableError(
@@ -428,7 +422,7 @@ class AgentStreamReader(FileChannelStreamReader):
                 continue
         for uri in down:
             logger.warning("filechannel source: availableNow: agent %s cannot be reached; its channels wait", uri)
-        self._target = target
+        self.pacing.target = target
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         """The end of the next micro-batch: the agents' channels that answer proceed, the others hold.
@@ -441,7 +435,7 @@ class AgentStreamReader(FileChannelStreamReader):
             ConfigError: One channel id served twice.
         """
         positions, query = parse_offset(start)
-        self._use_query(query)
+        self.query = bind_query(self.query, query)
         paths = self._paths()
         served, down = self._discover()
         self._flush_acks(query)
@@ -450,7 +444,7 @@ class AgentStreamReader(FileChannelStreamReader):
         held: dict[str, int] = {}
         for cid, s in sorted(positions.items()):
             if cid in paths:
-                avail[cid] = self._path_available(cid, paths[cid], s, query)
+                avail[cid] = self.path_available(cid, paths[cid], s, query)
             elif cid in served:
                 try:
                     acked, end = self._available(cid, query)
@@ -460,7 +454,7 @@ class AgentStreamReader(FileChannelStreamReader):
                     self._down.setdefault(served[cid], time.monotonic())
                     held[cid] = s
                     continue
-                avail[cid] = self._available_from(f"{cid} at agent {self._where[cid]}", cid, s, acked, end)
+                avail[cid] = self.pacing.available_from(f"{cid} at agent {self._where[cid]}", cid, s, acked, end)
             elif down:
                 held[cid] = s
             elif cid in self.options.retire:
@@ -475,7 +469,7 @@ class AgentStreamReader(FileChannelStreamReader):
                     "are then never delivered)"
                 )
         self._hold(down, held)
-        take = self._admit(avail, limit)  # minEventsPerTrigger: every channel waits (joins still register)
+        take = self.admit(avail, limit)  # minEventsPerTrigger: every channel waits (joins still register)
         for cid, s in positions.items():
             if cid in take:
                 ends[cid] = s + take[cid]
@@ -483,7 +477,7 @@ class AgentStreamReader(FileChannelStreamReader):
                 ends[cid] = s
         for cid in sorted((set(served) | set(paths)) - set(positions)):  # a channel joins: nothing of it now
             if cid in paths:
-                ends[cid] = self._reader(cid, query).available()[0]
+                ends[cid] = self.reader(cid, query).available()[0]
             else:
                 try:
                     ends[cid] = self._register(cid, query)
@@ -513,7 +507,7 @@ class AgentStreamReader(FileChannelStreamReader):
             if e == s:
                 continue
             if cid in paths:
-                out.extend(self._path_partitions(paths[cid], cid, s, e, query))
+                out.extend(self.path_partitions(paths[cid], cid, s, e, query))
             else:
                 out.extend(split(cid, s, e, self.options.partition_events, self._agents, self.options.keystore))
         return out
@@ -526,7 +520,7 @@ class AgentStreamReader(FileChannelStreamReader):
             CheckpointMismatchError: Another query took the consumer name over.
         """
         positions, query = parse_offset(end)
-        self._use_query(query)
+        self.query = bind_query(self.query, query)
         paths = self._paths()
         for cid, p in sorted(positions.items()):
             if cid in paths:
@@ -536,8 +530,8 @@ class AgentStreamReader(FileChannelStreamReader):
         self._flush_acks(query)
 
     def _path_ack(self, cid: str, path: str, p: int, query: str) -> None:
-        r = self._reader(cid, query)
-        with self._identity(path):
+        r = self.reader(cid, query)
+        with identity_guard(self.consumer, path):
             try:
                 r.ack(p)
             except ConsumerIdentityError:
@@ -563,7 +557,7 @@ class AgentStreamReader(FileChannelStreamReader):
             try:
                 if cid not in self._registered:
                     self._register(cid, query)
-                with self._identity(self._label(cid)):
+                with identity_guard(self.consumer, self._label(cid)):
                     try:
                         self._client(uri).ack(cid, self.consumer, p, IDENTITY_PREFIX + query)
                     except ConsumerIdentityError:

@@ -81,10 +81,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -116,13 +114,15 @@ from .offsets import (
     AHEAD_HINT,
     BEHIND_HINT,
     CheckpointMismatchError,
+    Pacing,
+    bind_query,
     check_position_keys,
+    identity_guard,
     lost,
     make_offset,
     parse_offset,
     position_option,
     resolve_position,
-    share,
     share_partitions,
 )
 
@@ -599,19 +599,23 @@ class FileChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         self.consumer: str = options.consumer
         self._ids: dict[str, str] | None = None  # channel id -> directory
         self._readers: dict[str, ChannelReader] = {}
-        self._query: str | None = None  # the token this process reads under
-        self._new_query: str | None = None  # the token initialOffset made
-        self._target: dict[str, int] | None = None  # availableNow: the ends at prepare time
-        self._waiting_since: float | None = None  # minEventsPerTrigger: when fewer events started waiting
+        self.query: str | None = None  # the token this process reads under (see bind_query)
+        self.new_query: str | None = None  # the token initialOffset made
+        self.pacing = Pacing(self.consumer, options.max_trigger_delay)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_readers"] = {}
         return state
 
-    # -- the runner's state ------------------------------------------------------------------
+    # -- the runner's state, and what AgentStreamReader shares of it ----------------------------
 
-    def _channels(self) -> dict[str, str]:
+    def channels(self) -> dict[str, str]:
+        """The channel directories read (``path``), by channel id.
+
+        Raises:
+            ConfigError: Two paths are the same channel.
+        """
         if self._ids is None:
             ids: dict[str, str] = {}
             for path in self.options.paths:
@@ -623,7 +627,7 @@ class FileChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         return self._ids
 
     def _check(self, positions: Mapping[str, int]) -> dict[str, str]:
-        ids = self._channels()
+        ids = self.channels()
         if set(positions) != set(ids):
             theirs = ", ".join(sorted(positions)) or "none"
             ours = ", ".join(f"{cid} ({ids[cid]})" for cid in sorted(ids))
@@ -633,31 +637,17 @@ class FileChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
             )
         return ids
 
-    @contextmanager
-    def _identity(self, path: str) -> Iterator[None]:
-        try:
-            yield
-        except ConsumerIdentityError as exc:
-            raise CheckpointMismatchError(
-                f"filechannel source: consumer {self.consumer!r} of channel {path} belongs to another query "
-                f"(identity {exc.recorded!r}; this query is {exc.given!r}): either this query's Spark checkpoint "
-                "is not the one that consumer was reading with (lost, deleted or moved: a new checkpoint starts a "
-                "new query), or a second query reads under the same name. Give a second query its own "
-                "option('consumer', NAME); or, to continue under this name from its acknowledged position, set "
-                "option('resetConsumer', 'true') (events the old query delivered after its last "
-                "acknowledgement, at most its last micro-batch, are delivered again)"
-            ) from exc
+    def reader(self, cid: str, query: str) -> ChannelReader:
+        """The reader of the local channel ``cid`` under query token ``query``, opened (and registered) once.
 
-    def _reader(self, cid: str, query: str) -> ChannelReader:
-        if self._query is None:
-            self._query = query
-        elif query != self._query:
-            raise CheckpointMismatchError(
-                f"filechannel source: offsets of two queries ({self._query!r} and {query!r}) in one checkpoint"
-            )
+        Raises:
+            CheckpointMismatchError: ``query`` is not the token this process reads under, or the
+                consumer belongs to another query.
+        """
+        self.query = bind_query(self.query, query)
         r = self._readers.get(cid)
         if r is None:
-            path = self._channels()[cid]
+            path = self.channels()[cid]
             r = ChannelReader(
                 path,
                 self.consumer,
@@ -665,7 +655,7 @@ class FileChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
                 reset=self.options.reset,
                 encryption=self.options.keystore,
             )
-            with self._identity(path):
+            with identity_guard(self.consumer, path):
                 r.acked  # noqa: B018  (registers the consumer, or checks its identity, now)
             self._readers[cid] = r
         return r
@@ -674,12 +664,12 @@ class FileChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
 
     def initialOffset(self) -> dict[str, Any]:
         """Start a new query at each channel's acknowledged position (the head for a new consumer)."""
-        query = self._new_query or self._query or uuid.uuid4().hex[:16]
-        self._new_query = query
+        query = self.new_query or self.query or uuid.uuid4().hex[:16]
+        self.new_query = query
         if not self.options.agents:  # with agents, AgentStreamReader checks against every channel read
-            check_position_keys(self.options.starting, "startingPosition", self._channels())
+            check_position_keys(self.options.starting, "startingPosition", self.channels())
         positions: dict[str, int] = {}
-        for cid, path in self._channels().items():
+        for cid, path in self.channels().items():
             r = self._readers.get(cid)
             if r is not None:
                 positions[cid] = r.available()[0]
@@ -691,7 +681,7 @@ class FileChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
                 # another query (refused as soon as this one reads).
                 positions[cid] = cur.acked
             else:
-                r = self._reader(cid, query)  # registers the consumer at the channel's head
+                r = self.reader(cid, query)  # registers the consumer at the channel's head
                 start, end = r.available()
                 at = resolve_position(self.options.starting, "startingPosition", cid, path, start, end, "earliest")
                 if at > start:
@@ -714,12 +704,12 @@ class FileChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
             return ReadMaxRows(self.options.max_events)
         return ReadAllAvailable()
 
-    def _admit(self, avail: Mapping[str, int], limit: ReadLimit) -> dict[str, int]:
+    def admit(self, avail: Mapping[str, int], limit: ReadLimit) -> dict[str, int]:
         """How many events of each channel the next micro-batch takes, of ``avail``, under ``limit``.
 
         ``ReadMaxRows`` caps the total (shared fairly); ``ReadMinRows`` (see
         :meth:`getDefaultReadLimit`) caps it at ``maxEventsPerTrigger`` and takes nothing
-        while fewer than the minimum are there (:meth:`_too_few`); ``ReadAllAvailable``
+        while fewer than the minimum are there (``Pacing.too_few``); ``ReadAllAvailable``
         (``trigger(once=True)``) takes everything.
         """
         cap = (
@@ -729,18 +719,15 @@ class FileChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
             if isinstance(limit, ReadMinRows)
             else None
         )
-        take = share(avail, cap) if cap is not None else dict(avail)
-        if isinstance(limit, ReadMinRows) and self._too_few(sum(take.values()), limit.min_rows):
-            return dict.fromkeys(take, 0)
-        return take
+        return self.pacing.admit(avail, cap, limit.min_rows if isinstance(limit, ReadMinRows) else None)
 
     def prepareForTriggerAvailableNow(self) -> None:
         """Record each channel's committed end now: an ``availableNow`` query stops there."""
         target: dict[str, int] = {}
-        for cid, path in self._channels().items():
+        for cid, path in self.channels().items():
             with ChannelReader(path, encryption=self.options.keystore) as view:
                 target[cid] = view.available()[1]
-        self._target = target
+        self.pacing.target = target
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         """Return the end of the next micro-batch: what is committed, within ``limit`` and the availableNow end.
@@ -752,49 +739,16 @@ class FileChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         ids = self._check(positions)
         avail: dict[str, int] = {}
         for cid, s in positions.items():
-            avail[cid] = self._path_available(cid, ids[cid], s, query)
-        take = self._admit(avail, limit)
+            avail[cid] = self.path_available(cid, ids[cid], s, query)
+        take = self.admit(avail, limit)
         return make_offset({cid: s + take[cid] for cid, s in positions.items()}, query)
 
-    def _path_available(self, cid: str, path: str, s: int, query: str) -> int:
-        """Events of the local channel ``cid`` (at ``path``) from position ``s`` (see :meth:`_available_from`)."""
-        r = self._reader(cid, query)
-        with self._identity(path):
+    def path_available(self, cid: str, path: str, s: int, query: str) -> int:
+        """Events of the local channel ``cid`` (at ``path``) from position ``s`` (see ``Pacing.available_from``)."""
+        r = self.reader(cid, query)
+        with identity_guard(self.consumer, path):
             acked, end = r.available()
-        return self._available_from(path, cid, s, acked, end)
-
-    def _available_from(self, where: str, cid: str, s: int, acked: int, end: int) -> int:
-        """Events of channel ``cid`` (named ``where`` in errors) from ``s``, which holds ``[acked, end)``.
-
-        Within the ``availableNow`` end, if one was recorded.
-
-        Raises:
-            DataLossError: ``s`` is beyond the channel's end, or below what this consumer acknowledged.
-        """
-        if s > end:
-            raise lost(where, DataLossError(end, s, f"the channel holds positions below {end} only"), AHEAD_HINT)
-        if s < acked:
-            raise lost(
-                where, DataLossError(s, acked, f"consumer {self.consumer!r} acknowledged them already"), BEHIND_HINT
-            )
-        if self._target is not None:
-            end = min(end, self._target.get(cid, s))
-        return max(0, end - s)
-
-    def _too_few(self, n: int, least: int) -> bool:
-        """``minEventsPerTrigger`` = ``least``: whether a micro-batch of ``n`` events waits for more.
-
-        It waits no longer than ``maxTriggerDelay`` since events first waited; an
-        ``availableNow`` query never waits.
-        """
-        if self._target is None and 0 < n < least:
-            now = time.monotonic()
-            if self._waiting_since is None:
-                self._waiting_since = now
-            if now - self._waiting_since < self.options.max_trigger_delay:
-                return True
-        self._waiting_since = None
-        return False
+        return self.pacing.available_from(path, cid, s, acked, end)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         """Split ``[start, end)`` into about ``minPartitions`` segments (:func:`_plan`): the same for the same range.
@@ -817,16 +771,16 @@ class FileChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
             s, e = first[cid], last[cid]
             if e == s:
                 continue
-            out.extend(self._path_partitions(ids[cid], cid, s, e, query, parts[cid]))
+            out.extend(self.path_partitions(ids[cid], cid, s, e, query, parts[cid]))
         return out
 
-    def _path_partitions(
+    def path_partitions(
         self, path: str, cid: str, s: int, e: int, query: str, parts: int | None = None
     ) -> list[InputPartition]:
         """The partitions of ``[s, e)`` of the local channel ``path`` (id ``cid``): about ``parts`` of them."""
-        r = self._reader(cid, query)
+        r = self.reader(cid, query)
         try:
-            with self._identity(path):
+            with identity_guard(self.consumer, path):
                 segments = _plan(r, s, e, self.options, self.options.min_partitions if parts is None else parts)
         except DataLossError as exc:
             acked, visible = r.available()
@@ -848,8 +802,8 @@ class FileChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         positions, query = parse_offset(end)
         ids = self._check(positions)
         for cid, p in sorted(positions.items()):
-            r = self._reader(cid, query)
-            with self._identity(ids[cid]):
+            r = self.reader(cid, query)
+            with identity_guard(self.consumer, ids[cid]):
                 try:
                     r.ack(p)
                 except ConsumerIdentityError:
