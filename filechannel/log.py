@@ -105,6 +105,9 @@ class Frozen(NamedTuple):
     pins: list[tuple[Writer, Pin]]
 
 
+LOCATE_CALM = 64
+"""``Log.locate_puts`` calls without growth after which its learned window halves (toward ``scan.LOCATE_WINDOW``)."""
+
 _LOST_REASON = "the queued event's record is missing or damaged: walking the file found no record for it"
 
 # Log.read_events reads adjacent records with one pread, up to this many bytes at a time.
@@ -163,6 +166,7 @@ class Log(LogState):
         self.sealing_started = False
         # The least window locate_puts reads: grown (and kept) when a batch did not fit in it.
         self.locate_window = LOCATE_WINDOW
+        self._locate_calm = 0  # locate_puts calls since the window last had to grow
         try:
             self._dir.open()
             anchor = self._dir.read_anchor()
@@ -353,9 +357,10 @@ class Log(LogState):
         walk never passes the COMMIT of the last event it needs, all of whose
         records were written before the event was published, so it never reads
         what a writer is still writing. The log keeps the least window the walks
-        needed (:attr:`locate_window`: grown when a batch did not fit in it), so a
-        batch longer than the first window is walked for nothing once per log,
-        not once per run (the spot check at reopen samples up to 16 runs' heads).
+        needed (:attr:`locate_window`: grown when a batch did not fit in it, halved
+        after :data:`LOCATE_CALM` calls that needed no more), so a batch longer
+        than the first window is walked for nothing once, not once per run (the
+        spot check at reopen samples up to 16 runs' heads) or per file end.
 
         Raises:
             CorruptLogError: A frame there is not a record, or a COMMIT does not verify.
@@ -379,6 +384,14 @@ class Log(LogState):
             raise CorruptLogError(self.files[file_id][1], exc.offset, exc.reason) from exc
         if got.window > self.locate_window:
             self.locate_window = got.window  # a race with another walk keeps one of two good sizes
+            self._locate_calm = 0
+        elif self.locate_window > LOCATE_WINDOW:
+            # One huge batch must not make every later walk read huge windows: after
+            # LOCATE_CALM calls that needed no more, the window halves (it grows again if it must).
+            self._locate_calm += 1
+            if self._locate_calm >= LOCATE_CALM:
+                self.locate_window = max(LOCATE_WINDOW, self.locate_window // 2)
+                self._locate_calm = 0
         return Located(got.first, got.offsets, got.sizes, got.next_offset)
 
     def read_payload(self, file_id: int, offset: int, size: int, *, decrypt: bool = True) -> bytes:

@@ -21,6 +21,7 @@ import pytest
 
 import filechannel
 from filechannel import format as fmt
+from filechannel import log as log_module
 from filechannel import scan
 from filechannel.log import Log
 
@@ -114,3 +115,28 @@ def test_one_locate_never_walks_the_same_bytes_twice(
                 again += 1
     assert sum(len(c) for c in walks.calls) > len(walks.calls), "no call needed a second window: nothing checked"
     assert again == 0, f"{again} walks went over bytes their call had walked already ({path_kind} path)"
+
+
+def test_a_window_grown_for_one_huge_batch_shrinks_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One transaction of 14 MB, then small ones: later walks do not all read 16 MiB windows.
+
+    (It guards the learned window itself: main learns nothing, so it has no such window to shrink.)
+    """
+    d = tmp_path / "ch"
+    opts = {**OPTS, "max_file_size": 64 << 20, "transaction_capacity": 100_000}
+    with filechannel.open(d, **opts) as ch:
+        with ch.transaction() as tx:
+            tx.put_many([BODY] * 100_000)
+        for _ in range(300):
+            with ch.transaction() as tx:
+                tx.put_many([BODY] * 1000)
+    monkeypatch.setattr(log_module, "LOCATE_CALM", 4)
+    walks = _Walks(monkeypatch)
+    with filechannel.open(d, **opts) as ch:
+        positions = _take_all(ch)
+    assert positions == list(range(positions[0], positions[0] + 400_000))
+    widest = max(w for c in walks.calls for _s, w, _e, _f, _d in c)
+    late = [w for c in walks.calls[len(walks.calls) // 2 :] for _s, w, eof, _f, _d in c if not eof]
+    assert widest > 8 << 20, "the huge transaction never needed a wide window: nothing checked"
+    assert late, "no full window late in the file: nothing checked"
+    assert max(late) <= 4 << 20, f"walks late in the file still read windows of {max(late)} bytes"
