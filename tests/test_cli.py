@@ -490,7 +490,13 @@ def test_sigint_during_a_commit_is_held_until_the_commit_is_counted(
         return n
 
     monkeypatch.setattr(cli, "_put_batch", commit_then_sigint)
-    code, _, err = run_cli(capsys, "put", d, "--batch", "3", stdin=b"".join(b"%d\n" % i for i in range(10)))
+    # Python's KeyboardInterrupt handler, as at a terminal: pytest started from a background
+    # job inherits SIGINT ignored, and Ctrl-C would then do nothing at all.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        code, _, err = run_cli(capsys, "put", d, "--batch", "3", stdin=b"".join(b"%d\n" % i for i in range(10)))
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert code == 130
     assert err.startswith("filechannel: interrupted: 3 events committed (the first 3 lines)"), err
     assert bodies(d) == [b"0", b"1", b"2"]
@@ -575,12 +581,18 @@ def test_take_on_corruption_skip_reports_each_loss(tmp_path: Path, capsys: pytes
     assert any(path in w and "lost positions 0" in w for w in warnings), err
 
 
+def _sigint_as_at_a_terminal() -> None:
+    """In the child before exec: SIGINT's default disposition (a background job's pytest passes it on ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_sigint_during_put_prints_an_exact_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     d = str(tmp_path / "ch")
     proc = subprocess.Popen(
         cli_command("put", d, "--batch", "10"),
         stdin=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        preexec_fn=_sigint_as_at_a_terminal,
     )
     assert proc.stdin is not None
     assert proc.stderr is not None
